@@ -1,0 +1,55 @@
+# DataHelix top-level Makefile: the two commands of README.md, and the pieces under them.
+#   make demo   install what is missing, build, run the demo
+#   make test   install what is missing, build, run the unit tests, then again under
+#               AddressSanitizer + UndefinedBehaviorSanitizer
+# Build folders: build/ (RelWithDebInfo), build-asan/ (sanitizers). Outputs: out/.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+CLI        := $(BUILD)/datahelix
+DEMO_DIR   ?= out/demo
+
+.PHONY: all deps build test test-unit test-asan demo format clean help
+
+all: build
+
+help:
+	@echo "make deps       install missing Debian/PyPI packages (idempotent)"
+	@echo "make / build    configure and build the library, the CLI and the tests"
+	@echo "make test       deps + build + unit tests + the same tests under ASan/UBSan"
+	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
+	@echo "make format     clang-format the C sources in place"
+
+deps:
+	@bash scripts/deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-unit: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug \
+	    -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
+
+test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+
+test: test-unit test-asan
+
+demo: build
+	@bash scripts/demo.sh $(CLI) $(DEMO_DIR)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) out

@@ -1,0 +1,23 @@
+/* clock.h: monotonic time. Never wall-clock: deadlines travel as durations (DESIGN §3). */
+#ifndef DATAHELIX_CLOCK_H
+#define DATAHELIX_CLOCK_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Monotonic nanoseconds since an arbitrary origin. Thread-safe; about 20 ns per call (vDSO). */
+uint64_t dh_clock_now_ns(void);
+
+/* The same in seconds, as a double. */
+double dh_clock_now_s(void);
+
+/* Seconds between two dh_clock_now_ns() readings (end - start; negative if end < start). */
+double dh_clock_elapsed_s(uint64_t start_ns, uint64_t end_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,33 @@
+/* log.h: one-line log records on stderr.
+ *
+ * Format: "2026-12-02T17:00:00.123Z datahelix[pid] LEVEL message". The threshold comes from
+ * DH_LOG_LEVEL (error, warn, info, debug; default info) or dh_log_set_level(). Thread-safe:
+ * each record is formatted into a local buffer and written with one write(2).
+ */
+#ifndef DATAHELIX_LOG_H
+#define DATAHELIX_LOG_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DH_LOG_ERROR = 0, DH_LOG_WARN = 1, DH_LOG_INFO = 2, DH_LOG_DEBUG = 3 } dh_log_level_t;
+
+/* Sets the threshold; records above it are dropped. */
+void dh_log_set_level(dh_log_level_t level);
+
+/* The current threshold (read once from DH_LOG_LEVEL on first use). */
+dh_log_level_t dh_log_level(void);
+
+/* Writes one record if level passes the threshold. */
+void dh_log_write(dh_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define dh_log_error(...) dh_log_write(DH_LOG_ERROR, __VA_ARGS__)
+#define dh_log_warn(...) dh_log_write(DH_LOG_WARN, __VA_ARGS__)
+#define dh_log_info(...) dh_log_write(DH_LOG_INFO, __VA_ARGS__)
+#define dh_log_debug(...) dh_log_write(DH_LOG_DEBUG, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,79 @@
+/* plan.h: tier-1 token-aware planning (DESIGN §4.4). Pure: no I/O, no threads, no clocks.
+ *
+ * For one global step the sampler draws the step's window of samples (so the profile mix
+ * of the window is the data set's, never reordered across steps); the planner assigns the
+ * window's samples to ranks so that the largest per-rank load (predicted compute, here
+ * tokens) is as small as possible:
+ *   - fixed-batch mode: every rank gets exactly `batch` samples;
+ *   - token-budget mode (packing): every rank stays under `token_budget`; samples that fit
+ *     nowhere are deferred to the next step (rank -1), never dropped.
+ * Algorithms: `greedy` (the paper's: largest first to the least-loaded rank with room),
+ * `kk` (balanced largest differencing, Karmarkar-Karp with cardinality), `swap` (the
+ * default: the better of greedy and kk, then improving pairwise swaps), and `exact`
+ * (branch and bound, for small instances; used by tests and to report the optimality gap).
+ */
+#ifndef DATAHELIX_PLAN_H
+#define DATAHELIX_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DH_PLAN_GREEDY = 0,
+    DH_PLAN_KK = 1,
+    DH_PLAN_SWAP = 2,
+    DH_PLAN_EXACT = 3,
+} dh_plan_algo_t;
+
+#define DH_PLAN_ALGO_DEFAULT DH_PLAN_SWAP
+#define DH_PLAN_ALGO_COUNT 4
+
+typedef enum {
+    DH_PLAN_FIXED_BATCH = 0,
+    DH_PLAN_TOKEN_BUDGET = 1,
+} dh_plan_mode_t;
+
+typedef struct dh_plan_config {
+    dh_plan_mode_t mode;
+    dh_plan_algo_t algo;
+    uint32_t ranks;             /* > 0 */
+    uint32_t batch;             /* fixed-batch: samples per rank (> 0) */
+    double token_budget;        /* token-budget: max load per rank (> 0) */
+    uint64_t exact_node_limit;  /* exact: search nodes before giving up (0 = default 2e6) */
+} dh_plan_config_t;
+
+/* Parses "greedy", "kk", "swap", "exact". Returns 0 or DH_EUNKNOWN. */
+int dh_plan_algo_from_name(const char *name, dh_plan_algo_t *out);
+
+/* Name of an algorithm (static storage). */
+const char *dh_plan_algo_name(dh_plan_algo_t algo);
+
+/* Plans one step. load[i] is item i's predicted load (tokens), key[i] its profile key index
+ * (may be NULL). Writes rank_of[i] (0..ranks-1, or -1 = deferred in token-budget mode) and,
+ * if rank_load is not NULL, each rank's total load (ranks entries).
+ * Fixed-batch: n must equal ranks x batch (else DH_EINVAL).
+ * Token-budget: an item heavier than the budget alone is DH_ERANGE (message names its index).
+ * Exact: DH_ETOOBIG when the instance exceeds the node limit (rank_of is then unspecified).
+ * Returns 0, DH_EINVAL, DH_ERANGE, DH_ETOOBIG or DH_ENOMEM. Deterministic: the same input
+ * gives the same plan. Cost: greedy O(n log n + n R); kk O(n log n + (n/R) R log R);
+ * swap adds O(iterations x R x B^2); exact is exponential (bounded by the node limit). */
+int dh_plan_step(const dh_plan_config_t *cfg, const double *load, const uint32_t *key, size_t n,
+                 int32_t *rank_of, double *rank_load);
+
+/* Lower bound on the largest rank load of any fixed-batch plan: max(total / ranks, largest
+ * item). */
+double dh_plan_lower_bound(const double *load, size_t n, uint32_t ranks);
+
+/* Microbatch fanout: splits one rank's batch of n items into `parts` requests of sizes that
+ * differ by at most one, balancing load. Writes part_of[i] in 0..parts-1.
+ * Returns 0, DH_EINVAL (parts == 0 or parts > n) or DH_ENOMEM. */
+int dh_plan_fanout(const double *load, size_t n, uint32_t parts, uint32_t *part_of);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,38 @@
+/* rng.h: a small, seeded, reproducible random generator (xoshiro256** seeded by
+ * splitmix64). Pure: the state is a value the caller owns, so planners and samplers stay
+ * deterministic for a seed, on every platform. */
+#ifndef DATAHELIX_RNG_H
+#define DATAHELIX_RNG_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dh_rng {
+    uint64_t s[4];
+} dh_rng_t;
+
+/* Seeds the generator; any seed (0 included) is valid. */
+void dh_rng_seed(dh_rng_t *rng, uint64_t seed);
+
+/* Next 64 random bits. */
+uint64_t dh_rng_next(dh_rng_t *rng);
+
+/* Uniform integer in [0, bound) without modulo bias; bound > 0. */
+uint64_t dh_rng_below(dh_rng_t *rng, uint64_t bound);
+
+/* Uniform double in [0, 1). */
+double dh_rng_uniform(dh_rng_t *rng);
+
+/* Standard normal (Box-Muller). */
+double dh_rng_normal(dh_rng_t *rng);
+
+/* Mixes several words into one seed (for seed x epoch x step streams). */
+uint64_t dh_rng_mix(uint64_t a, uint64_t b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

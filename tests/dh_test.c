@@ -1,0 +1,61 @@
+/* dh_test.c: shared helpers for the cmocka tests (see dh_test.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dh_test.h"
+
+int dh_test_main(int argc, char **argv, const struct CMUnitTest *tests, size_t count,
+                 const char *group)
+{
+    if (argc > 1) {
+        int found = 0;
+        for (size_t i = 0; i < count; i++)
+            if (strcmp(tests[i].name, argv[1]) == 0)
+                found = 1;
+        if (!found) {
+            fprintf(stderr, "%s: no test case named '%s'\n", group, argv[1]);
+            return 1;
+        }
+        cmocka_set_test_filter(argv[1]);
+    }
+    return _cmocka_run_group_tests(group, tests, count, NULL, NULL);
+}
+
+void dh_test_assert_close(double a, double b, double tol, const char *an, const char *bn,
+                          const char *file, int line)
+{
+    double d = a - b;
+    if (d < 0)
+        d = -d;
+    if (!(d <= tol)) {
+        print_error("%s = %.9g, %s = %.9g: differ by %.9g > %.9g\n", an, a, bn, b, d, tol);
+        _fail(file, line);
+    }
+}
+
+const char *dh_test_path(const char *name)
+{
+    static char dir[512];
+    static char path[1024];
+    if (!dir[0]) {
+        const char *base = getenv("DH_TEST_TMP");
+        if (!base || !*base)
+            base = "/tmp";
+        mkdir(base, 0755);
+        snprintf(dir, sizeof dir, "%s/dh-test-%d", base, (int)getpid());
+        mkdir(dir, 0755);
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return path;
+}
+
+void dh_test_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}

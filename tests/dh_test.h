@@ -1,0 +1,35 @@
+/* dh_test.h: shared helpers for the cmocka tests. Each test file ends with
+ * DH_TEST_MAIN(tests): argv[1], when given, runs only the case of that name (CTest runs
+ * each case as its own test; see tests/CMakeLists.txt). */
+#ifndef DH_TEST_H
+#define DH_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+int dh_test_main(int argc, char **argv, const struct CMUnitTest *tests, size_t count,
+                 const char *group);
+
+#define DH_TEST_MAIN(tests)                                                                    \
+    int main(int argc, char **argv)                                                            \
+    {                                                                                          \
+        return dh_test_main(argc, argv, tests, sizeof(tests) / sizeof((tests)[0]), __FILE__);  \
+    }
+
+/* Asserts |a - b| <= tol, printing both values. */
+#define assert_close(a, b, tol)                                                                \
+    dh_test_assert_close((double)(a), (double)(b), (double)(tol), #a, #b, __FILE__, __LINE__)
+void dh_test_assert_close(double a, double b, double tol, const char *an, const char *bn,
+                          const char *file, int line);
+
+/* A fresh scratch directory for this process (under DH_TEST_TMP or /tmp), created on first
+ * use; returns a path "DIR/name" in a static buffer. */
+const char *dh_test_path(const char *name);
+
+/* Writes text to a file; fails the test on error. */
+void dh_test_write_file(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,19 @@
+/* cli.h: the subcommands of the `datahelix` command. Each is thin: it parses its arguments
+ * (getopt_long), calls the library, prints. Each returns the process exit status:
+ * 0 success, 1 failure (message already printed), 2 usage error. */
+#ifndef DH_TOOLS_CLI_H
+#define DH_TOOLS_CLI_H
+
+int dh_cmd_plan(int argc, char **argv);
+int dh_cmd_place_bench(int argc, char **argv);
+int dh_cmd_gen_profiles(int argc, char **argv);
+
+/* Prints "datahelix CMD: MESSAGE: dh_last_error()" for a library error and returns 1. */
+int dh_cli_fail(const char *cmd, int err, const char *what);
+
+/* Parses a positive/non-negative integer option value; prints a usage error naming the
+ * option and returns -1 on bad input. */
+int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,
+                     unsigned long long max, unsigned long long *out);
+
+#endif

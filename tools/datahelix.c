@@ -1,0 +1,78 @@
+/* datahelix.c: entry point of the `datahelix` command; dispatches to subcommands. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "datahelix/error.h"
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command_t;
+
+static const command_t commands[] = {
+    {"gen-profiles", dh_cmd_gen_profiles, "write a synthetic profile set drawn from a mix"},
+    {"plan", dh_cmd_plan, "run the tier-1 planner over a profile file and report balance"},
+    {"place-bench", dh_cmd_place_bench, "benchmark the deadline placement policy"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: datahelix COMMAND [OPTIONS]\n\n"
+                 "DataHelix: a cluster-level data plane for video and multimodal training.\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'datahelix COMMAND --help' describes a command's options.\n");
+}
+
+int dh_cli_fail(const char *cmd, int err, const char *what)
+{
+    const char *detail = dh_last_error();
+    if (detail && detail[0])
+        fprintf(stderr, "datahelix %s: %s: %s (%s)\n", cmd, what, detail, dh_err_name(err));
+    else
+        fprintf(stderr, "datahelix %s: %s: %s (%s)\n", cmd, what, dh_strerror(err),
+                dh_err_name(err));
+    return 1;
+}
+
+int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,
+                     unsigned long long max, unsigned long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    if (!text || !*text || *text == '-')
+        goto bad;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || *end != '\0' || v < min || v > max)
+        goto bad;
+    *out = v;
+    return 0;
+bad:
+    fprintf(stderr, "datahelix %s: %s expects an integer in [%llu, %llu], got '%s'\n", cmd, option,
+            min, max, text ? text : "");
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "datahelix: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
