@@ -1,0 +1,137 @@
+/* cost.h: the cost model (DESIGN §4.1). Pure: no I/O, no threads, no clocks.
+ *
+ * Predicted time until a request is ready if executed on DataServer i:
+ *
+ *     T_i = C_cpu,i + C_io,i + C_queue,i + C_net,i        miss_i = max(0, T_i - D)
+ *
+ *   C_cpu   = predicted CPU seconds (speed 1) x the server's speed factor; a request runs on
+ *             one worker of the server
+ *   C_io    = input bytes / the server's storage bandwidth
+ *   C_queue = 0 when the server has a free worker (queue_len < workers), else the predicted
+ *             work queued on it / its workers
+ *   C_net   = output bytes / the bandwidth of the link from the server's node to the
+ *             consumer's node + that link's latency; 0 on the consumer's own node
+ *
+ * The inputs are a snapshot of server state (the coordinator's book of dispatched work,
+ * corrected by heartbeats) and a request's costs. The predicted CPU seconds of a sample come
+ * from a dh_cost_model_t, which starts from the profile's cpu_s_est and learns from every
+ * completion (per profile key, and a frames x pixels regression for keys not yet seen).
+ */
+#ifndef DATAHELIX_COST_H
+#define DATAHELIX_COST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datahelix/profile.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DH_SERVER_LOCAL = 0, DH_SERVER_REMOTE = 1 } dh_server_role_t;
+
+/* What the scheduler knows of one DataServer at decision time. */
+typedef struct dh_server_state {
+    uint32_t node;         /* node index in the snapshot's link matrix */
+    uint8_t role;          /* dh_server_role_t */
+    uint8_t alive;         /* 0 once the coordinator declared it dead */
+    uint32_t workers;      /* worker slots (> 0 when alive) */
+    uint32_t queue_len;    /* requests dispatched to it and not finished */
+    uint32_t queue_cap;    /* backpressure: no new request while queue_len >= cap (0 = no cap) */
+    double queued_work_s;  /* predicted seconds of queued and running work, at its speed */
+    double speed_factor;   /* observed / predicted CPU time (1 = as profiled; > 1 slower) */
+    double storage_bw_Bps; /* bytes per second it reads inputs at (> 0) */
+} dh_server_state_t;
+
+/* A directed link between two nodes. */
+typedef struct dh_link {
+    double bw_Bps;    /* bytes per second (> 0) */
+    double latency_s; /* one-way latency */
+} dh_link_t;
+
+/* A snapshot of the cluster: servers and the node-to-node link matrix. Borrowed arrays. */
+typedef struct dh_snapshot {
+    const dh_server_state_t *servers;
+    uint32_t n_servers;
+    const dh_link_t *links; /* n_nodes x n_nodes, links[from * n_nodes + to]; diagonal unused */
+    uint32_t n_nodes;
+} dh_snapshot_t;
+
+/* The costs of one request (a rank's batch, or one microbatch of it). */
+typedef struct dh_request_cost {
+    double cpu_s;           /* predicted CPU seconds at speed factor 1 */
+    double in_bytes;        /* encoded bytes to read */
+    double out_bytes;       /* decoded bytes to deliver */
+    double deadline_s;      /* D: seconds from now until the rank needs it */
+    uint32_t consumer_node; /* node of the consuming rank */
+    int32_t local_server;   /* index of the rank's local DataServer in the snapshot, or -1 */
+} dh_request_cost_t;
+
+typedef struct dh_cost_breakdown {
+    double cpu_s, io_s, queue_s, net_s;
+    double total_s; /* T = cpu + io + queue + net */
+} dh_cost_breakdown_t;
+
+/* Predicts T for the request on snapshot server `server` (< n_servers), with its parts.
+ * Pure, O(1). */
+void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req, uint32_t server,
+                     dh_cost_breakdown_t *out);
+
+/* Bytes the request moves between nodes if run on `server`: out_bytes unless the server is
+ * on the consumer's node, else 0. */
+double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req,
+                              uint32_t server);
+
+/* ---- Online refinement ------------------------------------------------------------- */
+
+typedef struct dh_cost_model dh_cost_model_t;
+
+typedef struct dh_cost_model_config {
+    double key_alpha;      /* EWMA weight of a new observation of a key's ratio (0.2) */
+    uint32_t key_min_obs;  /* observations before a key's own ratio is used (3) */
+    double fit_forget;     /* forgetting factor of the frames x pixels regression (0.99) */
+    uint32_t fit_min_obs;  /* observations before the regression is used (8) */
+} dh_cost_model_config_t;
+
+/* Which evidence a prediction came from. */
+typedef enum {
+    DH_COST_FROM_PROFILE = 0, /* the row's cpu_s_est x the global ratio (1 before any data) */
+    DH_COST_FROM_FIT = 1,     /* the frames x pixels regression */
+    DH_COST_FROM_KEY = 2,     /* the row's cpu_s_est x its key's learned ratio */
+} dh_cost_source_t;
+
+/* Fills *cfg with the defaults above. */
+void dh_cost_model_config_default(dh_cost_model_config_t *cfg);
+
+/* Creates a model (cfg NULL = defaults). Returns 0 or DH_ENOMEM. *out is the caller's. */
+int dh_cost_model_new(dh_cost_model_t **out, const dh_cost_model_config_t *cfg);
+void dh_cost_model_destroy(dh_cost_model_t **model);
+
+/* Predicted CPU seconds (speed factor 1) to produce the sample of `row`; *source (may be
+ * NULL) says which evidence was used. O(1) expected (hash of the profile key). */
+double dh_cost_model_predict(const dh_cost_model_t *model, const dh_profile_row_t *row,
+                             dh_cost_source_t *source);
+
+/* Learns from one completion: the sample of `row` took measured_cpu_s CPU seconds on a
+ * server whose speed factor is server_speed (the measurement is divided by it, so the model
+ * stays in "speed 1" units). Returns 0, DH_EINVAL (a negative or non-finite measurement,
+ * speed <= 0) or DH_ENOMEM (a new key). */
+int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row_t *row,
+                          double measured_cpu_s, double server_speed);
+
+/* Observations so far (all keys). */
+uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
+
+/* Sums the predicted costs of `n` rows into *req (cpu_s, in_bytes, out_bytes); the other
+ * fields of *req are left as they are. */
+void dh_cost_model_request(const dh_cost_model_t *model, const dh_profile_row_t *const *rows,
+                           size_t n, dh_request_cost_t *req);
+
+/* One step of an exponentially weighted mean: returns value + alpha x (sample - value). */
+double dh_cost_ewma(double value, double sample, double alpha);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

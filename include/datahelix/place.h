@@ -1,0 +1,98 @@
+/* place.h: placement of a request on a DataServer (DESIGN §4.3). Pure: no I/O, no threads,
+ * no clocks; the runtime, the benchmark harness and the tests call the same functions.
+ *
+ * Policies, selectable by name:
+ *   local          the rank's local DataServer only (rank-local loaders)
+ *   least-request  the live server with the fewest outstanding requests per worker (a Ray
+ *                  actor pool)
+ *   deadline       the rule below, over the cost model of cost.h
+ *
+ * The deadline rule:
+ *   1. drop candidates that are dead or at their queue cap (backpressure);
+ *   2. if the rank's local server meets D (T <= D), keep it local, unless a remote
+ *      candidate meets D with a gain T_local - T_remote above the hysteresis threshold
+ *      max(hysteresis_s, hysteresis_frac x T_local), so decisions do not flap;
+ *   3. else, among candidates that meet D, the one with the least transfer (bytes between
+ *      nodes), then the smallest T;
+ *   4. else (all miss), the earliest predicted finish.
+ * Ties break on the lower server index, so the same input always gives the same decision.
+ * Every decision returns every candidate's T, miss and status, and the reason.
+ */
+#ifndef DATAHELIX_PLACE_H
+#define DATAHELIX_PLACE_H
+
+#include <stdint.h>
+
+#include "datahelix/cost.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DH_POLICY_LOCAL = 0,
+    DH_POLICY_LEAST_REQUEST = 1,
+    DH_POLICY_DEADLINE = 2,
+} dh_policy_t;
+
+#define DH_POLICY_COUNT 3
+
+typedef enum {
+    DH_REASON_LOCAL_MEETS = 0,     /* rule 2: the local server meets D */
+    DH_REASON_REMOTE_GAIN = 1,     /* rule 2: local meets D, a remote gains above hysteresis */
+    DH_REASON_LEAST_TRANSFER = 2,  /* rule 3: local misses; least transfer among those meeting */
+    DH_REASON_EARLIEST_FINISH = 3, /* rule 4: all miss; earliest predicted finish */
+    DH_REASON_LOCAL_POLICY = 4,    /* policy local */
+    DH_REASON_LEAST_REQUEST = 5,   /* policy least-request */
+    DH_REASON_NO_CANDIDATE = 6,    /* nothing eligible (see the return code) */
+} dh_place_reason_t;
+
+typedef enum {
+    DH_CANDIDATE_OK = 0,   /* eligible */
+    DH_CANDIDATE_DEAD = 1, /* excluded: declared dead */
+    DH_CANDIDATE_FULL = 2, /* excluded: at its queue cap (backpressure) */
+} dh_candidate_status_t;
+
+typedef struct dh_candidate {
+    double t_s;     /* predicted time until ready (T) */
+    double miss_s;  /* max(0, T - D) */
+    uint8_t status; /* dh_candidate_status_t */
+} dh_candidate_t;
+
+typedef struct dh_place_config {
+    dh_policy_t policy;
+    double hysteresis_s;    /* absolute gain a remote needs over a local that meets D */
+    double hysteresis_frac; /* ... or this fraction of the local T, whichever is larger */
+} dh_place_config_t;
+
+typedef struct dh_decision {
+    int32_t server;           /* chosen server index, or -1 */
+    dh_place_reason_t reason;
+    dh_candidate_t *candidates; /* caller's buffer of n_servers entries, filled (may be NULL) */
+} dh_decision_t;
+
+/* Fills *cfg with the defaults: deadline policy, hysteresis 5 ms or 10% of local T. */
+void dh_place_config_default(dh_place_config_t *cfg);
+
+/* Parses "local", "least-request", "deadline". Returns 0 or DH_EUNKNOWN. */
+int dh_policy_from_name(const char *name, dh_policy_t *out);
+const char *dh_policy_name(dh_policy_t policy);
+
+/* Short text for a reason ("local meets deadline"). Static storage. */
+const char *dh_place_reason_text(dh_place_reason_t reason);
+/* Identifier for a reason ("local_meets"), for telemetry. Static storage. */
+const char *dh_place_reason_name(dh_place_reason_t reason);
+
+/* Chooses the server for one request under cfg->policy. Fills out->server, out->reason and,
+ * if out->candidates is not NULL, one entry per snapshot server (index = server index).
+ * Returns 0; DH_ENOSERVER when no server is alive (or, for `local`, the rank has no live
+ * local server); DH_EAGAIN when live candidates exist but all are at their cap
+ * (backpressure: retry when a completion frees a slot). Cost: O(n_servers), no allocation.
+ * Deterministic. Thread-safe on distinct outputs (reads the snapshot only). */
+int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_request_cost_t *req,
+             dh_decision_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,358 @@
+/* Tests of placement (DESIGN §4.3): each rule of the deadline policy, the baselines,
+ * backpressure, determinism, and rule invariants over random snapshots. */
+#include <math.h>
+#include <string.h>
+
+#include "dh_test.h"
+#include "datahelix/error.h"
+#include "datahelix/place.h"
+#include "datahelix/rng.h"
+
+/* Two nodes, 10 GB/s links with 1 ms latency. The consumer is on node 0. */
+static dh_link_t links[4] = {{1e10, 0}, {1e10, 0.001}, {1e10, 0.001}, {1e10, 0}};
+
+static dh_server_state_t server(uint32_t node, double speed)
+{
+    dh_server_state_t s = {.node = node, .role = node ? DH_SERVER_REMOTE : DH_SERVER_LOCAL,
+                           .alive = 1, .workers = 4, .queue_len = 0, .queue_cap = 8,
+                           .queued_work_s = 0, .speed_factor = speed, .storage_bw_Bps = 1e12};
+    return s;
+}
+
+/* A request with 1 s of CPU at speed 1, no input cost, 10 MB out (1 ms on a link). */
+static dh_request_cost_t request(double deadline_s)
+{
+    dh_request_cost_t r = {.cpu_s = 1.0, .in_bytes = 0, .out_bytes = 1e7,
+                           .deadline_s = deadline_s, .consumer_node = 0, .local_server = 0};
+    return r;
+}
+
+static int place(dh_policy_t policy, dh_server_state_t *servers, uint32_t n,
+                 const dh_request_cost_t *req, dh_decision_t *d, dh_candidate_t *cand)
+{
+    dh_place_config_t cfg;
+    dh_place_config_default(&cfg);
+    cfg.policy = policy;
+    dh_snapshot_t snap = {servers, n, links, 2};
+    d->candidates = cand;
+    return dh_place(&cfg, &snap, req, d);
+}
+
+static void place_local_kept_when_it_meets_deadline(void **state)
+{
+    /* local T = 0.5; remote T = 0.45 + 0.002: a gain of 0.048 < 10% of 0.5. */
+    dh_server_state_t s[2] = {server(0, 0.5), server(1, 0.45)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 0);
+    assert_int_equal(d.reason, DH_REASON_LOCAL_MEETS);
+}
+
+static void place_remote_chosen_when_gain_beats_hysteresis(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 0.9), server(1, 0.3)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, NULL), 0);
+    assert_int_equal(d.server, 1);
+    assert_int_equal(d.reason, DH_REASON_REMOTE_GAIN);
+}
+
+static void place_hysteresis_threshold_is_what_keeps_local(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 0.5), server(1, 0.45)};
+    dh_request_cost_t r = request(1.0);
+    dh_place_config_t cfg = {DH_POLICY_DEADLINE, 0.0, 0.0};
+    dh_snapshot_t snap = {s, 2, links, 2};
+    dh_decision_t d = {0};
+    /* Without hysteresis the same snapshot goes remote: the threshold made the difference. */
+    assert_int_equal(dh_place(&cfg, &snap, &r, &d), 0);
+    assert_int_equal(d.server, 1);
+    assert_int_equal(d.reason, DH_REASON_REMOTE_GAIN);
+    /* An absolute threshold larger than the gain keeps it local again. */
+    cfg.hysteresis_s = 0.1;
+    assert_int_equal(dh_place(&cfg, &snap, &r, &d), 0);
+    assert_int_equal(d.server, 0);
+}
+
+static void place_remote_chosen_when_local_misses(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 2.0), server(1, 0.8)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 1);
+    assert_int_equal(d.reason, DH_REASON_LEAST_TRANSFER);
+    assert_close(c[0].miss_s, 1.0, 1e-9);
+    assert_close(c[1].miss_s, 0.0, 0);
+}
+
+static void place_least_transfer_among_those_meeting(void **state)
+{
+    /* Local misses. Server 1 (other node) is fastest; server 2 is a sidecar on the
+     * consumer's node: slower but moves no bytes between nodes. Both meet D. */
+    dh_server_state_t s[3] = {server(0, 3.0), server(1, 0.2), server(0, 0.7)};
+    s[2].role = DH_SERVER_REMOTE;
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, NULL), 0);
+    assert_int_equal(d.server, 2);
+    assert_int_equal(d.reason, DH_REASON_LEAST_TRANSFER);
+    /* With equal transfer the smaller T wins. */
+    s[2].node = 1;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, NULL), 0);
+    assert_int_equal(d.server, 1);
+}
+
+static void place_earliest_finish_when_all_miss(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 3.0), server(1, 2.0), server(1, 1.5)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[3];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(d.server, 2);
+    assert_int_equal(d.reason, DH_REASON_EARLIEST_FINISH);
+    for (int i = 0; i < 3; i++)
+        assert_true(c[i].miss_s > 0);
+}
+
+static void place_backpressure_excludes_full_servers(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 2.0), server(1, 0.2), server(1, 0.6)};
+    s[1].queue_len = s[1].queue_cap; /* the fastest one is full */
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[3];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(d.server, 2);
+    assert_int_equal(c[1].status, DH_CANDIDATE_FULL);
+    assert_int_equal(c[2].status, DH_CANDIDATE_OK);
+    /* All full: backpressure, not a crash and not a dead cluster. */
+    s[0].queue_len = s[0].queue_cap;
+    s[2].queue_len = s[2].queue_cap;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), DH_EAGAIN);
+    assert_int_equal(d.server, -1);
+    assert_int_equal(d.reason, DH_REASON_NO_CANDIDATE);
+    assert_int_equal(place(DH_POLICY_LEAST_REQUEST, s, 3, &r, &d, c), DH_EAGAIN);
+}
+
+static void place_dead_servers_excluded(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 2.0), server(1, 0.2), server(1, 0.6)};
+    s[1].alive = 0;
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[3];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(d.server, 2);
+    assert_int_equal(c[1].status, DH_CANDIDATE_DEAD);
+    s[0].alive = s[2].alive = 0;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), DH_ENOSERVER);
+    assert_int_equal(d.server, -1);
+    assert_true(strstr(dh_last_error(), "alive") != NULL);
+}
+
+static void place_queue_delays_a_busy_server(void **state)
+{
+    /* The local server is fast but its workers are all busy with 8 s of queued work. */
+    dh_server_state_t s[2] = {server(0, 0.2), server(1, 0.5)};
+    s[0].queue_len = 4;
+    s[0].queued_work_s = 8.0;
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_close(c[0].t_s, 0.2 + 8.0 / 4, 1e-9);
+    assert_int_equal(d.server, 1);
+}
+
+static void place_ties_break_on_lowest_index(void **state)
+{
+    dh_server_state_t s[4] = {server(0, 3.0), server(1, 0.5), server(1, 0.5), server(1, 0.5)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d1, d2;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 4, &r, &d1, NULL), 0);
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 4, &r, &d2, NULL), 0);
+    assert_int_equal(d1.server, 1);
+    assert_int_equal(d2.server, d1.server);
+    assert_int_equal(place(DH_POLICY_LEAST_REQUEST, s, 4, &r, &d1, NULL), 0);
+    assert_int_equal(d1.server, 0);
+}
+
+static void place_candidates_match_cost_model(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 1.3), server(1, 0.7), server(1, 1.0)};
+    s[1].storage_bw_Bps = 1e8;
+    s[2].queue_len = 5;
+    s[2].queued_work_s = 2.0;
+    dh_request_cost_t r = request(1.0);
+    r.in_bytes = 5e7;
+    dh_snapshot_t snap = {s, 3, links, 2};
+    dh_decision_t d;
+    dh_candidate_t c[3];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    for (uint32_t i = 0; i < 3; i++) {
+        dh_cost_breakdown_t b;
+        dh_cost_predict(&snap, &r, i, &b);
+        assert_close(c[i].t_s, b.total_s, 1e-12);
+        assert_close(c[i].miss_s, fmax(0, b.total_s - r.deadline_s), 1e-12);
+    }
+    /* Server 1: cpu 0.7 + io 0.5 + net 1e7/1e10 + 1 ms. */
+    dh_cost_breakdown_t b;
+    dh_cost_predict(&snap, &r, 1, &b);
+    assert_close(b.cpu_s, 0.7, 1e-12);
+    assert_close(b.io_s, 0.5, 1e-12);
+    assert_close(b.queue_s, 0, 0);
+    assert_close(b.net_s, 0.002, 1e-12);
+    dh_cost_predict(&snap, &r, 2, &b);
+    assert_close(b.queue_s, 0.5, 1e-12);
+    assert_close(dh_cost_transfer_bytes(&snap, &r, 0), 0, 0);
+    assert_close(dh_cost_transfer_bytes(&snap, &r, 1), 1e7, 0);
+}
+
+static void place_least_request_counts_per_worker(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 1), server(1, 1), server(1, 1)};
+    s[0].queue_len = 3; /* 3 per 4 workers */
+    s[1].queue_len = 2; s[1].workers = 2; /* 1 per worker */
+    s[2].queue_len = 1; /* 1 per 4 workers: fewest */
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    assert_int_equal(place(DH_POLICY_LEAST_REQUEST, s, 3, &r, &d, NULL), 0);
+    assert_int_equal(d.server, 2);
+    assert_int_equal(d.reason, DH_REASON_LEAST_REQUEST);
+}
+
+static void place_local_policy_stays_local(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 5.0), server(1, 0.1)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    assert_int_equal(place(DH_POLICY_LOCAL, s, 2, &r, &d, NULL), 0);
+    assert_int_equal(d.server, 0);
+    assert_int_equal(d.reason, DH_REASON_LOCAL_POLICY);
+    s[0].queue_len = s[0].queue_cap;
+    assert_int_equal(place(DH_POLICY_LOCAL, s, 2, &r, &d, NULL), DH_EAGAIN);
+    s[0].alive = 0;
+    assert_int_equal(place(DH_POLICY_LOCAL, s, 2, &r, &d, NULL), DH_ENOSERVER);
+    r.local_server = -1;
+    s[0].alive = 1;
+    assert_int_equal(place(DH_POLICY_LOCAL, s, 2, &r, &d, NULL), DH_ENOSERVER);
+}
+
+static void place_policy_names_round_trip(void **state)
+{
+    for (int i = 0; i < DH_POLICY_COUNT; i++) {
+        dh_policy_t p;
+        assert_int_equal(dh_policy_from_name(dh_policy_name((dh_policy_t)i), &p), 0);
+        assert_int_equal(p, i);
+    }
+    dh_policy_t p;
+    assert_int_equal(dh_policy_from_name("fastest", &p), DH_EUNKNOWN);
+    assert_true(strstr(dh_last_error(), "fastest") != NULL);
+    for (int r = 0; r <= DH_REASON_NO_CANDIDATE; r++) {
+        assert_string_not_equal(dh_place_reason_name((dh_place_reason_t)r), "?");
+        assert_string_not_equal(dh_place_reason_text((dh_place_reason_t)r), "?");
+    }
+}
+
+/* Over random snapshots, every deadline decision satisfies what its reason claims. */
+static void place_rules_hold_on_random_snapshots(void **state)
+{
+    enum { N = 24, NODES = 4 };
+    dh_link_t l[NODES * NODES];
+    dh_server_state_t s[N];
+    dh_candidate_t c[N];
+    dh_rng_t rng;
+    dh_rng_seed(&rng, 99);
+    dh_place_config_t cfg;
+    dh_place_config_default(&cfg);
+    int seen[DH_REASON_NO_CANDIDATE + 1] = {0};
+    for (int iter = 0; iter < 20000; iter++) {
+        for (int i = 0; i < NODES * NODES; i++)
+            l[i] = (dh_link_t){1e8 + dh_rng_uniform(&rng) * 1e10, dh_rng_uniform(&rng) * 1e-3};
+        for (uint32_t i = 0; i < N; i++) {
+            s[i] = server(i % NODES, 0.5 + dh_rng_uniform(&rng));
+            s[i].alive = dh_rng_uniform(&rng) > 0.05;
+            s[i].queue_len = (uint32_t)dh_rng_below(&rng, 10);
+            s[i].queued_work_s = s[i].queue_len * dh_rng_uniform(&rng);
+            s[i].storage_bw_Bps = 1e8 + dh_rng_uniform(&rng) * 1e9;
+        }
+        dh_request_cost_t r = {.cpu_s = 0.2 + dh_rng_uniform(&rng),
+                               .in_bytes = dh_rng_uniform(&rng) * 1e8,
+                               .out_bytes = dh_rng_uniform(&rng) * 1e9,
+                               .deadline_s = dh_rng_uniform(&rng) * 3,
+                               .consumer_node = (uint32_t)dh_rng_below(&rng, NODES),
+                               .local_server = 0};
+        r.local_server = (int32_t)r.consumer_node; /* server i sits on node i % NODES */
+        dh_snapshot_t snap = {s, N, l, NODES};
+        dh_decision_t d = {.candidates = c};
+        int rc = dh_place(&cfg, &snap, &r, &d);
+        seen[d.reason]++;
+        if (rc != 0) {
+            assert_int_equal(d.server, -1);
+            for (int i = 0; i < N; i++)
+                assert_int_not_equal(c[i].status, DH_CANDIDATE_OK);
+            continue;
+        }
+        assert_int_equal(c[d.server].status, DH_CANDIDATE_OK);
+        double tl = c[r.local_server].t_s;
+        int local_ok = c[r.local_server].status == DH_CANDIDATE_OK;
+        switch (d.reason) {
+        case DH_REASON_LOCAL_MEETS:
+            assert_int_equal(d.server, r.local_server);
+            assert_true(tl <= r.deadline_s);
+            break;
+        case DH_REASON_REMOTE_GAIN:
+            assert_true(local_ok && tl <= r.deadline_s);
+            assert_true(c[d.server].t_s <= r.deadline_s);
+            assert_true(tl - c[d.server].t_s > fmax(cfg.hysteresis_s, cfg.hysteresis_frac * tl));
+            break;
+        case DH_REASON_LEAST_TRANSFER:
+            assert_true(!local_ok || tl > r.deadline_s);
+            assert_true(c[d.server].t_s <= r.deadline_s);
+            for (uint32_t i = 0; i < N; i++)
+                if (c[i].status == DH_CANDIDATE_OK && c[i].t_s <= r.deadline_s)
+                    assert_true(dh_cost_transfer_bytes(&snap, &r, i) >=
+                                dh_cost_transfer_bytes(&snap, &r, (uint32_t)d.server));
+            break;
+        case DH_REASON_EARLIEST_FINISH:
+            for (uint32_t i = 0; i < N; i++)
+                if (c[i].status == DH_CANDIDATE_OK) {
+                    assert_true(c[i].t_s > r.deadline_s);
+                    assert_true(c[i].t_s >= c[d.server].t_s);
+                }
+            break;
+        default:
+            fail_msg("unexpected reason %d", d.reason);
+        }
+    }
+    /* The random cases exercised every rule. */
+    assert_true(seen[DH_REASON_LOCAL_MEETS] > 0);
+    assert_true(seen[DH_REASON_REMOTE_GAIN] > 0);
+    assert_true(seen[DH_REASON_LEAST_TRANSFER] > 0);
+    assert_true(seen[DH_REASON_EARLIEST_FINISH] > 0);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(place_local_kept_when_it_meets_deadline),
+    cmocka_unit_test(place_remote_chosen_when_gain_beats_hysteresis),
+    cmocka_unit_test(place_hysteresis_threshold_is_what_keeps_local),
+    cmocka_unit_test(place_remote_chosen_when_local_misses),
+    cmocka_unit_test(place_least_transfer_among_those_meeting),
+    cmocka_unit_test(place_earliest_finish_when_all_miss),
+    cmocka_unit_test(place_backpressure_excludes_full_servers),
+    cmocka_unit_test(place_dead_servers_excluded),
+    cmocka_unit_test(place_queue_delays_a_busy_server),
+    cmocka_unit_test(place_ties_break_on_lowest_index),
+    cmocka_unit_test(place_candidates_match_cost_model),
+    cmocka_unit_test(place_least_request_counts_per_worker),
+    cmocka_unit_test(place_local_policy_stays_local),
+    cmocka_unit_test(place_policy_names_round_trip),
+    cmocka_unit_test(place_rules_hold_on_random_snapshots),
+};
+DH_TEST_MAIN(tests)
