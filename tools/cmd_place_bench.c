@@ -20,9 +20,10 @@ static void usage(FILE *out)
             "usage: datahelix place-bench [--servers LIST] [--decisions N] [--policy NAME]\n"
             "                             [--seed N] [--json]\n\n"
             "Measures the placement policy on one core (the process is pinned to the CPU it\n"
-            "starts on): decisions per second and p50/p99 time per decision, over a realistic\n"
-            "snapshot that changes as decisions fill queues and completions drain them\n"
-            "(docs/scheduler.md describes it). Every decision scores every server.\n\n"
+            "starts on): decisions per CPU-second of that thread, and p50/p99 wall-clock time\n"
+            "per decision, over a realistic snapshot that changes as decisions fill queues and\n"
+            "completions drain them (docs/scheduler.md describes it). Every decision scores\n"
+            "every server. Also prints which rule of the policy decided how often.\n\n"
             "  --servers LIST    comma-separated cluster sizes, each >= 2 (default 8,128,1024)\n"
             "  --decisions N     decisions per size (default 200000)\n"
             "  --policy NAME     deadline (default), least-request or local\n"
@@ -30,6 +31,27 @@ static void usage(FILE *out)
             "  --json            print {\"results\":[{\"servers\",\"decisions_per_s\",\"p50_us\","
             "\"p99_us\"}]}\n"
             "  -h, --help        this text\n");
+}
+
+/* Appends "SERVERS: rule P%, ..." and a newline to buf; returns the length appended. */
+static size_t describe_rules(const dh_place_bench_result_t *r, char *buf, size_t size)
+{
+    size_t len = 0;
+    int n = snprintf(buf, size, "  %6u servers:", r->servers);
+    for (int k = 0; k <= DH_REASON_NO_CANDIDATE && n >= 0 && (size_t)n < size - len; k++) {
+        len += (size_t)n;
+        n = r->by_reason[k] ? snprintf(buf + len, size - len, " %s %.1f%%",
+                                       dh_place_reason_name((dh_place_reason_t)k),
+                                       100.0 * (double)r->by_reason[k] / (double)r->decisions)
+                            : 0;
+    }
+    if (n >= 0 && (size_t)n < size - len)
+        len += (size_t)n;
+    if (len + 1 < size) {
+        buf[len++] = '\n';
+        buf[len] = '\0';
+    }
+    return len;
 }
 
 static void pin_to_one_core(void)
@@ -113,6 +135,8 @@ int dh_cmd_place_bench(int argc, char **argv)
         return 2;
     }
 
+    char rules[4096] = "";
+    size_t rules_len = 0;
     pin_to_one_core();
     if (!json)
         printf("place-bench: policy %s, %llu decisions per size, one core\n\n"
@@ -134,7 +158,12 @@ int dh_cmd_place_bench(int argc, char **argv)
         else
             printf("%9u %16.0f %9.2f %9.2f %9.2f\n", r.servers, r.decisions_per_s, r.p50_us,
                    r.p99_us, r.max_us);
+        if (!json)
+            rules_len += describe_rules(&r, rules + rules_len, sizeof rules - rules_len);
     }
-    printf(json ? "]}\n" : "\n");
+    if (json)
+        printf("]}\n");
+    else
+        printf("\nwhich rule decided, per size:\n%s", rules);
     return 0;
 }

@@ -11,6 +11,10 @@ extern "C" {
 /* Monotonic nanoseconds since an arbitrary origin. Thread-safe; about 20 ns per call (vDSO). */
 uint64_t dh_clock_now_ns(void);
 
+/* CPU time consumed by the calling thread, in nanoseconds (CLOCK_THREAD_CPUTIME_ID). What a
+ * benchmark on a shared machine divides by, so other processes do not count against it. */
+uint64_t dh_clock_thread_cpu_ns(void);
+
 /* The same in seconds, as a double. */
 double dh_clock_now_s(void);
 

@@ -5,7 +5,8 @@
  * and a queue cap of 16 per server, speed factors 0.8-1.25, storage 2 GB/s (local) or
  * 0.5 GB/s (remote), links 10-100 Gb/s with 20-200 us latency, 2% of servers dead.
  * Requests: batches of 4 kinetics-mixed samples (16x224, 32x336, 64x448), deadlines
- * 0.2-3 s, consumers on random nodes.
+ * 0.8-3x the request's CPU time, consumers on random nodes; after each decision the chosen
+ * server's queue grows and one completion (on a random busy server) drains another.
  */
 #include <stdlib.h>
 
@@ -61,7 +62,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
             .workers = 4,
             .queue_cap = 16,
             .speed_factor = uniform(&rng, 0.8, 1.25),
-            .storage_bw_Bps = is_local ? 2e9 : 5e8,
+            .storage_s_per_B = 1.0 / (is_local ? 2e9 : 5e8),
         };
         if (is_local)
             local_of_node[i] = (int32_t)i;
@@ -69,7 +70,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
     for (uint32_t a = 0; a < nodes; a++)
         for (uint32_t b = 0; b < nodes; b++)
             links[(size_t)a * nodes + b] =
-                (dh_link_t){uniform(&rng, 1.25e9, 12.5e9), uniform(&rng, 20e-6, 200e-6)};
+                dh_link_make(uniform(&rng, 1.25e9, 12.5e9), uniform(&rng, 20e-6, 200e-6));
     for (uint32_t i = 0; i < REQUEST_POOL; i++) {
         dh_request_cost_t *r = &reqs[i];
         for (int k = 0; k < 4; k++) {
@@ -78,7 +79,9 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
             r->in_bytes += s->in_bytes;
             r->out_bytes += s->out_bytes;
         }
-        r->deadline_s = uniform(&rng, 0.2, 3.0);
+        /* The compute window of the consuming rank: 0.8x to 3x the request's own CPU time
+         * (the balanced regime of DESIGN §8, where neither side dominates). */
+        r->deadline_s = r->cpu_s * uniform(&rng, 0.8, 3.0);
         r->consumer_node = (uint32_t)dh_rng_below(&rng, nodes);
         r->local_server = local_of_node[r->consumer_node];
     }
@@ -89,7 +92,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
     dh_snapshot_t snap = {srv, servers, links, nodes};
     *out = (dh_place_bench_result_t){.servers = servers, .decisions = decisions};
 
-    uint64_t loop_start = dh_clock_now_ns();
+    uint64_t loop_cpu_start = dh_clock_thread_cpu_ns();
     for (uint64_t d = 0; d < decisions; d++) {
         const dh_request_cost_t *r = &reqs[d % REQUEST_POOL];
         dh_decision_t dec = {.candidates = cand};
@@ -103,17 +106,21 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
         if (prc == 0) {
             dh_server_state_t *s = &srv[dec.server];
             s->queue_len++;
-            s->queued_work_s += r->cpu_s * s->speed_factor;
+            s->queue_wait_s += r->cpu_s * s->speed_factor / s->workers;
         }
-        /* ...and a completion somewhere drains one request, keeping the cluster busy but
-         * not saturated (one completion per decision on average). */
-        dh_server_state_t *c = &srv[dh_rng_below(&rng, servers)];
-        if (c->queue_len > 0) {
-            c->queued_work_s -= c->queued_work_s / c->queue_len;
-            c->queue_len--;
+        /* ...and completions drain queues: up to 4 random servers are probed for one that
+         * has work, keeping the cluster busy but not saturated. */
+        for (int probe = 0; probe < 4; probe++) {
+            dh_server_state_t *c = &srv[dh_rng_below(&rng, servers)];
+            if (c->queue_len > 0) {
+                c->queue_wait_s -= c->queue_wait_s / c->queue_len;
+                c->queue_len--;
+                break;
+            }
         }
     }
-    double elapsed = dh_clock_elapsed_s(loop_start, dh_clock_now_ns());
+    double elapsed = dh_clock_elapsed_s(loop_cpu_start, dh_clock_thread_cpu_ns());
+
     out->decisions_per_s = (double)decisions / elapsed;
     out->p50_us = dh_stats_percentile(lat, 50);
     out->p99_us = dh_stats_percentile(lat, 99);

@@ -20,15 +20,13 @@ void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req, ui
 {
     const dh_server_state_t *s = &snap->servers[server];
     out->cpu_s = req->cpu_s * s->speed_factor;
-    out->io_s = req->in_bytes / s->storage_bw_Bps;
-    out->queue_s = (s->workers == 0) ? INFINITY
-                   : (s->queue_len < s->workers) ? 0.0
-                                                 : s->queued_work_s / (double)s->workers;
+    out->io_s = req->in_bytes * s->storage_s_per_B;
+    out->queue_s = (s->workers == 0) ? INFINITY : (s->queue_len < s->workers) ? 0.0 : s->queue_wait_s;
     if (s->node == req->consumer_node) {
         out->net_s = 0.0;
     } else {
         const dh_link_t *l = &snap->links[(size_t)s->node * snap->n_nodes + req->consumer_node];
-        out->net_s = req->out_bytes / l->bw_Bps + l->latency_s;
+        out->net_s = req->out_bytes * l->s_per_B + l->latency_s;
     }
     out->total_s = out->cpu_s + out->io_s + out->queue_s + out->net_s;
 }

@@ -59,31 +59,87 @@ const char *dh_place_reason_name(dh_place_reason_t reason)
     return (unsigned)reason <= DH_REASON_NO_CANDIDATE ? reasons[reason].name : "?";
 }
 
-static uint8_t candidate_status(const dh_server_state_t *s)
+/* x if flag, else +0.0, by masking the bits: compilers turn both `flag ? x : 0` and
+ * `flag * x` into branches, which mispredict in this loop. */
+static inline double keep_if(double x, unsigned flag)
 {
-    if (!s->alive || s->workers == 0)
-        return DH_CANDIDATE_DEAD;
-    if (s->queue_cap && s->queue_len >= s->queue_cap)
-        return DH_CANDIDATE_FULL;
-    return DH_CANDIDATE_OK;
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= -(uint64_t)(flag != 0);
+    memcpy(&x, &bits, sizeof x);
+    return x;
 }
 
-/* T of the request on server i; the same arithmetic as dh_cost_predict, inlined because
- * this is the hot loop. */
-static inline double predict_total(const dh_snapshot_t *snap, const dh_request_cost_t *req,
-                                   const dh_server_state_t *s)
+/* Seconds to move the request's output from `node` to the consumer (0 on its own node). */
+static inline double net_time(const dh_snapshot_t *snap, const dh_request_cost_t *req,
+                              uint32_t node)
 {
-    /* Written without branches on the server's state: with random queue states a branch
-     * here mispredicts often, and at 1,024 servers that was most of the decision time. */
-    const dh_link_t *l = &snap->links[(size_t)s->node * snap->n_nodes + req->consumer_node];
-    double net = req->out_bytes / l->bw_Bps + l->latency_s;
-    double queue = s->queued_work_s / (double)s->workers;
-    double t = req->cpu_s * s->speed_factor + req->in_bytes / s->storage_bw_Bps;
-    /* Multiplying by a 0/1 flag, not a ?: select, which the compiler turns back into a
-     * branch. */
-    t += (double)(s->queue_len >= s->workers) * queue;
-    t += (double)(s->node != req->consumer_node) * net;
-    return t;
+    if (node == req->consumer_node)
+        return 0.0;
+    const dh_link_t *l = &snap->links[(size_t)node * snap->n_nodes + req->consumer_node];
+    return req->out_bytes * l->s_per_B + l->latency_s;
+}
+
+/* Nodes whose transfer time is computed once per decision (a 4 KiB stack table); servers on
+ * nodes beyond it compute theirs inline. */
+#define NET_TABLE 512
+
+/* The state the scoring loop carries from server to server. */
+typedef struct scan_state {
+    uint32_t alive, eligible;
+    int local_ok;
+    double t_local;
+    int32_t best_same, best_other; /* fastest eligible non-local: consumer's node / elsewhere */
+    double t_best_same, t_best_other;
+} scan_state_t;
+
+/* Scores every server (T, miss, status into cand when not NULL) and keeps the minima the
+ * rules need. One pass, with no branches on server state except the rarely taken minimum
+ * updates: with a changing cluster such branches mispredict often. T uses the
+ * division-free state of cost.h; net_table, when not NULL, holds each node's transfer
+ * time. Always inlined, so the compiler builds one copy per (cand, net_table) case. */
+static inline __attribute__((always_inline)) void
+scan_servers(const dh_snapshot_t *snap, const dh_request_cost_t *req, const double *net_table,
+             dh_candidate_t *cand, scan_state_t *ss)
+{
+    static const double reported_penalty[3] = {0.0, INFINITY, 0.0};
+    const double cpu_s = req->cpu_s, in_bytes = req->in_bytes, deadline = req->deadline_s;
+    const uint32_t consumer = req->consumer_node;
+    const int32_t local = req->local_server;
+    const uint32_t n = snap->n_servers;
+    for (uint32_t i = 0; i < n; i++) {
+        const dh_server_state_t *s = &snap->servers[i];
+        unsigned dead = (s->alive == 0) | (s->workers == 0);
+        /* cap 0 (no cap) wraps to UINT32_MAX: never full. */
+        unsigned full = (uint32_t)(s->queue_cap - 1) < s->queue_len;
+        unsigned st = dead | ((full & !dead) << 1); /* DH_CANDIDATE_{OK,DEAD,FULL} = 0,1,2 */
+        ss->alive += !dead;
+        ss->eligible += st == DH_CANDIDATE_OK;
+        double net = net_table ? net_table[s->node] : net_time(snap, req, s->node);
+        double t = cpu_s * s->speed_factor + in_bytes * s->storage_s_per_B +
+                   keep_if(s->queue_wait_s, s->queue_len >= s->workers) + net;
+        if (cand) {
+            double t_reported = t + reported_penalty[st];
+            double miss = t_reported - deadline;
+            cand[i].t_s = t_reported;
+            cand[i].miss_s = keep_if(miss, miss > 0.0);
+            cand[i].status = (uint8_t)st;
+        }
+        if (st == DH_CANDIDATE_OK) {
+            if ((int32_t)i == local) {
+                ss->local_ok = 1;
+                ss->t_local = t;
+            } else if (s->node == consumer) {
+                if (t < ss->t_best_same) {
+                    ss->t_best_same = t;
+                    ss->best_same = (int32_t)i;
+                }
+            } else if (t < ss->t_best_other) {
+                ss->t_best_other = t;
+                ss->best_other = (int32_t)i;
+            }
+        }
+    }
 }
 
 static int finish(dh_decision_t *out, int32_t server, dh_place_reason_t reason, int rc)
@@ -113,55 +169,49 @@ int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_r
     const int32_t local = req->local_server;
     const int least_request = cfg->policy == DH_POLICY_LEAST_REQUEST;
     dh_candidate_t *cand = out->candidates;
-    uint32_t alive = 0, eligible = 0;
 
     /* Rule 1 and the scores, in one pass. Transfer takes two values only (0 on the consumer's
      * node, out_bytes elsewhere), so rule 3's "least transfer, then smallest T" needs just
-     * the fastest non-local server on the consumer's node and the fastest elsewhere; and
+     * the fastest non-local server on the consumer's node and the fastest elsewhere, and
      * rule 2's best remote is the faster of the two. Tracking those minima instead of testing
-     * T <= D per server keeps the loop free of unpredictable branches (a 2x speed-up at
-     * 1,024 servers). Strict '<' keeps the lowest index on ties. */
-    int32_t best[2] = {-1, -1}; /* [0] other nodes, [1] the consumer's node; local excluded */
-    double t_best[2] = {INFINITY, INFINITY};
+     * T <= D per server keeps the loop free of unpredictable branches. Strict '<' keeps the
+     * lowest index on ties. Transfer times are tabled per node when the table fits the
+     * stack (4 KiB). */
     int32_t fewest_req = -1;
     uint32_t req_fewest = 0, workers_fewest = 1;
-    int local_ok = 0;
-    double t_local = INFINITY;
 
-    for (uint32_t i = 0; i < n; i++) {
-        const dh_server_state_t *s = &snap->servers[i];
-        uint8_t st = candidate_status(s);
-        alive += st != DH_CANDIDATE_DEAD;
-        double t = predict_total(snap, req, s);
-        t = st == DH_CANDIDATE_DEAD ? INFINITY : t;
-        if (cand) {
-            cand[i].t_s = t;
-            double miss = t - deadline;
-            cand[i].miss_s = miss > 0.0 ? miss : 0.0; /* maxsd, no branch */
-            cand[i].status = st;
-        }
-        if (st != DH_CANDIDATE_OK)
-            continue;
-        eligible++;
-        if (least_request &&
-            (fewest_req < 0 || (uint64_t)s->queue_len * workers_fewest <
-                                   (uint64_t)req_fewest * s->workers)) {
-            /* Outstanding requests per worker, compared by cross-multiplication (exact). */
-            req_fewest = s->queue_len;
-            workers_fewest = s->workers;
-            fewest_req = (int32_t)i;
-        }
-        if ((int32_t)i == local) {
-            local_ok = 1;
-            t_local = t;
-            continue;
-        }
-        int same_node = s->node == req->consumer_node;
-        if (t < t_best[same_node]) {
-            t_best[same_node] = t;
-            best[same_node] = (int32_t)i;
-        }
+    scan_state_t ss = {0, 0, 0, INFINITY, -1, -1, INFINITY, INFINITY};
+    if (snap->n_nodes <= NET_TABLE) {
+        double net_table[NET_TABLE];
+        for (uint32_t node = 0; node < snap->n_nodes; node++)
+            net_table[node] = net_time(snap, req, node);
+        if (cand)
+            scan_servers(snap, req, net_table, cand, &ss);
+        else
+            scan_servers(snap, req, net_table, NULL, &ss);
+    } else if (cand) {
+        scan_servers(snap, req, NULL, cand, &ss);
+    } else {
+        scan_servers(snap, req, NULL, NULL, &ss);
     }
+    const uint32_t alive = ss.alive, eligible = ss.eligible;
+    const int local_ok = ss.local_ok;
+    const double t_local = ss.t_local;
+    const int32_t best_same = ss.best_same, best_other = ss.best_other;
+    const double t_best_same = ss.t_best_same, t_best_other = ss.t_best_other;
+    /* least-request: its own pass, so the deadline policy's loop stays lean. Outstanding
+     * requests per worker, compared by cross-multiplication (exact); lowest index on ties. */
+    if (least_request)
+        for (uint32_t i = 0; i < n; i++) {
+            const dh_server_state_t *s = &snap->servers[i];
+            int ok = s->alive && s->workers && !(s->queue_cap && s->queue_len >= s->queue_cap);
+            if (ok && (fewest_req < 0 || (uint64_t)s->queue_len * workers_fewest <
+                                             (uint64_t)req_fewest * s->workers)) {
+                req_fewest = s->queue_len;
+                workers_fewest = s->workers;
+                fewest_req = (int32_t)i;
+            }
+        }
 
     if (alive == 0)
         return finish(out, -1, DH_REASON_NO_CANDIDATE,
@@ -185,8 +235,8 @@ int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_r
     if (least_request)
         return finish(out, fewest_req, DH_REASON_LEAST_REQUEST, 0);
 
-    int32_t best_remote = better(best[0], t_best[0], best[1], t_best[1]);
-    double t_remote = best_remote < 0 ? INFINITY : (best_remote == best[0] ? t_best[0] : t_best[1]);
+    int32_t best_remote = better(best_other, t_best_other, best_same, t_best_same);
+    double t_remote = best_remote == best_same ? t_best_same : t_best_other;
 
     /* Rule 2: the local server meets D; a remote must beat it by the hysteresis margin. */
     if (local_ok && t_local <= deadline) {
@@ -199,10 +249,10 @@ int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_r
     }
     /* Rule 3: least transfer among those that meet D (the local one misses here): the
      * consumer's node first (no transfer), then the others. */
-    if (best[1] >= 0 && t_best[1] <= deadline)
-        return finish(out, best[1], DH_REASON_LEAST_TRANSFER, 0);
-    if (best[0] >= 0 && t_best[0] <= deadline)
-        return finish(out, best[0], DH_REASON_LEAST_TRANSFER, 0);
+    if (best_same >= 0 && t_best_same <= deadline)
+        return finish(out, best_same, DH_REASON_LEAST_TRANSFER, 0);
+    if (best_other >= 0 && t_best_other <= deadline)
+        return finish(out, best_other, DH_REASON_LEAST_TRANSFER, 0);
     /* Rule 4: all miss: earliest predicted finish, the local server included. */
     int32_t earliest = local_ok ? better(local, t_local, best_remote, t_remote) : best_remote;
     return finish(out, earliest, DH_REASON_EARLIEST_FINISH, 0);

@@ -9,13 +9,13 @@
 #include "datahelix/rng.h"
 
 /* Two nodes, 10 GB/s links with 1 ms latency. The consumer is on node 0. */
-static dh_link_t links[4] = {{1e10, 0}, {1e10, 0.001}, {1e10, 0.001}, {1e10, 0}};
+static dh_link_t links[4] = {{1e-10, 0}, {1e-10, 0.001}, {1e-10, 0.001}, {1e-10, 0}};
 
 static dh_server_state_t server(uint32_t node, double speed)
 {
     dh_server_state_t s = {.node = node, .role = node ? DH_SERVER_REMOTE : DH_SERVER_LOCAL,
                            .alive = 1, .workers = 4, .queue_len = 0, .queue_cap = 8,
-                           .queued_work_s = 0, .speed_factor = speed, .storage_bw_Bps = 1e12};
+                           .queue_wait_s = 0, .speed_factor = speed, .storage_s_per_B = 1e-12};
     return s;
 }
 
@@ -161,7 +161,7 @@ static void place_queue_delays_a_busy_server(void **state)
     /* The local server is fast but its workers are all busy with 8 s of queued work. */
     dh_server_state_t s[2] = {server(0, 0.2), server(1, 0.5)};
     s[0].queue_len = 4;
-    s[0].queued_work_s = 8.0;
+    s[0].queue_wait_s = 8.0 / 4;
     dh_request_cost_t r = request(1.0);
     dh_decision_t d;
     dh_candidate_t c[2];
@@ -186,9 +186,9 @@ static void place_ties_break_on_lowest_index(void **state)
 static void place_candidates_match_cost_model(void **state)
 {
     dh_server_state_t s[3] = {server(0, 1.3), server(1, 0.7), server(1, 1.0)};
-    s[1].storage_bw_Bps = 1e8;
+    s[1].storage_s_per_B = 1e-8;
     s[2].queue_len = 5;
-    s[2].queued_work_s = 2.0;
+    s[2].queue_wait_s = 2.0 / 4;
     dh_request_cost_t r = request(1.0);
     r.in_bytes = 5e7;
     dh_snapshot_t snap = {s, 3, links, 2};
@@ -274,13 +274,13 @@ static void place_rules_hold_on_random_snapshots(void **state)
     int seen[DH_REASON_NO_CANDIDATE + 1] = {0};
     for (int iter = 0; iter < 20000; iter++) {
         for (int i = 0; i < NODES * NODES; i++)
-            l[i] = (dh_link_t){1e8 + dh_rng_uniform(&rng) * 1e10, dh_rng_uniform(&rng) * 1e-3};
+            l[i] = dh_link_make(1e8 + dh_rng_uniform(&rng) * 1e10, dh_rng_uniform(&rng) * 1e-3);
         for (uint32_t i = 0; i < N; i++) {
             s[i] = server(i % NODES, 0.5 + dh_rng_uniform(&rng));
             s[i].alive = dh_rng_uniform(&rng) > 0.05;
             s[i].queue_len = (uint32_t)dh_rng_below(&rng, 10);
-            s[i].queued_work_s = s[i].queue_len * dh_rng_uniform(&rng);
-            s[i].storage_bw_Bps = 1e8 + dh_rng_uniform(&rng) * 1e9;
+            s[i].queue_wait_s = s[i].queue_len * dh_rng_uniform(&rng) / s[i].workers;
+            s[i].storage_s_per_B = 1.0 / (1e8 + dh_rng_uniform(&rng) * 1e9);
         }
         dh_request_cost_t r = {.cpu_s = 0.2 + dh_rng_uniform(&rng),
                                .in_bytes = dh_rng_uniform(&rng) * 1e8,
