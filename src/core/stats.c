@@ -103,7 +103,7 @@ static double percentile_of_sorted(const double *v, size_t n, double p)
 
 double dh_stats_percentile(dh_stats_t *stats, double p)
 {
-    if (!stats->sorted) {
+    if (!stats->sorted && stats->count > 0) { /* qsort(NULL, 0) is undefined */
         qsort(stats->values, stats->count, sizeof(double), cmp_double);
         stats->sorted = 1;
     }
@@ -112,6 +112,8 @@ double dh_stats_percentile(dh_stats_t *stats, double p)
 
 double dh_percentile_sorted_inplace(double *values, size_t n, double p)
 {
+    if (n == 0)
+        return 0.0;
     qsort(values, n, sizeof(double), cmp_double);
     return percentile_of_sorted(values, n, p);
 }

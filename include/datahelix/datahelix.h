@@ -1,0 +1,18 @@
+/* datahelix.h: the whole public C API of DataHelix, one include. */
+#ifndef DATAHELIX_H
+#define DATAHELIX_H
+
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/cost.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/mix.h"
+#include "datahelix/place.h"
+#include "datahelix/plan.h"
+#include "datahelix/profile.h"
+#include "datahelix/rng.h"
+#include "datahelix/sampler.h"
+#include "datahelix/stats.h"
+
+#endif
