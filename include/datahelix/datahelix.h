@@ -6,6 +6,7 @@
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/mix.h"
 #include "datahelix/place.h"

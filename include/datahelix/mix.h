@@ -52,8 +52,11 @@ const char *const *dh_mix_builtin_names(void);
  *   ceil(frames/2) * ceil(height/14) * ceil(width/14) / 4 */
 int64_t dh_tokens_visual(int32_t frames, int32_t height, int32_t width);
 
-/* Appends `count` rows drawn from the mix with seed `seed` to `out` (ids "s000000"...,
- * deterministic for a seed). Returns 0, DH_EINVAL (empty mix) or DH_ENOMEM. */
+/* Appends `count` rows drawn from the mix with seed `seed` to `out`, with costs from the
+ * synthetic model of docs/profiles.md. Ids are "s%07zu" numbered from the number of rows
+ * already in `out` (so "s0000000"... for an empty set). Deterministic for a seed: row i
+ * depends only on (seed, i), not on `count`. Returns 0, DH_EINVAL (empty mix) or
+ * DH_ENOMEM (rows drawn before the failure stay in `out`). */
 int dh_profiles_generate(const dh_mix_t *mix, size_t count, uint64_t seed,
                          dh_profile_set_t *out);
 

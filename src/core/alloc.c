@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "datahelix/alloc.h"
 #include "core/internal.h"
 
@@ -112,11 +110,4 @@ char *dh_strndup(const char *s, size_t n)
 char *dh_strdup(const char *s)
 {
     return dh_strndup(s, SIZE_MAX);
-}
-
-void dh__json_use_allocator(void)
-{
-    static atomic_int done;
-    if (!atomic_exchange(&done, 1))
-        json_set_alloc_funcs(dh_malloc, dh_free);
 }

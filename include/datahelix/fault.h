@@ -1,0 +1,40 @@
+/* fault.h: numbered fault-injection sites (CONVENTIONS "Tests").
+ *
+ * Code that talks to the outside world marks the places where it can fail with
+ * DH_FAULT(site) (src/core/internal.h). Built with -DDH_ENABLE_FAULTS=ON, a test arms a site
+ * so that its N-th hit fails as the real failure would (a read error, a short write), and
+ * checks that the caller gets a clean error naming the thing at fault, with no crash and no
+ * leak. In a normal build the sites compile to nothing and arming is a no-op.
+ * Allocation failures have their own hook: dh_alloc_fail_after() in alloc.h.
+ */
+#ifndef DATAHELIX_FAULT_H
+#define DATAHELIX_FAULT_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The numbered sites. Numbers are stable: tests and bug reports refer to them. */
+typedef enum {
+    DH_FAULT_PROFILE_READ = 1,  /* reading a profile JSONL file fails (EIO) */
+    DH_FAULT_PROFILE_WRITE = 2, /* writing a profile JSONL file fails (ENOSPC) */
+    DH_FAULT_SITE_COUNT = 3,
+} dh_fault_site_t;
+
+/* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
+int dh_fault_enabled(void);
+
+/* Arms a site: its next `skip` hits pass, the one after fails, later ones pass again.
+ * Process-global; not thread-safe against concurrent arming (tests arm from one thread). */
+void dh_fault_arm(dh_fault_site_t site, long skip);
+
+/* Disarms every site. */
+void dh_fault_disarm_all(void);
+
+/* How many times a site has been hit since start-up (counts only in a faults build). */
+long dh_fault_hits(dh_fault_site_t site);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
