@@ -32,6 +32,7 @@
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/profile.h"
 #include "core/internal.h"
 
@@ -757,8 +758,13 @@ int dh_profile_set_load(dh_profile_set_t *set, const char *path)
             cap *= 2;
         }
         size_t n = fread(buf + have, 1, cap - have, f);
+        int injected = DH_FAULT(DH_FAULT_PROFILE_READ); /* a read error, as ferror reports */
+        if (injected) {
+            n = 0;
+            errno = EIO;
+        }
         if (n == 0) {
-            if (ferror(f)) {
+            if (injected || ferror(f)) {
                 int err = errno ? errno : EIO;
                 rc = dh__set_error(-err, "%s:%zu: read error: %s", ld.name, ld.line, strerror(err));
                 goto out;
@@ -976,7 +982,9 @@ int dh_profile_set_write(const dh_profile_set_t *set, const char *path)
     for (size_t i = 0; i < set->count && rc == 0; i++)
         rc = dh_profile_row_write(f, &set->rows[i]);
     int err = 0;
-    if (rc == 0 && fflush(f) != 0)
+    if (rc == 0 && DH_FAULT(DH_FAULT_PROFILE_WRITE)) /* the disk fills up */
+        err = ENOSPC;
+    else if (rc == 0 && fflush(f) != 0)
         err = errno;
     else if (rc < 0)
         err = errno ? errno : EIO;

@@ -10,6 +10,7 @@
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/profile.h"
 
 /* A valid row with every known field; tests replace parts of it. */
@@ -650,7 +651,50 @@ static void add_survives_each_allocation_failure(void **state)
     }
 }
 
+/* Numbered fault sites (a faults build only): a read error and a full disk give a clean
+ * error that names the file, and nothing leaks. */
+static void read_fault_names_the_file(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    const char *path = dh_test_path("fault-read.jsonl");
+    dh_test_write_file(path, "{\"id\":\"a\",\"uri\":\"u\",\"profile_key\":\"k\",\"frames\":1,"
+                             "\"height\":2,\"width\":2,\"tokens_est\":1,\"cpu_s_est\":0.1,"
+                             "\"in_bytes\":1,\"out_bytes\":12}\n");
+    long live = dh_alloc_live();
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    dh_fault_arm(DH_FAULT_PROFILE_READ, 0);
+    assert_int_equal(dh_profile_set_load(set, path), -EIO);
+    dh_fault_disarm_all();
+    assert_non_null(strstr(dh_last_error(), path));
+    assert_non_null(strstr(dh_last_error(), "read error"));
+    dh_profile_set_destroy(&set);
+    assert_int_equal(dh_alloc_live(), live);
+}
+
+static void write_fault_names_the_file(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    dh_profile_row_t row = {.id = "a", .uri = "u", .profile_key = "k", .frames = 1,
+                            .height = 2, .width = 2, .tokens_est = 1, .cpu_s_est = 0.1,
+                            .in_bytes = 1, .out_bytes = 12};
+    assert_int_equal(dh_profile_set_add(set, &row), 0);
+    const char *path = dh_test_path("fault-write.jsonl");
+    dh_fault_arm(DH_FAULT_PROFILE_WRITE, 0);
+    assert_int_equal(dh_profile_set_write(set, path), -ENOSPC);
+    dh_fault_disarm_all();
+    assert_non_null(strstr(dh_last_error(), path));
+    assert_int_equal(dh_profile_set_write(set, path), 0); /* the next write succeeds */
+    dh_profile_set_destroy(&set);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(read_fault_names_the_file),
+    cmocka_unit_test(write_fault_names_the_file),
     cmocka_unit_test(new_set_is_empty),
     cmocka_unit_test(round_trip_preserves_every_field),
     cmocka_unit_test(unknown_fields_are_kept_verbatim_in_extra),
