@@ -57,12 +57,25 @@ const char *dh_plan_algo_name(dh_plan_algo_t algo);
  * if rank_load is not NULL, each rank's total load (ranks entries).
  * Fixed-batch: n must equal ranks x batch (else DH_EINVAL).
  * Token-budget: an item heavier than the budget alone is DH_ERANGE (message names its index).
- * Exact: DH_ETOOBIG when the instance exceeds the node limit (rank_of is then unspecified).
+ * Exact: DH_ETOOBIG when the instance exceeds the node limit, or has more than 4096 items
+ * (rank_of and rank_load then hold the best plan found, at least as good as `swap`'s).
+ * A load that is negative, NaN or infinite is DH_EINVAL (message names its index).
  * Returns 0, DH_EINVAL, DH_ERANGE, DH_ETOOBIG or DH_ENOMEM. Deterministic: the same input
- * gives the same plan. Cost: greedy O(n log n + n R); kk O(n log n + (n/R) R log R);
- * swap adds O(iterations x R x B^2); exact is exponential (bounded by the node limit). */
+ * gives the same plan. Cost: greedy O(n log n + n R); kk O(n log n + B log B + B R^2) in
+ * fixed-batch mode (B = n / R), O(n log n + n R^2) in token-budget mode; swap adds
+ * O(iterations x (n + R B^2)); exact is exponential (bounded by the node limit).
+ * Thread-safe (no shared state; allocates its scratch through dh_malloc). */
 int dh_plan_step(const dh_plan_config_t *cfg, const double *load, const uint32_t *key, size_t n,
                  int32_t *rank_of, double *rank_load);
+
+/* Token-budget mode with carried-over samples: the same as dh_plan_step, except that the first
+ * n_carried items (the previous step's deferred samples, which the caller puts at the front of
+ * this step's window) are placed before every other item, largest first. A carried sample is
+ * thus deferred again only if it does not fit even when placed first, and no sample waits
+ * behind newer ones. In fixed-batch mode n_carried must be 0 (else DH_EINVAL): the window is
+ * exactly ranks x batch. dh_plan_step(...) is dh_plan_step_carried(..., 0, ...). */
+int dh_plan_step_carried(const dh_plan_config_t *cfg, const double *load, const uint32_t *key,
+                         size_t n, size_t n_carried, int32_t *rank_of, double *rank_load);
 
 /* Lower bound on the largest rank load of any fixed-batch plan: max(total / ranks, largest
  * item). */

@@ -27,7 +27,9 @@ size_t dh_sampler_steps_per_epoch(const dh_sampler_t *sampler);
 
 /* Writes the per_step ids of global step `step` (counted from epoch 0; epoch =
  * step / steps_per_epoch) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
- * permutation). Not const: caches the current epoch's permutation. */
+ * permutation; the current implementation allocates its buffer in dh_sampler_new, so it
+ * always returns 0). Not const: caches the current epoch's permutation, rebuilt in O(n) when
+ * the epoch changes (so steps are best asked in order). One thread at a time. */
 int dh_sampler_step(dh_sampler_t *sampler, uint64_t step, uint32_t *ids);
 
 #ifdef __cplusplus
