@@ -145,6 +145,7 @@ int dh_cmd_place_bench(int argc, char **argv)
                "max_us");
     else
         printf("{\"results\":[");
+    fflush(stdout); /* the header before the progress lines on stderr */
     for (int i = 0; i < n_sizes; i++) {
         dh_place_bench_result_t r;
         if (!json)
