@@ -167,11 +167,16 @@ int dh_cmd_plan(int argc, char **argv)
         results[n_results++].algo = DH_PLAN_SWAP;
     }
 
+    uint64_t load_start_ns = dh_clock_now_ns();
     if ((rc = dh_profile_set_new(&set)) != 0 || (rc = dh_profile_set_load(set, path)) != 0) {
         dh_cli_fail(CMD, rc, "cannot load the profile set");
         goto out;
     }
     size_t rows = dh_profile_set_count(set);
+    double load_s = dh_clock_elapsed_s(load_start_ns, dh_clock_now_ns());
+    if (load_s > 1.0) /* a large file: say where the time went */
+        fprintf(stderr, "datahelix %s: loaded %zu rows from %s in %.1f s\n", CMD, rows, path,
+                load_s);
     if (rows < window) {
         fprintf(stderr, "datahelix %s: %s has %zu rows, fewer than ranks x batch = %zu\n", CMD,
                 path, rows, window);
