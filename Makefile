@@ -11,7 +11,7 @@ GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
 DEMO_DIR   ?= out/demo
 
-.PHONY: all deps build test test-unit test-asan demo format clean help
+.PHONY: all deps build test test-unit test-asan demo format format-check clean help
 
 all: build
 
@@ -20,7 +20,7 @@ help:
 	@echo "make / build    configure and build the library, the CLI and the tests"
 	@echo "make test       deps + build + unit tests + the same tests under ASan/UBSan"
 	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
-	@echo "make format     clang-format the C sources in place"
+	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
 	@bash scripts/deps.sh
@@ -50,6 +50,9 @@ demo: build
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
+
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) out

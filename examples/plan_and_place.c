@@ -37,8 +37,8 @@ int main(int argc, char **argv)
     double rank_tokens[RANKS];
     for (int i = 0; i < N; i++)
         tokens[i] = (double)dh_profile_set_row(set, (size_t)i)->tokens_est;
-    dh_plan_config_t plan = {.mode = DH_PLAN_FIXED_BATCH, .algo = DH_PLAN_ALGO_DEFAULT,
-                             .ranks = RANKS, .batch = BATCH};
+    dh_plan_config_t plan = {
+        .mode = DH_PLAN_FIXED_BATCH, .algo = DH_PLAN_ALGO_DEFAULT, .ranks = RANKS, .batch = BATCH};
     rc = dh_plan_step(&plan, tokens, NULL, N, rank_of, rank_tokens);
     if (rc != 0) {
         fprintf(stderr, "plan: %s: %s\n", dh_err_name(rc), dh_last_error());
@@ -51,12 +51,29 @@ int main(int argc, char **argv)
     dh_link_t links[4] = {dh_link_make(1e9, 0), dh_link_make(1.25e9, 1e-4),
                           dh_link_make(1.25e9, 1e-4), dh_link_make(1e9, 0)};
     dh_server_state_t servers[3] = {
-        {.node = 0, .role = DH_SERVER_LOCAL, .alive = 1, .workers = 2, .queue_len = 2,
-         .queue_cap = 8, .queue_wait_s = 0.4, .speed_factor = 1.0, .storage_s_per_B = 1e-9},
-        {.node = 1, .role = DH_SERVER_LOCAL, .alive = 1, .workers = 2, .queue_cap = 8,
-         .speed_factor = 1.0, .storage_s_per_B = 1e-9},
-        {.node = 1, .role = DH_SERVER_REMOTE, .alive = 1, .workers = 4, .queue_cap = 8,
-         .speed_factor = 0.8, .storage_s_per_B = 2e-9},
+        {.node = 0,
+         .role = DH_SERVER_LOCAL,
+         .alive = 1,
+         .workers = 2,
+         .queue_len = 2,
+         .queue_cap = 8,
+         .queue_wait_s = 0.4,
+         .speed_factor = 1.0,
+         .storage_s_per_B = 1e-9},
+        {.node = 1,
+         .role = DH_SERVER_LOCAL,
+         .alive = 1,
+         .workers = 2,
+         .queue_cap = 8,
+         .speed_factor = 1.0,
+         .storage_s_per_B = 1e-9},
+        {.node = 1,
+         .role = DH_SERVER_REMOTE,
+         .alive = 1,
+         .workers = 4,
+         .queue_cap = 8,
+         .speed_factor = 0.8,
+         .storage_s_per_B = 2e-9},
     };
     dh_snapshot_t snap = {servers, 3, links, 2};
     dh_cost_model_t *model = NULL;
@@ -72,8 +89,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < N; i++)
             if (rank_of[i] == r)
                 rows[k++] = dh_profile_set_row(set, (size_t)i);
-        dh_request_cost_t req = {.deadline_s = 0.5, .consumer_node = (uint32_t)(r / 2),
-                                 .local_server = r / 2};
+        dh_request_cost_t req = {
+            .deadline_s = 0.5, .consumer_node = (uint32_t)(r / 2), .local_server = r / 2};
         dh_cost_model_request(model, rows, k, &req);
         dh_candidate_t cand[3];
         dh_decision_t d = {.candidates = cand};

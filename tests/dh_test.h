@@ -13,14 +13,14 @@
 int dh_test_main(int argc, char **argv, const struct CMUnitTest *tests, size_t count,
                  const char *group);
 
-#define DH_TEST_MAIN(tests)                                                                    \
-    int main(int argc, char **argv)                                                            \
-    {                                                                                          \
-        return dh_test_main(argc, argv, tests, sizeof(tests) / sizeof((tests)[0]), __FILE__);  \
+#define DH_TEST_MAIN(tests)                                                                        \
+    int main(int argc, char **argv)                                                                \
+    {                                                                                              \
+        return dh_test_main(argc, argv, tests, sizeof(tests) / sizeof((tests)[0]), __FILE__);      \
     }
 
 /* Asserts |a - b| <= tol, printing both values. */
-#define assert_close(a, b, tol)                                                                \
+#define assert_close(a, b, tol)                                                                    \
     dh_test_assert_close((double)(a), (double)(b), (double)(tol), #a, #b, __FILE__, __LINE__)
 void dh_test_assert_close(double a, double b, double tol, const char *an, const char *bn,
                           const char *file, int line);

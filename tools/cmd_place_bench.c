@@ -63,19 +63,23 @@ static void pin_to_one_core(void)
         CPU_ZERO(&set);
         CPU_SET(cpu, &set);
         if (sched_setaffinity(0, sizeof set, &set) != 0)
-            fprintf(stderr, "datahelix place-bench: could not pin to CPU %d; timing may be "
-                            "noisier\n", cpu);
+            fprintf(stderr,
+                    "datahelix place-bench: could not pin to CPU %d; timing may be "
+                    "noisier\n",
+                    cpu);
     }
 #endif
 }
 
 int dh_cmd_place_bench(int argc, char **argv)
 {
-    static const struct option options[] = {
-        {"servers", required_argument, NULL, 's'}, {"decisions", required_argument, NULL, 'd'},
-        {"policy", required_argument, NULL, 'p'},  {"seed", required_argument, NULL, 'S'},
-        {"json", no_argument, NULL, 'j'},          {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option options[] = {{"servers", required_argument, NULL, 's'},
+                                            {"decisions", required_argument, NULL, 'd'},
+                                            {"policy", required_argument, NULL, 'p'},
+                                            {"seed", required_argument, NULL, 'S'},
+                                            {"json", no_argument, NULL, 'j'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
     char servers_arg[256] = "8,128,1024";
     unsigned long long decisions = 200000, seed = 1;
     dh_policy_t policy = DH_POLICY_DEADLINE;
@@ -122,8 +126,7 @@ int dh_cmd_place_bench(int argc, char **argv)
     for (char *save = NULL, *tok = strtok_r(servers_arg, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         if (n_sizes == MAX_SIZES) {
-            fprintf(stderr, "datahelix place-bench: --servers takes at most %d sizes\n",
-                    MAX_SIZES);
+            fprintf(stderr, "datahelix place-bench: --servers takes at most %d sizes\n", MAX_SIZES);
             return 2;
         }
         if (dh_cli_parse_u64("place-bench", "--servers", tok, 2, 1000000, &sizes[n_sizes]))

@@ -139,13 +139,15 @@ int dh_cmd_plan(int argc, char **argv)
     }
     if (!path || !ranks || !batch) {
         fprintf(stderr, "datahelix %s: missing required option %s\n", CMD,
-                !path ? "--profiles" : !ranks ? "--ranks" : "--batch");
+                !path    ? "--profiles"
+                : !ranks ? "--ranks"
+                         : "--batch");
         return 2;
     }
     dh_plan_algo_t selected = DH_PLAN_ALGO_DEFAULT;
     if (algo_name && dh_plan_algo_from_name(algo_name, &selected) != 0) {
-        fprintf(stderr, "datahelix %s: --algo expects greedy, kk, swap or exact, got '%s'\n",
-                CMD, algo_name);
+        fprintf(stderr, "datahelix %s: --algo expects greedy, kk, swap or exact, got '%s'\n", CMD,
+                algo_name);
         return 2;
     }
 
@@ -294,8 +296,8 @@ int dh_cmd_plan(int argc, char **argv)
             else
                 snprintf(opt_text, sizeof opt_text, "n/a");
             printf("%-8s %15.4f %14.4f %17.3f%% %16s\n", name, dh_stats_mean(r->imbalance),
-                   dh_stats_percentile(r->imbalance, 95),
-                   100 * r->gap_bound_sum / (double)steps, opt_text);
+                   dh_stats_percentile(r->imbalance, 95), 100 * r->gap_bound_sum / (double)steps,
+                   opt_text);
         }
         if (run_exact)
             printf("exact optimum: solved %zu/%llu steps (node limit %llu); gap_to_opt_mean is "

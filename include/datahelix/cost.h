@@ -38,15 +38,15 @@ typedef enum { DH_SERVER_LOCAL = 0, DH_SERVER_REMOTE = 1 } dh_server_role_t;
 
 /* What the scheduler knows of one DataServer at decision time. */
 typedef struct dh_server_state {
-    uint32_t node;         /* node index in the snapshot's link matrix */
-    uint8_t role;          /* dh_server_role_t */
-    uint8_t alive;         /* 0 once the coordinator declared it dead */
-    uint32_t workers;      /* worker slots (> 0 when alive) */
-    uint32_t queue_len;    /* requests dispatched to it and not finished */
-    uint32_t queue_cap;    /* backpressure: no new request while queue_len >= cap (0 = no cap) */
-    double queue_wait_s;   /* predicted seconds of queued and running work (at its speed)
-                            * divided by workers: the wait for a worker when all are busy */
-    double speed_factor;   /* observed / predicted CPU time (1 = as profiled; > 1 slower) */
+    uint32_t node;          /* node index in the snapshot's link matrix */
+    uint8_t role;           /* dh_server_role_t */
+    uint8_t alive;          /* 0 once the coordinator declared it dead */
+    uint32_t workers;       /* worker slots (> 0 when alive) */
+    uint32_t queue_len;     /* requests dispatched to it and not finished */
+    uint32_t queue_cap;     /* backpressure: no new request while queue_len >= cap (0 = no cap) */
+    double queue_wait_s;    /* predicted seconds of queued and running work (at its speed)
+                             * divided by workers: the wait for a worker when all are busy */
+    double speed_factor;    /* observed / predicted CPU time (1 = as profiled; > 1 slower) */
     double storage_s_per_B; /* 1 / the bandwidth it reads inputs at (bytes per second) */
 } dh_server_state_t;
 
@@ -101,10 +101,10 @@ double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t
 typedef struct dh_cost_model dh_cost_model_t;
 
 typedef struct dh_cost_model_config {
-    double key_alpha;      /* EWMA weight of a new observation of a key's ratio (0.2) */
-    uint32_t key_min_obs;  /* observations before a key's own ratio is used (3) */
-    double fit_forget;     /* forgetting factor of the frames x pixels regression (0.99) */
-    uint32_t fit_min_obs;  /* observations before the regression is used (8) */
+    double key_alpha;     /* EWMA weight of a new observation of a key's ratio (0.2) */
+    uint32_t key_min_obs; /* observations before a key's own ratio is used (3) */
+    double fit_forget;    /* forgetting factor of the frames x pixels regression (0.99) */
+    uint32_t fit_min_obs; /* observations before the regression is used (8) */
 } dh_cost_model_config_t;
 
 /* Which evidence a prediction came from. */

@@ -19,20 +19,20 @@ extern "C" {
 #define DH__ERR_BASE (-30000)
 
 /* XX(NAME, code, message) */
-#define DH_ERRNO_MAP(XX)                                                                       \
-    XX(NOMEM, -ENOMEM, "out of memory")                                                        \
-    XX(INVAL, -EINVAL, "invalid argument")                                                     \
-    XX(NOENT, -ENOENT, "no such file or directory")                                            \
-    XX(ACCES, -EACCES, "permission denied")                                                    \
-    XX(IO, -EIO, "input/output error")                                                         \
-    XX(RANGE, -ERANGE, "value out of range")                                                   \
-    XX(AGAIN, -EAGAIN, "resource temporarily unavailable (backpressure)")                      \
-    XX(PARSE, DH__ERR_BASE - 1, "malformed input")                                             \
-    XX(SCHEMA, DH__ERR_BASE - 2, "a field is missing or has the wrong type")                   \
-    XX(NOSERVER, DH__ERR_BASE - 3, "no live DataServer can take the request")                 \
-    XX(INFEASIBLE, DH__ERR_BASE - 4, "no plan satisfies the constraints")                      \
-    XX(TOOBIG, DH__ERR_BASE - 5, "instance too large for the exact solver")                    \
-    XX(UNKNOWN, DH__ERR_BASE - 6, "unknown name")                                              \
+#define DH_ERRNO_MAP(XX)                                                                           \
+    XX(NOMEM, -ENOMEM, "out of memory")                                                            \
+    XX(INVAL, -EINVAL, "invalid argument")                                                         \
+    XX(NOENT, -ENOENT, "no such file or directory")                                                \
+    XX(ACCES, -EACCES, "permission denied")                                                        \
+    XX(IO, -EIO, "input/output error")                                                             \
+    XX(RANGE, -ERANGE, "value out of range")                                                       \
+    XX(AGAIN, -EAGAIN, "resource temporarily unavailable (backpressure)")                          \
+    XX(PARSE, DH__ERR_BASE - 1, "malformed input")                                                 \
+    XX(SCHEMA, DH__ERR_BASE - 2, "a field is missing or has the wrong type")                       \
+    XX(NOSERVER, DH__ERR_BASE - 3, "no live DataServer can take the request")                      \
+    XX(INFEASIBLE, DH__ERR_BASE - 4, "no plan satisfies the constraints")                          \
+    XX(TOOBIG, DH__ERR_BASE - 5, "instance too large for the exact solver")                        \
+    XX(UNKNOWN, DH__ERR_BASE - 6, "unknown name")                                                  \
     XX(EOF, DH__ERR_BASE - 7, "end of input")
 
 typedef enum {

@@ -11,7 +11,12 @@
 extern "C" {
 #endif
 
-typedef enum { DH_LOG_ERROR = 0, DH_LOG_WARN = 1, DH_LOG_INFO = 2, DH_LOG_DEBUG = 3 } dh_log_level_t;
+typedef enum {
+    DH_LOG_ERROR = 0,
+    DH_LOG_WARN = 1,
+    DH_LOG_INFO = 2,
+    DH_LOG_DEBUG = 3
+} dh_log_level_t;
 
 /* Sets the threshold; records above it are dropped. */
 void dh_log_set_level(dh_log_level_t level);

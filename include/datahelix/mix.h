@@ -21,12 +21,12 @@ extern "C" {
 #endif
 
 typedef struct dh_mix_entry {
-    int32_t frames;      /* frames sampled per clip */
-    int32_t height;      /* output height */
-    int32_t width;       /* output width */
-    double duration_s;   /* clip duration */
-    double fps;          /* source frame rate */
-    double weight;       /* relative share of the mix (> 0) */
+    int32_t frames;    /* frames sampled per clip */
+    int32_t height;    /* output height */
+    int32_t width;     /* output width */
+    double duration_s; /* clip duration */
+    double fps;        /* source frame rate */
+    double weight;     /* relative share of the mix (> 0) */
 } dh_mix_entry_t;
 
 typedef struct dh_mix {
@@ -57,8 +57,7 @@ int64_t dh_tokens_visual(int32_t frames, int32_t height, int32_t width);
  * already in `out` (so "s0000000"... for an empty set). Deterministic for a seed: row i
  * depends only on (seed, i), not on `count`. Returns 0, DH_EINVAL (empty mix) or
  * DH_ENOMEM (rows drawn before the failure stay in `out`). */
-int dh_profiles_generate(const dh_mix_t *mix, size_t count, uint64_t seed,
-                         dh_profile_set_t *out);
+int dh_profiles_generate(const dh_mix_t *mix, size_t count, uint64_t seed, dh_profile_set_t *out);
 
 #ifdef __cplusplus
 }

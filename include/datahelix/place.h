@@ -66,7 +66,7 @@ typedef struct dh_place_config {
 } dh_place_config_t;
 
 typedef struct dh_decision {
-    int32_t server;           /* chosen server index, or -1 */
+    int32_t server; /* chosen server index, or -1 */
     dh_place_reason_t reason;
     dh_candidate_t *candidates; /* caller's buffer of n_servers entries, filled (may be NULL) */
 } dh_decision_t;

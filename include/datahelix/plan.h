@@ -40,10 +40,10 @@ typedef enum {
 typedef struct dh_plan_config {
     dh_plan_mode_t mode;
     dh_plan_algo_t algo;
-    uint32_t ranks;             /* > 0 */
-    uint32_t batch;             /* fixed-batch: samples per rank (> 0) */
-    double token_budget;        /* token-budget: max load per rank (> 0) */
-    uint64_t exact_node_limit;  /* exact: search nodes before giving up (0 = default 2e6) */
+    uint32_t ranks;            /* > 0 */
+    uint32_t batch;            /* fixed-batch: samples per rank (> 0) */
+    double token_budget;       /* token-budget: max load per rank (> 0) */
+    uint64_t exact_node_limit; /* exact: search nodes before giving up (0 = default 2e6) */
 } dh_plan_config_t;
 
 /* Parses "greedy", "kk", "swap", "exact". Returns 0 or DH_EUNKNOWN. */

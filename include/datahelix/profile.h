@@ -34,12 +34,12 @@ typedef struct dh_profile_row {
     int64_t in_bytes;        /* encoded bytes read */
     int64_t out_bytes;       /* decoded output bytes */
     /* Optional descriptor fields (DESIGN §3): 0 or NULL when absent. */
-    double duration_s;       /* clip duration in seconds */
-    double fps;              /* source frame rate */
-    int64_t text_len;        /* caption / text length in tokens */
-    const char *codec;       /* source codec name ("h264") */
-    const char *node;        /* locality hint: the node that stores the file */
-    const char *extra;       /* any other fields, verbatim, as one compact JSON object */
+    double duration_s; /* clip duration in seconds */
+    double fps;        /* source frame rate */
+    int64_t text_len;  /* caption / text length in tokens */
+    const char *codec; /* source codec name ("h264") */
+    const char *node;  /* locality hint: the node that stores the file */
+    const char *extra; /* any other fields, verbatim, as one compact JSON object */
 } dh_profile_row_t;
 
 typedef struct dh_profile_set dh_profile_set_t;

@@ -15,9 +15,9 @@
 typedef struct dh_place_bench_result {
     uint32_t servers;
     uint64_t decisions;
-    double decisions_per_s; /* decisions / CPU time of the thread running the decision loop
-                             * (timers and bookkeeping included; time other processes take
-                             * from the core excluded) */
+    double decisions_per_s;        /* decisions / CPU time of the thread running the decision loop
+                                    * (timers and bookkeeping included; time other processes take
+                                    * from the core excluded) */
     double p50_us, p99_us, max_us; /* wall clock per decision */
     uint64_t by_reason[DH_REASON_NO_CANDIDATE + 1]; /* how often each rule decided */
 } dh_place_bench_result_t;

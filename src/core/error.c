@@ -12,8 +12,8 @@ static _Thread_local char last_error[1024];
 const char *dh_strerror(int err)
 {
     switch (err) {
-#define DH__ERR_MSG(name, code, msg)                                                           \
-    case (code):                                                                               \
+#define DH__ERR_MSG(name, code, msg)                                                               \
+    case (code):                                                                                   \
         return msg;
         DH_ERRNO_MAP(DH__ERR_MSG)
 #undef DH__ERR_MSG
@@ -30,8 +30,8 @@ const char *dh_strerror(int err)
 const char *dh_err_name(int err)
 {
     switch (err) {
-#define DH__ERR_NAME(name, code, msg)                                                          \
-    case (code):                                                                               \
+#define DH__ERR_NAME(name, code, msg)                                                              \
+    case (code):                                                                                   \
         return "DH_E" #name;
         DH_ERRNO_MAP(DH__ERR_NAME)
 #undef DH__ERR_NAME

@@ -48,8 +48,8 @@ void dh_log_write(dh_log_level_t level, const char *fmt, ...)
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
     int n = snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ datahelix[%d] %s ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, (int)(tv.tv_usec / 1000), (int)getpid(), level_names[level]);
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     (int)(tv.tv_usec / 1000), (int)getpid(), level_names[level]);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);

@@ -21,7 +21,9 @@ void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req, ui
     const dh_server_state_t *s = &snap->servers[server];
     out->cpu_s = req->cpu_s * s->speed_factor;
     out->io_s = req->in_bytes * s->storage_s_per_B;
-    out->queue_s = (s->workers == 0) ? INFINITY : (s->queue_len < s->workers) ? 0.0 : s->queue_wait_s;
+    out->queue_s = (s->workers == 0)             ? INFINITY
+                   : (s->queue_len < s->workers) ? 0.0
+                                                 : s->queue_wait_s;
     if (s->node == req->consumer_node) {
         out->net_s = 0.0;
     } else {
@@ -45,9 +47,9 @@ double dh_cost_ewma(double value, double sample, double alpha)
 /* ---- Online refinement ------------------------------------------------------------- */
 
 typedef struct key_slot {
-    char *key;      /* NULL = empty slot */
+    char *key; /* NULL = empty slot */
     uint64_t hash;
-    double ratio;   /* EWMA of measured / cpu_s_est */
+    double ratio; /* EWMA of measured / cpu_s_est */
     uint64_t obs;
 } key_slot_t;
 

@@ -19,10 +19,13 @@ static const struct {
 } reasons[] = {
     [DH_REASON_LOCAL_MEETS] = {"local_meets", "local server meets the deadline"},
     [DH_REASON_REMOTE_GAIN] = {"remote_gain", "remote meets the deadline with a gain over local"},
-    [DH_REASON_LEAST_TRANSFER] = {"least_transfer", "local misses; least transfer among servers meeting the deadline"},
-    [DH_REASON_EARLIEST_FINISH] = {"earliest_finish", "all miss the deadline; earliest predicted finish"},
+    [DH_REASON_LEAST_TRANSFER] =
+        {"least_transfer", "local misses; least transfer among servers meeting the deadline"},
+    [DH_REASON_EARLIEST_FINISH] = {"earliest_finish",
+                                   "all miss the deadline; earliest predicted finish"},
     [DH_REASON_LOCAL_POLICY] = {"local_policy", "policy local: the rank's local server"},
-    [DH_REASON_LEAST_REQUEST] = {"least_request", "policy least-request: fewest outstanding requests"},
+    [DH_REASON_LEAST_REQUEST] = {"least_request",
+                                 "policy least-request: fewest outstanding requests"},
     [DH_REASON_NO_CANDIDATE] = {"no_candidate", "no eligible server"},
 };
 
@@ -40,8 +43,10 @@ int dh_policy_from_name(const char *name, dh_policy_t *out)
             *out = (dh_policy_t)i;
             return 0;
         }
-    return dh__set_error(DH_EUNKNOWN, "unknown placement policy '%s' (expected local, "
-                                      "least-request or deadline)", name);
+    return dh__set_error(DH_EUNKNOWN,
+                         "unknown placement policy '%s' (expected local, "
+                         "least-request or deadline)",
+                         name);
 }
 
 const char *dh_policy_name(dh_policy_t policy)
@@ -220,18 +225,24 @@ int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_r
     if (cfg->policy == DH_POLICY_LOCAL) {
         if (local < 0 || (uint32_t)local >= n || !snap->servers[local].alive)
             return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                          dh__set_error(DH_ENOSERVER, "placement: the rank's local server (%d) "
-                                                      "is not alive", (int)local));
+                          dh__set_error(DH_ENOSERVER,
+                                        "placement: the rank's local server (%d) "
+                                        "is not alive",
+                                        (int)local));
         if (!local_ok)
             return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                          dh__set_error(DH_EAGAIN, "placement: local server %d is at its queue "
-                                                   "cap", (int)local));
+                          dh__set_error(DH_EAGAIN,
+                                        "placement: local server %d is at its queue "
+                                        "cap",
+                                        (int)local));
         return finish(out, local, DH_REASON_LOCAL_POLICY, 0);
     }
     if (eligible == 0)
         return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                      dh__set_error(DH_EAGAIN, "placement: all %u live servers are at their "
-                                               "queue cap", alive));
+                      dh__set_error(DH_EAGAIN,
+                                    "placement: all %u live servers are at their "
+                                    "queue cap",
+                                    alive));
     if (least_request)
         return finish(out, fewest_req, DH_REASON_LEAST_REQUEST, 0);
 

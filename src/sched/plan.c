@@ -499,8 +499,7 @@ typedef struct bb {
  *    the optimum, max_j (y[j] + y[n-1-j]).
  * (Any k distinct items weigh at least the k smallest, which makes each term valid.)
  * Without cardinality (B = 0): max(mean, largest). O(R + B). */
-static double fixed_bound(const double *y, const double *suffix, size_t n, uint32_t R,
-                          uint32_t B)
+static double fixed_bound(const double *y, const double *suffix, size_t n, uint32_t R, uint32_t B)
 {
     double lb = n ? fmax(suffix[0] / R, y[0]) : 0;
     if (B < 2 || n == 0)
@@ -711,8 +710,7 @@ static int exact_improve(const ctx_t *c, const dh_plan_config_t *cfg, int32_t *r
     if (b.ub <= b.lb * (1 + REL_EPS))
         goto out; /* the incumbent is at the lower bound */
     if (m > EXACT_MAX_ITEMS) {
-        rc = dh__set_error(DH_ETOOBIG, "exact planner: %zu items (at most %u)", m,
-                           EXACT_MAX_ITEMS);
+        rc = dh__set_error(DH_ETOOBIG, "exact planner: %zu items (at most %u)", m, EXACT_MAX_ITEMS);
         goto out;
     }
     for (size_t k = 0; k < m; k++)
@@ -815,8 +813,8 @@ static int ws_alloc(ws_t *w, size_t n, uint32_t R)
     w->count = dh_calloc(R, sizeof *w->count);
     w->load_b = dh_calloc(R, sizeof *w->load_b);
     w->cap = dh_calloc(R, sizeof *w->cap);
-    if (w->order && w->order2 && w->members && w->sorted && w->plan_b && w->offset &&
-        w->count && w->load_b && w->cap)
+    if (w->order && w->order2 && w->members && w->sorted && w->plan_b && w->offset && w->count &&
+        w->load_b && w->cap)
         return 0;
     ws_free(w);
     return DH_ENOMEM;
@@ -850,8 +848,7 @@ static void run_greedy(const ctx_t *c, const uint32_t *key, size_t n_carried, ws
  * budget: the unbalanced partition gives each item a preferred rank; items then go, carried
  * first and largest first, to their preferred rank if it has room under the budget, else to
  * the least-loaded rank with room, else are deferred. */
-static int run_kk(const ctx_t *c, size_t n_carried, ws_t *w, int32_t *rank_of,
-                  double *rank_load)
+static int run_kk(const ctx_t *c, size_t n_carried, ws_t *w, int32_t *rank_of, double *rank_load)
 {
     if (c->cap) {
         for (size_t i = 0; i < c->n; i++)

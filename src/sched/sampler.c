@@ -29,8 +29,7 @@ int dh_sampler_new(dh_sampler_t **out, size_t n, size_t per_step, uint64_t seed,
     if (n == 0 || n > UINT32_MAX)
         return dh__set_error(DH_EINVAL, "sampler: %zu samples (need 1..%u)", n, UINT32_MAX);
     if (per_step == 0 || per_step > n)
-        return dh__set_error(DH_EINVAL, "sampler: %zu ids per step for %zu samples", per_step,
-                             n);
+        return dh__set_error(DH_EINVAL, "sampler: %zu ids per step for %zu samples", per_step, n);
     dh_sampler_t *s = dh_calloc(1, sizeof *s);
     if (!s)
         return DH_ENOMEM;

@@ -24,9 +24,8 @@
  * wins, so this overrides a field of GOOD_ROW. */
 #define ROW_WITH(member)                                                                           \
     ROW_HEAD                                                                                       \
-        "\"frames\":16,\"height\":224,\"width\":224,"                                              \
-        "\"tokens_est\":600,\"cpu_s_est\":0.05,\"in_bytes\":1000,\"out_bytes\":2408448," member    \
-        "}"
+    "\"frames\":16,\"height\":224,\"width\":224,"                                                  \
+    "\"tokens_est\":600,\"cpu_s_est\":0.05,\"in_bytes\":1000,\"out_bytes\":2408448," member "}"
 
 static dh_profile_set_t *new_set(void)
 {
@@ -679,9 +678,16 @@ static void write_fault_names_the_file(void **state)
         skip();
     dh_profile_set_t *set = NULL;
     assert_int_equal(dh_profile_set_new(&set), 0);
-    dh_profile_row_t row = {.id = "a", .uri = "u", .profile_key = "k", .frames = 1,
-                            .height = 2, .width = 2, .tokens_est = 1, .cpu_s_est = 0.1,
-                            .in_bytes = 1, .out_bytes = 12};
+    dh_profile_row_t row = {.id = "a",
+                            .uri = "u",
+                            .profile_key = "k",
+                            .frames = 1,
+                            .height = 2,
+                            .width = 2,
+                            .tokens_est = 1,
+                            .cpu_s_est = 0.1,
+                            .in_bytes = 1,
+                            .out_bytes = 12};
     assert_int_equal(dh_profile_set_add(set, &row), 0);
     const char *path = dh_test_path("fault-write.jsonl");
     dh_fault_arm(DH_FAULT_PROFILE_WRITE, 0);

@@ -13,17 +13,27 @@ static dh_link_t links[4] = {{1e-10, 0}, {1e-10, 0.001}, {1e-10, 0.001}, {1e-10,
 
 static dh_server_state_t server(uint32_t node, double speed)
 {
-    dh_server_state_t s = {.node = node, .role = node ? DH_SERVER_REMOTE : DH_SERVER_LOCAL,
-                           .alive = 1, .workers = 4, .queue_len = 0, .queue_cap = 8,
-                           .queue_wait_s = 0, .speed_factor = speed, .storage_s_per_B = 1e-12};
+    dh_server_state_t s = {.node = node,
+                           .role = node ? DH_SERVER_REMOTE : DH_SERVER_LOCAL,
+                           .alive = 1,
+                           .workers = 4,
+                           .queue_len = 0,
+                           .queue_cap = 8,
+                           .queue_wait_s = 0,
+                           .speed_factor = speed,
+                           .storage_s_per_B = 1e-12};
     return s;
 }
 
 /* A request with 1 s of CPU at speed 1, no input cost, 10 MB out (1 ms on a link). */
 static dh_request_cost_t request(double deadline_s)
 {
-    dh_request_cost_t r = {.cpu_s = 1.0, .in_bytes = 0, .out_bytes = 1e7,
-                           .deadline_s = deadline_s, .consumer_node = 0, .local_server = 0};
+    dh_request_cost_t r = {.cpu_s = 1.0,
+                           .in_bytes = 0,
+                           .out_bytes = 1e7,
+                           .deadline_s = deadline_s,
+                           .consumer_node = 0,
+                           .local_server = 0};
     return r;
 }
 
@@ -218,7 +228,8 @@ static void place_least_request_counts_per_worker(void **state)
 {
     dh_server_state_t s[3] = {server(0, 1), server(1, 1), server(1, 1)};
     s[0].queue_len = 3; /* 3 per 4 workers */
-    s[1].queue_len = 2; s[1].workers = 2; /* 1 per worker */
+    s[1].queue_len = 2;
+    s[1].workers = 2;   /* 1 per worker */
     s[2].queue_len = 1; /* 1 per 4 workers: fewest */
     dh_request_cost_t r = request(1.0);
     dh_decision_t d;

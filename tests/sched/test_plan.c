@@ -19,8 +19,7 @@
 #define MAX_N 128
 #define MAX_R 16
 
-static const dh_plan_algo_t all_algos[] = {DH_PLAN_GREEDY, DH_PLAN_KK, DH_PLAN_SWAP,
-                                           DH_PLAN_EXACT};
+static const dh_plan_algo_t all_algos[] = {DH_PLAN_GREEDY, DH_PLAN_KK, DH_PLAN_SWAP, DH_PLAN_EXACT};
 
 /* Kinetics-mixed-like loads: visual tokens 512 / 2304 / 8192 in equal parts plus a caption
  * of 10..300 tokens; the key is the visual class. */
@@ -185,8 +184,8 @@ static void plan_greedy_groups_by_key_in_window_order(void **state)
     uint32_t key[] = {0, 0, 1, 1};
     int32_t rank_of[4];
     double rank_load[2];
-    dh_plan_config_t cfg = {.mode = DH_PLAN_FIXED_BATCH, .ranks = 2, .batch = 2,
-                            .algo = DH_PLAN_GREEDY};
+    dh_plan_config_t cfg = {
+        .mode = DH_PLAN_FIXED_BATCH, .ranks = 2, .batch = 2, .algo = DH_PLAN_GREEDY};
     assert_int_equal(dh_plan_step(&cfg, load, key, 4, rank_of, rank_load), 0);
     assert_int_equal(rank_of[0], 0); /* 5 first: window order inside key 0 */
     assert_int_equal(rank_of[1], 1);
@@ -370,8 +369,7 @@ static void plan_rejects_bad_windows_and_configs(void **state)
     assert_int_equal(dh_plan_step(&cfg, load, NULL, 5, rank_of, rank_load), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "3 x 2"));
     assert_int_equal(dh_plan_step(&cfg, load, NULL, 6, rank_of, rank_load), 0);
-    assert_int_equal(dh_plan_step_carried(&cfg, load, NULL, 6, 1, rank_of, rank_load),
-                     DH_EINVAL);
+    assert_int_equal(dh_plan_step_carried(&cfg, load, NULL, 6, 1, rank_of, rank_load), DH_EINVAL);
     cfg.ranks = 0;
     assert_int_equal(dh_plan_step(&cfg, load, NULL, 0, rank_of, rank_load), DH_EINVAL);
     cfg.ranks = 3;
@@ -411,8 +409,11 @@ static void plan_exact_gives_up_at_node_limit(void **state)
     double load[32], rank_load[8];
     uint32_t key[32];
     int32_t rank_of[32];
-    dh_plan_config_t cfg = {.mode = DH_PLAN_FIXED_BATCH, .ranks = 8, .batch = 4,
-                            .algo = DH_PLAN_EXACT, .exact_node_limit = 3};
+    dh_plan_config_t cfg = {.mode = DH_PLAN_FIXED_BATCH,
+                            .ranks = 8,
+                            .batch = 4,
+                            .algo = DH_PLAN_EXACT,
+                            .exact_node_limit = 3};
     int gave_up = 0;
     for (int trial = 0; trial < 50 && !gave_up; trial++) {
         kinetics_instance(&rng, 32, load, key);
@@ -431,8 +432,7 @@ static void plan_algo_names_round_trip(void **state)
 {
     for (int a = 0; a < DH_PLAN_ALGO_COUNT; a++) {
         dh_plan_algo_t parsed = DH_PLAN_GREEDY;
-        assert_int_equal(dh_plan_algo_from_name(dh_plan_algo_name((dh_plan_algo_t)a), &parsed),
-                         0);
+        assert_int_equal(dh_plan_algo_from_name(dh_plan_algo_name((dh_plan_algo_t)a), &parsed), 0);
         assert_int_equal(parsed, a);
     }
     dh_plan_algo_t parsed;
@@ -536,8 +536,8 @@ static void plan_cli_json_reports_every_field(void **state)
     char profiles[1024], command[4096], out[4096];
     snprintf(profiles, sizeof profiles, "%s", dh_test_path("plan-profiles.jsonl"));
     snprintf(command, sizeof command,
-             "'%s' gen-profiles --mix kinetics-mixed --count 400 --seed 1 -o '%s' 2>/dev/null",
-             cli, profiles);
+             "'%s' gen-profiles --mix kinetics-mixed --count 400 --seed 1 -o '%s' 2>/dev/null", cli,
+             profiles);
     assert_int_equal(run_command(command, out, sizeof out), 0);
     snprintf(command, sizeof command,
              "'%s' plan --profiles '%s' --ranks 4 --batch 2 --steps 30 --json", cli, profiles);
