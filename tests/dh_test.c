@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
 
 int dh_test_main(int argc, char **argv, const struct CMUnitTest *tests, size_t count,
                  const char *group)
@@ -50,6 +52,29 @@ const char *dh_test_path(const char *name)
     }
     snprintf(path, sizeof path, "%s/%s", dir, name);
     return path;
+}
+
+long dh_test_each_allocation_failure(int (*body)(void *ctx), void *ctx)
+{
+    for (long n = 0;; n++) {
+        long live = dh_alloc_live();
+        dh_alloc_reset_count();
+        dh_alloc_fail_after(n);
+        int rc = body(ctx);
+        long made = dh_alloc_count();
+        dh_alloc_fail_after(-1);
+        if (dh_alloc_live() != live)
+            print_error("allocation %ld failing: %ld allocations leaked\n", n,
+                        dh_alloc_live() - live);
+        assert_int_equal(dh_alloc_live(), live);
+        int complete = n >= made;
+        if (rc != (complete ? 0 : DH_ENOMEM))
+            print_error("allocation %ld of %ld failing: %s (%s)\n", n, made, dh_err_name(rc),
+                        dh_last_error());
+        assert_int_equal(rc, complete ? 0 : DH_ENOMEM);
+        if (complete)
+            return made;
+    }
 }
 
 void dh_test_write_file(const char *path, const char *text)

@@ -29,6 +29,13 @@ void dh_test_assert_close(double a, double b, double tol, const char *an, const 
  * use; returns a path "DIR/name" in a static buffer. */
 const char *dh_test_path(const char *name);
 
+/* The allocation-failure run of CONVENTIONS "Tests": runs body(ctx) with allocation 0, then
+ * 1, 2, ... failing, until a run makes no more allocations than the one that was to fail
+ * (it completed). Each run must free what it made (the live count is checked) and return
+ * DH_ENOMEM, or 0 for the run that completed; anything else fails the test with the run's
+ * number and dh_last_error(). Returns the number of allocations of the complete run. */
+long dh_test_each_allocation_failure(int (*body)(void *ctx), void *ctx);
+
 /* Writes text to a file; fails the test on error. */
 void dh_test_write_file(const char *path, const char *text);
 

@@ -277,6 +277,20 @@ static void mix_file_errors_name_entry_and_field(void **state)
     expect_mix_error("[{\"frames\": 8,\n \"height\" 256}]", DH_EPARSE, "mix.json:2: not JSON");
 }
 
+static int mix_load_and_generate(void *ctx)
+{
+    dh_mix_t *mix = NULL;
+    dh_profile_set_t *set = NULL;
+    int rc = dh_mix_load(ctx, &mix);
+    if (rc == 0)
+        rc = dh_profile_set_new(&set);
+    if (rc == 0)
+        rc = dh_profiles_generate(mix, 100, 3, set);
+    dh_profile_set_destroy(&set);
+    dh_mix_destroy(&mix);
+    return rc;
+}
+
 static void mix_file_survives_each_allocation_failure(void **state)
 {
     const char *path = dh_test_path("alloc-mix.json");
@@ -284,30 +298,7 @@ static void mix_file_survives_each_allocation_failure(void **state)
                              " \"fps\": 24, \"weight\": 2},"
                              " {\"frames\": 16, \"height\": 640, \"width\": 360,"
                              " \"duration_s\": 6}]");
-    for (long n = 0;; n++) {
-        long live = dh_alloc_live();
-        dh_alloc_reset_count();
-        dh_alloc_fail_after(n);
-        dh_mix_t *mix = NULL;
-        dh_profile_set_t *set = NULL;
-        int rc = dh_mix_load(path, &mix);
-        if (rc == 0)
-            rc = dh_profile_set_new(&set);
-        if (rc == 0)
-            rc = dh_profiles_generate(mix, 100, 3, set);
-        dh_profile_set_destroy(&set);
-        dh_mix_destroy(&mix);
-        long made = dh_alloc_count();
-        dh_alloc_fail_after(-1);
-        assert_int_equal(dh_alloc_live(), live);
-        if (n >= made) {
-            assert_int_equal(rc, 0);
-            break;
-        }
-        if (rc != DH_ENOMEM)
-            print_error("allocation %ld: %s (%s)\n", n, dh_err_name(rc), dh_last_error());
-        assert_int_equal(rc, DH_ENOMEM);
-    }
+    assert_true(dh_test_each_allocation_failure(mix_load_and_generate, (void *)path) > 5);
 }
 
 /* ---- the gen-profiles command ---------------------------------------------------------- */

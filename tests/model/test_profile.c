@@ -567,6 +567,26 @@ static void add_rejects_invalid_rows(void **state)
 
 /* Fails each allocation of a load (set, arena, key table, rows, parser, jansson) in turn:
  * DH_ENOMEM, no crash, no leak, and success once no allocation fails (CONVENTIONS Tests). */
+typedef struct load_case {
+    const char *text;
+    size_t len;
+} load_case_t;
+
+/* Loads the case's text; the complete run must hold all 201 rows. */
+static int load_rows(void *ctx)
+{
+    const load_case_t *lc = ctx;
+    dh_profile_set_t *set = NULL;
+    int rc = dh_profile_set_new(&set);
+    if (rc == 0)
+        rc = dh_profile_set_load_buffer(set, lc->text, lc->len, "alloc");
+    size_t rows = set ? dh_profile_set_count(set) : 0;
+    dh_profile_set_destroy(&set);
+    if (rc == 0)
+        assert_int_equal(rows, 201);
+    return rc;
+}
+
 static void load_survives_each_allocation_failure(void **state)
 {
     /* Extras, long strings and several keys reach every allocation site; 200 rows make the
@@ -588,29 +608,8 @@ static void load_survives_each_allocation_failure(void **state)
     memset(text + len, 'q', 80000);
     len += 80000;
     len += (size_t)snprintf(text + len, cap - len, "\",%s\n", ROW_TAIL);
-    long made = 0;
-    for (long n = 0;; n++) {
-        long live = dh_alloc_live();
-        dh_alloc_reset_count();
-        dh_alloc_fail_after(n);
-        dh_profile_set_t *set = NULL;
-        int rc = dh_profile_set_new(&set);
-        if (rc == 0)
-            rc = dh_profile_set_load_buffer(set, text, len, "alloc");
-        size_t rows = set ? dh_profile_set_count(set) : 0;
-        dh_profile_set_destroy(&set);
-        made = dh_alloc_count();
-        dh_alloc_fail_after(-1);
-        assert_int_equal(dh_alloc_live(), live);
-        if (n >= made) {
-            assert_int_equal(rc, 0);
-            assert_int_equal(rows, 201);
-            break;
-        }
-        if (rc != DH_ENOMEM)
-            print_error("allocation %ld failed: rc %s (%s)\n", n, dh_err_name(rc), dh_last_error());
-        assert_int_equal(rc, DH_ENOMEM);
-    }
+    load_case_t lc = {text, len};
+    long made = dh_test_each_allocation_failure(load_rows, &lc);
     if (made <= 10)
         print_error("only %ld allocations in a full load\n", made);
     assert_true(made > 10); /* the loop did reach the allocations it meant to fail */
@@ -618,36 +617,29 @@ static void load_survives_each_allocation_failure(void **state)
 }
 
 /* The same for add (extra checking) and write. */
+static int add_rows(void *ctx)
+{
+    dh_profile_set_t *set = NULL;
+    int rc = dh_profile_set_new(&set);
+    for (int i = 0; rc == 0 && i < 300; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", i % 40);
+        dh_profile_row_t row = {.id = "an-id-of-some-length",
+                                .uri = "u",
+                                .profile_key = key,
+                                .frames = 1,
+                                .height = 1,
+                                .width = 1,
+                                .extra = "{\"a\": [1, 2, {\"b\": \"c\"}]}"};
+        rc = dh_profile_set_add(set, &row);
+    }
+    dh_profile_set_destroy(&set);
+    return rc;
+}
+
 static void add_survives_each_allocation_failure(void **state)
 {
-    for (long n = 0;; n++) {
-        long live = dh_alloc_live();
-        dh_alloc_reset_count();
-        dh_alloc_fail_after(n);
-        dh_profile_set_t *set = NULL;
-        int rc = dh_profile_set_new(&set);
-        for (int i = 0; rc == 0 && i < 300; i++) {
-            char key[16];
-            snprintf(key, sizeof key, "k%d", i % 40);
-            dh_profile_row_t row = {.id = "an-id-of-some-length",
-                                    .uri = "u",
-                                    .profile_key = key,
-                                    .frames = 1,
-                                    .height = 1,
-                                    .width = 1,
-                                    .extra = "{\"a\": [1, 2, {\"b\": \"c\"}]}"};
-            rc = dh_profile_set_add(set, &row);
-        }
-        dh_profile_set_destroy(&set);
-        long made = dh_alloc_count();
-        dh_alloc_fail_after(-1);
-        assert_int_equal(dh_alloc_live(), live);
-        if (n >= made) {
-            assert_int_equal(rc, 0);
-            break;
-        }
-        assert_int_equal(rc, DH_ENOMEM);
-    }
+    assert_true(dh_test_each_allocation_failure(add_rows, NULL) > 10);
 }
 
 /* Numbered fault sites (a faults build only): a read error and a full disk give a clean
