@@ -7,10 +7,13 @@
 #   build-essential, pkg-config, cmake  the C toolchain and the build system
 #   libjansson-dev                      JSON parsing/writing (profiles JSONL, mix files)
 #   libcmocka-dev                       the unit-test framework (one CTest test per case)
+#   libavformat/avcodec/swscale/avutil-dev  FFmpeg: encode synthetic clips, probe, decode, resize
+#   ffmpeg                              the ffmpeg CLI, the baseline of `datahelix decode-bench`
 #   clang-format                        `make format` with the checked-in .clang-format
 set -euo pipefail
 
-DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev)
+DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev
+              libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 PY_REQUIREMENTS="$(dirname "$0")/../requirements.txt"

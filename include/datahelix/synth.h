@@ -1,0 +1,58 @@
+/* synth.h: synthetic video data sets (issue 3, DESIGN §6).
+ *
+ * Encodes real H.264 clips in MP4 through libavcodec/libavformat, with moving, textured
+ * content, so decoding them costs what decoding real video costs (a flat colour would
+ * decode almost for free). A data set is a folder of clips plus DIR/manifest.jsonl, one
+ * line per sample: {"id", "path" (relative to DIR), "caption", "frames", "height",
+ * "width"}, where frames/height/width are the clip's sampling plan from the mix (they
+ * override the pipeline spec's defaults, docs/pipeline.md).
+ */
+#ifndef DATAHELIX_SYNTH_H
+#define DATAHELIX_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datahelix/mix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One clip to encode. */
+typedef struct dh_synth_clip {
+    int32_t width, height; /* encoded size, even numbers */
+    double fps;            /* frame rate (> 0) */
+    double duration_s;     /* length; frames = round(duration x fps), at least 1 */
+    int32_t gop;           /* keyframe interval in frames (0 = 2 seconds' worth) */
+    uint64_t seed;         /* content seed: the same seed gives the same pixels */
+} dh_synth_clip_t;
+
+/* The pixels of frame `index` of a clip (RGB24, width x height x 3 bytes into rgb), as
+ * encoded before compression. Deterministic for (clip->seed, index); a moving texture
+ * plus the frame index drawn as a binary code in the top rows, so tests can tell which
+ * frame a decoded image is. */
+void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, uint8_t *rgb);
+
+/* Reads back the frame index drawn by dh_synth_frame_rgb from a decoded RGB24 frame of the
+ * clip's size (tolerant of compression noise). Returns the index, or -1 if unreadable. */
+int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
+
+/* Encodes one clip to `path` (MP4, H.264 via libx264 on one thread). Returns 0, -errno
+ * (cannot create the file), DH_EIO (FFmpeg failed: dh_last_error() has the path and
+ * FFmpeg's message), DH_EINVAL (bad size or rate) or DH_ENOMEM. Thread-safe. */
+int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip);
+
+/* Progress of dh_synth_dataset: called from the calling thread after each clip. */
+typedef void (*dh_synth_progress_fn)(size_t done, size_t total, void *ctx);
+
+/* Writes `count` clips drawn from `mix` with `seed` into out_dir (created if missing), with
+ * `jobs` encoder threads (0 = number of CPUs), and out_dir/manifest.jsonl. Deterministic for
+ * a seed whatever `jobs` is. Returns 0 or the first error (message names the clip). */
+int dh_synth_dataset(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
+                     unsigned jobs, dh_synth_progress_fn progress, void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
