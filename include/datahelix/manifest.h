@@ -1,0 +1,46 @@
+/* manifest.h: a data set's manifest, DIR/manifest.jsonl (written by `datahelix synth`,
+ * read by `probe`, the benchmarks and, later, the runtime).
+ *
+ * One JSON object per line: "id" (string, required), "path" (string, required: relative to
+ * the manifest's folder, or absolute), "caption" (string, optional), and an optional
+ * per-sample sampling plan "frames", "height", "width" (positive integers) that overrides
+ * the pipeline spec's defaults (docs/pipeline.md). Other fields are ignored.
+ * A set belongs to one thread; read-only use from several threads is safe once loaded.
+ */
+#ifndef DATAHELIX_MANIFEST_H
+#define DATAHELIX_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dh_manifest_entry {
+    const char *id;      /* borrowed from the manifest */
+    const char *path;    /* resolved: the manifest's folder joined with the line's path */
+    const char *caption; /* "" when absent */
+    int32_t frames;      /* sampling plan override, 0 = the spec's */
+    int32_t height, width;
+} dh_manifest_entry_t;
+
+typedef struct dh_manifest dh_manifest_t;
+
+/* Reads a manifest file. Returns 0, -errno (cannot open or read; the message names the
+ * path), DH_EPARSE / DH_ESCHEMA on the first bad line ("PATH:LINE: field 'NAME': ..."), or
+ * DH_ENOMEM. *out is the caller's (dh_manifest_destroy). */
+int dh_manifest_load(const char *path, dh_manifest_t **out);
+
+/* Frees the manifest; sets *manifest = NULL. Safe on NULL. */
+void dh_manifest_destroy(dh_manifest_t **manifest);
+
+size_t dh_manifest_count(const dh_manifest_t *manifest);
+
+/* Entry i (i < count). Borrowed; valid until the manifest is destroyed. */
+const dh_manifest_entry_t *dh_manifest_entry(const dh_manifest_t *manifest, size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

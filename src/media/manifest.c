@@ -1,0 +1,188 @@
+/* manifest.c: reads DIR/manifest.jsonl (see manifest.h).
+ *
+ * Cost: one jansson parse per line; strings are copied into one allocation per entry
+ * (id, path and caption back to back), so 100,000 lines take a few MB and well under a
+ * second. Paths are resolved against the manifest's folder once, here. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/manifest.h"
+#include "core/internal.h"
+
+struct dh_manifest {
+    dh_manifest_entry_t *entries;
+    size_t count, cap;
+};
+
+void dh_manifest_destroy(dh_manifest_t **manifest)
+{
+    if (!manifest || !*manifest)
+        return;
+    for (size_t i = 0; i < (*manifest)->count; i++)
+        dh_free((void *)(*manifest)->entries[i].id); /* the entry's one string block */
+    dh_free((*manifest)->entries);
+    dh_free(*manifest);
+    *manifest = NULL;
+}
+
+size_t dh_manifest_count(const dh_manifest_t *manifest)
+{
+    return manifest->count;
+}
+
+const dh_manifest_entry_t *dh_manifest_entry(const dh_manifest_t *manifest, size_t i)
+{
+    return &manifest->entries[i];
+}
+
+/* An optional positive integer field: 0 when absent or null. */
+static int plan_field(json_t *root, const char *path, size_t line, const char *name, int32_t *out)
+{
+    json_t *v = json_object_get(root, name);
+    *out = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 20)
+        return dh__set_error(DH_ESCHEMA, "%s:%zu: field '%s': must be an integer in [1, %d]", path,
+                             line, name, 1 << 20);
+    *out = (int32_t)json_integer_value(v);
+    return 0;
+}
+
+static int string_field(json_t *root, const char *path, size_t line, const char *name,
+                        bool required, const char **out)
+{
+    json_t *v = json_object_get(root, name);
+    *out = "";
+    if (!v || json_is_null(v)) {
+        if (required)
+            return dh__set_error(DH_ESCHEMA, "%s:%zu: field '%s': missing", path, line, name);
+        return 0;
+    }
+    if (!json_is_string(v) || (required && json_string_length(v) == 0))
+        return dh__set_error(DH_ESCHEMA, "%s:%zu: field '%s': must be a non-empty string", path,
+                             line, name);
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const char *path,
+                        size_t line)
+{
+    const char *id, *rel, *caption;
+    dh_manifest_entry_t e = {0};
+    int rc;
+    if ((rc = string_field(root, path, line, "id", true, &id)) < 0 ||
+        (rc = string_field(root, path, line, "path", true, &rel)) < 0 ||
+        (rc = string_field(root, path, line, "caption", false, &caption)) < 0 ||
+        (rc = plan_field(root, path, line, "frames", &e.frames)) < 0 ||
+        (rc = plan_field(root, path, line, "height", &e.height)) < 0 ||
+        (rc = plan_field(root, path, line, "width", &e.width)) < 0)
+        return rc;
+    if (m->count == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 256;
+        dh_manifest_entry_t *grown = dh_reallocarray(m->entries, cap, sizeof *grown);
+        if (!grown)
+            return dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", path, line);
+        m->entries = grown;
+        m->cap = cap;
+    }
+    bool absolute = rel[0] == '/';
+    size_t id_len = strlen(id), dir_len = absolute ? 0 : strlen(dir), rel_len = strlen(rel),
+           cap_len = strlen(caption);
+    char *block = dh_malloc(id_len + 1 + dir_len + 1 + rel_len + 1 + cap_len + 1);
+    if (!block)
+        return dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", path, line);
+    char *p = block;
+    e.id = memcpy(p, id, id_len + 1);
+    p += id_len + 1;
+    e.path = p;
+    if (!absolute) {
+        memcpy(p, dir, dir_len);
+        p[dir_len] = '/';
+        p += dir_len + 1;
+    }
+    memcpy(p, rel, rel_len + 1);
+    p += rel_len + 1;
+    e.caption = memcpy(p, caption, cap_len + 1);
+    m->entries[m->count++] = e;
+    return 0;
+}
+
+int dh_manifest_load(const char *path, dh_manifest_t **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        int err = errno;
+        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+    }
+    dh__json_use_allocator();
+    dh_manifest_t *m = dh_calloc(1, sizeof *m);
+    /* The folder the manifest's relative paths are relative to. */
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? dh_strndup(path, (size_t)(slash - path)) : dh_strdup(".");
+    if (slash == path && dir) /* "/manifest.jsonl" */
+        dir[0] = '\0';
+    /* jansson parses each line from a scratch block reset per line: faster, and jansson
+     * 2.14 can crash when its own allocations fail mid-parse, which the block avoids for
+     * any line under 64 KiB. */
+    enum { HEADER = 32 }; /* keeps the block 16-byte aligned behind the header */
+    dh__json_scratch_t *scratch = dh_malloc(HEADER + DH__JSON_SCRATCH_SIZE);
+    dh__json_scratch_t *saved = NULL;
+    if (scratch) {
+        *scratch =
+            (dh__json_scratch_t){.block = (char *)scratch + HEADER, .cap = DH__JSON_SCRATCH_SIZE};
+        saved = dh__json_scratch_set(scratch);
+    }
+    char *line = NULL;
+    size_t line_cap = 0, line_no = 0;
+    int rc = (!m || !dir || !scratch) ? dh__set_error(DH_ENOMEM, "%s: out of memory", path) : 0;
+    ssize_t len;
+    while (rc == 0 && (len = getline(&line, &line_cap, f)) >= 0) {
+        line_no++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ' ||
+                           line[len - 1] == '\t'))
+            line[--len] = '\0';
+        if (len == 0)
+            continue;
+        json_error_t jerr;
+        dh__json_track_begin();
+        scratch->used = 0; /* the previous line's objects are all released */
+        json_t *root = json_loadb(line, (size_t)len, JSON_DECODE_ANY, &jerr);
+        if (dh__json_track_failed())
+            rc = dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", path, line_no);
+        else if (!root)
+            rc = dh__set_error(DH_EPARSE, "%s:%zu: not JSON: %s at column %d", path, line_no,
+                               jerr.text, jerr.column);
+        else if (!json_is_object(root))
+            rc = dh__set_error(DH_EPARSE, "%s:%zu: not a JSON object", path, line_no);
+        else
+            rc = append_entry(m, dir, root, path, line_no);
+        json_decref(root);
+    }
+    if (rc == 0 && ferror(f)) {
+        int err = errno ? errno : EIO;
+        rc = dh__set_error(-err, "%s: read error: %s", path, strerror(err));
+    }
+    if (scratch) {
+        dh__json_scratch_set(saved);
+        dh_free(scratch);
+    }
+    free(line); /* getline's buffer comes from the C library */
+    fclose(f);
+    dh_free(dir);
+    if (rc != 0) {
+        dh_manifest_destroy(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}

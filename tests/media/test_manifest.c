@@ -1,0 +1,84 @@
+/* Tests of the manifest reader: fields, path resolution, overrides, errors, allocation
+ * failures. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dh_test.h"
+#include "datahelix/error.h"
+#include "datahelix/manifest.h"
+
+static void manifest_reads_entries_and_resolves_paths(void **state)
+{
+    const char *path = dh_test_path("m1.jsonl");
+    dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\"clips/a.mp4\",\"caption\":\"a cat\","
+                             "\"frames\":16,\"height\":224,\"width\":224}\r\n"
+                             "\n"
+                             "{\"id\":\"v1\",\"path\":\"/abs/b.mp4\",\"other\":[1,2]}\n");
+    dh_manifest_t *m = NULL;
+    assert_int_equal(dh_manifest_load(path, &m), 0);
+    assert_int_equal(dh_manifest_count(m), 2);
+    const dh_manifest_entry_t *e = dh_manifest_entry(m, 0);
+    assert_string_equal(e->id, "v0");
+    char want[1024];
+    snprintf(want, sizeof want, "%.*s/clips/a.mp4", (int)(strrchr(path, '/') - path), path);
+    assert_string_equal(e->path, want);
+    assert_string_equal(e->caption, "a cat");
+    assert_int_equal(e->frames, 16);
+    assert_int_equal(e->height, 224);
+    assert_int_equal(e->width, 224);
+    e = dh_manifest_entry(m, 1);
+    assert_string_equal(e->path, "/abs/b.mp4");
+    assert_string_equal(e->caption, "");
+    assert_int_equal(e->frames, 0);
+    dh_manifest_destroy(&m);
+    assert_null(m);
+}
+
+static void manifest_errors_name_line_and_field(void **state)
+{
+    const char *path = dh_test_path("m2.jsonl");
+    dh_manifest_t *m = NULL;
+    dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\"a.mp4\"}\n{\"id\":\"v1\"}\n");
+    assert_int_equal(dh_manifest_load(path, &m), DH_ESCHEMA);
+    assert_null(m);
+    assert_non_null(strstr(dh_last_error(), ":2: field 'path'"));
+    dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\"a.mp4\",\"frames\":-3}\n");
+    assert_int_equal(dh_manifest_load(path, &m), DH_ESCHEMA);
+    assert_non_null(strstr(dh_last_error(), ":1: field 'frames'"));
+    dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\n");
+    assert_int_equal(dh_manifest_load(path, &m), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), ":1: not JSON"));
+    dh_test_write_file(path, "[1]\n");
+    assert_int_equal(dh_manifest_load(path, &m), DH_EPARSE);
+    assert_int_equal(dh_manifest_load(dh_test_path("missing.jsonl"), &m), -ENOENT);
+    assert_non_null(strstr(dh_last_error(), "missing.jsonl"));
+}
+
+static int load_manifest(void *ctx)
+{
+    dh_manifest_t *m = NULL;
+    int rc = dh_manifest_load(ctx, &m);
+    if (rc == 0)
+        assert_int_equal(dh_manifest_count(m), 300);
+    dh_manifest_destroy(&m);
+    return rc;
+}
+
+static void manifest_survives_each_allocation_failure(void **state)
+{
+    const char *path = dh_test_path("m3.jsonl");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 300; i++)
+        fprintf(f, "{\"id\":\"v%d\",\"path\":\"clips/v%d.mp4\",\"caption\":\"clip %d\"}\n", i, i,
+                i);
+    assert_int_equal(fclose(f), 0);
+    assert_true(dh_test_each_allocation_failure(load_manifest, (void *)path) > 300);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(manifest_reads_entries_and_resolves_paths),
+    cmocka_unit_test(manifest_errors_name_line_and_field),
+    cmocka_unit_test(manifest_survives_each_allocation_failure),
+};
+DH_TEST_MAIN(tests)
