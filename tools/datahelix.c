@@ -17,6 +17,9 @@ static const command_t commands[] = {
     {"gen-profiles", dh_cmd_gen_profiles, "write a synthetic profile set drawn from a mix"},
     {"plan", dh_cmd_plan, "run the tier-1 planner over a profile file and report balance"},
     {"place-bench", dh_cmd_place_bench, "benchmark the deadline placement policy"},
+    {"synth", dh_cmd_synth, "write a synthetic video data set (H.264 clips and a manifest)"},
+    {"probe", dh_cmd_probe, "profile a data set from container metadata, calibrated costs"},
+    {"decode-bench", dh_cmd_decode_bench, "decode throughput per core against ffmpeg and PyAV"},
 };
 
 static void usage(FILE *out)

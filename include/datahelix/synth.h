@@ -35,12 +35,20 @@ typedef struct dh_synth_clip {
 void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, uint8_t *rgb);
 
 /* Reads back the frame index drawn by dh_synth_frame_rgb from a decoded RGB24 frame of the
- * clip's size (tolerant of compression noise). Returns the index, or -1 if unreadable. */
+ * clip's size (tolerant of compression noise). Returns the index, or -1 if unreadable.
+ * The code holds 16 bits (indices mod 65536) in cells of at least 8x8 pixels, each bit above
+ * its complement: one row of 16 cells for widths >= 128, two rows of 8 for widths 64..127,
+ * in a band 16 to 32 rows high; frames narrower than 64 or lower than the band carry no
+ * code (-1). */
 int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
 
-/* Encodes one clip to `path` (MP4, H.264 via libx264 on one thread). Returns 0, -errno
- * (cannot create the file), DH_EIO (FFmpeg failed: dh_last_error() has the path and
- * FFmpeg's message), DH_EINVAL (bad size or rate) or DH_ENOMEM. Thread-safe. */
+/* Encodes one clip to `path` (MP4, H.264 via libx264 on one thread, preset ultrafast with
+ * CABAC and deblocking, CRF 23, yuv420p, no B-frames, a keyframe exactly every gop frames;
+ * frame i has pts i in a time base of 1/fps). Writes PATH.part and renames it to `path` when
+ * complete; on failure neither is left. Sizes must be even, in [16, 8192]; fps in (0, 1000].
+ * Returns 0, -errno (cannot create the file), DH_EIO (FFmpeg failed: dh_last_error() has the
+ * path and FFmpeg's message), DH_EINVAL (bad size or rate; the message names the path) or
+ * DH_ENOMEM. Thread-safe. Lowers FFmpeg's log level to warnings if it is at the default. */
 int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip);
 
 /* Progress of dh_synth_dataset: called from the calling thread after each clip. */
@@ -51,6 +59,26 @@ typedef void (*dh_synth_progress_fn)(size_t done, size_t total, void *ctx);
  * a seed whatever `jobs` is. Returns 0 or the first error (message names the clip). */
 int dh_synth_dataset(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
                      unsigned jobs, dh_synth_progress_fn progress, void *ctx);
+
+/* What a data set holds, for a closing summary. */
+typedef struct dh_synth_totals {
+    size_t clips;   /* clips written */
+    int64_t frames; /* frames encoded, all clips */
+    double video_s; /* seconds of video, all clips */
+    uint64_t bytes; /* bytes of the clip files */
+} dh_synth_totals_t;
+
+/* dh_synth_dataset that also fills *totals (when not NULL; zeroed first, valid on success).
+ * Clip i depends only on (seed, i), so a smaller count writes a prefix of a larger one. The
+ * manifest is written (to a temporary name, then renamed) only after every clip is complete,
+ * and a stale manifest is removed first, so an interrupted run never leaves a manifest that
+ * points at half-written clips; each clip is itself renamed into place when complete.
+ * Returns 0, DH_EINVAL (empty mix or an entry with a size or rate that cannot be encoded),
+ * -errno (out_dir cannot be created or written; the message names the path), or the error
+ * of the lowest-numbered clip that failed (DH_EIO, DH_ENOMEM...; the message names it). */
+int dh_synth_dataset_write(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
+                           unsigned jobs, dh_synth_progress_fn progress, void *ctx,
+                           dh_synth_totals_t *totals);
 
 #ifdef __cplusplus
 }

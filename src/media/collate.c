@@ -1,0 +1,211 @@
+/* collate.c: tensors, samples and batches (pipeline.h, docs/pipeline.md "Collate").
+ *
+ * dh_collate is pure: it copies decoded samples into one B x T x ... tensor padded with
+ * zeros to the batch's largest T (and H, W when sizes differ), with a B x T valid-frame
+ * mask and per-sample metadata. A failed sample keeps its slot (all padding) and carries
+ * its error, so one bad clip never fails a batch. Cost: one pass over the output bytes
+ * (memcpy per sample when sizes match, per row when they do not).
+ */
+#include <assert.h>
+#include <string.h>
+
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/pipeline.h"
+#include "core/internal.h"
+
+size_t dh_dtype_size(dh_dtype_t dtype)
+{
+    return dtype == DH_DTYPE_FLOAT32 ? 4 : 1;
+}
+
+void dh_tensor_clear(dh_tensor_t *tensor)
+{
+    if (!tensor)
+        return;
+    dh_free(tensor->data);
+    memset(tensor, 0, sizeof *tensor);
+}
+
+void dh_sample_clear(dh_sample_t *sample)
+{
+    if (!sample)
+        return;
+    dh_free(sample->id);
+    dh_free(sample->error_message);
+    dh_sample_plan_clear(&sample->plan);
+    dh_tensor_clear(&sample->pixels);
+    memset(sample, 0, sizeof *sample);
+}
+
+void dh_batch_destroy(dh_batch_t **pbatch)
+{
+    if (!pbatch || !*pbatch)
+        return;
+    dh_batch_t *b = *pbatch;
+    for (size_t i = 0; i < b->count; i++) {
+        if (b->ids)
+            dh_free(b->ids[i]);
+        if (b->error_messages)
+            dh_free(b->error_messages[i]);
+    }
+    dh_tensor_clear(&b->pixels);
+    dh_tensor_clear(&b->mask);
+    dh_free(b->frames);
+    dh_free(b->heights);
+    dh_free(b->widths);
+    dh_free(b->tokens);
+    dh_free(b->ids);
+    dh_free(b->errors);
+    dh_free(b->error_messages);
+    dh_free(b);
+    *pbatch = NULL;
+}
+
+/* Row-major element strides for a shape. */
+static void set_strides(dh_tensor_t *t)
+{
+    int64_t stride = 1;
+    for (int32_t d = t->ndim - 1; d >= 0; d--) {
+        t->strides[d] = stride;
+        stride *= t->shape[d];
+    }
+}
+
+/* T, H, W of a decoded sample's pixels; all 0 for a failed or empty one. */
+static void sample_dims(const dh_sample_t *s, dh_layout_t layout, int64_t *t, int64_t *h,
+                        int64_t *w)
+{
+    *t = *h = *w = 0;
+    if (s->error != 0 || s->pixels.ndim != 4 || !s->pixels.data)
+        return;
+    *t = s->pixels.shape[0];
+    *h = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 2 : 1];
+    *w = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
+}
+
+/* Copies sample s (T x ... of its own H, W) into its slot of the batch tensor. */
+static void copy_sample(const dh_sample_t *s, dh_layout_t layout, size_t esize, uint8_t *slot,
+                        int64_t bt, int64_t bh, int64_t bw)
+{
+    int64_t t, h, w;
+    sample_dims(s, layout, &t, &h, &w);
+    const uint8_t *src = s->pixels.data;
+    if (h == bh && w == bw) {
+        memcpy(slot, src, (size_t)(t * 3 * h * w) * esize);
+        return;
+    }
+    /* Spatial padding at the bottom and right: copy row by row. */
+    if (layout == DH_LAYOUT_TCHW) {
+        for (int64_t f = 0; f < t; f++)
+            for (int64_t c = 0; c < 3; c++)
+                for (int64_t y = 0; y < h; y++)
+                    memcpy(slot + (size_t)(((f * 3 + c) * bh + y) * bw) * esize,
+                           src + (size_t)(((f * 3 + c) * h + y) * w) * esize, (size_t)w * esize);
+    } else {
+        for (int64_t f = 0; f < t; f++)
+            for (int64_t y = 0; y < h; y++)
+                memcpy(slot + (size_t)((f * bh + y) * bw * 3) * esize,
+                       src + (size_t)((f * h + y) * w * 3) * esize, (size_t)(w * 3) * esize);
+    }
+    (void)bt;
+}
+
+int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
+               dh_batch_t **out)
+{
+    *out = NULL;
+    size_t esize = dh_dtype_size(dtype);
+    int64_t bt = 0, bh = 0, bw = 0;
+    for (size_t i = 0; i < count; i++) {
+        int64_t t, h, w;
+        sample_dims(&samples[i], layout, &t, &h, &w);
+        assert(t == 0 || samples[i].pixels.dtype == dtype); /* one spec per batch */
+        bt = t > bt ? t : bt;
+        bh = h > bh ? h : bh;
+        bw = w > bw ? w : bw;
+    }
+    dh_batch_t *b = dh_calloc(1, sizeof *b);
+    if (!b)
+        return dh__set_error(DH_ENOMEM, "collate: out of memory");
+    size_t n = count ? count : 1;
+    b->frames = dh_calloc(n, sizeof *b->frames);
+    b->heights = dh_calloc(n, sizeof *b->heights);
+    b->widths = dh_calloc(n, sizeof *b->widths);
+    b->tokens = dh_calloc(n, sizeof *b->tokens);
+    b->ids = dh_calloc(n, sizeof *b->ids);
+    b->errors = dh_calloc(n, sizeof *b->errors);
+    b->error_messages = dh_calloc(n, sizeof *b->error_messages);
+    if (!b->frames || !b->heights || !b->widths || !b->tokens || !b->ids || !b->errors ||
+        !b->error_messages)
+        goto nomem;
+    b->count = count; /* from here dh_batch_destroy frees ids[i] and error_messages[i] */
+
+    dh_tensor_t *px = &b->pixels;
+    px->dtype = dtype;
+    px->ndim = 5;
+    int64_t shape_tchw[5] = {(int64_t)count, bt, 3, bh, bw};
+    int64_t shape_thwc[5] = {(int64_t)count, bt, bh, bw, 3};
+    memcpy(px->shape, layout == DH_LAYOUT_TCHW ? shape_tchw : shape_thwc, sizeof shape_tchw);
+    set_strides(px);
+    px->nbytes = (size_t)count * (size_t)(bt * 3 * bh * bw) * esize;
+    if (px->nbytes && !(px->data = dh_calloc(px->nbytes, 1)))
+        goto nomem;
+
+    dh_tensor_t *mask = &b->mask;
+    mask->dtype = DH_DTYPE_UINT8;
+    mask->ndim = 2;
+    mask->shape[0] = (int64_t)count;
+    mask->shape[1] = bt;
+    set_strides(mask);
+    mask->nbytes = (size_t)count * (size_t)bt;
+    if (mask->nbytes && !(mask->data = dh_calloc(mask->nbytes, 1)))
+        goto nomem;
+
+    size_t slot_bytes = (size_t)(bt * 3 * bh * bw) * esize;
+    for (size_t i = 0; i < count; i++) {
+        const dh_sample_t *s = &samples[i];
+        if (!(b->ids[i] = dh_strdup(s->id ? s->id : "")))
+            goto nomem;
+        if (s->error_message && !(b->error_messages[i] = dh_strdup(s->error_message)))
+            goto nomem;
+        int64_t t, h, w;
+        sample_dims(s, layout, &t, &h, &w);
+        b->errors[i] = s->error;
+        if (s->error != 0) {
+            b->failed++;
+            continue;
+        }
+        b->frames[i] = (int32_t)t;
+        b->heights[i] = (int32_t)h;
+        b->widths[i] = (int32_t)w;
+        b->tokens[i] = s->plan.tokens;
+        if (t > 0) {
+            copy_sample(s, layout, esize, (uint8_t *)px->data + i * slot_bytes, bt, bh, bw);
+            memset((uint8_t *)mask->data + i * (size_t)bt, 1, (size_t)t);
+        }
+    }
+    *out = b;
+    return 0;
+nomem:
+    dh_batch_destroy(&b);
+    return dh__set_error(DH_ENOMEM, "collate: out of memory for a batch of %zu samples", count);
+}
+
+int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                             size_t count, dh_batch_t **out)
+{
+    *out = NULL;
+    dh_sample_t *samples = dh_calloc(count ? count : 1, sizeof *samples);
+    if (!samples)
+        return dh__set_error(DH_ENOMEM, "decode batch: out of memory for %zu samples", count);
+    for (size_t i = 0; i < count; i++)
+        (void)dh_pipeline_decode(pipeline, requests[i].path, &requests[i].overrides, requests[i].id,
+                                 &samples[i]);
+    const dh_pipeline_spec_t *spec = dh_pipeline_spec(pipeline);
+    int rc = dh_collate(samples, count, spec->dtype, spec->layout, out);
+    for (size_t i = 0; i < count; i++)
+        dh_sample_clear(&samples[i]);
+    dh_free(samples);
+    return rc;
+}

@@ -1,0 +1,233 @@
+/* Tests of collation (src/media/collate.c): padding to the batch's largest T (and H, W),
+ * valid-frame masks, per-sample metadata and errors, layouts and dtypes, and the
+ * allocation-failure run. Samples are built by hand: collation is pure. */
+#include <string.h>
+
+#include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/pipeline.h"
+
+/* A sample of T frames of H x W whose element i holds base + i (mod 251, nonzero). */
+static void make_sample(dh_sample_t *s, const char *id, int32_t t, int32_t h, int32_t w,
+                        dh_dtype_t dtype, dh_layout_t layout, int base)
+{
+    memset(s, 0, sizeof *s);
+    s->id = dh_strdup(id);
+    s->plan.frames = t;
+    s->plan.height = h;
+    s->plan.width = w;
+    s->plan.tokens = 1000 + t;
+    s->pixels.dtype = dtype;
+    s->pixels.ndim = 4;
+    int64_t tchw[4] = {t, 3, h, w}, thwc[4] = {t, h, w, 3};
+    memcpy(s->pixels.shape, layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
+    size_t n = (size_t)t * 3 * (size_t)h * (size_t)w;
+    s->pixels.nbytes = n * dh_dtype_size(dtype);
+    s->pixels.data = dh_malloc(s->pixels.nbytes);
+    assert_non_null(s->pixels.data);
+    for (size_t i = 0; i < n; i++) {
+        int v = 1 + (int)((base + i) % 250);
+        if (dtype == DH_DTYPE_UINT8)
+            ((uint8_t *)s->pixels.data)[i] = (uint8_t)v;
+        else
+            ((float *)s->pixels.data)[i] = (float)v + 0.5f;
+    }
+}
+
+static void make_failed(dh_sample_t *s, const char *id, int error, const char *message)
+{
+    memset(s, 0, sizeof *s);
+    s->id = dh_strdup(id);
+    s->error = error;
+    s->error_message = dh_strdup(message);
+}
+
+static dh_batch_t *collate_ok(const dh_sample_t *samples, size_t n, dh_dtype_t dtype,
+                              dh_layout_t layout)
+{
+    dh_batch_t *batch = NULL;
+    assert_int_equal(dh_collate(samples, n, dtype, layout, &batch), 0);
+    assert_non_null(batch);
+    assert_int_equal(batch->count, n);
+    return batch;
+}
+
+static void frames_are_padded_to_the_longest_with_masks(void **state)
+{
+    dh_sample_t s[3];
+    make_sample(&s[0], "a", 2, 4, 5, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, 0);
+    make_sample(&s[1], "b", 3, 4, 5, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, 7);
+    make_sample(&s[2], "c", 1, 4, 5, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, 9);
+    dh_batch_t *b = collate_ok(s, 3, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
+    int64_t shape[5] = {3, 3, 3, 4, 5}, strides[5] = {180, 60, 20, 5, 1};
+    assert_int_equal(b->pixels.ndim, 5);
+    assert_int_equal(b->pixels.dtype, DH_DTYPE_UINT8);
+    for (int d = 0; d < 5; d++) {
+        assert_int_equal(b->pixels.shape[d], shape[d]);
+        assert_int_equal(b->pixels.strides[d], strides[d]);
+    }
+    assert_int_equal(b->pixels.nbytes, 3 * 180);
+    static const uint8_t mask[3][3] = {{1, 1, 0}, {1, 1, 1}, {1, 0, 0}};
+    assert_int_equal(b->mask.ndim, 2);
+    assert_int_equal(b->mask.shape[0], 3);
+    assert_int_equal(b->mask.shape[1], 3);
+    assert_int_equal(b->mask.strides[0], 3);
+    assert_memory_equal(b->mask.data, mask, sizeof mask);
+    const uint8_t *px = b->pixels.data;
+    for (int i = 0; i < 3; i++) {
+        size_t valid = s[i].pixels.nbytes;
+        assert_memory_equal(px + i * 180, s[i].pixels.data, valid);
+        for (size_t k = valid; k < 180; k++)
+            assert_int_equal(px[i * 180 + k], 0);
+        assert_int_equal(b->frames[i], s[i].plan.frames);
+        assert_int_equal(b->heights[i], 4);
+        assert_int_equal(b->widths[i], 5);
+        assert_int_equal(b->tokens[i], 1000 + s[i].plan.frames);
+        assert_int_equal(b->errors[i], 0);
+        assert_null(b->error_messages[i]);
+        assert_string_equal(b->ids[i], s[i].id);
+    }
+    assert_int_equal(b->failed, 0);
+    dh_batch_destroy(&b);
+    assert_null(b);
+    for (int i = 0; i < 3; i++)
+        dh_sample_clear(&s[i]);
+}
+
+static void different_sizes_are_padded_bottom_right(void **state)
+{
+    for (int layout = 0; layout < 2; layout++) {
+        dh_sample_t s[2];
+        make_sample(&s[0], "small", 2, 2, 3, DH_DTYPE_FLOAT32, (dh_layout_t)layout, 0);
+        make_sample(&s[1], "big", 1, 4, 5, DH_DTYPE_FLOAT32, (dh_layout_t)layout, 3);
+        dh_batch_t *b = collate_ok(s, 2, DH_DTYPE_FLOAT32, (dh_layout_t)layout);
+        int64_t tchw[5] = {2, 2, 3, 4, 5}, thwc[5] = {2, 2, 4, 5, 3};
+        for (int d = 0; d < 5; d++)
+            assert_int_equal(b->pixels.shape[d], layout == DH_LAYOUT_TCHW ? tchw[d] : thwc[d]);
+        assert_int_equal(b->pixels.nbytes, 2 * 2 * 3 * 4 * 5 * sizeof(float));
+        assert_int_equal(b->heights[0], 2);
+        assert_int_equal(b->widths[0], 3);
+        assert_int_equal(b->heights[1], 4);
+        assert_int_equal(b->widths[1], 5);
+        const float *px = b->pixels.data, *src = s[0].pixels.data;
+        /* Element (t, c, y, x) of the small sample sits at its place in the big grid, zeros
+         * around it. */
+        for (int t = 0; t < 2; t++)
+            for (int c = 0; c < 3; c++)
+                for (int y = 0; y < 4; y++)
+                    for (int x = 0; x < 5; x++) {
+                        size_t at = layout == DH_LAYOUT_TCHW
+                                        ? (size_t)(((t * 3 + c) * 4 + y) * 5 + x)
+                                        : (size_t)(((t * 4 + y) * 5 + x) * 3 + c);
+                        float want = 0;
+                        if (y < 2 && x < 3)
+                            want = layout == DH_LAYOUT_TCHW ? src[((t * 3 + c) * 2 + y) * 3 + x]
+                                                            : src[((t * 2 + y) * 3 + x) * 3 + c];
+                        assert_close(px[at], want, 0);
+                    }
+        /* The big sample fills its first frame; its second frame is padding. */
+        assert_memory_equal(px + 60 * 2, s[1].pixels.data, s[1].pixels.nbytes);
+        for (size_t k = 60 * 3; k < 60 * 4; k++)
+            assert_close(px[k], 0, 0);
+        dh_batch_destroy(&b);
+        dh_sample_clear(&s[0]);
+        dh_sample_clear(&s[1]);
+    }
+}
+
+static void failed_samples_keep_their_slot_and_error(void **state)
+{
+    dh_sample_t s[3];
+    make_sample(&s[0], "ok", 2, 2, 2, DH_DTYPE_UINT8, DH_LAYOUT_THWC, 0);
+    make_failed(&s[1], "bad", -ENOENT, "/data/x.mp4: cannot open: No such file or directory");
+    make_sample(&s[2], "ok2", 1, 2, 2, DH_DTYPE_UINT8, DH_LAYOUT_THWC, 4);
+    dh_batch_t *b = collate_ok(s, 3, DH_DTYPE_UINT8, DH_LAYOUT_THWC);
+    assert_int_equal(b->failed, 1);
+    assert_int_equal(b->errors[1], -ENOENT);
+    assert_string_equal(b->error_messages[1], s[1].error_message);
+    assert_ptr_not_equal(b->error_messages[1], s[1].error_message); /* a copy */
+    assert_string_equal(b->ids[1], "bad");
+    assert_int_equal(b->frames[1], 0);
+    assert_int_equal(b->tokens[1], 0);
+    static const uint8_t mask[3][2] = {{1, 1}, {0, 0}, {1, 0}};
+    assert_memory_equal(b->mask.data, mask, sizeof mask);
+    const uint8_t *px = b->pixels.data;
+    for (size_t k = 24; k < 48; k++)
+        assert_int_equal(px[k], 0);
+    dh_batch_destroy(&b);
+    for (int i = 0; i < 3; i++)
+        dh_sample_clear(&s[i]);
+}
+
+static void all_failed_or_empty_batches_have_no_pixels(void **state)
+{
+    dh_sample_t s[2];
+    make_failed(&s[0], "x", DH_EIO, "x.mp4: corrupt");
+    make_failed(&s[1], "y", DH_ERANGE, "y.mp4: short");
+    dh_batch_t *b = collate_ok(s, 2, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
+    assert_int_equal(b->failed, 2);
+    assert_int_equal(b->pixels.nbytes, 0);
+    assert_null(b->pixels.data);
+    assert_int_equal(b->pixels.shape[0], 2);
+    assert_int_equal(b->pixels.shape[1], 0);
+    assert_int_equal(b->mask.nbytes, 0);
+    dh_batch_destroy(&b);
+    dh_sample_clear(&s[0]);
+    dh_sample_clear(&s[1]);
+
+    b = collate_ok(NULL, 0, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
+    assert_int_equal(b->pixels.shape[0], 0);
+    assert_null(b->pixels.data);
+    dh_batch_destroy(&b);
+    dh_batch_destroy(&b); /* safe on NULL */
+}
+
+static int collate_body(void *ctx)
+{
+    const dh_sample_t *samples = ctx;
+    dh_batch_t *b = NULL;
+    int rc = dh_collate(samples, 3, DH_DTYPE_FLOAT32, DH_LAYOUT_TCHW, &b);
+    if (rc == 0 && !b)
+        return DH_EINVAL;
+    dh_batch_destroy(&b);
+    return rc;
+}
+
+static void collate_survives_allocation_failure(void **state)
+{
+    dh_sample_t s[3];
+    make_sample(&s[0], "a", 2, 3, 3, DH_DTYPE_FLOAT32, DH_LAYOUT_TCHW, 0);
+    make_failed(&s[1], "b", DH_EIO, "b.mp4: corrupt");
+    make_sample(&s[2], "c", 3, 2, 4, DH_DTYPE_FLOAT32, DH_LAYOUT_TCHW, 1);
+    /* 7 arrays, pixels, mask, 3 ids, 1 message, the batch itself. */
+    assert_int_equal(dh_test_each_allocation_failure(collate_body, s), 14);
+    for (int i = 0; i < 3; i++)
+        dh_sample_clear(&s[i]);
+}
+
+static void clears_are_safe_on_zeroed_values(void **state)
+{
+    dh_sample_t s;
+    memset(&s, 0, sizeof s);
+    dh_sample_clear(&s);
+    dh_sample_clear(NULL);
+    dh_tensor_t t;
+    memset(&t, 0, sizeof t);
+    dh_tensor_clear(&t);
+    dh_sample_plan_t p;
+    memset(&p, 0, sizeof p);
+    dh_sample_plan_clear(&p);
+    assert_int_equal(dh_dtype_size(DH_DTYPE_UINT8), 1);
+    assert_int_equal(dh_dtype_size(DH_DTYPE_FLOAT32), 4);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(frames_are_padded_to_the_longest_with_masks),
+    cmocka_unit_test(different_sizes_are_padded_bottom_right),
+    cmocka_unit_test(failed_samples_keep_their_slot_and_error),
+    cmocka_unit_test(all_failed_or_empty_batches_have_no_pixels),
+    cmocka_unit_test(collate_survives_allocation_failure),
+    cmocka_unit_test(clears_are_safe_on_zeroed_values),
+};
+DH_TEST_MAIN(tests)
