@@ -46,7 +46,11 @@ static int read_keyframes(const char *path, AVStream *st, double fps, dh_media_i
     if (!info->keyframes)
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %d index entries", path, n);
     double tb = av_q2d(st->time_base);
-    int64_t start = st->start_time != AV_NOPTS_VALUE ? st->start_time : 0;
+    /* Index timestamps are decode timestamps. With B-frames they run a fixed delay behind
+     * presentation, so counting from the first entry (the first frame, a keyframe) rather
+     * than from the stream's start time gives presentation indices. */
+    const AVIndexEntry *first = avformat_index_get_entry(st, 0);
+    int64_t start = first ? first->timestamp : 0;
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         const AVIndexEntry *e = avformat_index_get_entry(st, i);

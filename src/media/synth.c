@@ -485,7 +485,11 @@ static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip
     c->framerate = rate;
     c->gop_size = gop;
     c->keyint_min = gop;
-    c->max_b_frames = 0;
+    /* Three non-reference B-frames between reference frames (IBBBPBBBP...: x264's default
+     * count, without its B-pyramid), as in most H.264 found in the wild (camera and web
+     * encodes): a decoder that knows which frames it needs can skip unneeded B-frames, and
+     * a data set without them would hide that. */
+    c->max_b_frames = 3;
     /* One thread per encoder: a data set runs one encoder per core instead, which scales
      * better than x264's frame threads on small frames and keeps the output independent of
      * the machine. */
@@ -498,7 +502,7 @@ static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip
      * decoding real H.264 costs, and decode cost is what these clips are for. */
     if ((rc = av_opt_set(c->priv_data, "preset", SYNTH_PRESET, 0)) < 0 ||
         (rc = av_opt_set(c->priv_data, "crf", SYNTH_CRF, 0)) < 0 ||
-        (rc = av_opt_set(c->priv_data, "x264-params", "scenecut=0:cabac=1:deblock=0,0", 0)) < 0)
+        (rc = av_opt_set(c->priv_data, "x264-params", "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=0:b-pyramid=none", 0)) < 0)
         return av_fail(e->path, "cannot set libx264 options", rc);
     if ((rc = avcodec_open2(c, x264, NULL)) < 0)
         return av_fail(e->path, "cannot open libx264", rc);
@@ -599,7 +603,8 @@ int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip)
      * data set) never sees a half-written clip under the real name. */
     size_t path_len = strlen(path);
     char *path_part = dh_malloc(path_len + sizeof ".part");
-    uint8_t *rgb = dh_malloc((size_t)clip->width * clip->height * 3);
+    /* libswscale's SIMD readers may read up to 16 bytes past the last pixel: padding. */
+    uint8_t *rgb = dh_malloc((size_t)clip->width * clip->height * 3 + 64);
     encoder_t e = {.path = path};
     if (!path_part || !rgb) {
         rc = dh__set_error(DH_ENOMEM, "%s: out of memory for a %dx%d frame", path, (int)clip->width,
