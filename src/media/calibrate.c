@@ -344,9 +344,9 @@ int dh_calibration_save(const char *path, const char *machine_key, const dh_cali
         json_object_set_new(buckets, cal->buckets[i].key,
                             json_pack("{s:f,s:i}", "ratio", cal->buckets[i].ratio, "samples",
                                       (int)cal->buckets[i].samples));
-    json_t *e = json_pack("{s:f,s:f,s:f,s:o}", "fixed_s", cal->fixed_s, "s_per_decoded_px",
-                          cal->s_per_decoded_px, "s_per_output_px", cal->s_per_output_px, "buckets",
-                          buckets);
+    json_t *e = json_pack("{s:f,s:f,s:f,s:f,s:o}", "fixed_s", cal->fixed_s, "s_per_decoded_px",
+                          cal->s_per_decoded_px, "s_per_output_px", cal->s_per_output_px,
+                          "s_per_byte", cal->s_per_byte, "buckets", buckets);
     json_object_set_new(root, "version", json_integer(1));
     if (!e || json_object_set_new(entries, machine_key, e) != 0) {
         json_decref(root);

@@ -37,8 +37,8 @@ static void fit_recovers_known_coefficients(void **state)
         f[i].decoded_px = 1e6 * (1 + i * 3 % 7) * (1 + i % 4);
         f[i].output_px = 2e5 * (1 + i % 5);
         f[i].decoded_bytes = 1e5 * (1 + i * 5 % 11);
-        measured[i] = 0.004 + 3e-9 * f[i].decoded_px + 1e-8 * f[i].output_px +
-                      2e-7 * f[i].decoded_bytes;
+        measured[i] =
+            0.004 + 3e-9 * f[i].decoded_px + 1e-8 * f[i].output_px + 2e-7 * f[i].decoded_bytes;
         buckets[i] = i % 2 ? "h264-240p" : "h264-480p";
     }
     dh_calibration_t cal = {0};
@@ -109,6 +109,7 @@ static void cache_round_trips_per_machine(void **state)
     dh_calibration_t a = {.fixed_s = 0.003,
                           .s_per_decoded_px = 2.5e-9,
                           .s_per_output_px = 4e-9,
+                          .s_per_byte = 3e-8,
                           .n_buckets = 2,
                           .buckets = {{"h264-240p", 1.1, 3}, {"h264-720p", 0.9, 2}}};
     dh_calibration_t b = a, got;
@@ -119,6 +120,8 @@ static void cache_round_trips_per_machine(void **state)
     assert_int_equal(dh_calibration_load(path, "cpu-a", &got), 0);
     assert_close(got.fixed_s, 0.003, 1e-12);
     assert_close(got.s_per_decoded_px, 2.5e-9, 1e-18);
+    assert_close(got.s_per_output_px, 4e-9, 1e-18);
+    assert_close(got.s_per_byte, 3e-8, 1e-18);
     assert_int_equal(got.n_buckets, 2);
     assert_true(dh_calibration_has_bucket(&got, "h264-720p"));
     assert_int_equal(dh_calibration_load(path, "cpu-b", &got), 0);
