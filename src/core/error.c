@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dh_config.h"
 #include "datahelix/error.h"
 #include "core/internal.h"
 
@@ -38,6 +39,11 @@ const char *dh_err_name(int err)
     case 0:
         return "DH_OK";
     default:
+#ifdef HAVE_STRERRORNAME_NP
+        /* A system error outside the table: its errno name ("ENOTDIR"). */
+        if (err < 0 && err > DH__ERR_BASE && strerrorname_np(-err))
+            return strerrorname_np(-err);
+#endif
         return "DH_E?";
     }
 }

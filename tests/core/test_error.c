@@ -1,6 +1,7 @@
 /* Tests of the error table, dh_strerror, dh_err_name and the thread-local last error. */
 #include <string.h>
 
+#include "dh_config.h"
 #include "dh_test.h"
 #include "datahelix/error.h"
 #include "core/internal.h"
@@ -12,6 +13,12 @@ static void error_names_match_table(void **state)
     assert_string_equal(dh_err_name(DH_ETOOBIG), "DH_ETOOBIG");
     assert_string_equal(dh_err_name(0), "DH_OK");
     assert_string_equal(dh_err_name(12345), "DH_E?");
+#ifdef HAVE_STRERRORNAME_NP
+    /* System errors outside the table keep their errno name. */
+    assert_string_equal(dh_err_name(-ENOTDIR), "ENOTDIR");
+#else
+    assert_string_equal(dh_err_name(-ENOTDIR), "DH_E?");
+#endif
 }
 
 static void error_codes_are_distinct_and_negative(void **state)

@@ -1,0 +1,53 @@
+/* Tests of the decode-bench harness on a tiny mix: it makes the data set, runs all three
+ * decoders on the same plan (ffmpeg's and PyAV's outputs are checked frame for frame count
+ * inside the harness), and reports throughput for each. Timings are not asserted. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dh_test.h"
+#include "datahelix/error.h"
+#include "bench/decode_bench.h"
+
+static void decode_bench_runs_all_three_on_the_same_plan(void **state)
+{
+    char mix[1024]; /* dh_test_path's buffer is reused by the next call */
+    snprintf(mix, sizeof mix, "%s", dh_test_path("tiny-mix.json"));
+    dh_test_write_file(mix, "[{\"frames\": 4, \"height\": 64, \"width\": 64, \"duration_s\": 1,"
+                            " \"fps\": 12}]");
+    char work[1024];
+    snprintf(work, sizeof work, "%s", dh_test_path("decode-bench"));
+    dh_decode_bench_config_t cfg = {.mix = mix,
+                                    .clips = 3,
+                                    .runs = 1,
+                                    .seed = 1,
+                                    .work_dir = work,
+                                    .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
+                                    .python = "python3"};
+    dh_decode_bench_result_t r;
+    int rc = dh_decode_bench_run(&cfg, &r);
+    if (rc != 0)
+        fail_msg("decode-bench: %s (%s)", dh_last_error(), dh_err_name(rc));
+    assert_int_equal(r.clips, 3);
+    assert_int_equal(r.frames, 12);
+    assert_true(r.datahelix_clips_per_s > 0);
+    assert_true(r.ffmpeg_clips_per_s > 0);
+    if (!(r.pyav_clips_per_s > 0))
+        fail_msg("no PyAV column: %s", r.pyav_error);
+    /* The data set is made once and reused. */
+    assert_int_equal(dh_decode_bench_run(&cfg, &r), 0);
+}
+
+static void decode_bench_names_a_bad_mix(void **state)
+{
+    dh_decode_bench_config_t cfg = {
+        .mix = "no-such-mix", .clips = 1, .runs = 1, .work_dir = dh_test_path("decode-bench-bad")};
+    dh_decode_bench_result_t r;
+    assert_int_equal(dh_decode_bench_run(&cfg, &r), DH_EUNKNOWN);
+    assert_non_null(strstr(dh_last_error(), "no-such-mix"));
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(decode_bench_runs_all_three_on_the_same_plan),
+    cmocka_unit_test(decode_bench_names_a_bad_mix),
+};
+DH_TEST_MAIN(tests)
