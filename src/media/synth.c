@@ -502,7 +502,9 @@ static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip
      * decoding real H.264 costs, and decode cost is what these clips are for. */
     if ((rc = av_opt_set(c->priv_data, "preset", SYNTH_PRESET, 0)) < 0 ||
         (rc = av_opt_set(c->priv_data, "crf", SYNTH_CRF, 0)) < 0 ||
-        (rc = av_opt_set(c->priv_data, "x264-params", "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=0:b-pyramid=none", 0)) < 0)
+        (rc = av_opt_set(c->priv_data, "x264-params",
+                         "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=0:b-pyramid=none", 0)) <
+            0)
         return av_fail(e->path, "cannot set libx264 options", rc);
     if ((rc = avcodec_open2(c, x264, NULL)) < 0)
         return av_fail(e->path, "cannot open libx264", rc);
