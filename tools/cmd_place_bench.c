@@ -1,15 +1,14 @@
 /* cmd_place_bench.c: `datahelix place-bench`, decisions per second and decision-time
  * percentiles of a placement policy on one core (see src/bench/place_bench.c). */
 #include <getopt.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dh_config.h"
 #include "datahelix/error.h"
 #include "datahelix/place.h"
 #include "bench/place_bench.h"
+#include "core/internal.h"
 #include "cli.h"
 
 #define MAX_SIZES 16
@@ -56,19 +55,12 @@ static size_t describe_rules(const dh_place_bench_result_t *r, char *buf, size_t
 
 static void pin_to_one_core(void)
 {
-#ifdef HAVE_SCHED_SETAFFINITY
-    int cpu = sched_getcpu();
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        if (sched_setaffinity(0, sizeof set, &set) != 0)
-            fprintf(stderr,
-                    "datahelix place-bench: could not pin to CPU %d; timing may be "
-                    "noisier\n",
-                    cpu);
-    }
-#endif
+    int rc = dh__pin_to_current_cpu();
+    if (rc != 0)
+        fprintf(stderr,
+                "datahelix place-bench: could not pin to one CPU (%s); timing may be "
+                "noisier\n",
+                dh_strerror(rc));
 }
 
 int dh_cmd_place_bench(int argc, char **argv)

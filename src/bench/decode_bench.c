@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +22,6 @@
 
 #include <jansson.h>
 
-#include "dh_config.h"
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
@@ -46,45 +44,12 @@ typedef struct clip_plan {
     size_t n_keyframes;
 } clip_plan_t;
 
-static void pin_to_one_cpu(void)
-{
-#ifdef HAVE_SCHED_SETAFFINITY
-    int cpu = sched_getcpu();
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        sched_setaffinity(0, sizeof set, &set);
-    }
-#endif
-}
-
 static void synth_progress(size_t done, size_t total, void *ctx)
 {
     if (*(int *)ctx && (done == total || done % 10 == 0))
         fprintf(stderr, "\rdecode-bench: making clips %zu/%zu", done, total);
     if (*(int *)ctx && done == total)
         fputc('\n', stderr);
-}
-
-/* mkdir -p dir. Returns 0 or -errno (message names the folder). */
-static int make_dirs(const char *dir)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char saved = *p;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-            int err = errno;
-            return dh__set_error(-err, "%s: cannot create the folder: %s", path, strerror(err));
-        }
-        *p = saved;
-        if (saved == '\0')
-            return 0;
-    }
 }
 
 /* The data set for this mix, made once under work_dir. */
@@ -98,7 +63,7 @@ static int ensure_dataset(const dh_decode_bench_config_t *cfg, char *manifest, s
     if (access(manifest, R_OK) == 0)
         return 0;
     dh_mix_t *mix = NULL;
-    int rc = make_dirs(cfg->work_dir);
+    int rc = dh__make_dirs(cfg->work_dir);
     if (rc == 0)
         rc = dh_mix_load(cfg->mix, &mix);
     if (rc)
@@ -333,7 +298,7 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
         dh__set_error(rc, "%s: cannot write: %s", plan_path, strerror(-rc));
         goto out;
     }
-    pin_to_one_cpu();
+    dh__pin_to_current_cpu(); /* best effort: timings are noisier without */
     for (unsigned r = 0; r < runs; r++) {
         if (cfg->verbose)
             fprintf(stderr, "decode-bench: %s round %u/%u\n", cfg->mix, r + 1, runs);

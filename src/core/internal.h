@@ -46,6 +46,17 @@ int dh__fault_fire(int site);
 #define DH_FAULT(site) 0
 #endif
 
+/* mkdir -p dir (mode 0755). Returns 0, or -errno / DH_ERANGE with a message naming the
+ * folder that could not be made. */
+int dh__make_dirs(const char *dir);
+
+/* mkdir -p of the folder holding path (nothing for a bare file name). */
+int dh__make_parent_dirs(const char *path);
+
+/* Pins the calling thread (and the children it forks) to the CPU it runs on, for
+ * single-core benchmarks. Returns 0 or -errno (-ENOSYS where unsupported). */
+int dh__pin_to_current_cpu(void);
+
 #define DH_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -301,32 +301,10 @@ int dh_calibration_load(const char *path, const char *machine_key, dh_calibratio
     return 0;
 }
 
-/* mkdir -p of path's folder. */
-static int make_parent_dirs(const char *path)
-{
-    char *dir = dh_strdup(path);
-    if (!dir)
-        return DH_ENOMEM;
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            int err = errno;
-            dh__set_error(-err, "%s: cannot create folder: %s", dir, strerror(err));
-            dh_free(dir);
-            return -err;
-        }
-        *p = '/';
-    }
-    dh_free(dir);
-    return 0;
-}
-
 int dh_calibration_save(const char *path, const char *machine_key, const dh_calibration_t *cal)
 {
     json_t *root = NULL;
-    int rc = make_parent_dirs(path);
+    int rc = dh__make_parent_dirs(path);
     if (rc == 0 && read_cache(path, &root) != 0) {
         root = json_object(); /* an unreadable cache is replaced, not fatal */
         if (!root)
