@@ -170,9 +170,17 @@ int dh_cmd_probe(int argc, char **argv)
     }
     fprintf(stderr, "probe: %zu rows written to %s, %zu files skipped, in %.1f s\n", report.rows,
             output, report.n_skips, dh_clock_elapsed_s(start, dh_clock_now_ns()));
-    fprintf(stderr, "probe: calibration %s (%s)%s\n",
-            report.calibration_cached ? "from the cache" : "measured", report.calibration_path,
-            report.calibration_decodes ? ", timed clips of new buckets" : "");
+    if (!report.calibration_cached)
+        fprintf(stderr,
+                "probe: calibration measured on this machine: %zu clips timed, saved to %s\n",
+                report.calibration_decodes, report.calibration_path);
+    else if (report.calibration_decodes)
+        fprintf(stderr,
+                "probe: calibration from %s, plus %zu clips timed for new resolution "
+                "buckets\n",
+                report.calibration_path, report.calibration_decodes);
+    else
+        fprintf(stderr, "probe: calibration from %s (nothing decoded)\n", report.calibration_path);
     for (size_t i = 0; i < report.n_skips; i++) {
         if (i == 20) {
             fprintf(stderr, "probe: ... and %zu more skipped\n", report.n_skips - 20);
