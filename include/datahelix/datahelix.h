@@ -18,7 +18,9 @@
 #include "datahelix/profile.h"
 #include "datahelix/rng.h"
 #include "datahelix/sampler.h"
+#include "datahelix/shm.h"
 #include "datahelix/stats.h"
 #include "datahelix/synth.h"
+#include "datahelix/wire.h"
 
 #endif

@@ -1,0 +1,314 @@
+/* wire.h: the message schema of the runtime and the ZeroMQ helpers that carry it (DESIGN §2,
+ * §5; docs/wire-protocol.md is the normative description of the bytes).
+ *
+ * Every message is one ZeroMQ multipart message:
+ *
+ *   frame 0      header, 20 bytes, little-endian:
+ *                  magic "DHX1" (4) | u16 version | u16 type | u32 body length | u64 sender seq
+ *   frame 1      body: packed little-endian fields, u32 counts, u32-length-prefixed strings
+ *   frames 2..N  raw tensor payloads (DELIVER only), one per tensor whose location is FRAME;
+ *                sent zero-copy (zmq_msg_init_data), never copied on send
+ *
+ * (A ROUTER socket adds the peer's routing id in front; the helpers below add and strip it.)
+ *
+ * Decoding validates everything before use: magic, version (another version is refused with
+ * a message naming both), type, body length, every count and string against the remaining
+ * bytes, ndim, dtypes, shape products against payload frame sizes, finite non-negative
+ * numbers, and no trailing bytes. Errors are DH_EPARSE with a message naming the message
+ * type and the field at fault.
+ *
+ * Ownership: a decoded dh_msg_t owns its strings and arrays (dh_malloc; release with
+ * dh_msg_clear). The one exception is dh_wire_tensor_t.data of a decoded DELIVER, which is
+ * borrowed from the payload frame it was decoded from (the caller's buffer, or the frames held
+ * by a dh_wire_received_t) and is valid as long as that is.
+ *
+ * Threads: the codec is pure and reentrant. A dh_wire_socket_t belongs to one thread, like the
+ * ZeroMQ socket inside it.
+ */
+#ifndef DATAHELIX_WIRE_H
+#define DATAHELIX_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DH_WIRE_MAGIC "DHX1"
+#define DH_WIRE_VERSION 1
+#define DH_WIRE_HEADER_SIZE 20
+#define DH_WIRE_MAX_NDIM 6
+/* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
+#define DH_WIRE_MAX_PAYLOADS 1024
+/* Default ZMQ_MAXMSGSIZE of the sockets made here (per frame; see docs/wire-protocol.md). */
+#define DH_WIRE_DEFAULT_MAX_MSG_SIZE ((int64_t)1 << 30)
+
+typedef enum {
+    DH_MSG_HELLO = 1,     /* a process registers with the coordinator */
+    DH_MSG_HEARTBEAT = 2, /* a DataServer's load and link estimates */
+    DH_MSG_REQUEST = 3,   /* client -> coordinator: a batch to prepare */
+    DH_MSG_DISPATCH = 4,  /* coordinator -> DataServer: the request and where it runs */
+    DH_MSG_COMPLETE = 5,  /* DataServer -> coordinator: a request finished, measured costs */
+    DH_MSG_DELIVER = 6,   /* DataServer -> client / local DataServer: the batch's tensors */
+    DH_MSG_ERROR = 7,     /* either way: a refusal or failure, code and message */
+    DH_MSG_GOODBYE = 8,   /* a process leaves cleanly */
+} dh_msg_type_t;
+
+#define DH_MSG_TYPE_MAX 8
+
+typedef enum {
+    DH_WIRE_ROLE_LOCAL = 0,  /* a training node's local DataServer */
+    DH_WIRE_ROLE_REMOTE = 1, /* a remote sidecar DataServer */
+    DH_WIRE_ROLE_CLIENT = 2, /* a client (one per training rank) */
+} dh_wire_role_t;
+
+/* Element types on the wire. Separate from pipeline.h's dh_dtype_t (wire depends on core only);
+ * the runtime maps DH_DTYPE_UINT8 -> DH_WIRE_DTYPE_U8, DH_DTYPE_FLOAT32 -> DH_WIRE_DTYPE_F32. */
+typedef enum {
+    DH_WIRE_DTYPE_U8 = 1,
+    DH_WIRE_DTYPE_I8 = 2,
+    DH_WIRE_DTYPE_U16 = 3,
+    DH_WIRE_DTYPE_I16 = 4,
+    DH_WIRE_DTYPE_U32 = 5,
+    DH_WIRE_DTYPE_I32 = 6,
+    DH_WIRE_DTYPE_U64 = 7,
+    DH_WIRE_DTYPE_I64 = 8,
+    DH_WIRE_DTYPE_F16 = 9,
+    DH_WIRE_DTYPE_BF16 = 10,
+    DH_WIRE_DTYPE_F32 = 11,
+    DH_WIRE_DTYPE_F64 = 12,
+    DH_WIRE_DTYPE_BOOL = 13,
+} dh_wire_dtype_t;
+
+typedef enum {
+    DH_WIRE_LOC_FRAME = 0, /* the bytes are the next payload frame of the message */
+    DH_WIRE_LOC_SHM = 1,   /* the bytes are in a shared-memory arena: {arena, offset, length} */
+} dh_wire_location_t;
+
+/* Fixed header (frame 0). */
+typedef struct dh_wire_header {
+    uint16_t version;
+    uint16_t type;       /* dh_msg_type_t */
+    uint32_t body_len;   /* bytes of frame 1 */
+    uint64_t sender_seq; /* the sender's message counter (per socket), for tracing and dedup */
+} dh_wire_header_t;
+
+typedef struct dh_msg_hello {
+    uint8_t role;         /* dh_wire_role_t */
+    char *node;           /* node name */
+    uint32_t workers;     /* worker slots (0 for a client) */
+    uint64_t arena_bytes; /* shared-memory arena size (0 if none) */
+} dh_msg_hello_t;
+
+typedef struct dh_wire_link_bw {
+    char *node;         /* the peer node of the link */
+    double bytes_per_s; /* estimated bandwidth to it */
+} dh_wire_link_bw_t;
+
+typedef struct dh_msg_heartbeat {
+    uint32_t workers;
+    uint32_t queue_depth;    /* requests queued or running */
+    double queue_work_s;     /* predicted seconds of queued work */
+    double speed_factor;     /* observed / predicted CPU time */
+    double recent_latency_s; /* recent task latency (e.g. a moving median) */
+    uint32_t n_links;
+    dh_wire_link_bw_t *links;
+} dh_msg_heartbeat_t;
+
+typedef struct dh_wire_sample {
+    char *id;
+    uint32_t frames, height, width; /* per-sample overrides; 0 = the pipeline's default */
+} dh_wire_sample_t;
+
+typedef struct dh_msg_request {
+    char *client_id;
+    uint64_t seq; /* the client's request sequence number; (client_id, seq) names a request */
+    uint32_t rank;
+    int64_t deadline_ns; /* duration relative to the sender's clock at send time (may be < 0) */
+    char *delivery_node; /* node of the rank's local DataServer */
+    uint32_t n_samples;
+    dh_wire_sample_t *samples;
+} dh_msg_request_t;
+
+typedef struct dh_msg_dispatch {
+    dh_msg_request_t request;
+    char *server; /* the DataServer chosen to execute it */
+    char *target; /* the local DataServer that delivers to the rank */
+} dh_msg_dispatch_t;
+
+typedef struct dh_wire_sample_status {
+    int32_t status; /* 0 or a negative DH_E* code */
+    char *error;    /* "" when status is 0 */
+} dh_wire_sample_status_t;
+
+typedef struct dh_msg_complete {
+    char *client_id;
+    uint64_t seq;
+    uint32_t n_samples;
+    dh_wire_sample_status_t *samples;
+    double cpu_s;   /* measured CPU seconds */
+    uint64_t bytes; /* bytes produced */
+    double queue_s; /* seconds queued before a worker took it */
+} dh_msg_complete_t;
+
+typedef struct dh_wire_tensor {
+    char *name;
+    uint8_t dtype;    /* dh_wire_dtype_t */
+    uint8_t ndim;     /* <= DH_WIRE_MAX_NDIM */
+    uint8_t location; /* dh_wire_location_t */
+    uint64_t shape[DH_WIRE_MAX_NDIM];
+    int64_t strides[DH_WIRE_MAX_NDIM]; /* in bytes, >= 0 */
+    /* DH_WIRE_LOC_SHM: the handle; length >= the tensor's bytes. */
+    uint64_t arena_id, offset, length;
+    /* DH_WIRE_LOC_FRAME, decoded only: borrowed from the payload frame (see the top). */
+    const void *data;
+    size_t size;
+} dh_wire_tensor_t;
+
+typedef struct dh_msg_deliver {
+    char *client_id;
+    uint64_t seq;
+    uint32_t n_tensors;
+    dh_wire_tensor_t *tensors;
+} dh_msg_deliver_t;
+
+typedef struct dh_msg_error {
+    int32_t code; /* a negative DH_E* code */
+    char *message;
+} dh_msg_error_t;
+
+/* One message. `type` selects the union member; GOODBYE has no body. */
+typedef struct dh_msg {
+    uint16_t type;       /* dh_msg_type_t */
+    uint64_t sender_seq; /* header field */
+    union {
+        dh_msg_hello_t hello;
+        dh_msg_heartbeat_t heartbeat;
+        dh_msg_request_t request;
+        dh_msg_dispatch_t dispatch;
+        dh_msg_complete_t complete;
+        dh_msg_deliver_t deliver;
+        dh_msg_error_t error;
+    };
+} dh_msg_t;
+
+/* A borrowed byte range (a frame). */
+typedef struct dh_wire_frame {
+    const void *data;
+    size_t size;
+} dh_wire_frame_t;
+
+/* "HELLO", "HEARTBEAT", ... or "type?" for an unknown value. Static storage. */
+const char *dh_msg_type_name(unsigned type);
+
+/* Bytes of one element of a dtype, or 0 for an unknown dtype. */
+size_t dh_wire_dtype_size(unsigned dtype);
+
+/* Frees what a decoded message owns (strings, arrays) and zeroes it. Safe on a zeroed or
+ * partly decoded message. Only for messages whose members came from dh_malloc (a decoded
+ * message does); never for a message the caller built from its own storage. */
+void dh_msg_clear(dh_msg_t *msg);
+
+/* Encodes msg: fills header[] and returns the body in *body (the caller's, dh_free) and its
+ * size in *body_len. NULL strings encode as "". Payload frames are not part of the encoding;
+ * dh_wire_send sends them. Returns 0, DH_ENOMEM, or DH_ERANGE if the body would exceed
+ * UINT32_MAX bytes. Misuse (unknown type, ndim > 6) is an assertion. Reentrant. */
+int dh_wire_encode(const dh_msg_t *msg, uint8_t header[DH_WIRE_HEADER_SIZE], uint8_t **body,
+                   size_t *body_len);
+
+/* Decodes and validates a header frame. Returns 0 or DH_EPARSE (wrong size, bad magic, another
+ * version - the message names both -, unknown type). */
+int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out);
+
+/* Decodes a whole message from its frames: header, body, and the payload frames (n_payloads
+ * may be 0; payloads may be NULL then). Validates everything (see the top and
+ * docs/wire-protocol.md). On success *out owns its strings and arrays (dh_msg_clear) and the
+ * DELIVER tensors' data point into payloads[]. On failure *out is zeroed and nothing is owned.
+ * Returns 0, DH_EPARSE (message names the type and field), or DH_ENOMEM. Reentrant. */
+int dh_wire_decode(const void *header, size_t header_size, const void *body, size_t body_size,
+                   const dh_wire_frame_t *payloads, size_t n_payloads, dh_msg_t *out);
+
+/* ---- ZeroMQ helpers (src/wire/zmq.c) ---- */
+
+typedef struct dh_wire_socket dh_wire_socket_t;
+
+typedef struct dh_wire_socket_opts {
+    int64_t max_msg_size; /* ZMQ_MAXMSGSIZE (per frame); 0 = DH_WIRE_DEFAULT_MAX_MSG_SIZE,
+                           * -1 = no limit */
+} dh_wire_socket_opts_t;
+
+/* Makes a socket of ZeroMQ type zmq_type (ZMQ_DEALER, ZMQ_ROUTER, ZMQ_PUSH, ZMQ_PULL ...) on
+ * the caller's context, with ZMQ_MAXMSGSIZE from opts (NULL = defaults), ZMQ_LINGER 0, and on a
+ * ROUTER ZMQ_ROUTER_MANDATORY (so a send to an unknown peer fails instead of vanishing).
+ * Returns 0, DH_ENOMEM, or a negative errno with a message. *out is the caller's
+ * (dh_wire_socket_destroy, before the context is terminated). */
+int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_type,
+                       const dh_wire_socket_opts_t *opts);
+
+/* Closes the socket (pending messages are dropped: linger 0), frees it, sets *s = NULL. */
+void dh_wire_socket_destroy(dh_wire_socket_t **s);
+
+/* Bind / connect to an endpoint ("inproc://x", "ipc:///path", "tcp://host:port"). The last
+ * endpoint is remembered to name the socket in error messages. Returns 0 or a negative errno
+ * with a message naming the endpoint. */
+int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint);
+int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint);
+
+/* The underlying ZeroMQ socket (borrowed), for zmq_poll or extra options. */
+void *dh_wire_socket_handle(dh_wire_socket_t *s);
+
+/* The messages sent on this socket so far (the next sender_seq is this + 1). */
+uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s);
+
+/* Same signature as zmq_free_fn: releases a payload once ZeroMQ is done with it (possibly on a
+ * ZeroMQ I/O thread, so it must be thread-safe). */
+typedef void dh_wire_free_fn(void *data, void *hint);
+
+typedef struct dh_wire_payload {
+    void *data;
+    size_t size;
+    dh_wire_free_fn *free_fn; /* NULL: data outlives the socket (static), nothing to free */
+    void *hint;
+} dh_wire_payload_t;
+
+/* Sends msg (header, body, then payloads[0..n_payloads) zero-copy). The header's sender_seq is
+ * the socket's counter, not msg->sender_seq. On a ROUTER socket routing_id names the peer
+ * (required); elsewhere it must be NULL. Waits up to timeout_ms (-1: forever) for the socket
+ * to accept the message. For DELIVER the payloads must match the tensors whose location is
+ * FRAME, in order, with sizes equal to their bytes (else DH_EINVAL, nothing sent).
+ * Ownership: the payloads are taken in every case, success or failure: each free_fn is called
+ * exactly once, by ZeroMQ after the send or here on failure. Returns 0, DH_EAGAIN (timed out),
+ * DH_EINVAL, DH_ENOMEM, DH_ERANGE, -EHOSTUNREACH (ROUTER: no such peer) or another negative
+ * errno, with a message naming the endpoint and peer. */
+int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_size,
+                 const dh_msg_t *msg, dh_wire_payload_t *payloads, size_t n_payloads,
+                 int timeout_ms);
+
+/* A received message: the decoded message, the ROUTER routing id, and the ZeroMQ frames it
+ * borrows from (the DELIVER tensors' data). Zero it before first use; release it with
+ * dh_wire_received_release (it may be reused after that). */
+typedef struct dh_wire_received {
+    dh_msg_t msg;
+    uint8_t routing_id[256]; /* ROUTER sockets: the peer's id (ZeroMQ caps it at 255 bytes) */
+    size_t routing_id_size;
+    /* private: the zmq_msg_t frames held */
+    void *frames_;
+    size_t n_frames_, cap_frames_;
+} dh_wire_received_t;
+
+/* Waits up to timeout_ms (-1: forever, 0: poll) for a message, receives all of its frames and
+ * decodes them (dh_wire_decode) into *out, which must be zeroed or released. A malformed
+ * message is consumed whole, so the next call starts at the next message. Returns 0,
+ * DH_EAGAIN (timed out), DH_EPARSE (message names the endpoint, the type and the field),
+ * DH_ENOMEM, or another negative errno. On error *out holds nothing. */
+int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out);
+
+/* Frees the decoded message and closes the frames it borrowed from; zeroes *r. Safe on a
+ * zeroed struct. */
+void dh_wire_received_release(dh_wire_received_t *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,739 @@
+/* codec.c: encoder and validating decoder of the wire format (wire.h, docs/wire-protocol.md).
+ *
+ * Hand-written rather than generated: the format is small, it has no dependency, payloads stay
+ * in their own frames (zero-copy), and every bound is checked here where it can be read.
+ * The decoder reads from the received frames through a bounds-checked reader: every read
+ * checks the bytes left first, every count is checked against the bytes left divided by the
+ * smallest encoding of one element before anything is allocated (so a huge count cannot
+ * overflow count x size nor make us allocate more than the peer sent), and every string is
+ * copied out NUL-terminated after checking it holds no NUL. Cost: O(body + payload frames
+ * count); one allocation per string and per array.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/wire.h"
+#include "core/internal.h"
+#include "wire/internal.h"
+
+static const char *const type_names[DH_MSG_TYPE_MAX + 1] = {
+    "type?", "HELLO", "HEARTBEAT", "REQUEST", "DISPATCH", "COMPLETE", "DELIVER", "ERROR", "GOODBYE",
+};
+
+const char *dh_msg_type_name(unsigned type)
+{
+    return type >= 1 && type <= DH_MSG_TYPE_MAX ? type_names[type] : type_names[0];
+}
+
+size_t dh_wire_dtype_size(unsigned dtype)
+{
+    switch (dtype) {
+    case DH_WIRE_DTYPE_U8:
+    case DH_WIRE_DTYPE_I8:
+    case DH_WIRE_DTYPE_BOOL:
+        return 1;
+    case DH_WIRE_DTYPE_U16:
+    case DH_WIRE_DTYPE_I16:
+    case DH_WIRE_DTYPE_F16:
+    case DH_WIRE_DTYPE_BF16:
+        return 2;
+    case DH_WIRE_DTYPE_U32:
+    case DH_WIRE_DTYPE_I32:
+    case DH_WIRE_DTYPE_F32:
+        return 4;
+    case DH_WIRE_DTYPE_U64:
+    case DH_WIRE_DTYPE_I64:
+    case DH_WIRE_DTYPE_F64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+const char *dh__wire_tensor_check(const dh_wire_tensor_t *t, uint64_t limit, uint64_t *nbytes)
+{
+    uint64_t elem = dh_wire_dtype_size(t->dtype);
+    if (elem == 0)
+        return "dtype";
+    if (t->ndim > DH_WIRE_MAX_NDIM)
+        return "ndim";
+    uint64_t bytes = elem;
+    for (unsigned i = 0; i < t->ndim; i++)
+        if (__builtin_mul_overflow(bytes, t->shape[i], &bytes))
+            return "shape";
+    *nbytes = bytes;
+    if (bytes == 0)
+        return NULL; /* an empty tensor reads nothing, whatever its strides */
+    /* The last byte any index reaches: elem + sum (shape[i] - 1) x strides[i]. */
+    uint64_t extent = elem;
+    for (unsigned i = 0; i < t->ndim; i++) {
+        if (t->strides[i] < 0)
+            return "strides";
+        uint64_t step;
+        if (__builtin_mul_overflow(t->shape[i] - 1, (uint64_t)t->strides[i], &step) ||
+            __builtin_add_overflow(extent, step, &extent))
+            return "strides";
+    }
+    if (extent > (limit > bytes ? limit : bytes))
+        return "strides";
+    return NULL;
+}
+
+/* ---- encoder ---- */
+
+/* Writes into p, or only counts when p is NULL (the sizing pass). */
+typedef struct writer {
+    uint8_t *p;
+    size_t len;
+    bool too_big; /* a string longer than UINT32_MAX */
+} writer_t;
+
+static void put_bytes(writer_t *w, const void *src, size_t n)
+{
+    if (w->p && n)
+        memcpy(w->p + w->len, src, n);
+    w->len += n;
+}
+
+static void put_u64(writer_t *w, uint64_t v, int nbytes)
+{
+    uint8_t b[8];
+    for (int i = 0; i < nbytes; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    put_bytes(w, b, (size_t)nbytes);
+}
+
+#define put_u8(w, v) put_u64(w, (uint8_t)(v), 1)
+#define put_u32(w, v) put_u64(w, (uint32_t)(v), 4)
+#define put_i32(w, v) put_u64(w, (uint32_t)(int32_t)(v), 4)
+#define put_i64(w, v) put_u64(w, (uint64_t)(int64_t)(v), 8)
+
+static void put_f64(writer_t *w, double v)
+{
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof bits);
+    put_u64(w, bits, 8);
+}
+
+static void put_str(writer_t *w, const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n > UINT32_MAX) {
+        w->too_big = true;
+        n = 0;
+    }
+    put_u32(w, n);
+    put_bytes(w, s, n);
+}
+
+static void put_request(writer_t *w, const dh_msg_request_t *m)
+{
+    put_str(w, m->client_id);
+    put_u64(w, m->seq, 8);
+    put_u32(w, m->rank);
+    put_i64(w, m->deadline_ns);
+    put_str(w, m->delivery_node);
+    put_u32(w, m->n_samples);
+    for (uint32_t i = 0; i < m->n_samples; i++) {
+        put_str(w, m->samples[i].id);
+        put_u32(w, m->samples[i].frames);
+        put_u32(w, m->samples[i].height);
+        put_u32(w, m->samples[i].width);
+    }
+}
+
+static void put_body(writer_t *w, const dh_msg_t *msg)
+{
+    switch (msg->type) {
+    case DH_MSG_HELLO:
+        put_u8(w, msg->hello.role);
+        put_str(w, msg->hello.node);
+        put_u32(w, msg->hello.workers);
+        put_u64(w, msg->hello.arena_bytes, 8);
+        break;
+    case DH_MSG_HEARTBEAT: {
+        const dh_msg_heartbeat_t *m = &msg->heartbeat;
+        put_u32(w, m->workers);
+        put_u32(w, m->queue_depth);
+        put_f64(w, m->queue_work_s);
+        put_f64(w, m->speed_factor);
+        put_f64(w, m->recent_latency_s);
+        put_u32(w, m->n_links);
+        for (uint32_t i = 0; i < m->n_links; i++) {
+            put_str(w, m->links[i].node);
+            put_f64(w, m->links[i].bytes_per_s);
+        }
+        break;
+    }
+    case DH_MSG_REQUEST:
+        put_request(w, &msg->request);
+        break;
+    case DH_MSG_DISPATCH:
+        put_request(w, &msg->dispatch.request);
+        put_str(w, msg->dispatch.server);
+        put_str(w, msg->dispatch.target);
+        break;
+    case DH_MSG_COMPLETE: {
+        const dh_msg_complete_t *m = &msg->complete;
+        put_str(w, m->client_id);
+        put_u64(w, m->seq, 8);
+        put_u32(w, m->n_samples);
+        for (uint32_t i = 0; i < m->n_samples; i++) {
+            put_i32(w, m->samples[i].status);
+            put_str(w, m->samples[i].error);
+        }
+        put_f64(w, m->cpu_s);
+        put_u64(w, m->bytes, 8);
+        put_f64(w, m->queue_s);
+        break;
+    }
+    case DH_MSG_DELIVER: {
+        const dh_msg_deliver_t *m = &msg->deliver;
+        put_str(w, m->client_id);
+        put_u64(w, m->seq, 8);
+        put_u32(w, m->n_tensors);
+        for (uint32_t i = 0; i < m->n_tensors; i++) {
+            const dh_wire_tensor_t *t = &m->tensors[i];
+            assert(t->ndim <= DH_WIRE_MAX_NDIM);
+            put_str(w, t->name);
+            put_u8(w, t->dtype);
+            put_u8(w, t->ndim);
+            put_u8(w, t->location);
+            for (unsigned d = 0; d < t->ndim; d++)
+                put_u64(w, t->shape[d], 8);
+            for (unsigned d = 0; d < t->ndim; d++)
+                put_i64(w, t->strides[d]);
+            if (t->location == DH_WIRE_LOC_SHM) {
+                put_u64(w, t->arena_id, 8);
+                put_u64(w, t->offset, 8);
+                put_u64(w, t->length, 8);
+            }
+        }
+        break;
+    }
+    case DH_MSG_ERROR:
+        put_i32(w, msg->error.code);
+        put_str(w, msg->error.message);
+        break;
+    case DH_MSG_GOODBYE:
+        break;
+    default:
+        assert(!"dh_wire_encode: unknown message type");
+    }
+}
+
+int dh_wire_encode(const dh_msg_t *msg, uint8_t header[DH_WIRE_HEADER_SIZE], uint8_t **body,
+                   size_t *body_len)
+{
+    assert(msg && header && body && body_len);
+    assert(msg->type >= 1 && msg->type <= DH_MSG_TYPE_MAX);
+    *body = NULL;
+    *body_len = 0;
+    writer_t w = {0};
+    put_body(&w, msg); /* sizing pass */
+    if (w.too_big || w.len > UINT32_MAX)
+        return dh__set_error(DH_ERANGE, "%s: body of %zu bytes exceeds the 4 GiB limit",
+                             dh_msg_type_name(msg->type), w.len);
+    size_t len = w.len;
+    uint8_t *buf = dh_malloc(len);
+    if (!buf)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for a %zu-byte body",
+                             dh_msg_type_name(msg->type), len);
+    w = (writer_t){.p = buf};
+    put_body(&w, msg);
+    assert(w.len == len);
+
+    writer_t h = {.p = header};
+    put_bytes(&h, DH_WIRE_MAGIC, 4);
+    put_u64(&h, DH_WIRE_VERSION, 2);
+    put_u64(&h, msg->type, 2);
+    put_u32(&h, len);
+    put_u64(&h, msg->sender_seq, 8);
+    assert(h.len == DH_WIRE_HEADER_SIZE);
+    *body = buf;
+    *body_len = len;
+    return 0;
+}
+
+/* ---- decoder ---- */
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t len, pos;
+    const char *type; /* message type name, for messages */
+    const char *elem; /* array being read ("samples"), or NULL */
+    uint32_t index;   /* element of it */
+} reader_t;
+
+/* Records "TYPE: field 'elem[i].field' at offset N: why" and returns DH_EPARSE. */
+__attribute__((format(printf, 3, 4))) static int fail(const reader_t *r, const char *field,
+                                                      const char *fmt, ...)
+{
+    char why[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (r->elem)
+        return dh__set_error(DH_EPARSE, "%s: field '%s[%u].%s' at offset %zu: %s", r->type, r->elem,
+                             r->index, field, r->pos, why);
+    return dh__set_error(DH_EPARSE, "%s: field '%s' at offset %zu: %s", r->type, field, r->pos,
+                         why);
+}
+
+static int need(const reader_t *r, size_t n, const char *field)
+{
+    if (r->len - r->pos < n)
+        return fail(r, field, "truncated (needs %zu bytes, %zu left)", n, r->len - r->pos);
+    return 0;
+}
+
+static int get_uint(reader_t *r, const char *field, int nbytes, uint64_t *out)
+{
+    int rc = need(r, (size_t)nbytes, field);
+    if (rc)
+        return rc;
+    uint64_t v = 0;
+    for (int i = 0; i < nbytes; i++)
+        v |= (uint64_t)r->p[r->pos + (size_t)i] << (8 * i);
+    r->pos += (size_t)nbytes;
+    *out = v;
+    return 0;
+}
+
+static int get_u8(reader_t *r, const char *field, uint8_t *out)
+{
+    uint64_t v = 0;
+    int rc = get_uint(r, field, 1, &v);
+    *out = (uint8_t)v;
+    return rc;
+}
+
+static int get_u32(reader_t *r, const char *field, uint32_t *out)
+{
+    uint64_t v = 0;
+    int rc = get_uint(r, field, 4, &v);
+    *out = (uint32_t)v;
+    return rc;
+}
+
+static int get_u64(reader_t *r, const char *field, uint64_t *out)
+{
+    return get_uint(r, field, 8, out);
+}
+
+static int get_i32(reader_t *r, const char *field, int32_t *out)
+{
+    uint64_t v = 0;
+    int rc = get_uint(r, field, 4, &v);
+    uint32_t u = (uint32_t)v;
+    memcpy(out, &u, sizeof *out);
+    return rc;
+}
+
+static int get_i64(reader_t *r, const char *field, int64_t *out)
+{
+    uint64_t v = 0;
+    int rc = get_uint(r, field, 8, &v);
+    memcpy(out, &v, sizeof *out);
+    return rc;
+}
+
+/* A double that must be finite and >= 0 (seconds, bytes per second, a speed factor):
+ * a NaN or an infinity from a peer would poison the cost model. */
+static int get_f64(reader_t *r, const char *field, double *out)
+{
+    uint64_t bits = 0;
+    int rc = get_u64(r, field, &bits);
+    if (rc)
+        return rc;
+    double v;
+    memcpy(&v, &bits, sizeof v);
+    if (!isfinite(v) || v < 0) {
+        r->pos -= 8;
+        return fail(r, field, "%g is not a finite number >= 0", v);
+    }
+    *out = v;
+    return 0;
+}
+
+/* A u32 count of elements whose encoding takes at least min_size bytes each: refused when
+ * the bytes left cannot hold that many, so count x size never overflows and we never
+ * allocate more than the peer sent. */
+static int get_count(reader_t *r, const char *field, size_t min_size, uint32_t *out)
+{
+    int rc = get_u32(r, field, out);
+    if (rc)
+        return rc;
+    size_t left = r->len - r->pos;
+    if (*out > left / min_size) {
+        r->pos -= 4;
+        return fail(r, field, "count %u needs at least %zu bytes x %u, %zu left", *out, min_size,
+                    *out, left);
+    }
+    return 0;
+}
+
+/* A u32-length-prefixed string, copied out NUL-terminated (the caller's, dh_free). */
+static int get_str(reader_t *r, const char *field, char **out)
+{
+    uint32_t n;
+    int rc = get_u32(r, field, &n);
+    if (rc)
+        return rc;
+    if (n > r->len - r->pos) {
+        size_t left = r->len - r->pos;
+        r->pos -= 4;
+        return fail(r, field, "string length %u exceeds the %zu bytes left", n, left);
+    }
+    const uint8_t *s = r->p + r->pos;
+    if (n && memchr(s, 0, n))
+        return fail(r, field, "string holds a NUL byte");
+    char *copy = dh_malloc((size_t)n + 1);
+    if (!copy)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for field '%s'", r->type, field);
+    if (n)
+        memcpy(copy, s, n);
+    copy[n] = 0;
+    r->pos += n;
+    *out = copy;
+    return 0;
+}
+
+/* Allocates a zeroed array of count elements (NULL for 0). */
+static int get_array(reader_t *r, const char *field, uint32_t count, size_t size, void **out)
+{
+    *out = NULL;
+    if (count == 0)
+        return 0;
+    *out = dh_calloc(count, size);
+    if (!*out)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for %u elements of '%s'", r->type, count,
+                             field);
+    return 0;
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+    } while (0)
+
+/* Smallest encodings of array elements (a string is at least its 4-byte length). */
+#define MIN_LINK_SIZE (4 + 8)
+#define MIN_SAMPLE_SIZE (4 + 12)
+#define MIN_STATUS_SIZE (4 + 4)
+#define MIN_TENSOR_SIZE (4 + 3)
+
+static int get_hello(reader_t *r, dh_msg_hello_t *m)
+{
+    TRY(get_u8(r, "role", &m->role));
+    if (m->role > DH_WIRE_ROLE_CLIENT) {
+        r->pos -= 1;
+        return fail(r, "role", "unknown role %u", m->role);
+    }
+    TRY(get_str(r, "node", &m->node));
+    TRY(get_u32(r, "workers", &m->workers));
+    return get_u64(r, "arena_bytes", &m->arena_bytes);
+}
+
+static int get_heartbeat(reader_t *r, dh_msg_heartbeat_t *m)
+{
+    TRY(get_u32(r, "workers", &m->workers));
+    TRY(get_u32(r, "queue_depth", &m->queue_depth));
+    TRY(get_f64(r, "queue_work_s", &m->queue_work_s));
+    TRY(get_f64(r, "speed_factor", &m->speed_factor));
+    TRY(get_f64(r, "recent_latency_s", &m->recent_latency_s));
+    uint32_t n;
+    TRY(get_count(r, "n_links", MIN_LINK_SIZE, &n));
+    TRY(get_array(r, "links", n, sizeof *m->links, (void **)&m->links));
+    m->n_links = n;
+    r->elem = "links";
+    for (r->index = 0; r->index < n; r->index++) {
+        TRY(get_str(r, "node", &m->links[r->index].node));
+        TRY(get_f64(r, "bytes_per_s", &m->links[r->index].bytes_per_s));
+    }
+    r->elem = NULL;
+    return 0;
+}
+
+static int get_request(reader_t *r, dh_msg_request_t *m)
+{
+    TRY(get_str(r, "client_id", &m->client_id));
+    TRY(get_u64(r, "seq", &m->seq));
+    TRY(get_u32(r, "rank", &m->rank));
+    TRY(get_i64(r, "deadline_ns", &m->deadline_ns));
+    TRY(get_str(r, "delivery_node", &m->delivery_node));
+    uint32_t n;
+    TRY(get_count(r, "n_samples", MIN_SAMPLE_SIZE, &n));
+    TRY(get_array(r, "samples", n, sizeof *m->samples, (void **)&m->samples));
+    m->n_samples = n;
+    r->elem = "samples";
+    for (r->index = 0; r->index < n; r->index++) {
+        dh_wire_sample_t *s = &m->samples[r->index];
+        TRY(get_str(r, "id", &s->id));
+        TRY(get_u32(r, "frames", &s->frames));
+        TRY(get_u32(r, "height", &s->height));
+        TRY(get_u32(r, "width", &s->width));
+    }
+    r->elem = NULL;
+    return 0;
+}
+
+static int get_dispatch(reader_t *r, dh_msg_dispatch_t *m)
+{
+    TRY(get_request(r, &m->request));
+    TRY(get_str(r, "server", &m->server));
+    return get_str(r, "target", &m->target);
+}
+
+static int get_complete(reader_t *r, dh_msg_complete_t *m)
+{
+    TRY(get_str(r, "client_id", &m->client_id));
+    TRY(get_u64(r, "seq", &m->seq));
+    uint32_t n;
+    TRY(get_count(r, "n_samples", MIN_STATUS_SIZE, &n));
+    TRY(get_array(r, "samples", n, sizeof *m->samples, (void **)&m->samples));
+    m->n_samples = n;
+    r->elem = "samples";
+    for (r->index = 0; r->index < n; r->index++) {
+        dh_wire_sample_status_t *s = &m->samples[r->index];
+        TRY(get_i32(r, "status", &s->status));
+        if (s->status > 0) {
+            r->pos -= 4;
+            return fail(r, "status", "%d is not 0 or a negative error code", s->status);
+        }
+        TRY(get_str(r, "error", &s->error));
+    }
+    r->elem = NULL;
+    TRY(get_f64(r, "cpu_s", &m->cpu_s));
+    TRY(get_u64(r, "bytes", &m->bytes));
+    return get_f64(r, "queue_s", &m->queue_s);
+}
+
+static int get_tensor(reader_t *r, dh_wire_tensor_t *t)
+{
+    TRY(get_str(r, "name", &t->name));
+    size_t at = r->pos;
+    TRY(get_u8(r, "dtype", &t->dtype));
+    if (dh_wire_dtype_size(t->dtype) == 0) {
+        r->pos = at;
+        return fail(r, "dtype", "unknown dtype %u", t->dtype);
+    }
+    TRY(get_u8(r, "ndim", &t->ndim));
+    if (t->ndim > DH_WIRE_MAX_NDIM) {
+        r->pos -= 1;
+        return fail(r, "ndim", "%u dimensions, at most %d", t->ndim, DH_WIRE_MAX_NDIM);
+    }
+    TRY(get_u8(r, "location", &t->location));
+    if (t->location > DH_WIRE_LOC_SHM) {
+        r->pos -= 1;
+        return fail(r, "location", "unknown location %u", t->location);
+    }
+    for (unsigned d = 0; d < t->ndim; d++)
+        TRY(get_u64(r, "shape", &t->shape[d]));
+    for (unsigned d = 0; d < t->ndim; d++)
+        TRY(get_i64(r, "strides", &t->strides[d]));
+    if (t->location == DH_WIRE_LOC_SHM) {
+        TRY(get_u64(r, "arena_id", &t->arena_id));
+        TRY(get_u64(r, "offset", &t->offset));
+        TRY(get_u64(r, "length", &t->length));
+        uint64_t end;
+        if (__builtin_add_overflow(t->offset, t->length, &end)) {
+            r->pos -= 8;
+            return fail(r, "length", "offset %llu + length %llu overflows",
+                        (unsigned long long)t->offset, (unsigned long long)t->length);
+        }
+    }
+    uint64_t nbytes;
+    const char *bad =
+        dh__wire_tensor_check(t, t->location == DH_WIRE_LOC_SHM ? t->length : 0, &nbytes);
+    if (bad)
+        return fail(r, bad, "shape and strides do not fit the tensor's bytes");
+    if (t->location == DH_WIRE_LOC_SHM && nbytes > t->length)
+        return fail(r, "length", "shared-memory length %llu < the tensor's %llu bytes",
+                    (unsigned long long)t->length, (unsigned long long)nbytes);
+    t->size = (size_t)nbytes; /* FRAME: checked against the frame below */
+    return 0;
+}
+
+static int get_deliver(reader_t *r, dh_msg_deliver_t *m, const dh_wire_frame_t *payloads,
+                       size_t n_payloads)
+{
+    TRY(get_str(r, "client_id", &m->client_id));
+    TRY(get_u64(r, "seq", &m->seq));
+    uint32_t n;
+    TRY(get_count(r, "n_tensors", MIN_TENSOR_SIZE, &n));
+    TRY(get_array(r, "tensors", n, sizeof *m->tensors, (void **)&m->tensors));
+    m->n_tensors = n;
+    r->elem = "tensors";
+    size_t frame = 0;
+    for (r->index = 0; r->index < n; r->index++) {
+        dh_wire_tensor_t *t = &m->tensors[r->index];
+        TRY(get_tensor(r, t));
+        if (t->location != DH_WIRE_LOC_FRAME) {
+            t->size = 0;
+            continue;
+        }
+        if (frame >= n_payloads)
+            return fail(r, "location", "names payload frame %zu, the message has %zu", frame,
+                        n_payloads);
+        if ((uint64_t)payloads[frame].size != (uint64_t)t->size)
+            return fail(r, "shape", "tensor of %zu bytes, payload frame %zu has %zu", t->size,
+                        frame, payloads[frame].size);
+        t->data = payloads[frame].data;
+        frame++;
+    }
+    r->elem = NULL;
+    if (frame != n_payloads)
+        return dh__set_error(DH_EPARSE, "%s: %zu payload frames for %zu FRAME tensors", r->type,
+                             n_payloads, frame);
+    return 0;
+}
+
+int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out)
+{
+    if (size != DH_WIRE_HEADER_SIZE)
+        return dh__set_error(DH_EPARSE, "header frame of %zu bytes, expected %d", size,
+                             DH_WIRE_HEADER_SIZE);
+    const uint8_t *p = data;
+    if (memcmp(p, DH_WIRE_MAGIC, 4) != 0)
+        return dh__set_error(DH_EPARSE,
+                             "not a DataHelix message: magic %02x %02x %02x %02x, expected \"%s\"",
+                             p[0], p[1], p[2], p[3], DH_WIRE_MAGIC);
+    reader_t r = {.p = p, .len = size, .pos = 4, .type = "header"};
+    uint64_t version = 0, type = 0, body_len = 0;
+    get_uint(&r, "version", 2, &version);
+    get_uint(&r, "type", 2, &type);
+    get_uint(&r, "body_len", 4, &body_len);
+    get_uint(&r, "sender_seq", 8, &out->sender_seq);
+    if (version != DH_WIRE_VERSION)
+        return dh__set_error(DH_EPARSE,
+                             "peer speaks wire protocol version %u, this build speaks version %d",
+                             (unsigned)version, DH_WIRE_VERSION);
+    if (type < 1 || type > DH_MSG_TYPE_MAX)
+        return dh__set_error(DH_EPARSE, "header: unknown message type %u", (unsigned)type);
+    out->version = (uint16_t)version;
+    out->type = (uint16_t)type;
+    out->body_len = (uint32_t)body_len;
+    return 0;
+}
+
+int dh_wire_decode(const void *header, size_t header_size, const void *body, size_t body_size,
+                   const dh_wire_frame_t *payloads, size_t n_payloads, dh_msg_t *out)
+{
+    assert(out && (payloads || n_payloads == 0));
+    memset(out, 0, sizeof *out);
+    dh_wire_header_t h;
+    int rc = dh_wire_decode_header(header, header_size, &h);
+    if (rc)
+        return rc;
+    const char *name = dh_msg_type_name(h.type);
+    if (h.body_len != body_size)
+        return dh__set_error(DH_EPARSE, "%s: header says the body is %u bytes, the frame has %zu",
+                             name, h.body_len, body_size);
+    if (n_payloads && h.type != DH_MSG_DELIVER)
+        return dh__set_error(DH_EPARSE, "%s: carries %zu payload frames; only DELIVER may", name,
+                             n_payloads);
+    if (n_payloads > DH_WIRE_MAX_PAYLOADS)
+        return dh__set_error(DH_EPARSE, "%s: %zu payload frames, at most %d", name, n_payloads,
+                             DH_WIRE_MAX_PAYLOADS);
+    out->type = h.type;
+    out->sender_seq = h.sender_seq;
+    reader_t r = {.p = body, .len = body_size, .type = name};
+    switch (h.type) {
+    case DH_MSG_HELLO:
+        rc = get_hello(&r, &out->hello);
+        break;
+    case DH_MSG_HEARTBEAT:
+        rc = get_heartbeat(&r, &out->heartbeat);
+        break;
+    case DH_MSG_REQUEST:
+        rc = get_request(&r, &out->request);
+        break;
+    case DH_MSG_DISPATCH:
+        rc = get_dispatch(&r, &out->dispatch);
+        break;
+    case DH_MSG_COMPLETE:
+        rc = get_complete(&r, &out->complete);
+        break;
+    case DH_MSG_DELIVER:
+        rc = get_deliver(&r, &out->deliver, payloads, n_payloads);
+        break;
+    case DH_MSG_ERROR:
+        rc = get_i32(&r, "code", &out->error.code);
+        if (rc == 0 && out->error.code >= 0) {
+            r.pos -= 4;
+            rc = fail(&r, "code", "%d is not a negative error code", out->error.code);
+        }
+        if (rc == 0)
+            rc = get_str(&r, "message", &out->error.message);
+        break;
+    case DH_MSG_GOODBYE:
+        break;
+    }
+    if (rc == 0 && r.pos != r.len)
+        rc = dh__set_error(DH_EPARSE, "%s: %zu trailing bytes after the last field at offset %zu",
+                           name, r.len - r.pos, r.pos);
+    if (rc)
+        dh_msg_clear(out);
+    return rc;
+}
+
+static void clear_request(dh_msg_request_t *m)
+{
+    dh_free(m->client_id);
+    dh_free(m->delivery_node);
+    for (uint32_t i = 0; i < m->n_samples && m->samples; i++)
+        dh_free(m->samples[i].id);
+    dh_free(m->samples);
+}
+
+void dh_msg_clear(dh_msg_t *msg)
+{
+    if (!msg)
+        return;
+    switch (msg->type) {
+    case DH_MSG_HELLO:
+        dh_free(msg->hello.node);
+        break;
+    case DH_MSG_HEARTBEAT:
+        for (uint32_t i = 0; i < msg->heartbeat.n_links && msg->heartbeat.links; i++)
+            dh_free(msg->heartbeat.links[i].node);
+        dh_free(msg->heartbeat.links);
+        break;
+    case DH_MSG_REQUEST:
+        clear_request(&msg->request);
+        break;
+    case DH_MSG_DISPATCH:
+        clear_request(&msg->dispatch.request);
+        dh_free(msg->dispatch.server);
+        dh_free(msg->dispatch.target);
+        break;
+    case DH_MSG_COMPLETE:
+        dh_free(msg->complete.client_id);
+        for (uint32_t i = 0; i < msg->complete.n_samples && msg->complete.samples; i++)
+            dh_free(msg->complete.samples[i].error);
+        dh_free(msg->complete.samples);
+        break;
+    case DH_MSG_DELIVER:
+        dh_free(msg->deliver.client_id);
+        for (uint32_t i = 0; i < msg->deliver.n_tensors && msg->deliver.tensors; i++)
+            dh_free(msg->deliver.tensors[i].name);
+        dh_free(msg->deliver.tensors);
+        break;
+    case DH_MSG_ERROR:
+        dh_free(msg->error.message);
+        break;
+    default:
+        break;
+    }
+    memset(msg, 0, sizeof *msg);
+}

@@ -1,0 +1,487 @@
+/* zmq.c: ZeroMQ helpers that carry the wire format (wire.h): sockets made with our limits,
+ * sending a message with its payload frames zero-copy, receiving one with a timeout and
+ * decoding it.
+ *
+ * The runtime (coordinator, DataServer, client) is the only user; it owns the ZeroMQ context
+ * and keeps each socket on one thread. ZeroMQ errors map to our codes here: -errno where the
+ * error is a system one, DH_EAGAIN for a timeout, with a message naming the endpoint and, on
+ * a ROUTER, the peer.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/wire.h"
+#include "core/internal.h"
+#include "wire/internal.h"
+
+struct dh_wire_socket {
+    void *sock;
+    int type;
+    uint64_t sent;
+    char endpoint[256]; /* the last endpoint bound or connected, for messages */
+};
+
+/* ZeroMQ's own error numbers (above ZMQ_HAUSNUMERO) have no errno; map them to the nearest
+ * one so callers see the usual "-errno" convention. */
+static int map_errno(int e)
+{
+    switch (e) {
+    case EAGAIN:
+        return DH_EAGAIN;
+    case ENOMEM:
+        return DH_ENOMEM;
+    case ETERM:
+        return -ESHUTDOWN;
+    case EFSM:
+        return -EPROTO;
+    case ENOCOMPATPROTO:
+        return -EPROTONOSUPPORT;
+    case EMTHREAD:
+        return -EMFILE;
+    default:
+        return e > 0 && e < ZMQ_HAUSNUMERO ? -e : DH_EIO;
+    }
+}
+
+static const char *endpoint_of(const dh_wire_socket_t *s)
+{
+    return s->endpoint[0] ? s->endpoint : "(unbound socket)";
+}
+
+/* "peer 0a1b2c..." for a ROUTER routing id (first 16 bytes in hex), "" otherwise. */
+static const char *peer_name(char *buf, size_t cap, const void *id, size_t size)
+{
+    buf[0] = 0;
+    if (!id || !size)
+        return buf;
+    size_t n = snprintf(buf, cap, " (peer ");
+    const uint8_t *p = id;
+    for (size_t i = 0; i < size && i < 16 && n + 3 < cap; i++)
+        n += snprintf(buf + n, cap - n, "%02x", p[i]);
+    snprintf(buf + n, cap - n, "%s)", size > 16 ? "..." : "");
+    return buf;
+}
+
+int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_type,
+                       const dh_wire_socket_opts_t *opts)
+{
+    assert(out && zmq_ctx);
+    *out = NULL;
+    int64_t max_msg =
+        opts && opts->max_msg_size ? opts->max_msg_size : DH_WIRE_DEFAULT_MAX_MSG_SIZE;
+    if (max_msg < -1)
+        max_msg = -1;
+    dh_wire_socket_t *s = dh_calloc(1, sizeof *s);
+    if (!s)
+        return dh__set_error(DH_ENOMEM, "out of memory for a ZeroMQ socket");
+    s->type = zmq_type;
+    s->sock = zmq_socket(zmq_ctx, zmq_type);
+    if (!s->sock) {
+        int e = zmq_errno();
+        dh_free(s);
+        return dh__set_error(map_errno(e), "zmq_socket(type %d): %s", zmq_type, zmq_strerror(e));
+    }
+    int linger = 0, mandatory = 1;
+    const char *opt = NULL;
+    if (zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) != 0)
+        opt = "ZMQ_MAXMSGSIZE";
+    else if (zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0)
+        opt = "ZMQ_LINGER";
+    else if (zmq_type == ZMQ_ROUTER &&
+             zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) != 0)
+        opt = "ZMQ_ROUTER_MANDATORY";
+    if (opt) {
+        int e = zmq_errno();
+        zmq_close(s->sock);
+        dh_free(s);
+        return dh__set_error(map_errno(e), "zmq_setsockopt(%s): %s", opt, zmq_strerror(e));
+    }
+    *out = s;
+    return 0;
+}
+
+void dh_wire_socket_destroy(dh_wire_socket_t **s)
+{
+    if (!s || !*s)
+        return;
+    zmq_close((*s)->sock);
+    dh_free(*s);
+    *s = NULL;
+}
+
+static int attach(dh_wire_socket_t *s, const char *endpoint, int bind)
+{
+    assert(s && endpoint);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    if ((bind ? zmq_bind(s->sock, endpoint) : zmq_connect(s->sock, endpoint)) != 0) {
+        int e = zmq_errno();
+        return dh__set_error(map_errno(e), "%s %s: %s", bind ? "bind" : "connect", endpoint,
+                             zmq_strerror(e));
+    }
+    return 0;
+}
+
+int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint)
+{
+    return attach(s, endpoint, 1);
+}
+
+int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint)
+{
+    return attach(s, endpoint, 0);
+}
+
+void *dh_wire_socket_handle(dh_wire_socket_t *s)
+{
+    return s->sock;
+}
+
+uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s)
+{
+    return s->sent;
+}
+
+/* Waits until the socket has `events` ready or the deadline passes (deadline 0: forever).
+ * Returns 1 ready, 0 timed out, or a negative code. */
+static int wait_for(dh_wire_socket_t *s, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        long timeout_ms = -1;
+        if (deadline_ns) {
+            uint64_t now = dh_clock_now_ns();
+            timeout_ms = now >= deadline_ns ? 0 : (long)((deadline_ns - now + 999999) / 1000000);
+        }
+        zmq_pollitem_t item = {.socket = s->sock, .events = events};
+        int n = zmq_poll(&item, 1, timeout_ms);
+        if (n < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            return map_errno(zmq_errno());
+        }
+        if (n > 0 && (item.revents & events))
+            return 1;
+        if (deadline_ns && dh_clock_now_ns() >= deadline_ns)
+            return 0;
+    }
+}
+
+static uint64_t deadline_after(int timeout_ms)
+{
+    return timeout_ms < 0 ? 0 : dh_clock_now_ns() + (uint64_t)timeout_ms * 1000000 + 1;
+}
+
+static void free_body(void *data, void *hint)
+{
+    (void)hint;
+    dh_free(data);
+}
+
+/* Releases payloads[from..n) that ZeroMQ never took. */
+static void release_payloads(dh_wire_payload_t *payloads, size_t from, size_t n)
+{
+    for (size_t i = from; i < n; i++)
+        if (payloads[i].free_fn)
+            payloads[i].free_fn(payloads[i].data, payloads[i].hint);
+}
+
+/* The payloads must be exactly the FRAME tensors' bytes, in order. */
+static int check_payloads(const dh_msg_t *msg, const dh_wire_payload_t *payloads, size_t n)
+{
+    if (msg->type != DH_MSG_DELIVER) {
+        if (n)
+            return dh__set_error(DH_EINVAL, "%s carries %zu payload frames; only DELIVER may",
+                                 dh_msg_type_name(msg->type), n);
+        return 0;
+    }
+    size_t frame = 0;
+    for (uint32_t i = 0; i < msg->deliver.n_tensors; i++) {
+        const dh_wire_tensor_t *t = &msg->deliver.tensors[i];
+        uint64_t nbytes;
+        const char *bad =
+            dh__wire_tensor_check(t, t->location == DH_WIRE_LOC_SHM ? t->length : 0, &nbytes);
+        if (bad)
+            return dh__set_error(DH_EINVAL, "DELIVER: tensor %u '%s': bad %s", i,
+                                 t->name ? t->name : "", bad);
+        if (t->location != DH_WIRE_LOC_FRAME)
+            continue;
+        if (frame >= n || payloads[frame].size != nbytes)
+            return dh__set_error(DH_EINVAL,
+                                 "DELIVER: tensor %u '%s' of %llu bytes has no payload frame of "
+                                 "that size (%zu payloads)",
+                                 i, t->name ? t->name : "", (unsigned long long)nbytes, n);
+        frame++;
+    }
+    if (frame != n)
+        return dh__set_error(DH_EINVAL, "DELIVER: %zu payloads for %zu FRAME tensors", n, frame);
+    return 0;
+}
+
+int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_size,
+                 const dh_msg_t *msg, dh_wire_payload_t *payloads, size_t n_payloads,
+                 int timeout_ms)
+{
+    assert(s && msg && (payloads || n_payloads == 0));
+    assert((s->type == ZMQ_ROUTER) == (routing_id != NULL));
+    char peer[64];
+    peer_name(peer, sizeof peer, routing_id, routing_id_size);
+    const char *name = dh_msg_type_name(msg->type);
+    int rc = 0;
+    if (n_payloads > DH_WIRE_MAX_PAYLOADS)
+        rc = dh__set_error(DH_EINVAL, "%s: %zu payload frames, at most %d", name, n_payloads,
+                           DH_WIRE_MAX_PAYLOADS);
+    if (rc == 0)
+        rc = check_payloads(msg, payloads, n_payloads);
+    if (rc) {
+        release_payloads(payloads, 0, n_payloads);
+        return rc;
+    }
+
+    dh_msg_t stamped = *msg;
+    stamped.sender_seq = s->sent + 1;
+    uint8_t header[DH_WIRE_HEADER_SIZE];
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    rc = dh_wire_encode(&stamped, header, &body, &body_len);
+    size_t first = routing_id ? 1 : 0, n_frames = first + 2 + n_payloads;
+    zmq_msg_t *frames = rc ? NULL : dh_calloc(n_frames, sizeof *frames);
+    if (rc == 0 && !frames)
+        rc = dh__set_error(DH_ENOMEM, "send %s on %s: out of memory", name, endpoint_of(s));
+    if (rc) {
+        dh_free(body);
+        release_payloads(payloads, 0, n_payloads);
+        return rc;
+    }
+
+    /* Build every frame first, so each payload is owned by exactly one zmq_msg_t (whose close
+     * or send releases it) or released here. The body goes zero-copy too. */
+    size_t built = 0;
+    int e = 0;
+    if (first) {
+        if (zmq_msg_init_size(&frames[0], routing_id_size) != 0)
+            goto init_failed;
+        memcpy(zmq_msg_data(&frames[0]), routing_id, routing_id_size);
+        built++;
+    }
+    if (zmq_msg_init_size(&frames[built], DH_WIRE_HEADER_SIZE) != 0)
+        goto init_failed;
+    memcpy(zmq_msg_data(&frames[built]), header, DH_WIRE_HEADER_SIZE);
+    built++;
+    if (zmq_msg_init_data(&frames[built], body, body_len, free_body, NULL) != 0)
+        goto init_failed;
+    body = NULL;
+    built++;
+    for (size_t i = 0; i < n_payloads; i++) {
+        if (zmq_msg_init_data(&frames[built], payloads[i].data, payloads[i].size,
+                              payloads[i].free_fn, payloads[i].hint) != 0)
+            goto init_failed;
+        built++;
+    }
+
+    uint64_t deadline = deadline_after(timeout_ms);
+    size_t sent = 0;
+    while (sent < n_frames) {
+        int flags = ZMQ_DONTWAIT | (sent + 1 < n_frames ? ZMQ_SNDMORE : 0);
+        if (zmq_msg_send(&frames[sent], s->sock, flags) >= 0) {
+            sent++;
+            continue;
+        }
+        e = zmq_errno();
+        if (e == EINTR)
+            continue;
+        /* Only the first frame waits for room: ZeroMQ accepts the rest of a message whose
+         * first part it took. */
+        if (e == EAGAIN && sent == 0) {
+            int ready = wait_for(s, ZMQ_POLLOUT, deadline);
+            if (ready == 1)
+                continue;
+            if (ready == 0)
+                rc = dh__set_error(DH_EAGAIN, "send %s on %s%s: timed out after %d ms", name,
+                                   endpoint_of(s), peer, timeout_ms);
+            else
+                rc = dh__set_error(ready, "send %s on %s%s: poll failed: %s", name, endpoint_of(s),
+                                   peer, dh_strerror(ready));
+        } else {
+            rc = dh__set_error(map_errno(e), "send %s on %s%s: %s", name, endpoint_of(s), peer,
+                               zmq_strerror(e));
+        }
+        break;
+    }
+    for (size_t i = sent; i < n_frames; i++)
+        zmq_msg_close(&frames[i]); /* releases what was not sent */
+    dh_free(frames);
+    if (rc == 0)
+        s->sent++;
+    return rc;
+
+init_failed:
+    e = zmq_errno();
+    for (size_t i = 0; i < built; i++)
+        zmq_msg_close(&frames[i]);
+    dh_free(frames);
+    dh_free(body); /* NULL once a frame owns it */
+    release_payloads(payloads, built > first + 2 ? built - first - 2 : 0, n_payloads);
+    return dh__set_error(map_errno(e), "send %s on %s: building frames: %s", name, endpoint_of(s),
+                         zmq_strerror(e));
+}
+
+void dh_wire_received_release(dh_wire_received_t *r)
+{
+    if (!r)
+        return;
+    dh_msg_clear(&r->msg);
+    zmq_msg_t *frames = r->frames_;
+    for (size_t i = 0; i < r->n_frames_; i++)
+        zmq_msg_close(&frames[i]);
+    dh_free(frames);
+    memset(r, 0, sizeof *r);
+}
+
+/* Receives and drops the rest of a multipart message (after an error), so the next receive
+ * starts at a message boundary. */
+static void drain(void *sock)
+{
+    int more = 1;
+    size_t len = sizeof more;
+    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        int got = zmq_msg_recv(&m, sock, 0);
+        zmq_msg_close(&m);
+        if (got < 0 && zmq_errno() != EINTR)
+            break;
+        len = sizeof more;
+    }
+}
+
+/* Prefixes this thread's last error with the endpoint and peer. */
+static int recv_error(dh_wire_socket_t *s, const char *peer, int rc)
+{
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", dh_last_error());
+    return dh__set_error(rc, "recv on %s%s: %s", endpoint_of(s), peer, detail);
+}
+
+int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
+{
+    assert(s && out && out->n_frames_ == 0 && out->frames_ == NULL);
+    memset(out, 0, sizeof *out);
+    uint64_t deadline = deadline_after(timeout_ms);
+    const size_t max_frames = (s->type == ZMQ_ROUTER ? 1 : 0) + 2 + DH_WIRE_MAX_PAYLOADS;
+    zmq_msg_t first;
+    zmq_msg_init(&first);
+    for (;;) {
+        if (zmq_msg_recv(&first, s->sock, ZMQ_DONTWAIT) >= 0)
+            break;
+        int e = zmq_errno();
+        if (e == EINTR)
+            continue;
+        if (e != EAGAIN) {
+            zmq_msg_close(&first);
+            return dh__set_error(map_errno(e), "recv on %s: %s", endpoint_of(s), zmq_strerror(e));
+        }
+        int ready = wait_for(s, ZMQ_POLLIN, deadline);
+        if (ready <= 0) {
+            zmq_msg_close(&first);
+            if (ready == 0)
+                return dh__set_error(DH_EAGAIN, "recv on %s: timed out after %d ms", endpoint_of(s),
+                                     timeout_ms);
+            return dh__set_error(ready, "recv on %s: poll failed: %s", endpoint_of(s),
+                                 dh_strerror(ready));
+        }
+    }
+
+    /* The rest of the parts are already here: ZeroMQ delivers a message whole. */
+    int rc = 0;
+    size_t cap = 4;
+    zmq_msg_t *frames = dh_calloc(cap, sizeof *frames);
+    if (!frames) {
+        zmq_msg_close(&first);
+        drain(s->sock);
+        return dh__set_error(DH_ENOMEM, "recv on %s: out of memory", endpoint_of(s));
+    }
+    zmq_msg_init(&frames[0]);
+    zmq_msg_move(&frames[0], &first);
+    zmq_msg_close(&first);
+    out->frames_ = frames;
+    out->n_frames_ = 1;
+    out->cap_frames_ = cap;
+    while (zmq_msg_more(&frames[out->n_frames_ - 1])) {
+        if (out->n_frames_ == max_frames) {
+            drain(s->sock);
+            rc = dh__set_error(DH_EPARSE, "message of more than %zu frames", max_frames);
+            break;
+        }
+        if (out->n_frames_ == out->cap_frames_) {
+            /* zmq_msg_t is opaque: move the frames with zmq_msg_move, not realloc. */
+            zmq_msg_t *grown = dh_calloc(cap * 2, sizeof *frames);
+            if (!grown) {
+                drain(s->sock);
+                rc = dh__set_error(DH_ENOMEM, "out of memory for %zu frames", cap * 2);
+                break;
+            }
+            for (size_t i = 0; i < out->n_frames_; i++) {
+                zmq_msg_init(&grown[i]);
+                zmq_msg_move(&grown[i], &frames[i]);
+                zmq_msg_close(&frames[i]);
+            }
+            dh_free(frames);
+            frames = grown;
+            cap *= 2;
+            out->frames_ = frames;
+            out->cap_frames_ = cap;
+        }
+        zmq_msg_t *m = &frames[out->n_frames_];
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, s->sock, 0) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(m);
+            if (e == EINTR)
+                continue;
+            rc = dh__set_error(map_errno(e), "%s", zmq_strerror(e));
+            break;
+        }
+        out->n_frames_++;
+    }
+
+    char peer[64] = "";
+    size_t at = 0;
+    if (rc == 0 && s->type == ZMQ_ROUTER) {
+        size_t id_size = zmq_msg_size(&frames[0]);
+        if (id_size > sizeof out->routing_id)
+            id_size = sizeof out->routing_id; /* cannot happen: ZeroMQ caps ids at 255 */
+        memcpy(out->routing_id, zmq_msg_data(&frames[0]), id_size);
+        out->routing_id_size = id_size;
+        peer_name(peer, sizeof peer, out->routing_id, id_size);
+        at = 1;
+    }
+    if (rc == 0 && out->n_frames_ - at < 2)
+        rc = dh__set_error(DH_EPARSE, "message of %zu frames, needs a header and a body",
+                           out->n_frames_ - at);
+    if (rc == 0) {
+        size_t n_payloads = out->n_frames_ - at - 2;
+        dh_wire_frame_t *views = NULL;
+        if (n_payloads) {
+            views = dh_calloc(n_payloads, sizeof *views);
+            if (!views)
+                rc = dh__set_error(DH_ENOMEM, "out of memory for %zu payload frames", n_payloads);
+            for (size_t i = 0; views && i < n_payloads; i++)
+                views[i] = (dh_wire_frame_t){zmq_msg_data(&frames[at + 2 + i]),
+                                             zmq_msg_size(&frames[at + 2 + i])};
+        }
+        if (rc == 0)
+            rc = dh_wire_decode(zmq_msg_data(&frames[at]), zmq_msg_size(&frames[at]),
+                                zmq_msg_data(&frames[at + 1]), zmq_msg_size(&frames[at + 1]), views,
+                                n_payloads, &out->msg);
+        dh_free(views);
+    }
+    if (rc) {
+        rc = recv_error(s, peer, rc);
+        dh_wire_received_release(out);
+    }
+    return rc;
+}

@@ -1,0 +1,814 @@
+/* Tests of the wire codec: round trips of every message type, version refusal, truncation
+ * at every byte, huge counts, bad tensors and values, a deterministic fuzz loop, and an
+ * allocation-failure run. Run under the ASan build: every decode reads from buffers of the
+ * exact size, so a read past the end is caught. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/rng.h"
+#include "datahelix/wire.h"
+
+#define DH_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- fixtures: one message of each type, built from static storage ---- */
+
+static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9}, {(char *)"node-c", 0.0}};
+static dh_wire_sample_t samples[] = {
+    {(char *)"kinetics/abc123", 16, 224, 224},
+    {(char *)"", 0, 0, 0},
+    {(char *)"ucf/\xc3\xa9t\xc3\xa9", 8, 0, 320},
+};
+static dh_wire_sample_status_t statuses[] = {
+    {0, (char *)""},
+    {DH_EPARSE, (char *)"ucf/x.mp4: moov atom not found"},
+};
+static uint8_t video_bytes[2 * 3 * 4];
+static float mask_bytes[2 * 3];
+
+static dh_wire_tensor_t tensors[] = {
+    {.name = (char *)"video",
+     .dtype = DH_WIRE_DTYPE_U8,
+     .ndim = 3,
+     .location = DH_WIRE_LOC_FRAME,
+     .shape = {2, 3, 4},
+     .strides = {12, 4, 1}},
+    {.name = (char *)"tokens",
+     .dtype = DH_WIRE_DTYPE_I64,
+     .ndim = 1,
+     .location = DH_WIRE_LOC_SHM,
+     .shape = {5},
+     .strides = {8},
+     .arena_id = 7,
+     .offset = 4096,
+     .length = 64},
+    {.name = (char *)"mask",
+     .dtype = DH_WIRE_DTYPE_F32,
+     .ndim = 2,
+     .location = DH_WIRE_LOC_FRAME,
+     .shape = {2, 3},
+     .strides = {12, 4}},
+};
+
+static dh_wire_frame_t payload_frames[] = {
+    {video_bytes, sizeof video_bytes},
+    {mask_bytes, sizeof mask_bytes},
+};
+
+static dh_msg_request_t fixture_request(void)
+{
+    return (dh_msg_request_t){.client_id = (char *)"client-3",
+                              .seq = 0x0102030405060708ull,
+                              .rank = 3,
+                              .deadline_ns = -1500000,
+                              .delivery_node = (char *)"node-a",
+                              .n_samples = DH_ARRAY_LEN(samples),
+                              .samples = samples};
+}
+
+static dh_msg_t fixture(unsigned type)
+{
+    dh_msg_t m = {.type = (uint16_t)type, .sender_seq = 1000 + type};
+    switch (type) {
+    case DH_MSG_HELLO:
+        m.hello = (dh_msg_hello_t){DH_WIRE_ROLE_REMOTE, (char *)"cpu-node-17", 48, 8ull << 30};
+        break;
+    case DH_MSG_HEARTBEAT:
+        m.heartbeat = (dh_msg_heartbeat_t){.workers = 32,
+                                           .queue_depth = 9,
+                                           .queue_work_s = 2.75,
+                                           .speed_factor = 1.1,
+                                           .recent_latency_s = 0.042,
+                                           .n_links = DH_ARRAY_LEN(links),
+                                           .links = links};
+        break;
+    case DH_MSG_REQUEST:
+        m.request = fixture_request();
+        break;
+    case DH_MSG_DISPATCH:
+        m.dispatch =
+            (dh_msg_dispatch_t){fixture_request(), (char *)"ds-remote-2", (char *)"ds-local-0"};
+        break;
+    case DH_MSG_COMPLETE:
+        m.complete = (dh_msg_complete_t){.client_id = (char *)"client-3",
+                                         .seq = 77,
+                                         .n_samples = DH_ARRAY_LEN(statuses),
+                                         .samples = statuses,
+                                         .cpu_s = 1.5,
+                                         .bytes = 123456789,
+                                         .queue_s = 0.25};
+        break;
+    case DH_MSG_DELIVER:
+        m.deliver = (dh_msg_deliver_t){(char *)"client-3", 77, DH_ARRAY_LEN(tensors), tensors};
+        break;
+    case DH_MSG_ERROR:
+        m.error = (dh_msg_error_t){DH_ENOSERVER, (char *)"no live DataServer for rank 3"};
+        break;
+    case DH_MSG_GOODBYE:
+        break;
+    }
+    return m;
+}
+
+static size_t fixture_payloads(unsigned type)
+{
+    return type == DH_MSG_DELIVER ? DH_ARRAY_LEN(payload_frames) : 0;
+}
+
+/* An encoded message in exact-size heap buffers (so ASan sees any overread). */
+typedef struct encoded {
+    uint8_t header[DH_WIRE_HEADER_SIZE];
+    uint8_t *body;
+    size_t body_len;
+} encoded_t;
+
+static encoded_t encode(const dh_msg_t *m)
+{
+    encoded_t e;
+    assert_int_equal(dh_wire_encode(m, e.header, &e.body, &e.body_len), 0);
+    return e;
+}
+
+/* Decodes header + body[0..len), copying both into exact-size buffers first. */
+static int decode_copy(const uint8_t *header, size_t header_size, const uint8_t *body, size_t len,
+                       const dh_wire_frame_t *payloads, size_t n_payloads, dh_msg_t *out)
+{
+    uint8_t *h = dh_malloc(header_size);
+    uint8_t *b = dh_malloc(len);
+    assert_non_null(h);
+    assert_non_null(b);
+    memcpy(h, header, header_size);
+    if (len)
+        memcpy(b, body, len);
+    int rc = dh_wire_decode(h, header_size, b, len, payloads, n_payloads, out);
+    dh_free(h);
+    dh_free(b);
+    return rc;
+}
+
+static void set_body_len(uint8_t header[DH_WIRE_HEADER_SIZE], uint32_t len)
+{
+    for (int i = 0; i < 4; i++)
+        header[8 + i] = (uint8_t)(len >> (8 * i));
+}
+
+/* ---- deep comparison ---- */
+
+static void assert_request_equal(const dh_msg_request_t *a, const dh_msg_request_t *b)
+{
+    assert_string_equal(a->client_id, b->client_id);
+    assert_int_equal(a->seq, b->seq);
+    assert_int_equal(a->rank, b->rank);
+    assert_int_equal(a->deadline_ns, b->deadline_ns);
+    assert_string_equal(a->delivery_node, b->delivery_node);
+    assert_int_equal(a->n_samples, b->n_samples);
+    for (uint32_t i = 0; i < a->n_samples; i++) {
+        assert_string_equal(a->samples[i].id, b->samples[i].id);
+        assert_int_equal(a->samples[i].frames, b->samples[i].frames);
+        assert_int_equal(a->samples[i].height, b->samples[i].height);
+        assert_int_equal(a->samples[i].width, b->samples[i].width);
+    }
+}
+
+static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
+{
+    assert_int_equal(a->type, b->type);
+    assert_int_equal(a->sender_seq, b->sender_seq);
+    switch (a->type) {
+    case DH_MSG_HELLO:
+        assert_int_equal(a->hello.role, b->hello.role);
+        assert_string_equal(a->hello.node, b->hello.node);
+        assert_int_equal(a->hello.workers, b->hello.workers);
+        assert_int_equal(a->hello.arena_bytes, b->hello.arena_bytes);
+        break;
+    case DH_MSG_HEARTBEAT:
+        assert_int_equal(a->heartbeat.workers, b->heartbeat.workers);
+        assert_int_equal(a->heartbeat.queue_depth, b->heartbeat.queue_depth);
+        assert_true(a->heartbeat.queue_work_s == b->heartbeat.queue_work_s);
+        assert_true(a->heartbeat.speed_factor == b->heartbeat.speed_factor);
+        assert_true(a->heartbeat.recent_latency_s == b->heartbeat.recent_latency_s);
+        assert_int_equal(a->heartbeat.n_links, b->heartbeat.n_links);
+        for (uint32_t i = 0; i < a->heartbeat.n_links; i++) {
+            assert_string_equal(a->heartbeat.links[i].node, b->heartbeat.links[i].node);
+            assert_true(a->heartbeat.links[i].bytes_per_s == b->heartbeat.links[i].bytes_per_s);
+        }
+        break;
+    case DH_MSG_REQUEST:
+        assert_request_equal(&a->request, &b->request);
+        break;
+    case DH_MSG_DISPATCH:
+        assert_request_equal(&a->dispatch.request, &b->dispatch.request);
+        assert_string_equal(a->dispatch.server, b->dispatch.server);
+        assert_string_equal(a->dispatch.target, b->dispatch.target);
+        break;
+    case DH_MSG_COMPLETE:
+        assert_string_equal(a->complete.client_id, b->complete.client_id);
+        assert_int_equal(a->complete.seq, b->complete.seq);
+        assert_int_equal(a->complete.n_samples, b->complete.n_samples);
+        for (uint32_t i = 0; i < a->complete.n_samples; i++) {
+            assert_int_equal(a->complete.samples[i].status, b->complete.samples[i].status);
+            assert_string_equal(a->complete.samples[i].error, b->complete.samples[i].error);
+        }
+        assert_true(a->complete.cpu_s == b->complete.cpu_s);
+        assert_int_equal(a->complete.bytes, b->complete.bytes);
+        assert_true(a->complete.queue_s == b->complete.queue_s);
+        break;
+    case DH_MSG_DELIVER:
+        assert_string_equal(a->deliver.client_id, b->deliver.client_id);
+        assert_int_equal(a->deliver.seq, b->deliver.seq);
+        assert_int_equal(a->deliver.n_tensors, b->deliver.n_tensors);
+        for (uint32_t i = 0; i < a->deliver.n_tensors; i++) {
+            const dh_wire_tensor_t *x = &a->deliver.tensors[i], *y = &b->deliver.tensors[i];
+            assert_string_equal(x->name, y->name);
+            assert_int_equal(x->dtype, y->dtype);
+            assert_int_equal(x->ndim, y->ndim);
+            assert_int_equal(x->location, y->location);
+            for (unsigned d = 0; d < x->ndim; d++) {
+                assert_int_equal(x->shape[d], y->shape[d]);
+                assert_int_equal(x->strides[d], y->strides[d]);
+            }
+            if (x->location == DH_WIRE_LOC_SHM) {
+                assert_int_equal(x->arena_id, y->arena_id);
+                assert_int_equal(x->offset, y->offset);
+                assert_int_equal(x->length, y->length);
+            }
+        }
+        break;
+    case DH_MSG_ERROR:
+        assert_int_equal(a->error.code, b->error.code);
+        assert_string_equal(a->error.message, b->error.message);
+        break;
+    }
+}
+
+static void round_trip(unsigned type)
+{
+    dh_msg_t in = fixture(type);
+    encoded_t e = encode(&in);
+    dh_msg_t out;
+    int rc = decode_copy(e.header, sizeof e.header, e.body, e.body_len, payload_frames,
+                         fixture_payloads(type), &out);
+    if (rc)
+        print_error("%s: %s\n", dh_msg_type_name(type), dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_msg_equal(&in, &out);
+    /* The encoding is canonical: re-encoding the decoded message gives the same bytes. */
+    encoded_t again = encode(&out);
+    assert_memory_equal(again.header, e.header, sizeof e.header);
+    assert_int_equal(again.body_len, e.body_len);
+    if (e.body_len)
+        assert_memory_equal(again.body, e.body, e.body_len);
+    dh_msg_clear(&out);
+    assert_int_equal(out.type, 0);
+    dh_free(again.body);
+    dh_free(e.body);
+}
+
+static void wire_round_trips_hello(void **state)
+{
+    round_trip(DH_MSG_HELLO);
+}
+
+static void wire_round_trips_heartbeat(void **state)
+{
+    round_trip(DH_MSG_HEARTBEAT);
+}
+
+static void wire_round_trips_request(void **state)
+{
+    round_trip(DH_MSG_REQUEST);
+}
+
+static void wire_round_trips_dispatch(void **state)
+{
+    round_trip(DH_MSG_DISPATCH);
+}
+
+static void wire_round_trips_complete(void **state)
+{
+    round_trip(DH_MSG_COMPLETE);
+}
+
+static void wire_round_trips_error_and_goodbye(void **state)
+{
+    round_trip(DH_MSG_ERROR);
+    round_trip(DH_MSG_GOODBYE);
+}
+
+static void wire_round_trips_deliver_with_payloads(void **state)
+{
+    round_trip(DH_MSG_DELIVER);
+    /* The payload frames are borrowed, not copied; the shm tensor has none. */
+    dh_msg_t in = fixture(DH_MSG_DELIVER), out;
+    encoded_t e = encode(&in);
+    assert_int_equal(
+        dh_wire_decode(e.header, sizeof e.header, e.body, e.body_len, payload_frames, 2, &out), 0);
+    assert_ptr_equal(out.deliver.tensors[0].data, video_bytes);
+    assert_int_equal(out.deliver.tensors[0].size, sizeof video_bytes);
+    assert_null(out.deliver.tensors[1].data);
+    assert_ptr_equal(out.deliver.tensors[2].data, mask_bytes);
+    assert_int_equal(out.deliver.tensors[2].size, sizeof mask_bytes);
+    dh_msg_clear(&out);
+    dh_free(e.body);
+}
+
+static void wire_header_layout_is_little_endian(void **state)
+{
+    dh_msg_t in = fixture(DH_MSG_GOODBYE);
+    in.sender_seq = 0x1122334455667788ull;
+    encoded_t e = encode(&in);
+    const uint8_t want[DH_WIRE_HEADER_SIZE] = {
+        'D', 'H', 'X', '1', 1, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+    assert_memory_equal(e.header, want, sizeof want);
+    assert_int_equal(e.body_len, 0);
+    dh_wire_header_t h;
+    assert_int_equal(dh_wire_decode_header(e.header, sizeof e.header, &h), 0);
+    assert_int_equal(h.version, DH_WIRE_VERSION);
+    assert_int_equal(h.type, DH_MSG_GOODBYE);
+    assert_int_equal(h.sender_seq, 0x1122334455667788ull);
+    dh_free(e.body);
+}
+
+static void wire_refuses_another_version(void **state)
+{
+    dh_msg_t in = fixture(DH_MSG_HELLO), out;
+    encoded_t e = encode(&in);
+    e.header[4] = 2; /* version 2, little-endian */
+    assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "version 2"));
+    assert_non_null(strstr(dh_last_error(), "version 1"));
+    e.header[4] = 0;
+    e.header[5] = 1; /* version 256 */
+    assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "version 256"));
+    assert_int_equal(out.type, 0);
+    dh_free(e.body);
+}
+
+static void wire_rejects_bad_headers(void **state)
+{
+    dh_msg_t in = fixture(DH_MSG_ERROR), out;
+    encoded_t e = encode(&in);
+    uint8_t h[DH_WIRE_HEADER_SIZE + 1];
+    memcpy(h, e.header, sizeof e.header);
+    h[DH_WIRE_HEADER_SIZE] = 0;
+    /* Every header size but 20. */
+    for (size_t n = 0; n <= DH_WIRE_HEADER_SIZE + 1; n++) {
+        if (n == DH_WIRE_HEADER_SIZE)
+            continue;
+        assert_int_equal(decode_copy(h, n, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+        assert_non_null(strstr(dh_last_error(), "header frame"));
+    }
+    memcpy(h, "DHX2", 4);
+    assert_int_equal(decode_copy(h, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "magic"));
+    memcpy(h, e.header, 20);
+    h[6] = 0;
+    assert_int_equal(decode_copy(h, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "unknown message type 0"));
+    h[6] = DH_MSG_TYPE_MAX + 1;
+    assert_int_equal(decode_copy(h, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "unknown message type 9"));
+    /* Body length disagreeing with the frame. */
+    memcpy(h, e.header, 20);
+    set_body_len(h, (uint32_t)e.body_len + 1);
+    assert_int_equal(decode_copy(h, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "ERROR: header says the body is"));
+    /* Payload frames on a type other than DELIVER. */
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, payload_frames, 1, &out),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "only DELIVER"));
+    dh_free(e.body);
+}
+
+/* Every body length short of the full one is refused, with the header's length patched to
+ * match (so the body parser itself meets the truncation) and unpatched. */
+static void wire_rejects_truncation_at_every_byte(void **state)
+{
+    for (unsigned type = 1; type <= DH_MSG_TYPE_MAX; type++) {
+        dh_msg_t in = fixture(type), out;
+        encoded_t e = encode(&in);
+        for (size_t len = 0; len < e.body_len; len++) {
+            uint8_t h[DH_WIRE_HEADER_SIZE];
+            memcpy(h, e.header, sizeof h);
+            set_body_len(h, (uint32_t)len);
+            int rc =
+                decode_copy(h, sizeof h, e.body, len, payload_frames, fixture_payloads(type), &out);
+            if (rc != DH_EPARSE)
+                print_error("%s truncated to %zu of %zu bytes: rc %d\n", dh_msg_type_name(type),
+                            len, e.body_len, rc);
+            assert_int_equal(rc, DH_EPARSE);
+            assert_non_null(strstr(dh_last_error(), dh_msg_type_name(type)));
+            assert_int_equal(out.type, 0);
+            assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, len, payload_frames,
+                                         fixture_payloads(type), &out),
+                             DH_EPARSE);
+        }
+        if (type == DH_MSG_DELIVER) {
+            /* A missing payload frame, an extra one. */
+            dh_wire_frame_t three[3] = {payload_frames[0], payload_frames[1], payload_frames[1]};
+            assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, three, 1, &out),
+                             DH_EPARSE);
+            assert_non_null(strstr(dh_last_error(), "payload frame 1"));
+            assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, three, 3, &out),
+                             DH_EPARSE);
+            assert_non_null(strstr(dh_last_error(), "3 payload frames for 2 FRAME tensors"));
+        }
+        dh_free(e.body);
+    }
+}
+
+static void wire_rejects_trailing_bytes(void **state)
+{
+    for (unsigned type = 1; type <= DH_MSG_TYPE_MAX; type++) {
+        dh_msg_t in = fixture(type), out;
+        encoded_t e = encode(&in);
+        uint8_t *longer = dh_malloc(e.body_len + 1);
+        assert_non_null(longer);
+        if (e.body_len)
+            memcpy(longer, e.body, e.body_len);
+        longer[e.body_len] = 0;
+        set_body_len(e.header, (uint32_t)e.body_len + 1);
+        assert_int_equal(decode_copy(e.header, 20, longer, e.body_len + 1, payload_frames,
+                                     fixture_payloads(type), &out),
+                         DH_EPARSE);
+        assert_non_null(strstr(dh_last_error(), "1 trailing bytes"));
+        dh_free(longer);
+        dh_free(e.body);
+    }
+}
+
+/* Overwrites 4 bytes at off with v (little-endian). */
+static void poke_u32(uint8_t *p, size_t off, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[off + (size_t)i] = (uint8_t)(v >> (8 * i));
+}
+
+static int decode_poked(const dh_msg_t *in, size_t off, uint32_t v, const char *want_field)
+{
+    encoded_t e = encode(in);
+    poke_u32(e.body, off, v);
+    dh_msg_t out;
+    int rc = decode_copy(e.header, 20, e.body, e.body_len, payload_frames,
+                         fixture_payloads(in->type), &out);
+    if (rc == DH_EPARSE && !strstr(dh_last_error(), want_field))
+        print_error("wanted field '%s' in: %s\n", want_field, dh_last_error());
+    if (rc == DH_EPARSE)
+        assert_non_null(strstr(dh_last_error(), want_field));
+    if (rc == 0)
+        dh_msg_clear(&out);
+    dh_free(e.body);
+    return rc;
+}
+
+static void wire_rejects_huge_counts_and_lengths(void **state)
+{
+    const uint32_t huge[] = {0xffffffffu, 0x80000000u, 0x10000000u, 0x00100000u};
+    for (size_t i = 0; i < DH_ARRAY_LEN(huge); i++) {
+        dh_msg_t hb = fixture(DH_MSG_HEARTBEAT);
+        /* workers 4, depth 4, 3 x f64 = 32: the link count. */
+        assert_int_equal(decode_poked(&hb, 32, huge[i], "n_links"), DH_EPARSE);
+        dh_msg_t rq = fixture(DH_MSG_REQUEST);
+        /* client_id (4 + 8) seq 8 rank 4 deadline 8 node (4 + 6) = 42: the sample count. */
+        assert_int_equal(decode_poked(&rq, 42, huge[i], "n_samples"), DH_EPARSE);
+        assert_int_equal(decode_poked(&rq, 0, huge[i], "client_id"), DH_EPARSE);
+        dh_msg_t cp = fixture(DH_MSG_COMPLETE);
+        assert_int_equal(decode_poked(&cp, 20, huge[i], "n_samples"), DH_EPARSE);
+        dh_msg_t dl = fixture(DH_MSG_DELIVER);
+        assert_int_equal(decode_poked(&dl, 20, huge[i], "n_tensors"), DH_EPARSE);
+        /* The first tensor's name length. */
+        assert_int_equal(decode_poked(&dl, 24, huge[i], "tensors[0].name"), DH_EPARSE);
+        dh_msg_t er = fixture(DH_MSG_ERROR);
+        assert_int_equal(decode_poked(&er, 4, huge[i], "message"), DH_EPARSE);
+    }
+    /* A count that fits the bytes left but not the elements: refused when the elements run
+     * out, not by an allocation of the claimed size. */
+    dh_msg_t rq = fixture(DH_MSG_REQUEST);
+    assert_int_equal(decode_poked(&rq, 42, 4, "samples[3].id"), DH_EPARSE);
+}
+
+/* Decodes the DELIVER fixture after edit() changes one tensor; expects DH_EPARSE naming want. */
+static void expect_tensor_fault(void (*edit)(dh_wire_tensor_t *t), size_t tensor,
+                                const dh_wire_frame_t *frames, size_t n_frames, const char *want)
+{
+    dh_wire_tensor_t copy[DH_ARRAY_LEN(tensors)];
+    memcpy(copy, tensors, sizeof copy);
+    if (edit)
+        edit(&copy[tensor]);
+    dh_msg_t in = fixture(DH_MSG_DELIVER), out;
+    in.deliver.tensors = copy;
+    encoded_t e = encode(&in);
+    int rc = decode_copy(e.header, 20, e.body, e.body_len, frames, n_frames, &out);
+    if (rc != DH_EPARSE || !strstr(dh_last_error(), want))
+        print_error("want '%s', got %d: %s\n", want, rc, dh_last_error());
+    assert_int_equal(rc, DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), want));
+    dh_free(e.body);
+}
+
+static void dtype_99(dh_wire_tensor_t *t)
+{
+    t->dtype = 99;
+}
+static void location_5(dh_wire_tensor_t *t)
+{
+    t->location = 5;
+}
+static void shape_overflow(dh_wire_tensor_t *t)
+{
+    t->shape[0] = UINT64_MAX / 2;
+    t->shape[1] = 4;
+}
+static void negative_stride(dh_wire_tensor_t *t)
+{
+    t->strides[0] = -12;
+}
+static void stride_too_long(dh_wire_tensor_t *t)
+{
+    t->strides[0] = 13;
+}
+static void stride_overflow(dh_wire_tensor_t *t)
+{
+    t->strides[0] = INT64_MAX;
+}
+static void shm_too_short(dh_wire_tensor_t *t)
+{
+    t->length = 39;
+}
+static void shm_wraps(dh_wire_tensor_t *t)
+{
+    t->offset = UINT64_MAX - 10;
+}
+static void bigger_shape(dh_wire_tensor_t *t)
+{
+    t->shape[0] = 3;
+}
+
+static void wire_rejects_bad_tensors(void **state)
+{
+    /* ndim 7 would read past DH_WIRE_MAX_NDIM: the encoder asserts, so poke the byte. */
+    dh_msg_t in = fixture(DH_MSG_DELIVER), out;
+    encoded_t e = encode(&in);
+    /* client_id (4 + 8) seq 8 count 4, name (4 + 5), dtype: offset 33, ndim 34. */
+    assert_int_equal(e.body[34], 3);
+    e.body[34] = 7;
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, payload_frames, 2, &out),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "DELIVER: field 'tensors[0].ndim'"));
+    assert_non_null(strstr(dh_last_error(), "at most 6"));
+    dh_free(e.body);
+
+    expect_tensor_fault(dtype_99, 0, payload_frames, 2, "tensors[0].dtype");
+    expect_tensor_fault(location_5, 0, payload_frames, 2, "tensors[0].location");
+    expect_tensor_fault(shape_overflow, 2, payload_frames, 2, "tensors[2].shape");
+    expect_tensor_fault(negative_stride, 0, payload_frames, 2, "tensors[0].strides");
+    expect_tensor_fault(stride_too_long, 0, payload_frames, 2, "tensors[0].strides");
+    expect_tensor_fault(stride_overflow, 0, payload_frames, 2, "tensors[0].strides");
+    expect_tensor_fault(shm_too_short, 1, payload_frames, 2, "tensors[1].length");
+    expect_tensor_fault(shm_wraps, 1, payload_frames, 2, "tensors[1].length");
+    /* The shape product against the payload frame's size. */
+    expect_tensor_fault(bigger_shape, 0, payload_frames, 2, "tensors[0].shape");
+    dh_wire_frame_t short_frames[2] = {{video_bytes, sizeof video_bytes - 1}, payload_frames[1]};
+    expect_tensor_fault(NULL, 0, short_frames, 2, "payload frame 0 has 23");
+}
+
+static void wire_rejects_bad_values(void **state)
+{
+    dh_msg_t in, out;
+    encoded_t e;
+
+    in = fixture(DH_MSG_HEARTBEAT);
+    in.heartbeat.speed_factor = NAN;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "HEARTBEAT: field 'speed_factor'"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_HEARTBEAT);
+    in.heartbeat.links[1].bytes_per_s = -1.0;
+    e = encode(&in);
+    in.heartbeat.links[1].bytes_per_s = 0.0;
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "links[1].bytes_per_s"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_COMPLETE);
+    in.complete.cpu_s = INFINITY;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "cpu_s"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_COMPLETE);
+    dh_wire_sample_status_t bad_status[1] = {{5, (char *)""}};
+    in.complete.samples = bad_status;
+    in.complete.n_samples = 1;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "samples[0].status"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_HELLO);
+    in.hello.role = 3;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "HELLO: field 'role'"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_ERROR);
+    in.error.code = 0;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "ERROR: field 'code'"));
+    dh_free(e.body);
+
+    /* A NUL inside a string. */
+    in = fixture(DH_MSG_HELLO);
+    e = encode(&in);
+    e.body[1 + 4 + 3] = 0; /* role, length, "cpu" */
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "HELLO: field 'node'"));
+    assert_non_null(strstr(dh_last_error(), "NUL"));
+    dh_free(e.body);
+}
+
+/* ---- fuzzing ---- */
+
+/* Checks a message the decoder accepted: it must be one we could have sent (re-encoding
+ * gives the same bytes, and decoding those gives an equal message). */
+static void check_accepted(const dh_msg_t *m, const uint8_t *body, size_t body_len,
+                           const dh_wire_frame_t *frames, size_t n_frames)
+{
+    encoded_t again = encode(m);
+    assert_int_equal(again.body_len, body_len);
+    if (body_len)
+        assert_memory_equal(again.body, body, body_len);
+    dh_msg_t twice;
+    assert_int_equal(
+        dh_wire_decode(again.header, 20, again.body, again.body_len, frames, n_frames, &twice), 0);
+    assert_msg_equal(m, &twice);
+    dh_msg_clear(&twice);
+    dh_free(again.body);
+}
+
+static void wire_survives_random_mutations(void **state)
+{
+    long live = dh_alloc_live();
+    encoded_t corpus[DH_MSG_TYPE_MAX];
+    for (unsigned t = 1; t <= DH_MSG_TYPE_MAX; t++) {
+        dh_msg_t m = fixture(t);
+        corpus[t - 1] = encode(&m);
+    }
+    dh_rng_t rng;
+    dh_rng_seed(&rng, 20240607);
+    long accepted = 0, rejected = 0;
+    const int iterations = 20000;
+    for (int it = 0; it < iterations; it++) {
+        const encoded_t *src = &corpus[dh_rng_below(&rng, DH_MSG_TYPE_MAX)];
+        uint8_t header[DH_WIRE_HEADER_SIZE];
+        memcpy(header, src->header, sizeof header);
+        size_t len = src->body_len;
+        size_t cap = len + 64;
+        uint8_t *body = dh_malloc(cap);
+        assert_non_null(body);
+        if (len)
+            memcpy(body, src->body, len);
+        unsigned edits = 1 + (unsigned)dh_rng_below(&rng, 6);
+        for (unsigned k = 0; k < edits; k++) {
+            switch (dh_rng_below(&rng, 7)) {
+            case 0: /* flip a bit */
+                if (len)
+                    body[dh_rng_below(&rng, len)] ^= (uint8_t)(1u << dh_rng_below(&rng, 8));
+                break;
+            case 1: /* a random byte */
+                if (len)
+                    body[dh_rng_below(&rng, len)] = (uint8_t)dh_rng_next(&rng);
+                break;
+            case 2: /* truncate */
+                len = len ? dh_rng_below(&rng, len) : 0;
+                break;
+            case 3: /* append random bytes */
+                for (size_t n = dh_rng_below(&rng, 9); n > 0 && len < cap; n--)
+                    body[len++] = (uint8_t)dh_rng_next(&rng);
+                break;
+            case 4: /* an extreme 32-bit value where a count or length may be */
+                if (len >= 4) {
+                    static const uint32_t extremes[] = {0,           1,  0x7fffffff, 0x80000000u,
+                                                        0xffffffffu, 64, 255};
+                    poke_u32(body, dh_rng_below(&rng, len - 3),
+                             extremes[dh_rng_below(&rng, DH_ARRAY_LEN(extremes))]);
+                }
+                break;
+            case 5: /* a header bit (sometimes version, type or magic) */
+                header[dh_rng_below(&rng, 8)] ^= (uint8_t)(1u << dh_rng_below(&rng, 8));
+                break;
+            default: /* a different type over the same body */
+                header[6] = (uint8_t)(1 + dh_rng_below(&rng, DH_MSG_TYPE_MAX));
+                break;
+            }
+        }
+        /* Mostly keep the header's length in step, so the body parser meets the mutation. */
+        if (dh_rng_below(&rng, 8) != 0)
+            set_body_len(header, (uint32_t)len);
+        /* Payload frames: usually the right ones, sometimes fewer, more or resized. */
+        dh_wire_frame_t frames[3] = {payload_frames[0], payload_frames[1], payload_frames[1]};
+        size_t n_frames = header[6] == DH_MSG_DELIVER ? 2 : 0;
+        if (dh_rng_below(&rng, 16) == 0)
+            n_frames = dh_rng_below(&rng, 4);
+        if (dh_rng_below(&rng, 16) == 0)
+            frames[0].size = dh_rng_below(&rng, sizeof video_bytes + 1);
+
+        dh_msg_t out;
+        int rc = decode_copy(header, sizeof header, body, len, frames, n_frames, &out);
+        if (rc != 0 && rc != DH_EPARSE)
+            print_error("iteration %d: rc %d (%s)\n", it, rc, dh_last_error());
+        assert_true(rc == 0 || rc == DH_EPARSE);
+        if (rc == 0) {
+            accepted++;
+            check_accepted(&out, body, len, frames, n_frames);
+            dh_msg_clear(&out);
+        } else {
+            rejected++;
+            assert_int_equal(out.type, 0);
+            assert_true(strlen(dh_last_error()) > 0);
+        }
+        dh_free(body);
+    }
+    for (unsigned t = 0; t < DH_MSG_TYPE_MAX; t++)
+        dh_free(corpus[t].body);
+    assert_int_equal(dh_alloc_live(), live);
+    print_message("%ld mutations accepted, %ld rejected\n", accepted, rejected);
+    /* Both outcomes happen, so the loop exercises the parser and not only the header check. */
+    assert_true(accepted > 100);
+    assert_true(rejected > iterations / 2);
+}
+
+/* ---- allocation failures ---- */
+
+static int encode_and_decode_all(void *ctx)
+{
+    for (unsigned t = 1; t <= DH_MSG_TYPE_MAX; t++) {
+        dh_msg_t in = fixture(t), out;
+        uint8_t header[DH_WIRE_HEADER_SIZE];
+        uint8_t *body;
+        size_t len;
+        int rc = dh_wire_encode(&in, header, &body, &len);
+        if (rc)
+            return rc;
+        rc = dh_wire_decode(header, sizeof header, body, len, payload_frames, fixture_payloads(t),
+                            &out);
+        dh_free(body);
+        if (rc) {
+            assert_int_equal(out.type, 0);
+            return rc;
+        }
+        assert_msg_equal(&in, &out);
+        dh_msg_clear(&out);
+    }
+    return 0;
+}
+
+static void wire_survives_each_allocation_failure(void **state)
+{
+    /* 8 bodies + every string and array of the fixtures. */
+    assert_true(dh_test_each_allocation_failure(encode_and_decode_all, NULL) > 30);
+}
+
+static void wire_names_types_and_dtypes(void **state)
+{
+    assert_string_equal(dh_msg_type_name(DH_MSG_DELIVER), "DELIVER");
+    assert_string_equal(dh_msg_type_name(0), "type?");
+    assert_string_equal(dh_msg_type_name(99), "type?");
+    assert_int_equal(dh_wire_dtype_size(DH_WIRE_DTYPE_BF16), 2);
+    assert_int_equal(dh_wire_dtype_size(DH_WIRE_DTYPE_F64), 8);
+    assert_int_equal(dh_wire_dtype_size(0), 0);
+    assert_int_equal(dh_wire_dtype_size(14), 0);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(wire_round_trips_hello),
+    cmocka_unit_test(wire_round_trips_heartbeat),
+    cmocka_unit_test(wire_round_trips_request),
+    cmocka_unit_test(wire_round_trips_dispatch),
+    cmocka_unit_test(wire_round_trips_complete),
+    cmocka_unit_test(wire_round_trips_error_and_goodbye),
+    cmocka_unit_test(wire_round_trips_deliver_with_payloads),
+    cmocka_unit_test(wire_header_layout_is_little_endian),
+    cmocka_unit_test(wire_refuses_another_version),
+    cmocka_unit_test(wire_rejects_bad_headers),
+    cmocka_unit_test(wire_rejects_truncation_at_every_byte),
+    cmocka_unit_test(wire_rejects_trailing_bytes),
+    cmocka_unit_test(wire_rejects_huge_counts_and_lengths),
+    cmocka_unit_test(wire_rejects_bad_tensors),
+    cmocka_unit_test(wire_rejects_bad_values),
+    cmocka_unit_test(wire_survives_random_mutations),
+    cmocka_unit_test(wire_survives_each_allocation_failure),
+    cmocka_unit_test(wire_names_types_and_dtypes),
+};
+DH_TEST_MAIN(tests)

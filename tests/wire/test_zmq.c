@@ -1,0 +1,434 @@
+/* Tests of the ZeroMQ helpers over real sockets: a DEALER/ROUTER exchange of REQUEST and
+ * DELIVER with two zero-copy payload frames (inproc and ipc), timeouts, the ZMQ_MAXMSGSIZE
+ * limit, malformed messages, payload ownership on failure, and an allocation-failure run.
+ * Endpoints are unique per test (pid and test name); every wait is a poll with a timeout. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/wire.h"
+
+#define TIMEOUT_MS 5000
+
+static const char *endpoint(char *buf, size_t cap, const char *transport, const char *name)
+{
+    if (strcmp(transport, "ipc") == 0)
+        snprintf(buf, cap, "ipc:///tmp/dh-wire-%d-%s.sock", (int)getpid(), name);
+    else
+        snprintf(buf, cap, "inproc://dh-wire-%d-%s", (int)getpid(), name);
+    return buf;
+}
+
+static void remove_ipc(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0)
+        unlink(ep + 6);
+}
+
+static atomic_int payloads_freed;
+
+static void count_free(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+    atomic_fetch_add(&payloads_freed, 1);
+}
+
+static dh_wire_sample_t samples[] = {{(char *)"clip-0", 16, 0, 0}, {(char *)"clip-1", 0, 112, 112}};
+
+static dh_msg_t request_msg(void)
+{
+    dh_msg_t m = {.type = DH_MSG_REQUEST};
+    m.request = (dh_msg_request_t){.client_id = (char *)"client-0",
+                                   .seq = 42,
+                                   .rank = 0,
+                                   .deadline_ns = 250000000,
+                                   .delivery_node = (char *)"node-a",
+                                   .n_samples = 2,
+                                   .samples = samples};
+    return m;
+}
+
+/* A DELIVER of two FRAME tensors: u8 [4][64][64], f32 [2][16]. */
+static uint8_t video[4 * 64 * 64];
+static float tokens[2 * 16];
+static dh_wire_tensor_t tensors[] = {
+    {.name = (char *)"video",
+     .dtype = DH_WIRE_DTYPE_U8,
+     .ndim = 3,
+     .location = DH_WIRE_LOC_FRAME,
+     .shape = {4, 64, 64},
+     .strides = {4096, 64, 1}},
+    {.name = (char *)"tokens",
+     .dtype = DH_WIRE_DTYPE_F32,
+     .ndim = 2,
+     .location = DH_WIRE_LOC_FRAME,
+     .shape = {2, 16},
+     .strides = {64, 4}},
+};
+
+static dh_msg_t deliver_msg(void)
+{
+    dh_msg_t m = {.type = DH_MSG_DELIVER};
+    m.deliver = (dh_msg_deliver_t){(char *)"client-0", 42, 2, tensors};
+    return m;
+}
+
+static void fill_payloads(void)
+{
+    for (size_t i = 0; i < sizeof video; i++)
+        video[i] = (uint8_t)(i * 31 + 7);
+    for (size_t i = 0; i < 32; i++)
+        tokens[i] = (float)i * 0.5f;
+}
+
+static void exchange(const char *transport, const char *name)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, transport, name);
+    fill_payloads();
+    atomic_store(&payloads_freed, 0);
+    void *ctx = zmq_ctx_new();
+    assert_non_null(ctx);
+    dh_wire_socket_t *router = NULL, *dealer = NULL;
+    assert_int_equal(dh_wire_socket_new(&router, ctx, ZMQ_ROUTER, NULL), 0);
+    assert_int_equal(dh_wire_socket_new(&dealer, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(router, ep), 0);
+    assert_int_equal(dh_wire_socket_connect(dealer, ep), 0);
+
+    /* Client -> coordinator: a REQUEST. */
+    dh_msg_t req = request_msg();
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &req, NULL, 0, TIMEOUT_MS), 0);
+    assert_int_equal(dh_wire_socket_sent(dealer), 1);
+    dh_wire_received_t got = {0};
+    int rc = dh_wire_recv(router, TIMEOUT_MS, &got);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(got.msg.type, DH_MSG_REQUEST);
+    assert_int_equal(got.msg.sender_seq, 1);
+    assert_string_equal(got.msg.request.client_id, "client-0");
+    assert_int_equal(got.msg.request.seq, 42);
+    assert_int_equal(got.msg.request.deadline_ns, 250000000);
+    assert_int_equal(got.msg.request.n_samples, 2);
+    assert_string_equal(got.msg.request.samples[1].id, "clip-1");
+    assert_int_equal(got.msg.request.samples[1].width, 112);
+    assert_true(got.routing_id_size > 0);
+    uint8_t peer[256];
+    size_t peer_size = got.routing_id_size;
+    memcpy(peer, got.routing_id, peer_size);
+    dh_wire_received_release(&got);
+
+    /* Server -> client: DELIVER with two payload frames, zero-copy. */
+    dh_msg_t del = deliver_msg();
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                     {tokens, sizeof tokens, count_free, NULL}};
+    assert_int_equal(dh_wire_send(router, peer, peer_size, &del, payloads, 2, TIMEOUT_MS), 0);
+    rc = dh_wire_recv(dealer, TIMEOUT_MS, &got);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(got.msg.type, DH_MSG_DELIVER);
+    assert_int_equal(got.msg.deliver.n_tensors, 2);
+    const dh_wire_tensor_t *t = got.msg.deliver.tensors;
+    assert_string_equal(t[0].name, "video");
+    assert_int_equal(t[0].size, sizeof video);
+    assert_memory_equal(t[0].data, video, sizeof video);
+    assert_string_equal(t[1].name, "tokens");
+    assert_int_equal(t[1].size, sizeof tokens);
+    assert_memory_equal(t[1].data, tokens, sizeof tokens);
+    if (strcmp(transport, "inproc") == 0) {
+        /* inproc passes the frame itself: the receiver sees the sender's buffer, no copy. */
+        assert_ptr_equal(t[0].data, video);
+        assert_ptr_equal(t[1].data, tokens);
+        assert_int_equal(atomic_load(&payloads_freed), 0);
+    }
+    dh_wire_received_release(&got);
+    assert_int_equal(got.n_frames_, 0);
+
+    dh_wire_socket_destroy(&dealer);
+    dh_wire_socket_destroy(&router);
+    assert_null(router);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+    /* Every payload released exactly once, by ZeroMQ. */
+    assert_int_equal(atomic_load(&payloads_freed), 2);
+    remove_ipc(ep);
+}
+
+static void zmq_exchanges_request_and_deliver_inproc(void **state)
+{
+    exchange("inproc", "exchange");
+}
+
+static void zmq_exchanges_request_and_deliver_ipc(void **state)
+{
+    exchange("ipc", "exchange");
+}
+
+static void zmq_recv_times_out(void **state)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, "inproc", "timeout");
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *pull = NULL;
+    assert_int_equal(dh_wire_socket_new(&pull, ctx, ZMQ_PULL, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(pull, ep), 0);
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(pull, 50, &got), DH_EAGAIN);
+    assert_non_null(strstr(dh_last_error(), ep));
+    assert_non_null(strstr(dh_last_error(), "timed out after 50 ms"));
+    assert_int_equal(dh_wire_recv(pull, 0, &got), DH_EAGAIN);
+    dh_wire_socket_destroy(&pull);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+/* A DEALER with no peer has nowhere to send: the send times out and still releases the
+ * payloads it was given. */
+static void zmq_send_times_out_and_releases_payloads(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *dealer = NULL;
+    assert_int_equal(dh_wire_socket_new(&dealer, ctx, ZMQ_DEALER, NULL), 0);
+    atomic_store(&payloads_freed, 0);
+    fill_payloads();
+    dh_msg_t del = deliver_msg();
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                     {tokens, sizeof tokens, count_free, NULL}};
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &del, payloads, 2, 30), DH_EAGAIN);
+    assert_non_null(strstr(dh_last_error(), "send DELIVER"));
+    assert_non_null(strstr(dh_last_error(), "timed out after 30 ms"));
+    assert_int_equal(atomic_load(&payloads_freed), 2);
+    assert_int_equal(dh_wire_socket_sent(dealer), 0);
+    dh_wire_socket_destroy(&dealer);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+static void zmq_send_checks_payloads_against_tensors(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *dealer = NULL;
+    assert_int_equal(dh_wire_socket_new(&dealer, ctx, ZMQ_DEALER, NULL), 0);
+    atomic_store(&payloads_freed, 0);
+    dh_msg_t del = deliver_msg();
+    dh_wire_payload_t wrong[2] = {{video, sizeof video - 1, count_free, NULL},
+                                  {tokens, sizeof tokens, count_free, NULL}};
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &del, wrong, 2, 0), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "tensor 0 'video'"));
+    assert_int_equal(atomic_load(&payloads_freed), 2);
+    dh_wire_payload_t one[1] = {{video, sizeof video, count_free, NULL}};
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &del, one, 1, 0), DH_EINVAL);
+    assert_int_equal(atomic_load(&payloads_freed), 3);
+    dh_msg_t req = request_msg();
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &req, one, 1, 0), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "only DELIVER"));
+    assert_int_equal(atomic_load(&payloads_freed), 4);
+    dh_wire_socket_destroy(&dealer);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+static void zmq_router_refuses_unknown_peer(void **state)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, "inproc", "unknown-peer");
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *router = NULL;
+    assert_int_equal(dh_wire_socket_new(&router, ctx, ZMQ_ROUTER, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(router, ep), 0);
+    atomic_store(&payloads_freed, 0);
+    dh_msg_t del = deliver_msg();
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                     {tokens, sizeof tokens, count_free, NULL}};
+    const uint8_t nobody[] = {0xde, 0xad};
+    assert_int_equal(dh_wire_send(router, nobody, 2, &del, payloads, 2, TIMEOUT_MS), -EHOSTUNREACH);
+    assert_non_null(strstr(dh_last_error(), "peer dead"));
+    assert_non_null(strstr(dh_last_error(), ep));
+    assert_int_equal(atomic_load(&payloads_freed), 2);
+    dh_wire_socket_destroy(&router);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+/* Sends raw frames on a plain ZeroMQ socket (what a broken or foreign peer would send). */
+static void send_raw(void *sock, const void *const *parts, const size_t *sizes, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_true(zmq_send(sock, parts[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+static void zmq_recv_refuses_malformed_and_stays_aligned(void **state)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, "inproc", "malformed");
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *pull = NULL;
+    assert_int_equal(dh_wire_socket_new(&pull, ctx, ZMQ_PULL, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(pull, ep), 0);
+    void *push = zmq_socket(ctx, ZMQ_PUSH);
+    assert_int_equal(zmq_connect(push, ep), 0);
+
+    /* Garbage of three frames. */
+    const void *junk[3] = {"junk", "x", "y"};
+    const size_t junk_sizes[3] = {4, 1, 1};
+    send_raw(push, junk, junk_sizes, 3);
+    /* A message of another protocol version. */
+    dh_msg_t bye = {.type = DH_MSG_GOODBYE};
+    uint8_t header[DH_WIRE_HEADER_SIZE], *body;
+    size_t len;
+    assert_int_equal(dh_wire_encode(&bye, header, &body, &len), 0);
+    header[4] = 7;
+    const void *v7[2] = {header, body};
+    const size_t v7_sizes[2] = {sizeof header, len};
+    send_raw(push, v7, v7_sizes, 2);
+    /* A header with no body frame. */
+    header[4] = DH_WIRE_VERSION;
+    send_raw(push, v7, v7_sizes, 1);
+    /* A good message. */
+    send_raw(push, v7, v7_sizes, 2);
+    dh_free(body);
+
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), ep));
+    assert_non_null(strstr(dh_last_error(), "header frame of 4 bytes"));
+    assert_int_equal(got.n_frames_, 0);
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "version 7"));
+    assert_non_null(strstr(dh_last_error(), "version 1"));
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "needs a header and a body"));
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), 0);
+    assert_int_equal(got.msg.type, DH_MSG_GOODBYE);
+    dh_wire_received_release(&got);
+
+    zmq_close(push);
+    dh_wire_socket_destroy(&pull);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+/* ZMQ_MAXMSGSIZE is enforced by the stream decoder, so on ipc (not inproc): a receiver with a
+ * 1 KiB limit takes a small message, and drops the peer that sends a 16 KiB payload frame,
+ * so the receive times out. The same message passes under the default limit. */
+static void zmq_maxmsgsize_drops_oversized_message(void **state)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, "ipc", "maxmsg");
+    fill_payloads();
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *pull = NULL, *push = NULL;
+    dh_wire_socket_opts_t small = {.max_msg_size = 1024};
+    assert_int_equal(dh_wire_socket_new(&pull, ctx, ZMQ_PULL, &small), 0);
+    assert_int_equal(dh_wire_socket_new(&push, ctx, ZMQ_PUSH, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(pull, ep), 0);
+    assert_int_equal(dh_wire_socket_connect(push, ep), 0);
+
+    dh_msg_t req = request_msg();
+    assert_int_equal(dh_wire_send(push, NULL, 0, &req, NULL, 0, TIMEOUT_MS), 0);
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), 0);
+    assert_int_equal(got.msg.type, DH_MSG_REQUEST);
+    dh_wire_received_release(&got);
+
+    dh_msg_t del = deliver_msg(); /* a 16 KiB payload frame */
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, NULL, NULL},
+                                     {tokens, sizeof tokens, NULL, NULL}};
+    assert_int_equal(dh_wire_send(push, NULL, 0, &del, payloads, 2, TIMEOUT_MS), 0);
+    assert_int_equal(dh_wire_recv(pull, 300, &got), DH_EAGAIN);
+    assert_non_null(strstr(dh_last_error(), "timed out"));
+    dh_wire_socket_destroy(&pull);
+    dh_wire_socket_destroy(&push);
+    remove_ipc(ep);
+
+    /* Control: the default limit lets it through. */
+    assert_int_equal(dh_wire_socket_new(&pull, ctx, ZMQ_PULL, NULL), 0);
+    assert_int_equal(dh_wire_socket_new(&push, ctx, ZMQ_PUSH, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(pull, ep), 0);
+    assert_int_equal(dh_wire_socket_connect(push, ep), 0);
+    assert_int_equal(dh_wire_send(push, NULL, 0, &del, payloads, 2, TIMEOUT_MS), 0);
+    assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), 0);
+    assert_memory_equal(got.msg.deliver.tensors[0].data, video, sizeof video);
+    dh_wire_received_release(&got);
+    dh_wire_socket_destroy(&pull);
+    dh_wire_socket_destroy(&push);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+    remove_ipc(ep);
+}
+
+static void zmq_reports_bind_errors_with_endpoint(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *s = NULL;
+    assert_int_equal(dh_wire_socket_new(&s, ctx, ZMQ_PULL, NULL), 0);
+    int rc = dh_wire_socket_bind(s, "nosuch://endpoint");
+    assert_true(rc < 0);
+    assert_non_null(strstr(dh_last_error(), "bind nosuch://endpoint"));
+    dh_wire_socket_destroy(&s);
+    dh_wire_socket_destroy(&s); /* safe on NULL */
+    assert_int_equal(dh_wire_socket_new(&s, ctx, 9999, NULL), -EINVAL);
+    assert_null(s);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+typedef struct pair {
+    dh_wire_socket_t *router, *dealer;
+} pair_t;
+
+/* One send and one receive of a DELIVER; each must fail cleanly on any allocation. */
+static int send_and_receive(void *ctx)
+{
+    pair_t *p = ctx;
+    dh_msg_t del = deliver_msg();
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                     {tokens, sizeof tokens, count_free, NULL}};
+    int rc = dh_wire_send(p->dealer, NULL, 0, &del, payloads, 2, TIMEOUT_MS);
+    if (rc)
+        return rc;
+    dh_wire_received_t got = {0};
+    rc = dh_wire_recv(p->router, TIMEOUT_MS, &got);
+    if (rc)
+        return rc;
+    assert_memory_equal(got.msg.deliver.tensors[1].data, tokens, sizeof tokens);
+    dh_wire_received_release(&got);
+    return 0;
+}
+
+static void zmq_survives_each_allocation_failure(void **state)
+{
+    char ep[256];
+    endpoint(ep, sizeof ep, "inproc", "alloc");
+    fill_payloads();
+    void *ctx = zmq_ctx_new();
+    pair_t p = {0};
+    assert_int_equal(dh_wire_socket_new(&p.router, ctx, ZMQ_ROUTER, NULL), 0);
+    assert_int_equal(dh_wire_socket_new(&p.dealer, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(p.router, ep), 0);
+    assert_int_equal(dh_wire_socket_connect(p.dealer, ep), 0);
+    atomic_store(&payloads_freed, 0);
+    long made = dh_test_each_allocation_failure(send_and_receive, &p);
+    assert_true(made >= 5);
+    /* Every run released both payloads, whether it failed or not (inproc frees on close). */
+    assert_int_equal(atomic_load(&payloads_freed), 2 * (made + 1));
+    /* Nothing is left queued: a failed receive consumed its whole message. */
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(p.router, 0, &got), DH_EAGAIN);
+    dh_wire_socket_destroy(&p.dealer);
+    dh_wire_socket_destroy(&p.router);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(zmq_exchanges_request_and_deliver_inproc),
+    cmocka_unit_test(zmq_exchanges_request_and_deliver_ipc),
+    cmocka_unit_test(zmq_recv_times_out),
+    cmocka_unit_test(zmq_send_times_out_and_releases_payloads),
+    cmocka_unit_test(zmq_send_checks_payloads_against_tensors),
+    cmocka_unit_test(zmq_router_refuses_unknown_peer),
+    cmocka_unit_test(zmq_recv_refuses_malformed_and_stays_aligned),
+    cmocka_unit_test(zmq_maxmsgsize_drops_oversized_message),
+    cmocka_unit_test(zmq_reports_bind_errors_with_endpoint),
+    cmocka_unit_test(zmq_survives_each_allocation_failure),
+};
+DH_TEST_MAIN(tests)
