@@ -14,6 +14,10 @@ int dh_cmd_decode_bench(int argc, char **argv);
 /* Prints "datahelix CMD: MESSAGE: dh_last_error()" for a library error and returns 1. */
 int dh_cli_fail(const char *cmd, int err, const char *what);
 
+/* Fails with a usage error naming the first argument left after option parsing, if any.
+ * Returns 0, or -1 after printing "datahelix CMD: unexpected argument 'X'". */
+int dh_cli_no_extra_args(const char *cmd, int argc, char **argv, int first);
+
 /* Parses a positive/non-negative integer option value; prints a usage error naming the
  * option and returns -1 on bad input. */
 int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,

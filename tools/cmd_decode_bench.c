@@ -112,10 +112,8 @@ int dh_cmd_decode_bench(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "datahelix %s: unexpected argument '%s'\n", CMD, argv[optind]);
+    if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    }
     const char *const *names = dh_mix_builtin_names();
     const char *single[2] = {one_mix, NULL};
     const char *const *mixes = one_mix ? single : names;

@@ -75,10 +75,8 @@ int dh_cmd_gen_profiles(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "datahelix %s: unexpected argument '%s'\n", CMD, argv[optind]);
+    if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    }
     if (!mix_name || !have_count) {
         fprintf(stderr, "datahelix %s: %s is required (see --help)\n", CMD,
                 !mix_name ? "--mix" : "--count");

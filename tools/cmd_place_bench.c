@@ -108,10 +108,8 @@ int dh_cmd_place_bench(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "datahelix place-bench: unexpected argument '%s'\n", argv[optind]);
+    if (dh_cli_no_extra_args("place-bench", argc, argv, optind) < 0)
         return 2;
-    }
 
     unsigned long long sizes[MAX_SIZES];
     int n_sizes = 0;

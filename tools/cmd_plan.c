@@ -133,10 +133,8 @@ int dh_cmd_plan(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "datahelix %s: unexpected argument '%s'\n", CMD, argv[optind]);
+    if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    }
     if (!path || !ranks || !batch) {
         fprintf(stderr, "datahelix %s: missing required option %s\n", CMD,
                 !path    ? "--profiles"

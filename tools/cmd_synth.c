@@ -116,10 +116,8 @@ int dh_cmd_synth(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "datahelix %s: unexpected argument '%s'\n", CMD, argv[optind]);
+    if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    }
     if (!out_dir || !*out_dir || !mix_name || !have_count) {
         fprintf(stderr, "datahelix %s: %s is required (see --help)\n", CMD,
                 !out_dir || !*out_dir ? "--out"

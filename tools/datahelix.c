@@ -43,6 +43,14 @@ int dh_cli_fail(const char *cmd, int err, const char *what)
     return 1;
 }
 
+int dh_cli_no_extra_args(const char *cmd, int argc, char **argv, int first)
+{
+    if (first >= argc)
+        return 0;
+    fprintf(stderr, "datahelix %s: unexpected argument '%s'\n", cmd, argv[first]);
+    return -1;
+}
+
 int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,
                      unsigned long long max, unsigned long long *out)
 {
