@@ -1,24 +1,27 @@
 # DataHelix top-level Makefile: the two commands of README.md, and the pieces under them.
 #   make demo   install what is missing, build, run the demo
 #   make test   install what is missing, build, run the unit tests, then again under
-#               AddressSanitizer + UndefinedBehaviorSanitizer
-# Build folders: build/ (RelWithDebInfo), build-asan/ (sanitizers). Outputs: out/.
+#               AddressSanitizer + UndefinedBehaviorSanitizer, then the runtime tests
+#               under ThreadSanitizer
+# Build folders: build/ (RelWithDebInfo), build-asan/ (ASan+UBSan), build-tsan/ (TSan).
+# Outputs: out/.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
 DEMO_DIR   ?= out/demo
 
-.PHONY: all deps build test test-unit test-asan demo format format-check clean help
+.PHONY: all deps build test test-unit test-asan test-tsan demo format format-check clean help
 
 all: build
 
 help:
 	@echo "make deps       install missing Debian/PyPI packages (idempotent)"
 	@echo "make / build    configure and build the library, the CLI and the tests"
-	@echo "make test       deps + build + unit tests + the same tests under ASan/UBSan"
+	@echo "make test       deps + build + unit tests + the same under ASan/UBSan + runtime under TSan"
 	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
@@ -43,7 +46,17 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
-test: test-unit test-asan
+# ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
+# process and as real processes built with TSan too).
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
+
+test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli runtime_test_client runtime_test_cluster
+	TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
+	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
+
+test: test-unit test-asan test-tsan
 
 demo: build
 	@bash scripts/demo.sh $(CLI) $(DEMO_DIR)
@@ -55,4 +68,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) out

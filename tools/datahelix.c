@@ -20,6 +20,10 @@ static const command_t commands[] = {
     {"synth", dh_cmd_synth, "write a synthetic video data set (H.264 clips and a manifest)"},
     {"probe", dh_cmd_probe, "profile a data set from container metadata, calibrated costs"},
     {"decode-bench", dh_cmd_decode_bench, "decode throughput per core against ffmpeg and PyAV"},
+    {"coordinator", dh_cmd_coordinator, "run the coordinator (registry, liveness, placement)"},
+    {"server", dh_cmd_server, "run a DataServer (local, or a remote sidecar)"},
+    {"consume", dh_cmd_consume, "run one rank's data loop (a client) and write a ledger"},
+    {"transport-bench", dh_cmd_transport_bench, "local delivery overhead and remote throughput"},
 };
 
 static void usage(FILE *out)

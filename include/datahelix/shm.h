@@ -88,6 +88,9 @@ void dh_shm_arena_destroy(dh_shm_arena_t **arena);
 /* The arena's memfd, to send to a client (dh_shm_send_fd). Borrowed: closed by _destroy. */
 int dh_shm_arena_fd(const dh_shm_arena_t *arena);
 
+/* The arena's random id (what handles carry in arena_id). Thread-safe. */
+uint64_t dh_shm_arena_id(const dh_shm_arena_t *arena);
+
 /* 1 if this object made the arena (may allocate), 0 if it attached. */
 int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
 

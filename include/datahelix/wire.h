@@ -99,6 +99,12 @@ typedef struct dh_msg_hello {
     char *node;           /* node name */
     uint32_t workers;     /* worker slots (0 for a client) */
     uint64_t arena_bytes; /* shared-memory arena size (0 if none) */
+    char *name;           /* the peer's name: a DataServer's or a client's (= its routing id) */
+    char *endpoint;       /* a local DataServer's data endpoint; "" otherwise */
+    char *shm_socket;     /* a local DataServer's abstract AF_UNIX socket handing out its
+                           * arena fd; "" otherwise */
+    uint32_t pid;         /* the sender's process id */
+    uint32_t rank;        /* a client's rank (0 otherwise) */
 } dh_msg_hello_t;
 
 typedef struct dh_wire_link_bw {
@@ -119,6 +125,11 @@ typedef struct dh_msg_heartbeat {
 typedef struct dh_wire_sample {
     char *id;
     uint32_t frames, height, width; /* per-sample overrides; 0 = the pipeline's default */
+    char *uri;                      /* where the encoded sample is (a path) */
+    char *key;                      /* profile key ("f16x224x224"), may be "" */
+    double cpu_s;                   /* predicted CPU seconds (speed 1) */
+    uint64_t in_bytes, out_bytes;   /* encoded bytes to read, decoded bytes to deliver */
+    int64_t tokens;                 /* predicted tokens (>= 0) */
 } dh_wire_sample_t;
 
 typedef struct dh_msg_request {
@@ -133,8 +144,9 @@ typedef struct dh_msg_request {
 
 typedef struct dh_msg_dispatch {
     dh_msg_request_t request;
-    char *server; /* the DataServer chosen to execute it */
-    char *target; /* the local DataServer that delivers to the rank */
+    char *server;          /* the DataServer chosen to execute it */
+    char *target;          /* the local DataServer that delivers to the rank */
+    char *target_endpoint; /* its data endpoint (a sidecar forwards there) */
 } dh_msg_dispatch_t;
 
 typedef struct dh_wire_sample_status {
@@ -147,9 +159,11 @@ typedef struct dh_msg_complete {
     uint64_t seq;
     uint32_t n_samples;
     dh_wire_sample_status_t *samples;
-    double cpu_s;   /* measured CPU seconds */
-    uint64_t bytes; /* bytes produced */
-    double queue_s; /* seconds queued before a worker took it */
+    double cpu_s;      /* measured CPU seconds */
+    uint64_t bytes;    /* bytes produced */
+    double queue_s;    /* seconds queued before a worker took it */
+    uint8_t delivered; /* 1: from the delivering local DataServer, the client has the batch;
+                        * 0: from the executor (measurements only) */
 } dh_msg_complete_t;
 
 typedef struct dh_wire_tensor {
@@ -160,17 +174,29 @@ typedef struct dh_wire_tensor {
     uint64_t shape[DH_WIRE_MAX_NDIM];
     int64_t strides[DH_WIRE_MAX_NDIM]; /* in bytes, >= 0 */
     /* DH_WIRE_LOC_SHM: the handle; length >= the tensor's bytes. */
-    uint64_t arena_id, offset, length;
+    uint64_t arena_id, offset, length, generation;
     /* DH_WIRE_LOC_FRAME, decoded only: borrowed from the payload frame (see the top). */
     const void *data;
     size_t size;
 } dh_wire_tensor_t;
+
+/* One sample's outcome in a DELIVER, in request order. */
+typedef struct dh_wire_sample_result {
+    char *id;
+    int64_t tokens; /* tokens produced (>= 0) */
+    int32_t status; /* 0 or a negative DH_E* code */
+    char *error;    /* "" when status is 0; else names the sample, path and cause */
+} dh_wire_sample_result_t;
 
 typedef struct dh_msg_deliver {
     char *client_id;
     uint64_t seq;
     uint32_t n_tensors;
     dh_wire_tensor_t *tensors;
+    uint32_t n_samples;
+    dh_wire_sample_result_t *samples;
+    uint64_t ready_ns; /* sender's dh_clock_now_ns() when the batch was ready (same host only) */
+    char *server;      /* the DataServer that executed the request */
 } dh_msg_deliver_t;
 
 typedef struct dh_msg_error {

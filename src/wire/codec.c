@@ -145,6 +145,12 @@ static void put_request(writer_t *w, const dh_msg_request_t *m)
         put_u32(w, m->samples[i].frames);
         put_u32(w, m->samples[i].height);
         put_u32(w, m->samples[i].width);
+        put_str(w, m->samples[i].uri);
+        put_str(w, m->samples[i].key);
+        put_f64(w, m->samples[i].cpu_s);
+        put_u64(w, m->samples[i].in_bytes, 8);
+        put_u64(w, m->samples[i].out_bytes, 8);
+        put_i64(w, m->samples[i].tokens);
     }
 }
 
@@ -156,6 +162,11 @@ static void put_body(writer_t *w, const dh_msg_t *msg)
         put_str(w, msg->hello.node);
         put_u32(w, msg->hello.workers);
         put_u64(w, msg->hello.arena_bytes, 8);
+        put_str(w, msg->hello.name);
+        put_str(w, msg->hello.endpoint);
+        put_str(w, msg->hello.shm_socket);
+        put_u32(w, msg->hello.pid);
+        put_u32(w, msg->hello.rank);
         break;
     case DH_MSG_HEARTBEAT: {
         const dh_msg_heartbeat_t *m = &msg->heartbeat;
@@ -178,6 +189,7 @@ static void put_body(writer_t *w, const dh_msg_t *msg)
         put_request(w, &msg->dispatch.request);
         put_str(w, msg->dispatch.server);
         put_str(w, msg->dispatch.target);
+        put_str(w, msg->dispatch.target_endpoint);
         break;
     case DH_MSG_COMPLETE: {
         const dh_msg_complete_t *m = &msg->complete;
@@ -191,6 +203,7 @@ static void put_body(writer_t *w, const dh_msg_t *msg)
         put_f64(w, m->cpu_s);
         put_u64(w, m->bytes, 8);
         put_f64(w, m->queue_s);
+        put_u8(w, m->delivered);
         break;
     }
     case DH_MSG_DELIVER: {
@@ -213,8 +226,18 @@ static void put_body(writer_t *w, const dh_msg_t *msg)
                 put_u64(w, t->arena_id, 8);
                 put_u64(w, t->offset, 8);
                 put_u64(w, t->length, 8);
+                put_u64(w, t->generation, 8);
             }
         }
+        put_u32(w, m->n_samples);
+        for (uint32_t i = 0; i < m->n_samples; i++) {
+            put_str(w, m->samples[i].id);
+            put_i64(w, m->samples[i].tokens);
+            put_i32(w, m->samples[i].status);
+            put_str(w, m->samples[i].error);
+        }
+        put_u64(w, m->ready_ns, 8);
+        put_str(w, m->server);
         break;
     }
     case DH_MSG_ERROR:
@@ -428,7 +451,8 @@ static int get_array(reader_t *r, const char *field, uint32_t count, size_t size
 
 /* Smallest encodings of array elements (a string is at least its 4-byte length). */
 #define MIN_LINK_SIZE (4 + 8)
-#define MIN_SAMPLE_SIZE (4 + 12)
+#define MIN_SAMPLE_SIZE (4 + 12 + 4 + 4 + 8 + 8 + 8 + 8)
+#define MIN_RESULT_SIZE (4 + 8 + 4 + 4)
 #define MIN_STATUS_SIZE (4 + 4)
 #define MIN_TENSOR_SIZE (4 + 3)
 
@@ -441,7 +465,12 @@ static int get_hello(reader_t *r, dh_msg_hello_t *m)
     }
     TRY(get_str(r, "node", &m->node));
     TRY(get_u32(r, "workers", &m->workers));
-    return get_u64(r, "arena_bytes", &m->arena_bytes);
+    TRY(get_u64(r, "arena_bytes", &m->arena_bytes));
+    TRY(get_str(r, "name", &m->name));
+    TRY(get_str(r, "endpoint", &m->endpoint));
+    TRY(get_str(r, "shm_socket", &m->shm_socket));
+    TRY(get_u32(r, "pid", &m->pid));
+    return get_u32(r, "rank", &m->rank);
 }
 
 static int get_heartbeat(reader_t *r, dh_msg_heartbeat_t *m)
@@ -482,6 +511,16 @@ static int get_request(reader_t *r, dh_msg_request_t *m)
         TRY(get_u32(r, "frames", &s->frames));
         TRY(get_u32(r, "height", &s->height));
         TRY(get_u32(r, "width", &s->width));
+        TRY(get_str(r, "uri", &s->uri));
+        TRY(get_str(r, "key", &s->key));
+        TRY(get_f64(r, "cpu_s", &s->cpu_s));
+        TRY(get_u64(r, "in_bytes", &s->in_bytes));
+        TRY(get_u64(r, "out_bytes", &s->out_bytes));
+        TRY(get_i64(r, "tokens", &s->tokens));
+        if (s->tokens < 0) {
+            r->pos -= 8;
+            return fail(r, "tokens", "%lld is negative", (long long)s->tokens);
+        }
     }
     r->elem = NULL;
     return 0;
@@ -491,7 +530,8 @@ static int get_dispatch(reader_t *r, dh_msg_dispatch_t *m)
 {
     TRY(get_request(r, &m->request));
     TRY(get_str(r, "server", &m->server));
-    return get_str(r, "target", &m->target);
+    TRY(get_str(r, "target", &m->target));
+    return get_str(r, "target_endpoint", &m->target_endpoint);
 }
 
 static int get_complete(reader_t *r, dh_msg_complete_t *m)
@@ -515,7 +555,13 @@ static int get_complete(reader_t *r, dh_msg_complete_t *m)
     r->elem = NULL;
     TRY(get_f64(r, "cpu_s", &m->cpu_s));
     TRY(get_u64(r, "bytes", &m->bytes));
-    return get_f64(r, "queue_s", &m->queue_s);
+    TRY(get_f64(r, "queue_s", &m->queue_s));
+    TRY(get_u8(r, "delivered", &m->delivered));
+    if (m->delivered > 1) {
+        r->pos -= 1;
+        return fail(r, "delivered", "%u is not 0 or 1", m->delivered);
+    }
+    return 0;
 }
 
 static int get_tensor(reader_t *r, dh_wire_tensor_t *t)
@@ -545,9 +591,10 @@ static int get_tensor(reader_t *r, dh_wire_tensor_t *t)
         TRY(get_u64(r, "arena_id", &t->arena_id));
         TRY(get_u64(r, "offset", &t->offset));
         TRY(get_u64(r, "length", &t->length));
+        TRY(get_u64(r, "generation", &t->generation));
         uint64_t end;
         if (__builtin_add_overflow(t->offset, t->length, &end)) {
-            r->pos -= 8;
+            r->pos -= 16;
             return fail(r, "length", "offset %llu + length %llu overflows",
                         (unsigned long long)t->offset, (unsigned long long)t->length);
         }
@@ -595,7 +642,28 @@ static int get_deliver(reader_t *r, dh_msg_deliver_t *m, const dh_wire_frame_t *
     if (frame != n_payloads)
         return dh__set_error(DH_EPARSE, "%s: %zu payload frames for %zu FRAME tensors", r->type,
                              n_payloads, frame);
-    return 0;
+    TRY(get_count(r, "n_samples", MIN_RESULT_SIZE, &n));
+    TRY(get_array(r, "samples", n, sizeof *m->samples, (void **)&m->samples));
+    m->n_samples = n;
+    r->elem = "samples";
+    for (r->index = 0; r->index < n; r->index++) {
+        dh_wire_sample_result_t *s = &m->samples[r->index];
+        TRY(get_str(r, "id", &s->id));
+        TRY(get_i64(r, "tokens", &s->tokens));
+        if (s->tokens < 0) {
+            r->pos -= 8;
+            return fail(r, "tokens", "%lld is negative", (long long)s->tokens);
+        }
+        TRY(get_i32(r, "status", &s->status));
+        if (s->status > 0) {
+            r->pos -= 4;
+            return fail(r, "status", "%d is not 0 or a negative error code", s->status);
+        }
+        TRY(get_str(r, "error", &s->error));
+    }
+    r->elem = NULL;
+    TRY(get_u64(r, "ready_ns", &m->ready_ns));
+    return get_str(r, "server", &m->server);
 }
 
 int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out)
@@ -691,8 +759,11 @@ static void clear_request(dh_msg_request_t *m)
 {
     dh_free(m->client_id);
     dh_free(m->delivery_node);
-    for (uint32_t i = 0; i < m->n_samples && m->samples; i++)
+    for (uint32_t i = 0; i < m->n_samples && m->samples; i++) {
         dh_free(m->samples[i].id);
+        dh_free(m->samples[i].uri);
+        dh_free(m->samples[i].key);
+    }
     dh_free(m->samples);
 }
 
@@ -703,6 +774,9 @@ void dh_msg_clear(dh_msg_t *msg)
     switch (msg->type) {
     case DH_MSG_HELLO:
         dh_free(msg->hello.node);
+        dh_free(msg->hello.name);
+        dh_free(msg->hello.endpoint);
+        dh_free(msg->hello.shm_socket);
         break;
     case DH_MSG_HEARTBEAT:
         for (uint32_t i = 0; i < msg->heartbeat.n_links && msg->heartbeat.links; i++)
@@ -716,6 +790,7 @@ void dh_msg_clear(dh_msg_t *msg)
         clear_request(&msg->dispatch.request);
         dh_free(msg->dispatch.server);
         dh_free(msg->dispatch.target);
+        dh_free(msg->dispatch.target_endpoint);
         break;
     case DH_MSG_COMPLETE:
         dh_free(msg->complete.client_id);
@@ -728,6 +803,12 @@ void dh_msg_clear(dh_msg_t *msg)
         for (uint32_t i = 0; i < msg->deliver.n_tensors && msg->deliver.tensors; i++)
             dh_free(msg->deliver.tensors[i].name);
         dh_free(msg->deliver.tensors);
+        for (uint32_t i = 0; i < msg->deliver.n_samples && msg->deliver.samples; i++) {
+            dh_free(msg->deliver.samples[i].id);
+            dh_free(msg->deliver.samples[i].error);
+        }
+        dh_free(msg->deliver.samples);
+        dh_free(msg->deliver.server);
         break;
     case DH_MSG_ERROR:
         dh_free(msg->error.message);

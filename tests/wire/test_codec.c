@@ -18,9 +18,15 @@
 
 static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9}, {(char *)"node-c", 0.0}};
 static dh_wire_sample_t samples[] = {
-    {(char *)"kinetics/abc123", 16, 224, 224},
-    {(char *)"", 0, 0, 0},
-    {(char *)"ucf/\xc3\xa9t\xc3\xa9", 8, 0, 320},
+    {(char *)"kinetics/abc123", 16, 224, 224, (char *)"/data/k/abc123.mp4", (char *)"f16x224x224",
+     0.125, 1500000, 2408448, 1024},
+    {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0},
+    {(char *)"ucf/\xc3\xa9t\xc3\xa9", 8, 0, 320, (char *)"error:x", (char *)"k", 3.5, UINT64_MAX, 7,
+     INT64_MAX},
+};
+static dh_wire_sample_result_t results[] = {
+    {(char *)"kinetics/abc123", 1024, 0, (char *)""},
+    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found"},
 };
 static dh_wire_sample_status_t statuses[] = {
     {0, (char *)""},
@@ -44,7 +50,8 @@ static dh_wire_tensor_t tensors[] = {
      .strides = {8},
      .arena_id = 7,
      .offset = 4096,
-     .length = 64},
+     .length = 64,
+     .generation = 0x1122334455667788ull},
     {.name = (char *)"mask",
      .dtype = DH_WIRE_DTYPE_F32,
      .ndim = 2,
@@ -74,7 +81,15 @@ static dh_msg_t fixture(unsigned type)
     dh_msg_t m = {.type = (uint16_t)type, .sender_seq = 1000 + type};
     switch (type) {
     case DH_MSG_HELLO:
-        m.hello = (dh_msg_hello_t){DH_WIRE_ROLE_REMOTE, (char *)"cpu-node-17", 48, 8ull << 30};
+        m.hello = (dh_msg_hello_t){DH_WIRE_ROLE_REMOTE,
+                                   (char *)"cpu-node-17",
+                                   48,
+                                   8ull << 30,
+                                   (char *)"cpu-node-17-remote-4242",
+                                   (char *)"tcp://10.0.0.17:7001",
+                                   (char *)"datahelix-4242-0",
+                                   4242,
+                                   3};
         break;
     case DH_MSG_HEARTBEAT:
         m.heartbeat = (dh_msg_heartbeat_t){.workers = 32,
@@ -89,8 +104,8 @@ static dh_msg_t fixture(unsigned type)
         m.request = fixture_request();
         break;
     case DH_MSG_DISPATCH:
-        m.dispatch =
-            (dh_msg_dispatch_t){fixture_request(), (char *)"ds-remote-2", (char *)"ds-local-0"};
+        m.dispatch = (dh_msg_dispatch_t){fixture_request(), (char *)"ds-remote-2",
+                                         (char *)"ds-local-0", (char *)"tcp://127.0.0.1:40001"};
         break;
     case DH_MSG_COMPLETE:
         m.complete = (dh_msg_complete_t){.client_id = (char *)"client-3",
@@ -99,10 +114,13 @@ static dh_msg_t fixture(unsigned type)
                                          .samples = statuses,
                                          .cpu_s = 1.5,
                                          .bytes = 123456789,
-                                         .queue_s = 0.25};
+                                         .queue_s = 0.25,
+                                         .delivered = 1};
         break;
     case DH_MSG_DELIVER:
-        m.deliver = (dh_msg_deliver_t){(char *)"client-3", 77, DH_ARRAY_LEN(tensors), tensors};
+        m.deliver = (dh_msg_deliver_t){
+            (char *)"client-3",    77,      DH_ARRAY_LEN(tensors), tensors,
+            DH_ARRAY_LEN(results), results, 123456789012ull,       (char *)"ds-remote-2"};
         break;
     case DH_MSG_ERROR:
         m.error = (dh_msg_error_t){DH_ENOSERVER, (char *)"no live DataServer for rank 3"};
@@ -170,6 +188,12 @@ static void assert_request_equal(const dh_msg_request_t *a, const dh_msg_request
         assert_int_equal(a->samples[i].frames, b->samples[i].frames);
         assert_int_equal(a->samples[i].height, b->samples[i].height);
         assert_int_equal(a->samples[i].width, b->samples[i].width);
+        assert_string_equal(a->samples[i].uri, b->samples[i].uri);
+        assert_string_equal(a->samples[i].key, b->samples[i].key);
+        assert_true(a->samples[i].cpu_s == b->samples[i].cpu_s);
+        assert_int_equal(a->samples[i].in_bytes, b->samples[i].in_bytes);
+        assert_int_equal(a->samples[i].out_bytes, b->samples[i].out_bytes);
+        assert_int_equal(a->samples[i].tokens, b->samples[i].tokens);
     }
 }
 
@@ -183,6 +207,11 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_string_equal(a->hello.node, b->hello.node);
         assert_int_equal(a->hello.workers, b->hello.workers);
         assert_int_equal(a->hello.arena_bytes, b->hello.arena_bytes);
+        assert_string_equal(a->hello.name, b->hello.name);
+        assert_string_equal(a->hello.endpoint, b->hello.endpoint);
+        assert_string_equal(a->hello.shm_socket, b->hello.shm_socket);
+        assert_int_equal(a->hello.pid, b->hello.pid);
+        assert_int_equal(a->hello.rank, b->hello.rank);
         break;
     case DH_MSG_HEARTBEAT:
         assert_int_equal(a->heartbeat.workers, b->heartbeat.workers);
@@ -203,6 +232,7 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_request_equal(&a->dispatch.request, &b->dispatch.request);
         assert_string_equal(a->dispatch.server, b->dispatch.server);
         assert_string_equal(a->dispatch.target, b->dispatch.target);
+        assert_string_equal(a->dispatch.target_endpoint, b->dispatch.target_endpoint);
         break;
     case DH_MSG_COMPLETE:
         assert_string_equal(a->complete.client_id, b->complete.client_id);
@@ -215,6 +245,7 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_true(a->complete.cpu_s == b->complete.cpu_s);
         assert_int_equal(a->complete.bytes, b->complete.bytes);
         assert_true(a->complete.queue_s == b->complete.queue_s);
+        assert_int_equal(a->complete.delivered, b->complete.delivered);
         break;
     case DH_MSG_DELIVER:
         assert_string_equal(a->deliver.client_id, b->deliver.client_id);
@@ -234,8 +265,18 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
                 assert_int_equal(x->arena_id, y->arena_id);
                 assert_int_equal(x->offset, y->offset);
                 assert_int_equal(x->length, y->length);
+                assert_int_equal(x->generation, y->generation);
             }
         }
+        assert_int_equal(a->deliver.n_samples, b->deliver.n_samples);
+        for (uint32_t i = 0; i < a->deliver.n_samples; i++) {
+            assert_string_equal(a->deliver.samples[i].id, b->deliver.samples[i].id);
+            assert_int_equal(a->deliver.samples[i].tokens, b->deliver.samples[i].tokens);
+            assert_int_equal(a->deliver.samples[i].status, b->deliver.samples[i].status);
+            assert_string_equal(a->deliver.samples[i].error, b->deliver.samples[i].error);
+        }
+        assert_int_equal(a->deliver.ready_ns, b->deliver.ready_ns);
+        assert_string_equal(a->deliver.server, b->deliver.server);
         break;
     case DH_MSG_ERROR:
         assert_int_equal(a->error.code, b->error.code);
@@ -620,6 +661,37 @@ static void wire_rejects_bad_values(void **state)
     assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "HELLO: field 'role'"));
     dh_free(e.body);
+
+    in = fixture(DH_MSG_REQUEST);
+    dh_wire_sample_t neg[1] = {{(char *)"a", 1, 1, 1, (char *)"u", (char *)"k", 0.1, 1, 1, -5}};
+    in.request.samples = neg;
+    in.request.n_samples = 1;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "REQUEST: field 'samples[0].tokens'"));
+    dh_free(e.body);
+
+    in = fixture(DH_MSG_COMPLETE);
+    in.complete.delivered = 2;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "COMPLETE: field 'delivered'"));
+    dh_free(e.body);
+
+    dh_wire_sample_result_t bad_results[2][1] = {{{(char *)"a", -1, 0, (char *)""}},
+                                                 {{(char *)"a", 0, 3, (char *)"x"}}};
+    const char *const bad_field[2] = {"samples[0].tokens", "samples[0].status"};
+    for (int k = 0; k < 2; k++) {
+        in = fixture(DH_MSG_DELIVER);
+        in.deliver.samples = bad_results[k];
+        in.deliver.n_samples = 1;
+        e = encode(&in);
+        assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, payload_frames,
+                                     DH_ARRAY_LEN(payload_frames), &out),
+                         DH_EPARSE);
+        assert_non_null(strstr(dh_last_error(), bad_field[k]));
+        dh_free(e.body);
+    }
 
     in = fixture(DH_MSG_ERROR);
     in.error.code = 0;

@@ -39,7 +39,9 @@ static void count_free(void *data, void *hint)
     atomic_fetch_add(&payloads_freed, 1);
 }
 
-static dh_wire_sample_t samples[] = {{(char *)"clip-0", 16, 0, 0}, {(char *)"clip-1", 0, 112, 112}};
+static dh_wire_sample_t samples[] = {
+    {(char *)"clip-0", 16, 0, 0, (char *)"clips/0.mp4", (char *)"f16", 0.1, 10, 20, 30},
+    {(char *)"clip-1", 0, 112, 112, (char *)"clips/1.mp4", (char *)"", 0.0, 0, 0, 0}};
 
 static dh_msg_t request_msg(void)
 {
@@ -75,7 +77,7 @@ static dh_wire_tensor_t tensors[] = {
 static dh_msg_t deliver_msg(void)
 {
     dh_msg_t m = {.type = DH_MSG_DELIVER};
-    m.deliver = (dh_msg_deliver_t){(char *)"client-0", 42, 2, tensors};
+    m.deliver = (dh_msg_deliver_t){(char *)"client-0", 42, 2, tensors, 0, NULL, 7, (char *)"ds-0"};
     return m;
 }
 

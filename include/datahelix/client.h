@@ -1,0 +1,155 @@
+/* client.h: one training rank's view of the data plane (DESIGN §2, §4.2, §5;
+ * docs/runtime.md).
+ *
+ * A client plans every global step with the tier-1 planner over one seeded, epoch-aware
+ * sample order (the same on every rank, so the ranks' shares partition each epoch), and
+ * requests its own share ahead of use:
+ *   - a sender thread issues REQUESTs to the coordinator, at most `prefetch` batches ahead
+ *     of next() and `max_inflight` requests in flight, each with a deadline predicted from
+ *     the measured compute windows and the batches' tokens (DESIGN §4.2);
+ *   - a fetcher thread receives DELIVERs from the rank's local DataServer (handles into its
+ *     shared-memory arena), drops duplicates, and files them by sequence number;
+ *   - dh_client_next() yields batches in request order, blocking only when the next one is
+ *     not ready yet.
+ * With no coordinator endpoint the client runs in embedded mode: a coordinator and a local
+ * DataServer start as threads of this process.
+ *
+ * Threading: dh_client_next, _stats and _destroy belong to one thread (the training loop).
+ * dh_client_batch_release is thread-safe and may run after the client is destroyed: a batch
+ * keeps the arena mapping it points into alive until it is released.
+ */
+#ifndef DATAHELIX_CLIENT_H
+#define DATAHELIX_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datahelix/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DH_ON_ERROR_RAISE = 0, /* next() fails with the first failed sample's error */
+    DH_ON_ERROR_SKIP = 1,  /* next() yields the batch; failed samples are flagged and counted */
+} dh_on_error_t;
+
+typedef struct dh_client_config {
+    const char *coordinator;  /* endpoint; NULL or "" = embedded mode */
+    const char *profiles;     /* profile JSONL (probe or gen-profiles output); required */
+    const char *node;         /* this rank's node (its local DataServer's); NULL = hostname */
+    const char *client_id;    /* NULL = "<node>-rank<R>-<pid>" */
+    uint32_t rank, ranks;     /* rank < ranks */
+    uint32_t batch;           /* samples per rank per step (> 0) */
+    uint32_t fanout;          /* requests per batch (microbatches), 1..batch (1) */
+    uint32_t prefetch;        /* batches requested ahead of next() (4) */
+    uint32_t max_inflight;    /* requests in flight; 0 = prefetch x fanout */
+    uint64_t seed;            /* sample order seed */
+    int shuffle;              /* 1 = shuffle each epoch (default), 0 = file order */
+    uint32_t epochs;          /* epochs to deliver (1); with max_steps, whichever ends first */
+    uint64_t max_steps;       /* 0 = no limit besides epochs */
+    dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
+    dh_on_error_t on_error;
+    int next_timeout_ms;    /* next() gives up with DH_EAGAIN after this (-1 = never) */
+    int connect_timeout_ms; /* creation waits this long for the coordinator (30000) */
+    /* Embedded mode only. */
+    const char *pipeline_path; /* the local DataServer's pipeline spec (NULL = video) */
+    const char *pipeline_json; /* or its text */
+    uint32_t workers;          /* its worker threads (2) */
+    uint64_t arena_bytes;      /* its arena (256 MiB) */
+    const char *policy;        /* placement policy name (NULL = "deadline") */
+} dh_client_config_t;
+
+/* Fills *cfg with the defaults above (profiles NULL: must be set). */
+void dh_client_config_default(dh_client_config_t *cfg);
+
+/* A tensor of a batch. `data` points into the local DataServer's shared-memory arena
+ * (fanout 1: zero-copy) or into a buffer of the batch (fanout > 1: the parts are joined by
+ * one copy). Strides are in bytes. Valid until the batch is released. */
+typedef struct dh_client_tensor {
+    const char *name; /* "pixels", "mask" (video); "sizes", "payload" (synthetic) */
+    uint8_t dtype;    /* dh_wire_dtype_t */
+    uint32_t ndim;
+    int64_t shape[6];
+    int64_t strides[6];
+    void *data;
+    size_t nbytes;
+} dh_client_tensor_t;
+
+typedef struct dh_client_sample {
+    const char *id;
+    int64_t tokens;            /* tokens the pipeline produced (0 for a failed sample) */
+    int error;                 /* 0 or a negative DH_E* code */
+    const char *error_message; /* NULL, or names the sample, its path and the cause */
+} dh_client_sample_t;
+
+typedef struct dh_client_batch {
+    uint64_t index; /* batch number of this client, from 0 */
+    uint64_t step;  /* global step (== index: one batch per step per rank) */
+    uint32_t epoch;
+    size_t n_tensors;
+    dh_client_tensor_t *tensors;
+    size_t n_samples;
+    dh_client_sample_t *samples; /* in the batch's row order */
+    size_t failed;               /* samples with an error */
+    int64_t tokens;              /* sum over samples */
+    const char *server;          /* the DataServer that executed (part 0 of) the batch */
+    double wait_s;               /* time next() blocked for this batch */
+    uint64_t ready_ns;           /* dh_clock_now_ns() of the delivering DataServer when the
+                                  * last part was ready in its arena (same host only) */
+} dh_client_batch_t;
+
+typedef struct dh_client dh_client_t;
+
+/* Makes a client: loads the profiles, starts the embedded coordinator and DataServer when
+ * there is no endpoint, registers with the coordinator, connects to the local DataServer
+ * and maps its arena, and starts the sender and fetcher threads (requests begin at once).
+ * Returns 0, DH_EINVAL (config: the message names the field), profile load errors (the
+ * message names the file and line), DH_EAGAIN (no coordinator or local DataServer answered
+ * within connect_timeout_ms: the message names the endpoint), -errno, DH_ENOMEM.
+ * *out is the caller's (dh_client_destroy). */
+int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg);
+
+/* The next batch in order. Returns 0 and *out (the caller's: dh_client_batch_release);
+ * DH_EEOF after the last batch; DH_EAGAIN when next_timeout_ms passed (call again); with
+ * on_error raise, the first failed sample's code (DH_EIO, -ENOENT ...) with dh_last_error()
+ * naming the sample and path: that batch is consumed and released, the next call goes on.
+ * Measures the compute window since the previous return (the deadline model). */
+int dh_client_next(dh_client_t *c, dh_client_batch_t **out);
+
+/* Releases a batch: its slabs go back to the arena. Safe on NULL; sets *b = NULL.
+ * Thread-safe; may be called after dh_client_destroy. */
+void dh_client_batch_release(dh_client_batch_t **b);
+
+typedef struct dh_client_stats {
+    uint64_t batches, samples, samples_failed;
+    uint64_t requests_sent, deliveries, duplicates_dropped;
+    uint64_t bytes_delivered; /* tensor bytes of delivered batches */
+    double wait_s;            /* total time next() blocked */
+    double s_per_token;       /* learned compute seconds per token (0 before data) */
+    uint64_t steps_total;     /* batches this client will deliver */
+} dh_client_stats_t;
+
+void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);
+
+/* The client id (borrowed). */
+const char *dh_client_id(const dh_client_t *c);
+
+/* The coordinator endpoint used (the embedded one in embedded mode). Borrowed. */
+const char *dh_client_coordinator(const dh_client_t *c);
+
+/* Stops the threads, leaves the coordinator (GOODBYE), stops embedded servers, frees.
+ * Batches not yet released stay valid. Sets *c = NULL. Safe on NULL. */
+void dh_client_destroy(dh_client_t **c);
+
+/* The sample ids rank `rank` receives at global step `step` under cfg's plan (what
+ * dh_client_next will yield), for tests and ledgers: writes up to cap indices into the
+ * profile set (row numbers) and returns how many (cfg->batch), or a negative code. */
+int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
+                             size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,141 @@
+/* runtime.h: the coordinator and the DataServer (DESIGN §2, §5; docs/runtime.md).
+ *
+ * Both are objects that own one event-loop thread and its ZeroMQ sockets. The `datahelix
+ * coordinator` and `datahelix server` commands run one each on the main thread
+ * (dh_*_run); embedded mode (client.h) and the benchmarks start them as threads of their own
+ * process (dh_*_start) on a shared ZeroMQ context with inproc:// or tcp:// endpoints.
+ *
+ *   client --REQUEST--> coordinator --DISPATCH--> DataServer (executes) --DELIVER--> ...
+ *     local target:  the executing server is the rank's local DataServer: it writes the
+ *                    tensors into its shared-memory arena and sends the client a DELIVER of
+ *                    handles (no payload on any socket);
+ *     remote target: a sidecar sends DELIVER with the tensor frames (zero-copy) to the rank's
+ *                    local DataServer, which copies them into its arena once and notifies
+ *                    the client the same way.
+ *   Every executor sends COMPLETE (measured cost) to the coordinator; the delivering local
+ *   DataServer sends COMPLETE with delivered=1 once the client has the batch, which ends the
+ *   request in the coordinator's book. A server that stops heartbeating is declared dead and
+ *   every request in the book that it had not delivered is placed again; the client drops
+ *   the duplicates that a late or revived server still delivers.
+ *
+ * Threading: _new, _destroy and _start belong to the caller's thread; _stop may be called
+ * from any thread and from a signal handler (one atomic store). _run blocks the caller.
+ */
+#ifndef DATAHELIX_RUNTIME_H
+#define DATAHELIX_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datahelix/place.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- coordinator ---------------------------------------------------------------------- */
+
+typedef struct dh_coordinator dh_coordinator_t;
+
+typedef struct dh_coordinator_config {
+    const char *listen;         /* endpoint to bind ("tcp://127.0.0.1:5555", "ipc:///x",
+                                 * "inproc://x"; "tcp://127.0.0.1:*" picks a free port) */
+    dh_place_config_t place;    /* policy and hysteresis (dh_place_config_default) */
+    uint32_t dead_after_ms;     /* a server silent this long is declared dead (1000) */
+    uint32_t queue_cap;         /* requests per worker slot before backpressure (4; 0 = none) */
+    const char *telemetry_path; /* JSONL of every decision, or NULL */
+    double default_link_Bps;    /* bandwidth between nodes before any estimate (1.25e9) */
+    double default_latency_s;   /* one-way latency between nodes (100e-6) */
+    void *zmq_ctx;              /* borrowed ZeroMQ context, or NULL for an own one */
+} dh_coordinator_config_t;
+
+/* Fills *cfg with the defaults above (listen NULL: must be set). */
+void dh_coordinator_config_default(dh_coordinator_config_t *cfg);
+
+/* Makes a coordinator and binds its socket. Returns 0, DH_EINVAL (no endpoint), -errno with
+ * a message naming the endpoint (cannot bind: -EADDRINUSE ...), -errno naming the telemetry
+ * file, or DH_ENOMEM. *out is the caller's (dh_coordinator_destroy). */
+int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg);
+
+/* The endpoint actually bound (a wildcard port resolved). Borrowed. */
+const char *dh_coordinator_endpoint(const dh_coordinator_t *c);
+
+/* Runs the event loop on the calling thread until dh_coordinator_stop. Returns 0 or a
+ * negative code for a fatal socket error (logged). */
+int dh_coordinator_run(dh_coordinator_t *c);
+
+/* Runs the loop on a new thread. Returns 0 or -errno (pthread_create). */
+int dh_coordinator_start(dh_coordinator_t *c);
+
+/* Asks the loop to stop (async-signal-safe). */
+void dh_coordinator_stop(dh_coordinator_t *c);
+
+/* Stops and joins a started thread, closes the sockets, frees; sets *c = NULL. Safe on NULL. */
+void dh_coordinator_destroy(dh_coordinator_t **c);
+
+typedef struct dh_coordinator_stats {
+    uint64_t requests, dispatches, redispatches, completes, delivered, decisions;
+    uint64_t servers_alive, servers_dead_declared, clients;
+    double sched_s; /* time in dh_place, total */
+} dh_coordinator_stats_t;
+
+/* A snapshot of the counters. Thread-safe. */
+void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out);
+
+/* ---- DataServer ----------------------------------------------------------------------- */
+
+typedef struct dh_dataserver dh_dataserver_t;
+
+typedef enum { DH_DS_LOCAL = 0, DH_DS_REMOTE = 1 } dh_ds_role_t;
+
+typedef struct dh_dataserver_config {
+    const char *coordinator; /* coordinator endpoint (required) */
+    dh_ds_role_t role;
+    const char *node;          /* node name (required) */
+    const char *name;          /* server name; NULL = "<node>-<local|remote>-<pid>" */
+    uint32_t workers;          /* worker threads; 0 (local role only) = delivery only: the
+                                * server maps its arena for its node's ranks and receives
+                                * what sidecars forward, but executes nothing */
+    const char *pipeline_path; /* pipeline spec JSON (docs/runtime.md), NULL = video defaults */
+    const char *pipeline_json; /* or the spec text itself (wins over pipeline_path) */
+    uint64_t arena_bytes;      /* local: shared-memory arena size (256 MiB) */
+    const char *data_listen;   /* local: endpoint clients and sidecars connect to
+                                * ("tcp://127.0.0.1:*") */
+    uint32_t heartbeat_ms;     /* heartbeat period (100) */
+    void *zmq_ctx;             /* borrowed ZeroMQ context, or NULL for an own one */
+} dh_dataserver_config_t;
+
+void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
+
+/* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
+ * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
+ * workers. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config or spec: the message
+ * names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the caller's. */
+int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
+
+const char *dh_dataserver_name(const dh_dataserver_t *s);
+/* Local role: the data endpoint actually bound; "" for a sidecar. Borrowed. */
+const char *dh_dataserver_endpoint(const dh_dataserver_t *s);
+
+int dh_dataserver_run(dh_dataserver_t *s);
+int dh_dataserver_start(dh_dataserver_t *s);
+void dh_dataserver_stop(dh_dataserver_t *s);
+void dh_dataserver_destroy(dh_dataserver_t **s);
+
+typedef struct dh_dataserver_stats {
+    uint64_t tasks, samples, sample_errors;
+    uint64_t delivered_local;     /* batches placed in the arena by its own workers */
+    uint64_t delivered_forwarded; /* batches received from sidecars, placed in the arena */
+    uint64_t forwarded;           /* sidecar: batches sent to a local DataServer */
+    uint64_t bytes_forwarded;     /* sidecar: payload bytes sent */
+    uint64_t bytes_received;      /* local: payload bytes received from sidecars */
+    uint64_t arena_waits;         /* times a batch waited for arena space (backpressure) */
+    uint64_t undeliverable;       /* batches dropped because their client was gone */
+} dh_dataserver_stats_t;
+
+void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

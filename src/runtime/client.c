@@ -1,0 +1,1058 @@
+/* client.c: one training rank's client (DESIGN §2, §4.2, §4.4, §5; docs/runtime.md).
+ *
+ * Threads: the caller's (dh_client_next), a sender (coordinator DEALER: HELLO, REQUEST,
+ * GOODBYE; receives the local DataServer's address) and a fetcher (data DEALER to the local
+ * DataServer: receives DELIVER). They share `lock`: the consumption point, the ring of
+ * delivered parts and the local DataServer's address; `cond` wakes next() (a part arrived)
+ * and the sender (a batch was consumed).
+ *
+ * Ordering and exactly-once: request seq = batch x fanout + part. The ring holds the parts of
+ * the batches between the consumption point and the prefetch horizon; a DELIVER for a seq
+ * outside that range or already filled is a duplicate (a re-dispatched request delivered
+ * twice) and its slabs are released at once.
+ *
+ * Arena mappings are reference counted (arena_ref_t): the client holds one per attached
+ * arena, each delivered part one more; a batch released after the client is gone unmaps the
+ * arena when its last part goes.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/cost.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+#include "datahelix/sampler.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/rt.h"
+
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+#define MAX_ARENAS 8
+
+typedef struct arena_ref {
+    dh_shm_arena_t *arena;
+    uint64_t id;
+    atomic_int refs;
+} arena_ref_t;
+
+static void arena_ref_drop(arena_ref_t *a)
+{
+    if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
+        dh_shm_arena_destroy(&a->arena);
+        dh_free(a);
+    }
+}
+
+typedef struct part {
+    bool ready;
+    uint64_t seq;
+    size_t n_tensors;
+    dh_client_tensor_t tensors[DH__RT_MAX_TENSORS];
+    char names[DH__RT_MAX_TENSORS][16];
+    dh_shm_handle_t handles[DH__RT_MAX_TENSORS];
+    arena_ref_t *arena;
+    uint32_t n_samples;
+    dh_wire_sample_result_t *samples; /* owned (moved from the decoded message) */
+    char server[NAME_CAP];
+    uint64_t ready_ns, received_ns;
+} part_t;
+
+static void part_release(part_t *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++)
+        if (p->handles[i].arena_id && p->arena)
+            dh_shm_arena_unref(p->arena->arena, &p->handles[i]);
+    arena_ref_drop(p->arena);
+    for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
+        dh_free(p->samples[i].id);
+        dh_free(p->samples[i].error);
+    }
+    dh_free(p->samples);
+    memset(p, 0, sizeof *p);
+}
+
+/* What the user gets: the public batch first, then what it owns. */
+typedef struct batch_impl {
+    dh_client_batch_t pub;
+    size_t n_parts;
+    part_t *parts;
+    void *merged[DH__RT_MAX_TENSORS]; /* fanout > 1: joined copies */
+    char server[NAME_CAP];
+} batch_impl_t;
+
+typedef struct ds_info {
+    char name[NAME_CAP];
+    char endpoint[ENDPOINT_CAP];
+    char shm_socket[NAME_CAP];
+    uint64_t generation;
+} ds_info_t;
+
+struct dh_client {
+    dh_client_config_t cfg;
+    char id[NAME_CAP];
+    char node[NAME_CAP];
+    char coord_endpoint[ENDPOINT_CAP];
+    dh_profile_set_t *profiles;
+    dh_sampler_t *sampler;      /* sender thread */
+    dh_sampler_t *plan_sampler; /* dh_client_plan_rank_step */
+    pthread_mutex_t plan_lock;
+    size_t steps_per_epoch;
+    uint64_t total;
+
+    void *ctx;
+    dh_coordinator_t *embedded_coord;
+    dh_dataserver_t *embedded_ds;
+    dh_wire_socket_t *coord; /* sender thread after start */
+    dh_wire_socket_t *data;  /* fetcher thread after start */
+    arena_ref_t *arenas[MAX_ARENAS];
+    size_t n_arenas; /* fetcher thread after start */
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t consumed; /* batches returned by next() */
+    uint64_t planned;  /* batches requested */
+    uint64_t delivered_parts_inflight;
+    part_t *ring; /* prefetch x fanout parts */
+    size_t ring_size;
+    int64_t *tokens_of; /* ring of planned batches' tokens */
+    size_t tokens_ring;
+    ds_info_t ds; /* the local DataServer, from the coordinator */
+    double s_per_token, mean_window_s;
+    uint64_t last_return_ns;
+    dh_client_stats_t stats;
+
+    atomic_int stop;
+    pthread_t sender, fetcher;
+    bool threads_started;
+};
+
+void dh_client_config_default(dh_client_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->ranks = 1;
+    cfg->batch = 1;
+    cfg->fanout = 1;
+    cfg->prefetch = 4;
+    cfg->shuffle = 1;
+    cfg->epochs = 1;
+    cfg->plan_algo = DH_PLAN_ALGO_DEFAULT;
+    cfg->on_error = DH_ON_ERROR_RAISE;
+    cfg->next_timeout_ms = -1;
+    cfg->connect_timeout_ms = 30000;
+    cfg->workers = 2;
+    cfg->arena_bytes = (uint64_t)256 << 20;
+}
+
+const char *dh_client_id(const dh_client_t *c)
+{
+    return c->id;
+}
+
+const char *dh_client_coordinator(const dh_client_t *c)
+{
+    return c->coord_endpoint;
+}
+
+void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+    *out = c->stats;
+    out->s_per_token = c->s_per_token;
+    out->steps_total = c->total;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+}
+
+/* ---- planning (pure calls) ---- */
+
+/* The profile rows `rank` gets at `step`, in window order. Returns the count or < 0. */
+static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
+                          uint32_t *rows, size_t cap)
+{
+    size_t per_step = (size_t)c->cfg.ranks * c->cfg.batch;
+    uint32_t *ids = dh_malloc(per_step * sizeof *ids);
+    double *load = dh_malloc(per_step * sizeof *load);
+    uint32_t *key = dh_malloc(per_step * sizeof *key);
+    int32_t *rank_of = dh_malloc(per_step * sizeof *rank_of);
+    int rc = 0;
+    if (!ids || !load || !key || !rank_of) {
+        rc = dh__set_error(DH_ENOMEM, "out of memory planning a step");
+        goto done;
+    }
+    if ((rc = dh_sampler_step(sampler, step, ids)))
+        goto done;
+    for (size_t i = 0; i < per_step; i++) {
+        const dh_profile_row_t *row = dh_profile_set_row(c->profiles, ids[i]);
+        load[i] = (double)row->tokens_est;
+        key[i] = row->key_index;
+    }
+    dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
+                           .algo = c->cfg.plan_algo,
+                           .ranks = c->cfg.ranks,
+                           .batch = c->cfg.batch};
+    rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+    if (rc == DH_ETOOBIG)
+        rc = 0; /* exact gave up: rank_of holds the best plan found */
+    if (rc)
+        goto done;
+    size_t n = 0;
+    for (size_t i = 0; i < per_step; i++)
+        if (rank_of[i] == (int32_t)rank && n < cap)
+            rows[n++] = ids[i];
+    rc = (int)n;
+done:
+    dh_free(ids);
+    dh_free(load);
+    dh_free(key);
+    dh_free(rank_of);
+    return rc;
+}
+
+int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
+                             size_t cap)
+{
+    if (rank >= c->cfg.ranks)
+        return dh__set_error(DH_EINVAL, "rank %u >= ranks %u", rank, c->cfg.ranks);
+    pthread_mutex_lock(&c->plan_lock);
+    int rc = plan_rank_step(c, c->plan_sampler, step, rank, rows, cap);
+    pthread_mutex_unlock(&c->plan_lock);
+    return rc;
+}
+
+/* ---- the sender ---- */
+
+/* Predicted compute seconds of batch b (needs lock). */
+static double predicted_compute(const dh_client_t *c, uint64_t b)
+{
+    int64_t tokens = c->tokens_of[b % c->tokens_ring];
+    if (c->s_per_token > 0 && tokens > 0)
+        return c->s_per_token * (double)tokens;
+    return c->mean_window_s;
+}
+
+/* DESIGN §4.2: D(b) = the time until the rank calls next() for batch b: what is left of the
+ * current compute window plus the predicted windows of the batches before b. (lock held) */
+static double deadline_s(const dh_client_t *c, uint64_t b)
+{
+    if (c->consumed == 0 || b < c->consumed)
+        return 0;
+    double elapsed = dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns());
+    double d = predicted_compute(c, c->consumed - 1) - elapsed;
+    if (d < 0)
+        d = 0;
+    for (uint64_t j = c->consumed; j < b; j++)
+        d += predicted_compute(c, j);
+    return d;
+}
+
+static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
+{
+    uint32_t rows[c->cfg.batch];
+    int n = plan_rank_step(c, c->sampler, b, c->cfg.rank, rows, c->cfg.batch);
+    if (n < 0)
+        return n;
+    uint32_t parts = c->cfg.fanout;
+    uint32_t part_of[c->cfg.batch];
+    if (parts > 1) {
+        double load[c->cfg.batch];
+        for (int i = 0; i < n; i++)
+            load[i] = (double)dh_profile_set_row(c->profiles, rows[i])->tokens_est;
+        int rc = dh_plan_fanout(load, (size_t)n, parts, part_of);
+        if (rc)
+            return rc;
+    } else {
+        for (int i = 0; i < n; i++)
+            part_of[i] = 0;
+    }
+    int64_t tokens = 0;
+    for (int i = 0; i < n; i++)
+        tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
+    pthread_mutex_lock(&c->lock);
+    c->tokens_of[b % c->tokens_ring] = tokens;
+    pthread_mutex_unlock(&c->lock);
+    for (uint32_t p = 0; p < parts; p++) {
+        dh_wire_sample_t samples[c->cfg.batch];
+        uint32_t k = 0;
+        for (int i = 0; i < n; i++) {
+            if (part_of[i] != p)
+                continue;
+            const dh_profile_row_t *row = dh_profile_set_row(c->profiles, rows[i]);
+            dh_wire_sample_t *s = &samples[k++];
+            memset(s, 0, sizeof *s);
+            s->id = (char *)row->id;
+            s->uri = (char *)row->uri;
+            s->key = (char *)row->profile_key;
+            s->frames = (uint32_t)row->frames;
+            s->height = (uint32_t)row->height;
+            s->width = (uint32_t)row->width;
+            s->cpu_s = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
+            s->in_bytes = (uint64_t)(row->in_bytes > 0 ? row->in_bytes : 0);
+            s->out_bytes = (uint64_t)(row->out_bytes > 0 ? row->out_bytes : 0);
+            s->tokens = row->tokens_est > 0 ? row->tokens_est : 0;
+        }
+        dh_msg_t m = {.type = DH_MSG_REQUEST};
+        m.request.client_id = c->id;
+        m.request.seq = b * parts + p;
+        m.request.rank = c->cfg.rank;
+        m.request.deadline_ns = (int64_t)(deadline * 1e9);
+        m.request.delivery_node = c->node;
+        m.request.n_samples = k;
+        m.request.samples = samples;
+        int rc = dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 1000);
+        if (rc) {
+            dh_log_warn("client '%s': cannot send request %llu to the coordinator %s: %s", c->id,
+                        (unsigned long long)m.request.seq, c->coord_endpoint, dh_last_error());
+            return rc;
+        }
+        pthread_mutex_lock(&c->lock);
+        c->stats.requests_sent++;
+        pthread_mutex_unlock(&c->lock);
+    }
+    return 0;
+}
+
+static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
+{
+    if (r->msg.type == DH_MSG_HELLO) {
+        pthread_mutex_lock(&c->lock);
+        bool changed = strcmp(c->ds.endpoint, r->msg.hello.endpoint) != 0 ||
+                       strcmp(c->ds.shm_socket, r->msg.hello.shm_socket) != 0;
+        if (changed) {
+            snprintf(c->ds.name, NAME_CAP, "%s", r->msg.hello.name);
+            snprintf(c->ds.endpoint, ENDPOINT_CAP, "%s", r->msg.hello.endpoint);
+            snprintf(c->ds.shm_socket, NAME_CAP, "%s", r->msg.hello.shm_socket);
+            c->ds.generation++;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (changed)
+            dh_log_info("client '%s': local DataServer is now '%s' (%s)", c->id, r->msg.hello.name,
+                        r->msg.hello.endpoint);
+    } else if (r->msg.type == DH_MSG_ERROR) {
+        dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
+                    r->msg.error.message);
+    }
+}
+
+static void *sender_main(void *arg)
+{
+    dh_client_t *c = arg;
+    dh_wire_received_t r = {0};
+    uint32_t per_batch = c->cfg.fanout;
+    uint32_t max_inflight = c->cfg.max_inflight ? c->cfg.max_inflight : c->cfg.prefetch * per_batch;
+    while (!atomic_load(&c->stop)) {
+        if (dh_wire_recv(c->coord, 2, &r) == 0) {
+            on_coord_message(c, &r);
+            dh_wire_received_release(&r);
+        }
+        for (;;) {
+            pthread_mutex_lock(&c->lock);
+            uint64_t b = c->planned;
+            /* Requests of batches not yet consumed, counting this one's. */
+            uint64_t inflight = (b - c->consumed + 1) * per_batch;
+            bool go = b < c->total && b < c->consumed + c->cfg.prefetch &&
+                      (inflight <= max_inflight || b == c->consumed);
+            double d = go ? deadline_s(c, b) : 0;
+            pthread_mutex_unlock(&c->lock);
+            if (!go || atomic_load(&c->stop))
+                break;
+            if (send_batch_requests(c, b, d) != 0)
+                break;
+            pthread_mutex_lock(&c->lock);
+            c->planned++;
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    return NULL;
+}
+
+/* ---- the fetcher ---- */
+
+static int connect_fd_socket(const char *name, int *fd_out)
+{
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return dh__set_error(-errno, "socket(AF_UNIX): %s", strerror(errno));
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    size_t len = strlen(name);
+    if (len + 1 > sizeof addr.sun_path) {
+        close(sock);
+        return dh__set_error(DH_EINVAL, "arena socket name '%s' too long", name);
+    }
+    memcpy(addr.sun_path + 1, name, len);
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+    if (connect(sock, (struct sockaddr *)&addr, alen) != 0) {
+        int e = errno;
+        close(sock);
+        return dh__set_error(-e, "cannot connect to the DataServer's arena socket @%s: %s", name,
+                             strerror(e));
+    }
+    int rc = dh_shm_recv_fd(sock, fd_out);
+    close(sock);
+    if (rc)
+        return dh__set_error(rc, "no arena fd from the DataServer's socket @%s: %s", name,
+                             dh_strerror(rc));
+    return 0;
+}
+
+/* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
+ * it under the lock into `ds`). */
+static int connect_local(dh_client_t *c, const ds_info_t *ds)
+{
+    int fd = -1;
+    int rc = connect_fd_socket(ds->shm_socket, &fd);
+    if (rc)
+        return rc;
+    dh_shm_arena_t *arena = NULL;
+    rc = dh_shm_arena_attach(&arena, fd);
+    close(fd);
+    if (rc)
+        return rc;
+    uint64_t id = dh_shm_arena_id(arena);
+    bool have = false;
+    for (size_t i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i]->id == id)
+            have = true;
+    if (have) {
+        dh_shm_arena_destroy(&arena);
+    } else {
+        if (c->n_arenas == MAX_ARENAS) {
+            arena_ref_drop(c->arenas[0]);
+            memmove(&c->arenas[0], &c->arenas[1], (MAX_ARENAS - 1) * sizeof c->arenas[0]);
+            c->n_arenas--;
+        }
+        arena_ref_t *a = dh_calloc(1, sizeof *a);
+        if (!a) {
+            dh_shm_arena_destroy(&arena);
+            return dh__set_error(DH_ENOMEM, "out of memory for an arena mapping");
+        }
+        a->arena = arena;
+        a->id = id;
+        atomic_init(&a->refs, 1);
+        c->arenas[c->n_arenas++] = a;
+    }
+    dh_wire_socket_t *sock = NULL;
+    if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
+        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(sock), c->id)) ||
+        (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
+        dh_wire_socket_destroy(&sock);
+        return rc;
+    }
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = c->node;
+    m.hello.name = c->id;
+    m.hello.pid = (uint32_t)getpid();
+    m.hello.rank = c->cfg.rank;
+    if ((rc = dh_wire_send(sock, NULL, 0, &m, NULL, 0, 1000))) {
+        dh_wire_socket_destroy(&sock);
+        return rc;
+    }
+    dh_wire_socket_destroy(&c->data);
+    c->data = sock;
+    return 0;
+}
+
+static arena_ref_t *arena_by_id(dh_client_t *c, uint64_t id)
+{
+    for (size_t i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i]->id == id)
+            return c->arenas[i];
+    return NULL;
+}
+
+/* Releases the slabs of a DELIVER that will not be used. */
+static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
+{
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *t = &m->tensors[i];
+        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
+        if (a) {
+            dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
+            dh_shm_arena_unref(a->arena, &h);
+        }
+    }
+}
+
+static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
+{
+    dh_msg_deliver_t *m = &r->msg.deliver;
+    uint64_t now = dh_clock_now_ns();
+    if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
+        dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
+                    m->n_tensors);
+        drop_deliver(c, m);
+        return;
+    }
+    part_t p = {0};
+    p.seq = m->seq;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *t = &m->tensors[i];
+        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
+        dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
+        void *ptr = NULL;
+        if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
+            dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a mapped "
+                        "arena (%s); dropped",
+                        c->id, (unsigned long long)m->seq, t->name,
+                        a ? dh_last_error() : "unknown arena");
+            for (size_t k = 0; k < p.n_tensors; k++)
+                dh_shm_arena_unref(p.arena->arena, &p.handles[k]);
+            if (p.arena)
+                arena_ref_drop(p.arena);
+            return;
+        }
+        if (!p.arena) {
+            p.arena = a;
+            atomic_fetch_add(&a->refs, 1);
+        }
+        p.handles[i] = h;
+        snprintf(p.names[i], sizeof p.names[i], "%s", t->name);
+        dh_client_tensor_t *o = &p.tensors[i];
+        o->name = p.names[i];
+        o->dtype = t->dtype;
+        o->ndim = t->ndim;
+        for (unsigned d = 0; d < t->ndim; d++) {
+            o->shape[d] = (int64_t)t->shape[d];
+            o->strides[d] = t->strides[d];
+        }
+        o->data = ptr;
+        size_t nbytes = dh_wire_dtype_size(t->dtype);
+        for (unsigned d = 0; d < t->ndim; d++)
+            nbytes *= (size_t)t->shape[d];
+        o->nbytes = nbytes;
+        p.n_tensors++;
+    }
+    p.n_samples = m->n_samples;
+    p.samples = m->samples; /* moved */
+    m->samples = NULL;
+    m->n_samples = 0;
+    snprintf(p.server, NAME_CAP, "%s", m->server ? m->server : "");
+    p.ready_ns = m->ready_ns;
+    p.received_ns = now;
+    p.ready = true;
+
+    uint32_t parts = c->cfg.fanout;
+    pthread_mutex_lock(&c->lock);
+    uint64_t lo = c->consumed * parts, hi = c->planned * parts;
+    part_t *slot = &c->ring[p.seq % c->ring_size];
+    bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
+    if (!dup) {
+        *slot = p;
+        c->stats.deliveries++;
+        pthread_cond_broadcast(&c->cond);
+    } else {
+        c->stats.duplicates_dropped++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (dup) {
+        dh_log_debug("client '%s': duplicate delivery of request %llu dropped", c->id,
+                     (unsigned long long)p.seq);
+        part_release(&p);
+    }
+}
+
+static void *fetcher_main(void *arg)
+{
+    dh_client_t *c = arg;
+    dh_wire_received_t r = {0};
+    uint64_t generation;
+    pthread_mutex_lock(&c->lock);
+    generation = c->ds.generation;
+    pthread_mutex_unlock(&c->lock);
+    while (!atomic_load(&c->stop)) {
+        pthread_mutex_lock(&c->lock);
+        ds_info_t ds = c->ds;
+        pthread_mutex_unlock(&c->lock);
+        if (ds.generation != generation) {
+            if (connect_local(c, &ds) == 0) {
+                generation = ds.generation;
+                dh_log_info("client '%s': connected to local DataServer '%s'", c->id, ds.name);
+            } else {
+                dh_log_warn("client '%s': cannot connect to local DataServer '%s' (%s): %s", c->id,
+                            ds.name, ds.endpoint, dh_last_error());
+                struct timespec ts = {0, 100000000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+        }
+        int rc = dh_wire_recv(c->data, 50, &r);
+        if (rc == DH_EPARSE) {
+            dh_log_warn("client '%s': dropped a malformed message: %s", c->id, dh_last_error());
+            continue;
+        }
+        if (rc)
+            continue;
+        if (r.msg.type == DH_MSG_DELIVER)
+            on_deliver(c, &r);
+        dh_wire_received_release(&r);
+    }
+    return NULL;
+}
+
+/* ---- creation ---- */
+
+static int register_with_coordinator(dh_client_t *c)
+{
+    int rc;
+    if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, NULL)) ||
+        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(c->coord), c->id)) ||
+        (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
+        return rc;
+    uint64_t start = dh_clock_now_ns();
+    dh_wire_received_t r = {0};
+    char last[256] = "no answer";
+    for (;;) {
+        dh_msg_t m = {.type = DH_MSG_HELLO};
+        m.hello.role = DH_WIRE_ROLE_CLIENT;
+        m.hello.node = c->node;
+        m.hello.name = c->id;
+        m.hello.pid = (uint32_t)getpid();
+        m.hello.rank = c->cfg.rank;
+        dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 200);
+        rc = dh_wire_recv(c->coord, 200, &r);
+        if (rc == 0 && r.msg.type == DH_MSG_HELLO) {
+            snprintf(c->ds.name, NAME_CAP, "%s", r.msg.hello.name);
+            snprintf(c->ds.endpoint, ENDPOINT_CAP, "%s", r.msg.hello.endpoint);
+            snprintf(c->ds.shm_socket, NAME_CAP, "%s", r.msg.hello.shm_socket);
+            c->ds.generation = 1;
+            dh_wire_received_release(&r);
+            return 0;
+        }
+        if (rc == 0 && r.msg.type == DH_MSG_ERROR)
+            snprintf(last, sizeof last, "%s", r.msg.error.message);
+        dh_wire_received_release(&r);
+        if (c->cfg.connect_timeout_ms >= 0 &&
+            dh_clock_elapsed_s(start, dh_clock_now_ns()) * 1000 > c->cfg.connect_timeout_ms)
+            return dh__set_error(DH_EAGAIN,
+                                 "client '%s': the coordinator %s gave no local DataServer for "
+                                 "node '%s' within %d ms (%s)",
+                                 c->id, c->coord_endpoint, c->node, c->cfg.connect_timeout_ms,
+                                 last);
+        /* Drain a late reply before asking again (the loop waits 200 ms a round). */
+    }
+}
+
+static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
+{
+    static atomic_uint counter;
+    unsigned n = atomic_fetch_add(&counter, 1);
+    char coord_ep[128], data_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://datahelix-coordinator-%u", n);
+    snprintf(data_ep, sizeof data_ep, "inproc://datahelix-data-%u", n);
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = coord_ep;
+    cc.zmq_ctx = c->ctx;
+    if (cfg->policy && dh_policy_from_name(cfg->policy, &cc.place.policy) != 0)
+        return dh__set_error(DH_EINVAL, "client: unknown placement policy '%s'", cfg->policy);
+    int rc = dh_coordinator_new(&c->embedded_coord, &cc);
+    if (rc)
+        return rc;
+    snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", coord_ep);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = c->node;
+    dc.workers = c->cfg.workers ? c->cfg.workers : 2;
+    dc.pipeline_path = cfg->pipeline_path;
+    dc.pipeline_json = cfg->pipeline_json;
+    dc.arena_bytes = c->cfg.arena_bytes;
+    dc.data_listen = data_ep;
+    dc.zmq_ctx = c->ctx;
+    char name[NAME_CAP + 32];
+    snprintf(name, sizeof name, "%.100s-embedded-%u", c->node, n);
+    dc.name = name;
+    if ((rc = dh_dataserver_new(&c->embedded_ds, &dc)))
+        return rc;
+    if ((rc = dh_coordinator_start(c->embedded_coord)) ||
+        (rc = dh_dataserver_start(c->embedded_ds)))
+        return rc;
+    return 0;
+}
+
+static int check_config(const dh_client_config_t *cfg)
+{
+    if (!cfg->profiles || !cfg->profiles[0])
+        return dh__set_error(DH_EINVAL, "client: no profile file (profiles)");
+    if (cfg->ranks == 0 || cfg->rank >= cfg->ranks)
+        return dh__set_error(DH_EINVAL, "client: rank %u must be below ranks %u", cfg->rank,
+                             cfg->ranks);
+    if (cfg->batch == 0 || cfg->batch > 4096)
+        return dh__set_error(DH_EINVAL, "client: batch must be in [1, 4096], got %u", cfg->batch);
+    if (cfg->fanout == 0 || cfg->fanout > cfg->batch)
+        return dh__set_error(DH_EINVAL, "client: fanout must be in [1, batch=%u], got %u",
+                             cfg->batch, cfg->fanout);
+    if (cfg->prefetch == 0 || cfg->prefetch > 1024)
+        return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
+                             cfg->prefetch);
+    return 0;
+}
+
+int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
+{
+    *out = NULL;
+    int rc = check_config(cfg);
+    if (rc)
+        return rc;
+    dh_client_t *c = dh_calloc(1, sizeof *c);
+    if (!c)
+        return dh__set_error(DH_ENOMEM, "out of memory for a client");
+    c->cfg = *cfg;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->plan_lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    if (cfg->node && cfg->node[0])
+        snprintf(c->node, sizeof c->node, "%s", cfg->node);
+    else
+        dh__rt_hostname(c->node, sizeof c->node);
+    if (cfg->client_id && cfg->client_id[0])
+        snprintf(c->id, sizeof c->id, "%s", cfg->client_id);
+    else
+        snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d", c->node, cfg->rank, (int)getpid());
+    c->cfg.node = c->node;
+    c->cfg.client_id = c->id;
+    c->cfg.coordinator = NULL;
+    c->cfg.profiles = NULL;
+    c->cfg.pipeline_path = NULL;
+    c->cfg.pipeline_json = NULL;
+    c->cfg.policy = NULL;
+
+    if ((rc = dh_profile_set_new(&c->profiles)) ||
+        (rc = dh_profile_set_load(c->profiles, cfg->profiles)))
+        goto fail;
+    size_t n = dh_profile_set_count(c->profiles);
+    size_t per_step = (size_t)cfg->ranks * cfg->batch;
+    if (n < per_step) {
+        rc = dh__set_error(DH_EINVAL, "%s: %zu samples, fewer than one step's %u ranks x %u",
+                           cfg->profiles, n, cfg->ranks, cfg->batch);
+        goto fail;
+    }
+    if ((rc = dh_sampler_new(&c->sampler, n, per_step, cfg->seed, cfg->shuffle)) ||
+        (rc = dh_sampler_new(&c->plan_sampler, n, per_step, cfg->seed, cfg->shuffle)))
+        goto fail;
+    c->steps_per_epoch = dh_sampler_steps_per_epoch(c->sampler);
+    c->total = cfg->epochs ? (uint64_t)c->steps_per_epoch * cfg->epochs : UINT64_MAX;
+    if (cfg->max_steps && cfg->max_steps < c->total)
+        c->total = cfg->max_steps;
+    c->ring_size = (size_t)cfg->prefetch * cfg->fanout;
+    c->tokens_ring = (size_t)cfg->prefetch + 2;
+    c->ring = dh_calloc(c->ring_size, sizeof *c->ring);
+    c->tokens_of = dh_calloc(c->tokens_ring, sizeof *c->tokens_of);
+    if (!c->ring || !c->tokens_of) {
+        rc = dh__set_error(DH_ENOMEM, "out of memory for the prefetch ring");
+        goto fail;
+    }
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        rc = dh__set_error(DH_ENOMEM, "client: zmq_ctx_new failed");
+        goto fail;
+    }
+    if (cfg->coordinator && cfg->coordinator[0]) {
+        snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", cfg->coordinator);
+    } else if ((rc = start_embedded(c, cfg))) {
+        goto fail;
+    }
+    if ((rc = register_with_coordinator(c)))
+        goto fail;
+    if ((rc = connect_local(c, &c->ds)))
+        goto fail;
+    dh_log_info("client '%s': rank %u/%u, node '%s', %llu batches of %u (fanout %u, prefetch "
+                "%u), local DataServer '%s'",
+                c->id, cfg->rank, cfg->ranks, c->node, (unsigned long long)c->total, cfg->batch,
+                cfg->fanout, cfg->prefetch, c->ds.name);
+    c->last_return_ns = dh_clock_now_ns();
+    int e = pthread_create(&c->fetcher, NULL, fetcher_main, c);
+    if (e == 0) {
+        e = pthread_create(&c->sender, NULL, sender_main, c);
+        if (e) {
+            atomic_store(&c->stop, 1);
+            pthread_join(c->fetcher, NULL);
+        }
+    }
+    if (e) {
+        rc = dh__set_error(-e, "client: pthread_create: %s", strerror(e));
+        goto fail;
+    }
+    c->threads_started = true;
+    *out = c;
+    return 0;
+fail:
+    dh_client_destroy(&c);
+    return rc;
+}
+
+/* ---- next ---- */
+
+/* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest
+ * (fanout > 1 only: one copy of the batch). */
+static int merge_parts(batch_impl_t *b)
+{
+    part_t *p0 = &b->parts[0];
+    b->pub.n_tensors = p0->n_tensors;
+    for (size_t t = 0; t < p0->n_tensors; t++) {
+        dh_client_tensor_t *o = &b->pub.tensors[t];
+        *o = p0->tensors[t];
+        int64_t rows = 0;
+        for (size_t k = 0; k < b->n_parts; k++) {
+            const dh_client_tensor_t *x = &b->parts[k].tensors[t];
+            if (b->parts[k].n_tensors != p0->n_tensors || x->dtype != o->dtype ||
+                x->ndim != o->ndim || x->ndim == 0 || strcmp(x->name, o->name) != 0)
+                return dh__set_error(DH_EPARSE,
+                                     "batch %llu: part %zu's tensor '%s' does not "
+                                     "match part 0's",
+                                     (unsigned long long)b->pub.index, k, o->name);
+            rows += x->shape[0];
+            for (uint32_t d = 1; d < o->ndim; d++)
+                if (x->shape[d] > o->shape[d])
+                    o->shape[d] = x->shape[d];
+        }
+        o->shape[0] = rows;
+        size_t elem = dh_wire_dtype_size(o->dtype);
+        int64_t stride = (int64_t)elem;
+        for (int d = (int)o->ndim - 1; d >= 0; d--) {
+            o->strides[d] = stride;
+            stride *= o->shape[d];
+        }
+        o->nbytes = (size_t)stride;
+        b->merged[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
+        if (!b->merged[t])
+            return dh__set_error(DH_ENOMEM, "out of memory joining a batch of %zu bytes",
+                                 o->nbytes);
+        o->data = b->merged[t];
+        o->name = p0->names[t];
+        int64_t row0 = 0;
+        for (size_t k = 0; k < b->n_parts; k++) {
+            const dh_client_tensor_t *x = &b->parts[k].tensors[t];
+            /* Copy x's elements into o at row offset row0, dimension by dimension: the
+             * innermost dimension is copied as one run. */
+            size_t inner = elem * (size_t)x->shape[x->ndim - 1];
+            size_t outer = 1;
+            for (uint32_t d = 0; d + 1 < x->ndim; d++)
+                outer *= (size_t)x->shape[d];
+            for (size_t i = 0; i < outer; i++) {
+                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0];
+                for (int d = (int)x->ndim - 2; d >= 0; d--) {
+                    size_t idx = rem % (size_t)x->shape[d];
+                    rem /= (size_t)x->shape[d];
+                    src_off += idx * (size_t)x->strides[d];
+                    dst_off += idx * (size_t)o->strides[d];
+                }
+                memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
+            }
+            row0 += x->shape[0];
+        }
+    }
+    return 0;
+}
+
+static void batch_free(batch_impl_t *b)
+{
+    for (size_t i = 0; i < b->n_parts; i++)
+        part_release(&b->parts[i]);
+    dh_free(b->parts);
+    for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
+        dh_free(b->merged[t]);
+    dh_free(b->pub.samples);
+    dh_free(b->pub.tensors);
+    dh_free(b);
+}
+
+void dh_client_batch_release(dh_client_batch_t **pb)
+{
+    if (!pb || !*pb)
+        return;
+    batch_free((batch_impl_t *)*pb);
+    *pb = NULL;
+}
+
+int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
+{
+    *out = NULL;
+    uint64_t entry = dh_clock_now_ns();
+    uint32_t parts = c->cfg.fanout;
+    pthread_mutex_lock(&c->lock);
+    if (c->consumed >= c->total) {
+        pthread_mutex_unlock(&c->lock);
+        return DH_EEOF;
+    }
+    uint64_t b = c->consumed;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    if (c->cfg.next_timeout_ms >= 0) {
+        deadline.tv_sec += c->cfg.next_timeout_ms / 1000;
+        deadline.tv_nsec += (long)(c->cfg.next_timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    for (;;) {
+        bool all = true;
+        for (uint32_t p = 0; p < parts; p++) {
+            part_t *s = &c->ring[(b * parts + p) % c->ring_size];
+            if (!s->ready || s->seq != b * parts + p)
+                all = false;
+        }
+        if (all)
+            break;
+        if (c->cfg.next_timeout_ms >= 0) {
+            if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
+                pthread_mutex_unlock(&c->lock);
+                return dh__set_error(DH_EAGAIN,
+                                     "client '%s': batch %llu not ready within %d ms (local "
+                                     "DataServer '%s')",
+                                     c->id, (unsigned long long)b, c->cfg.next_timeout_ms,
+                                     c->ds.name);
+            }
+        } else {
+            pthread_cond_wait(&c->cond, &c->lock);
+        }
+    }
+    batch_impl_t *bi = dh_calloc(1, sizeof *bi);
+    part_t *taken = bi ? dh_calloc(parts, sizeof *taken) : NULL;
+    if (!bi || !taken) {
+        pthread_mutex_unlock(&c->lock);
+        dh_free(bi);
+        return dh__set_error(DH_ENOMEM, "out of memory for a batch");
+    }
+    for (uint32_t p = 0; p < parts; p++) {
+        part_t *s = &c->ring[(b * parts + p) % c->ring_size];
+        taken[p] = *s;
+        memset(s, 0, sizeof *s);
+    }
+    /* The compute window just measured: from the previous return to this call. */
+    if (b > 0) {
+        double window = dh_clock_elapsed_s(c->last_return_ns, entry);
+        int64_t tokens = c->tokens_of[(b - 1) % c->tokens_ring];
+        c->mean_window_s =
+            c->mean_window_s > 0 ? dh_cost_ewma(c->mean_window_s, window, 0.2) : window;
+        if (tokens > 0) {
+            double spt = window / (double)tokens;
+            c->s_per_token = c->s_per_token > 0 ? dh_cost_ewma(c->s_per_token, spt, 0.2) : spt;
+        }
+    }
+    c->consumed++;
+    uint64_t now = dh_clock_now_ns();
+    c->last_return_ns = now;
+    double waited = dh_clock_elapsed_s(entry, now);
+    c->stats.wait_s += waited;
+    pthread_mutex_unlock(&c->lock);
+
+    bi->parts = taken;
+    bi->n_parts = parts;
+    bi->pub.index = b;
+    bi->pub.step = b;
+    bi->pub.epoch = (uint32_t)(c->steps_per_epoch ? b / c->steps_per_epoch : 0);
+    bi->pub.wait_s = waited;
+    for (uint32_t p = 0; p < parts; p++)
+        if (taken[p].ready_ns > bi->pub.ready_ns)
+            bi->pub.ready_ns = taken[p].ready_ns;
+    snprintf(bi->server, NAME_CAP, "%s", taken[0].server);
+    bi->pub.server = bi->server;
+    size_t n_samples = 0;
+    for (uint32_t p = 0; p < parts; p++)
+        n_samples += taken[p].n_samples;
+    bi->pub.tensors = dh_calloc(DH__RT_MAX_TENSORS, sizeof *bi->pub.tensors);
+    bi->pub.samples = dh_calloc(n_samples ? n_samples : 1, sizeof *bi->pub.samples);
+    int rc = 0;
+    if (!bi->pub.tensors || !bi->pub.samples) {
+        rc = dh__set_error(DH_ENOMEM, "out of memory for a batch");
+        goto fail;
+    }
+    for (uint32_t p = 0; p < parts; p++)
+        for (uint32_t i = 0; i < taken[p].n_samples; i++) {
+            const dh_wire_sample_result_t *r = &taken[p].samples[i];
+            dh_client_sample_t *o = &bi->pub.samples[bi->pub.n_samples++];
+            o->id = r->id;
+            o->tokens = r->tokens;
+            o->error = r->status;
+            o->error_message = r->status ? r->error : NULL;
+            bi->pub.tokens += r->tokens;
+            if (r->status)
+                bi->pub.failed++;
+        }
+    if (parts == 1) {
+        bi->pub.n_tensors = taken[0].n_tensors;
+        memcpy(bi->pub.tensors, taken[0].tensors, taken[0].n_tensors * sizeof *bi->pub.tensors);
+    } else if ((rc = merge_parts(bi))) {
+        goto fail;
+    }
+    size_t bytes = 0;
+    for (size_t t = 0; t < bi->pub.n_tensors; t++)
+        bytes += bi->pub.tensors[t].nbytes;
+    pthread_mutex_lock(&c->lock);
+    c->stats.batches++;
+    c->stats.samples += bi->pub.n_samples;
+    c->stats.samples_failed += bi->pub.failed;
+    c->stats.bytes_delivered += bytes;
+    pthread_mutex_unlock(&c->lock);
+    if (bi->pub.failed && c->cfg.on_error == DH_ON_ERROR_RAISE) {
+        for (size_t i = 0; i < bi->pub.n_samples; i++)
+            if (bi->pub.samples[i].error) {
+                rc = dh__set_error(bi->pub.samples[i].error, "%s",
+                                   bi->pub.samples[i].error_message
+                                       ? bi->pub.samples[i].error_message
+                                       : dh_strerror(bi->pub.samples[i].error));
+                break;
+            }
+        goto fail;
+    }
+    *out = &bi->pub;
+    return 0;
+fail:
+    batch_free(bi);
+    return rc;
+}
+
+void dh_client_destroy(dh_client_t **pc)
+{
+    if (!pc || !*pc)
+        return;
+    dh_client_t *c = *pc;
+    atomic_store(&c->stop, 1);
+    if (c->threads_started) {
+        pthread_join(c->sender, NULL);
+        pthread_join(c->fetcher, NULL);
+    }
+    dh_msg_t bye = {.type = DH_MSG_GOODBYE};
+    if (c->coord)
+        dh_wire_send(c->coord, NULL, 0, &bye, NULL, 0, 0);
+    if (c->data)
+        dh_wire_send(c->data, NULL, 0, &bye, NULL, 0, 0);
+    for (size_t i = 0; c->ring && i < c->ring_size; i++)
+        if (c->ring[i].ready)
+            part_release(&c->ring[i]);
+    dh_free(c->ring);
+    dh_free(c->tokens_of);
+    dh_wire_socket_destroy(&c->coord);
+    dh_wire_socket_destroy(&c->data);
+    for (size_t i = 0; i < c->n_arenas; i++)
+        arena_ref_drop(c->arenas[i]);
+    dh_dataserver_destroy(&c->embedded_ds);
+    dh_coordinator_destroy(&c->embedded_coord);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    dh_sampler_destroy(&c->sampler);
+    dh_sampler_destroy(&c->plan_sampler);
+    dh_profile_set_destroy(&c->profiles);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->plan_lock);
+    pthread_cond_destroy(&c->cond);
+    dh_free(c);
+    *pc = NULL;
+}

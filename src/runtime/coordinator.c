@@ -1,0 +1,826 @@
+/* coordinator.c: the registry, the liveness tracker and the scheduler of a job (DESIGN §2,
+ * §4.3; docs/runtime.md).
+ *
+ * One thread, one ROUTER socket. Peers are DEALERs whose routing id is their name. The
+ * coordinator keeps:
+ *   - servers: role, node, workers, endpoints, liveness (last message), the book of work
+ *     dispatched to each (queue length, predicted seconds), a learned speed factor;
+ *   - clients: rank, node, the local DataServer it was told about;
+ *   - the book of requests not yet delivered, in arrival order. A request stays in the book
+ *     until its delivering local DataServer reports delivered=1; until then a dead executor
+ *     or a dead target puts it back into the "to place" state, so no sample is lost. The
+ *     client drops the duplicates this can cause.
+ * Placement calls dh_place (pure) on a snapshot rebuilt per decision (O(servers)). The book
+ * is an array searched linearly: O(requests in flight) per completion, a few hundred in
+ * practice; a hash would be the fix if clusters grow past thousands of ranks.
+ * Tensors never pass through here.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/cost.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/runtime.h"
+#include "datahelix/wire.h"
+#include "runtime/rt.h"
+
+#define MAX_NODES 64
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+
+typedef struct server {
+    char name[NAME_CAP];
+    uint8_t role; /* dh_wire_role_t */
+    uint32_t node;
+    uint32_t workers;
+    uint32_t pid;
+    char endpoint[ENDPOINT_CAP];
+    char shm_socket[NAME_CAP];
+    bool alive;
+    uint64_t last_seen_ns;
+    uint32_t queue_len;  /* dispatched, not yet executed (the book) */
+    double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
+    double speed;        /* learned observed / predicted */
+    double storage_s_per_B;
+} server_t;
+
+typedef struct client {
+    char name[NAME_CAP];
+    uint32_t node;
+    uint32_t rank;
+    uint32_t pid;
+    int32_t told; /* index of the local DataServer it was told about, or -1 */
+} client_t;
+
+typedef struct entry {
+    dh_msg_t msg; /* the REQUEST, owned */
+    int32_t client;
+    int32_t server; /* executing server, -1 = to place */
+    bool executed;  /* the executor reported COMPLETE (delivered=0) */
+    uint64_t arrival_ns;
+    double pred_cpu_s, in_bytes, out_bytes;
+    uint32_t placements;
+} entry_t;
+
+struct dh_coordinator {
+    dh_coordinator_config_t cfg;
+    void *ctx;
+    bool own_ctx;
+    dh_wire_socket_t *sock;
+    char endpoint[ENDPOINT_CAP];
+    FILE *telemetry;
+    char *telemetry_path;
+    atomic_int stop;
+    pthread_t thread;
+    bool started;
+
+    server_t *servers;
+    size_t n_servers, cap_servers;
+    client_t *clients;
+    size_t n_clients, cap_clients;
+    entry_t *book;
+    size_t n_book, cap_book;
+    char nodes[MAX_NODES][NAME_CAP];
+    uint32_t n_nodes;
+    dh_link_t links[MAX_NODES * MAX_NODES];
+
+    dh_cost_model_t *model;
+    dh_server_state_t *snap;
+    dh_candidate_t *cand;
+    size_t cap_snap;
+    uint64_t start_ns;
+    bool pending_work; /* entries to place exist */
+
+    pthread_mutex_t stats_lock;
+    dh_coordinator_stats_t stats;
+};
+
+void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    dh_place_config_default(&cfg->place);
+    cfg->dead_after_ms = 1000;
+    cfg->queue_cap = 4;
+    cfg->default_link_Bps = 1.25e9;
+    cfg->default_latency_s = 100e-6;
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap * 2 : 16;
+    while (n < need)
+        n *= 2;
+    void *p = dh_reallocarray(*arr, n, elem);
+    if (!p)
+        return dh__set_error(DH_ENOMEM, "coordinator: out of memory");
+    memset((char *)p + *cap * elem, 0, (n - *cap) * elem);
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+static uint32_t node_index(dh_coordinator_t *c, const char *name)
+{
+    for (uint32_t i = 0; i < c->n_nodes; i++)
+        if (strcmp(c->nodes[i], name) == 0)
+            return i;
+    if (c->n_nodes == MAX_NODES) {
+        dh_log_warn("coordinator: more than %d nodes; node '%s' shares the last slot", MAX_NODES,
+                    name);
+        return MAX_NODES - 1;
+    }
+    snprintf(c->nodes[c->n_nodes], NAME_CAP, "%s", name);
+    return c->n_nodes++;
+}
+
+int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg)
+{
+    *out = NULL;
+    if (!cfg || !cfg->listen || !cfg->listen[0])
+        return dh__set_error(DH_EINVAL, "coordinator: no endpoint to listen on (--listen)");
+    dh_coordinator_t *c = dh_calloc(1, sizeof *c);
+    if (!c)
+        return dh__set_error(DH_ENOMEM, "out of memory for the coordinator");
+    c->cfg = *cfg;
+    c->cfg.listen = NULL;
+    c->cfg.telemetry_path = NULL;
+    pthread_mutex_init(&c->stats_lock, NULL);
+    int rc = 0;
+    c->ctx = cfg->zmq_ctx;
+    if (!c->ctx) {
+        c->ctx = zmq_ctx_new();
+        c->own_ctx = true;
+        if (!c->ctx) {
+            rc = dh__set_error(DH_ENOMEM, "coordinator: zmq_ctx_new failed");
+            goto fail;
+        }
+    }
+    for (uint32_t i = 0; i < MAX_NODES * MAX_NODES; i++)
+        c->links[i] = dh_link_make(cfg->default_link_Bps > 0 ? cfg->default_link_Bps : 1.25e9,
+                                   cfg->default_latency_s);
+    if ((rc = dh_cost_model_new(&c->model, NULL)))
+        goto fail;
+    if ((rc = dh_wire_socket_new(&c->sock, c->ctx, ZMQ_ROUTER, NULL)))
+        goto fail;
+    int handover = 1;
+    zmq_setsockopt(dh_wire_socket_handle(c->sock), ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
+    if ((rc = dh_wire_socket_bind(c->sock, cfg->listen)))
+        goto fail;
+    if ((rc =
+             dh__rt_last_endpoint(dh_wire_socket_handle(c->sock), c->endpoint, sizeof c->endpoint)))
+        goto fail;
+    if (cfg->telemetry_path && cfg->telemetry_path[0]) {
+        c->telemetry = fopen(cfg->telemetry_path, "w");
+        if (!c->telemetry) {
+            rc = dh__set_error(-errno, "coordinator: cannot write telemetry file %s: %s",
+                               cfg->telemetry_path, strerror(errno));
+            goto fail;
+        }
+        c->telemetry_path = dh_strdup(cfg->telemetry_path);
+    }
+    c->start_ns = dh_clock_now_ns();
+    *out = c;
+    return 0;
+fail:
+    dh_coordinator_destroy(&c);
+    return rc;
+}
+
+const char *dh_coordinator_endpoint(const dh_coordinator_t *c)
+{
+    return c->endpoint;
+}
+
+void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&c->stats_lock);
+    *out = c->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->stats_lock);
+}
+
+#define STAT_ADD(c, field, v)                                                                      \
+    do {                                                                                           \
+        pthread_mutex_lock(&(c)->stats_lock);                                                      \
+        (c)->stats.field += (v);                                                                   \
+        pthread_mutex_unlock(&(c)->stats_lock);                                                    \
+    } while (0)
+
+static server_t *find_server(dh_coordinator_t *c, const char *name, int32_t *idx)
+{
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (strcmp(c->servers[i].name, name) == 0) {
+            if (idx)
+                *idx = (int32_t)i;
+            return &c->servers[i];
+        }
+    return NULL;
+}
+
+static client_t *find_client(dh_coordinator_t *c, const char *name, int32_t *idx)
+{
+    for (size_t i = 0; i < c->n_clients; i++)
+        if (strcmp(c->clients[i].name, name) == 0) {
+            if (idx)
+                *idx = (int32_t)i;
+            return &c->clients[i];
+        }
+    return NULL;
+}
+
+static int32_t local_server_of(dh_coordinator_t *c, uint32_t node)
+{
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (c->servers[i].alive && c->servers[i].role == DH_WIRE_ROLE_LOCAL &&
+            c->servers[i].node == node)
+            return (int32_t)i;
+    return -1;
+}
+
+static int send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg)
+{
+    int rc = dh_wire_send(c->sock, peer, strlen(peer), msg, NULL, 0, 0);
+    if (rc)
+        dh_log_debug("coordinator: cannot send %s to '%s': %s", dh_msg_type_name(msg->type), peer,
+                     dh_last_error());
+    return rc;
+}
+
+static void send_error(dh_coordinator_t *c, const char *peer, int code, const char *text)
+{
+    dh_msg_t m = {.type = DH_MSG_ERROR};
+    m.error.code = code;
+    m.error.message = (char *)text;
+    send_to(c, peer, &m);
+}
+
+/* Tells a client which local DataServer serves its node. */
+static void tell_client(dh_coordinator_t *c, client_t *cl, int32_t ds)
+{
+    server_t *s = &c->servers[ds];
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_LOCAL;
+    m.hello.node = c->nodes[s->node];
+    m.hello.workers = s->workers;
+    m.hello.name = s->name;
+    m.hello.endpoint = s->endpoint;
+    m.hello.shm_socket = s->shm_socket;
+    m.hello.pid = s->pid;
+    if (send_to(c, cl->name, &m) == 0)
+        cl->told = ds;
+}
+
+static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t *h)
+{
+    uint64_t now = dh_clock_now_ns();
+    if (strcmp(peer, h->name) != 0) {
+        dh_log_warn("coordinator: refusing HELLO from '%s' naming itself '%s' (the name must be "
+                    "the routing id)",
+                    peer, h->name);
+        send_error(c, peer, DH_EINVAL, "HELLO name differs from the routing id");
+        return;
+    }
+    if (h->role == DH_WIRE_ROLE_CLIENT) {
+        int32_t idx;
+        client_t *cl = find_client(c, peer, &idx);
+        if (!cl) {
+            if (grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients))
+                return;
+            cl = &c->clients[c->n_clients++];
+            snprintf(cl->name, NAME_CAP, "%s", peer);
+            STAT_ADD(c, clients, 1);
+        }
+        cl->node = node_index(c, h->node);
+        cl->rank = h->rank;
+        cl->pid = h->pid;
+        cl->told = -1;
+        int32_t ds = local_server_of(c, cl->node);
+        if (ds < 0) {
+            char text[256];
+            snprintf(text, sizeof text, "no local DataServer registered on node '%s' yet", h->node);
+            send_error(c, peer, DH_ENOSERVER, text);
+            return;
+        }
+        dh_log_info("coordinator: client '%s' (rank %u, node '%s', pid %u) -> local DataServer "
+                    "'%s'",
+                    peer, h->rank, h->node, h->pid, c->servers[ds].name);
+        tell_client(c, cl, ds);
+        return;
+    }
+    int32_t idx;
+    server_t *s = find_server(c, peer, &idx);
+    bool known = s != NULL;
+    if (!s) {
+        if (grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers))
+            return;
+        idx = (int32_t)c->n_servers;
+        s = &c->servers[c->n_servers++];
+        snprintf(s->name, NAME_CAP, "%s", peer);
+        s->speed = 1.0;
+    }
+    s->role = h->role;
+    s->node = node_index(c, h->node);
+    s->workers = h->workers; /* 0: a delivery-only local DataServer, never a candidate */
+    s->pid = h->pid;
+    snprintf(s->endpoint, ENDPOINT_CAP, "%s", h->endpoint ? h->endpoint : "");
+    snprintf(s->shm_socket, NAME_CAP, "%s", h->shm_socket ? h->shm_socket : "");
+    s->last_seen_ns = now;
+    s->storage_s_per_B = 1.0 / 2e9;
+    if (!s->alive)
+        STAT_ADD(c, servers_alive, 1);
+    s->alive = true;
+    /* A (re)registered server starts with an empty queue: what it had was placed again. */
+    s->queue_len = 0;
+    s->queued_cpu_s = 0;
+    dh_log_info("coordinator: %s DataServer '%s' %s (node '%s', %u workers, pid %u%s%s)",
+                h->role == DH_WIRE_ROLE_LOCAL ? "local" : "remote", peer,
+                known ? "registered again" : "registered", h->node, s->workers, h->pid,
+                s->endpoint[0] ? ", data " : "", s->endpoint);
+    if (h->role == DH_WIRE_ROLE_LOCAL)
+        for (size_t i = 0; i < c->n_clients; i++)
+            if (c->clients[i].node == s->node)
+                tell_client(c, &c->clients[i], idx);
+    c->pending_work = true;
+}
+
+static void declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
+{
+    server_t *s = &c->servers[idx];
+    if (!s->alive)
+        return;
+    s->alive = false;
+    s->queue_len = 0;
+    s->queued_cpu_s = 0;
+    size_t replaced = 0;
+    for (size_t i = 0; i < c->n_book; i++) {
+        entry_t *e = &c->book[i];
+        bool target_dead = false;
+        if (s->role == DH_WIRE_ROLE_LOCAL) {
+            client_t *cl = &c->clients[e->client];
+            target_dead = cl->node == s->node;
+        }
+        if (e->server == idx || (target_dead && e->server >= 0)) {
+            if (e->server >= 0 && e->server != idx && !e->executed) {
+                server_t *x = &c->servers[e->server];
+                if (x->queue_len)
+                    x->queue_len--;
+                x->queued_cpu_s -= e->pred_cpu_s;
+                if (x->queued_cpu_s < 0)
+                    x->queued_cpu_s = 0;
+            }
+            e->server = -1;
+            e->executed = false;
+            replaced++;
+        }
+    }
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats.servers_alive--;
+    c->stats.servers_dead_declared++;
+    c->stats.redispatches += replaced;
+    pthread_mutex_unlock(&c->stats_lock);
+    dh_log_warn("coordinator: DataServer '%s' (pid %u) declared dead: %s; %zu undelivered "
+                "requests to place again",
+                s->name, s->pid, why, replaced);
+    if (s->role == DH_WIRE_ROLE_LOCAL)
+        for (size_t i = 0; i < c->n_clients; i++)
+            if (c->clients[i].told == idx)
+                c->clients[i].told = -1;
+    c->pending_work = true;
+}
+
+static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_heartbeat_t *h)
+{
+    int32_t idx;
+    server_t *s = find_server(c, peer, &idx);
+    if (!s) {
+        send_error(c, peer, DH_EUNKNOWN, "unknown DataServer: send HELLO");
+        return;
+    }
+    s->last_seen_ns = dh_clock_now_ns();
+    if (!s->alive) {
+        /* A stopped process that resumed (SIGCONT): it is usable again, with an empty book
+         * (its old requests were placed elsewhere; what it still delivers is dropped by the
+         * clients as duplicates). */
+        s->alive = true;
+        s->queue_len = 0;
+        s->queued_cpu_s = 0;
+        STAT_ADD(c, servers_alive, 1);
+        dh_log_info("coordinator: DataServer '%s' is back (heartbeat after being declared dead)",
+                    s->name);
+        if (s->role == DH_WIRE_ROLE_LOCAL)
+            for (size_t i = 0; i < c->n_clients; i++)
+                if (c->clients[i].node == s->node && c->clients[i].told < 0)
+                    tell_client(c, &c->clients[i], idx);
+        c->pending_work = true;
+    }
+    s->workers = h->workers;
+    for (uint32_t i = 0; i < h->n_links; i++) {
+        if (!(h->links[i].bytes_per_s > 0))
+            continue;
+        uint32_t to = node_index(c, h->links[i].node);
+        if (to != s->node)
+            c->links[s->node * MAX_NODES + to] =
+                dh_link_make(h->links[i].bytes_per_s, c->cfg.default_latency_s);
+    }
+}
+
+static entry_t *find_entry(dh_coordinator_t *c, const char *client, uint64_t seq, size_t *pos)
+{
+    for (size_t i = 0; i < c->n_book; i++) {
+        entry_t *e = &c->book[i];
+        if (e->msg.request.seq == seq && strcmp(e->msg.request.client_id, client) == 0) {
+            if (pos)
+                *pos = i;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static void remove_entry(dh_coordinator_t *c, size_t pos)
+{
+    dh_msg_clear(&c->book[pos].msg);
+    memmove(&c->book[pos], &c->book[pos + 1], (c->n_book - pos - 1) * sizeof *c->book);
+    c->n_book--;
+}
+
+static void row_of_sample(const dh_wire_sample_t *s, dh_profile_row_t *row)
+{
+    memset(row, 0, sizeof *row);
+    row->id = s->id;
+    row->uri = s->uri;
+    row->profile_key = s->key && s->key[0] ? s->key : "?";
+    row->frames = (int32_t)s->frames;
+    row->height = (int32_t)s->height;
+    row->width = (int32_t)s->width;
+    row->tokens_est = s->tokens;
+    row->cpu_s_est = s->cpu_s;
+    row->in_bytes = (int64_t)s->in_bytes;
+    row->out_bytes = (int64_t)s->out_bytes;
+}
+
+static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t *r)
+{
+    dh_msg_request_t *q = &r->msg.request;
+    int32_t ci;
+    if (!find_client(c, q->client_id, &ci) || strcmp(peer, q->client_id) != 0) {
+        send_error(c, peer, DH_EINVAL, "REQUEST from a client that has not sent HELLO");
+        return;
+    }
+    if (find_entry(c, q->client_id, q->seq, NULL))
+        return; /* a repeated request: already in the book */
+    if (grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book))
+        return;
+    entry_t *e = &c->book[c->n_book++];
+    memset(e, 0, sizeof *e);
+    e->msg = r->msg; /* ownership moves to the book */
+    memset(&r->msg, 0, sizeof r->msg);
+    e->client = ci;
+    e->server = -1;
+    e->arrival_ns = dh_clock_now_ns();
+    for (uint32_t i = 0; i < e->msg.request.n_samples; i++) {
+        dh_profile_row_t row;
+        row_of_sample(&e->msg.request.samples[i], &row);
+        e->pred_cpu_s += dh_cost_model_predict(c->model, &row, NULL);
+        e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
+        e->out_bytes += (double)e->msg.request.samples[i].out_bytes;
+    }
+    STAT_ADD(c, requests, 1);
+    c->pending_work = true;
+}
+
+static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_request_cost_t *req,
+                            const dh_decision_t *d, int rc)
+{
+    FILE *f = c->telemetry;
+    const dh_msg_request_t *q = &e->msg.request;
+    fprintf(f,
+            "{\"t_s\":%.6f,\"client\":\"%s\",\"seq\":%llu,\"rank\":%u,\"policy\":\"%s\","
+            "\"deadline_s\":%.6f,\"cpu_s\":%.6f,\"out_bytes\":%.0f,\"placement\":%u,",
+            dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), q->client_id,
+            (unsigned long long)q->seq, q->rank, dh_policy_name(c->cfg.place.policy),
+            req->deadline_s, req->cpu_s, req->out_bytes, e->placements);
+    if (rc == 0)
+        fprintf(f, "\"server\":\"%s\",", c->servers[d->server].name);
+    else
+        fprintf(f, "\"server\":null,\"error\":\"%s\",", dh_err_name(rc));
+    fprintf(f, "\"reason\":\"%s\",\"candidates\":[", dh_place_reason_name(d->reason));
+    static const char *const status[] = {"ok", "dead", "full"};
+    for (size_t i = 0; i < c->n_servers; i++)
+        fprintf(f, "%s{\"server\":\"%s\",\"t_s\":%.6f,\"miss_s\":%.6f,\"status\":\"%s\"}",
+                i ? "," : "", c->servers[i].name, c->cand[i].t_s, c->cand[i].miss_s,
+                status[c->cand[i].status < 3 ? c->cand[i].status : 0]);
+    fprintf(f, "]}\n");
+}
+
+/* Places one entry and dispatches it. Returns 0 (dispatched), or DH_EAGAIN / DH_ENOSERVER
+ * (stays in the book to place later). */
+static int place_entry(dh_coordinator_t *c, entry_t *e)
+{
+    client_t *cl = &c->clients[e->client];
+    int32_t target = local_server_of(c, cl->node);
+    if (target < 0)
+        return DH_ENOSERVER; /* nowhere to deliver until the node's DataServer is back */
+    if (grow((void **)&c->snap, &c->cap_snap, c->n_servers, sizeof *c->snap))
+        return DH_EAGAIN;
+    dh_candidate_t *cand = dh_reallocarray(c->cand, c->cap_snap, sizeof *cand);
+    if (!cand)
+        return DH_EAGAIN;
+    c->cand = cand;
+    for (size_t i = 0; i < c->n_servers; i++) {
+        const server_t *s = &c->servers[i];
+        dh_server_state_t *st = &c->snap[i];
+        st->node = s->node;
+        st->role = s->role == DH_WIRE_ROLE_LOCAL ? DH_SERVER_LOCAL : DH_SERVER_REMOTE;
+        st->alive = s->alive;
+        st->workers = s->workers ? s->workers : 1;
+        st->queue_len = s->queue_len;
+        st->queue_cap = c->cfg.queue_cap ? c->cfg.queue_cap * s->workers : 0;
+        if (s->workers == 0) { /* delivery only: always "full" */
+            st->queue_len = 1;
+            st->queue_cap = 1;
+        }
+        st->speed_factor = s->speed;
+        st->queue_wait_s = s->queued_cpu_s * s->speed / (s->workers ? s->workers : 1);
+        st->storage_s_per_B = s->storage_s_per_B;
+    }
+    dh_snapshot_t snap = {c->snap, (uint32_t)c->n_servers, c->links, MAX_NODES};
+    dh_request_cost_t req = {0};
+    req.cpu_s = e->pred_cpu_s;
+    req.in_bytes = e->in_bytes;
+    req.out_bytes = e->out_bytes;
+    req.deadline_s = (double)e->msg.request.deadline_ns / 1e9 -
+                     dh_clock_elapsed_s(e->arrival_ns, dh_clock_now_ns());
+    req.consumer_node = cl->node;
+    req.local_server = target;
+    dh_decision_t d = {.candidates = c->cand};
+    uint64_t t0 = dh_clock_now_ns();
+    int rc = dh_place(&c->cfg.place, &snap, &req, &d);
+    double spent = dh_clock_elapsed_s(t0, dh_clock_now_ns());
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats.decisions++;
+    c->stats.sched_s += spent;
+    pthread_mutex_unlock(&c->stats_lock);
+    if (c->telemetry && (rc == 0 || e->placements == 0))
+        write_telemetry(c, e, &req, &d, rc);
+    if (rc)
+        return rc;
+    server_t *s = &c->servers[d.server];
+    server_t *t = &c->servers[target];
+    dh_msg_t m = {.type = DH_MSG_DISPATCH};
+    m.dispatch.request = e->msg.request;
+    m.dispatch.request.deadline_ns = (int64_t)(req.deadline_s * 1e9);
+    m.dispatch.server = s->name;
+    m.dispatch.target = t->name;
+    m.dispatch.target_endpoint = t->endpoint;
+    if (send_to(c, s->name, &m) != 0) {
+        declare_dead(c, d.server, "its connection is gone");
+        return DH_EAGAIN;
+    }
+    e->server = d.server;
+    e->executed = false;
+    e->placements++;
+    s->queue_len++;
+    s->queued_cpu_s += e->pred_cpu_s;
+    STAT_ADD(c, dispatches, 1);
+    return 0;
+}
+
+static void place_pending(dh_coordinator_t *c)
+{
+    if (!c->pending_work)
+        return;
+    c->pending_work = false;
+    for (size_t i = 0; i < c->n_book; i++) {
+        entry_t *e = &c->book[i];
+        if (e->server >= 0)
+            continue;
+        int rc = place_entry(c, e);
+        if (rc == DH_EAGAIN && e->server < 0) {
+            /* Every candidate is at its cap: later requests would only wait behind it. */
+            c->pending_work = true;
+            break;
+        }
+        if (rc)
+            c->pending_work = true;
+    }
+}
+
+static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_complete_t *m)
+{
+    int32_t si;
+    server_t *s = find_server(c, peer, &si);
+    if (s)
+        s->last_seen_ns = dh_clock_now_ns();
+    STAT_ADD(c, completes, 1);
+    size_t pos;
+    entry_t *e = find_entry(c, m->client_id, m->seq, &pos);
+    if (!e)
+        return; /* already delivered (a duplicate) or its client left */
+    bool from_executor = s && e->server == si && !e->executed;
+    if (from_executor) {
+        e->executed = true;
+        if (s->queue_len)
+            s->queue_len--;
+        s->queued_cpu_s -= e->pred_cpu_s;
+        if (s->queued_cpu_s < 0)
+            s->queued_cpu_s = 0;
+        if (e->pred_cpu_s > 0 && m->cpu_s > 0) {
+            /* The server's speed factor learns the discrepancy between the measured CPU
+             * seconds and the profile's prediction (DESIGN §4.1 C_cpu). Limit: one factor per
+             * server, not per profile key; the per-key model (cost.h) is not fed yet. */
+            double ratio = m->cpu_s / e->pred_cpu_s;
+            s->speed = dh_cost_ewma(s->speed, ratio * s->speed, 0.2);
+            if (s->speed < 0.05)
+                s->speed = 0.05;
+            if (s->speed > 20)
+                s->speed = 20;
+        }
+    }
+    if (m->delivered) {
+        if (e->server >= 0 && !e->executed) {
+            server_t *x = &c->servers[e->server];
+            if (x->queue_len)
+                x->queue_len--;
+            x->queued_cpu_s -= e->pred_cpu_s;
+            if (x->queued_cpu_s < 0)
+                x->queued_cpu_s = 0;
+        }
+        remove_entry(c, pos);
+        STAT_ADD(c, delivered, 1);
+    }
+    c->pending_work = true;
+}
+
+static void on_goodbye(dh_coordinator_t *c, const char *peer)
+{
+    int32_t idx;
+    if (find_server(c, peer, &idx)) {
+        declare_dead(c, idx, "it said GOODBYE");
+        return;
+    }
+    if (!find_client(c, peer, &idx))
+        return;
+    size_t dropped = 0;
+    for (size_t i = 0; i < c->n_book;) {
+        entry_t *e = &c->book[i];
+        if (e->client == idx) {
+            if (e->server >= 0 && !e->executed) {
+                server_t *x = &c->servers[e->server];
+                if (x->queue_len)
+                    x->queue_len--;
+                x->queued_cpu_s -= e->pred_cpu_s;
+                if (x->queued_cpu_s < 0)
+                    x->queued_cpu_s = 0;
+            }
+            remove_entry(c, i);
+            dropped++;
+        } else {
+            i++;
+        }
+    }
+    dh_log_info("coordinator: client '%s' left (%zu requests dropped)", peer, dropped);
+}
+
+static void check_liveness(dh_coordinator_t *c)
+{
+    uint64_t now = dh_clock_now_ns();
+    uint64_t limit = (uint64_t)c->cfg.dead_after_ms * 1000000ull;
+    for (size_t i = 0; i < c->n_servers; i++) {
+        server_t *s = &c->servers[i];
+        if (s->alive && now - s->last_seen_ns > limit) {
+            char why[96];
+            snprintf(why, sizeof why, "silent for %.0f ms (limit %u ms)",
+                     (double)(now - s->last_seen_ns) / 1e6, c->cfg.dead_after_ms);
+            declare_dead(c, (int32_t)i, why);
+        }
+    }
+}
+
+static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
+{
+    char peer[NAME_CAP];
+    size_t n = r->routing_id_size < NAME_CAP - 1 ? r->routing_id_size : NAME_CAP - 1;
+    memcpy(peer, r->routing_id, n);
+    peer[n] = '\0';
+    switch (r->msg.type) {
+    case DH_MSG_HELLO:
+        on_hello(c, peer, &r->msg.hello);
+        break;
+    case DH_MSG_HEARTBEAT:
+        on_heartbeat(c, peer, &r->msg.heartbeat);
+        break;
+    case DH_MSG_REQUEST:
+        on_request(c, peer, r);
+        break;
+    case DH_MSG_COMPLETE:
+        on_complete(c, peer, &r->msg.complete);
+        break;
+    case DH_MSG_GOODBYE:
+        on_goodbye(c, peer);
+        break;
+    case DH_MSG_ERROR:
+        dh_log_warn("coordinator: '%s' reports %s: %s", peer, dh_err_name(r->msg.error.code),
+                    r->msg.error.message);
+        break;
+    default:
+        dh_log_warn("coordinator: unexpected %s from '%s' ignored", dh_msg_type_name(r->msg.type),
+                    peer);
+    }
+}
+
+int dh_coordinator_run(dh_coordinator_t *c)
+{
+    dh_log_info("coordinator: listening on %s (policy %s, dead after %u ms)", c->endpoint,
+                dh_policy_name(c->cfg.place.policy), c->cfg.dead_after_ms);
+    dh_wire_received_t r = {0};
+    uint64_t last_tick = 0;
+    int rc = 0;
+    while (!atomic_load(&c->stop)) {
+        int got = dh_wire_recv(c->sock, 20, &r);
+        if (got == 0) {
+            handle(c, &r);
+            dh_wire_received_release(&r);
+            /* Drain what else is queued before placing, so a burst is placed in order. */
+            for (int i = 0; i < 256 && dh_wire_recv(c->sock, 0, &r) == 0; i++) {
+                handle(c, &r);
+                dh_wire_received_release(&r);
+            }
+        } else if (got == DH_EPARSE) {
+            dh_log_warn("coordinator: dropped a malformed message: %s", dh_last_error());
+        } else if (got != DH_EAGAIN && got != -EINTR) {
+            rc = got;
+            dh_log_error("coordinator: receive failed: %s", dh_last_error());
+            break;
+        }
+        uint64_t now = dh_clock_now_ns();
+        if (now - last_tick > 20000000ull) {
+            last_tick = now;
+            check_liveness(c);
+            if (c->telemetry)
+                fflush(c->telemetry);
+        }
+        place_pending(c);
+    }
+    dh_log_info("coordinator: stopping (%zu requests undelivered in the book)", c->n_book);
+    return rc;
+}
+
+static void *thread_main(void *arg)
+{
+    dh_coordinator_run(arg);
+    return NULL;
+}
+
+int dh_coordinator_start(dh_coordinator_t *c)
+{
+    int e = pthread_create(&c->thread, NULL, thread_main, c);
+    if (e)
+        return dh__set_error(-e, "coordinator: pthread_create: %s", strerror(e));
+    c->started = true;
+    return 0;
+}
+
+void dh_coordinator_stop(dh_coordinator_t *c)
+{
+    atomic_store(&c->stop, 1);
+}
+
+void dh_coordinator_destroy(dh_coordinator_t **pc)
+{
+    if (!pc || !*pc)
+        return;
+    dh_coordinator_t *c = *pc;
+    if (c->started) {
+        dh_coordinator_stop(c);
+        pthread_join(c->thread, NULL);
+    }
+    for (size_t i = 0; i < c->n_book; i++)
+        dh_msg_clear(&c->book[i].msg);
+    dh_free(c->book);
+    dh_free(c->servers);
+    dh_free(c->clients);
+    dh_free(c->snap);
+    dh_free(c->cand);
+    dh_cost_model_destroy(&c->model);
+    dh_wire_socket_destroy(&c->sock);
+    if (c->telemetry)
+        fclose(c->telemetry);
+    dh_free(c->telemetry_path);
+    if (c->own_ctx && c->ctx)
+        zmq_ctx_term(c->ctx);
+    pthread_mutex_destroy(&c->stats_lock);
+    dh_free(c);
+    *pc = NULL;
+}

@@ -1,0 +1,1107 @@
+/* dataserver.c: a DataServer, local or remote sidecar (DESIGN §2, §5; docs/runtime.md).
+ *
+ * Threads: one event loop (the caller of dh_dataserver_run, or the thread of _start) that
+ * owns every socket, and `workers` worker threads that run the pipeline. They talk through
+ * two mutex-protected FIFOs (tasks in, results out) and an eventfd that wakes the loop, the
+ * "documented thread-safe queue" of CONVENTIONS. ZeroMQ's PUSH would hand a task to a busy
+ * worker's pipe; a shared FIFO gives it to whichever worker is free.
+ *
+ * Sockets of the loop:
+ *   coord    DEALER -> the coordinator (HELLO, HEARTBEAT, COMPLETE; receives DISPATCH)
+ *   data     ROUTER, local role: clients (HELLO, then DELIVER of handles to them) and
+ *            sidecars (DELIVER with tensor frames from them, COMPLETE acks back)
+ *   fdsock   AF_UNIX abstract listening socket, local role: hands the arena's memfd to a
+ *            client that connects (SCM_RIGHTS)
+ *   links    DEALERs, remote role: one per target local DataServer
+ * The arena is allocated by workers and by the loop; a mutex around alloc / collect /
+ * reclaim makes them one logical owner (shm.h's "creator's owner thread" rule). A full arena
+ * blocks the worker (it retries every millisecond): backpressure, never a crash.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/rt.h"
+
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+#define MAX_LINKS 32
+#define MAX_CLIENTS 256
+#define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
+
+typedef struct task {
+    struct task *next;
+    dh_msg_t msg; /* DISPATCH, owned */
+    uint64_t enqueued_ns;
+    /* filled by the worker */
+    int rc;
+    dh__rt_result_t result;
+    double queue_s;
+    uint64_t ready_ns;
+    bool local_target;
+} task_t;
+
+typedef struct queue {
+    task_t *head, *tail;
+    size_t len;
+} queue_t;
+
+typedef struct link {
+    char endpoint[ENDPOINT_CAP];
+    char node[NAME_CAP];
+    dh_wire_socket_t *sock;
+    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
+    uint64_t sent_at_ns[64];
+    uint64_t sent_seq[64];
+    uint64_t sent_bytes[64];
+} link_t;
+
+typedef struct known_client {
+    char name[NAME_CAP];
+    uint32_t pid;
+    uint64_t since_ns;
+} known_client_t;
+
+/* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
+ * arena was full. */
+typedef struct pending {
+    struct pending *next;
+    task_t *task;                 /* own worker's result waiting for its client, or NULL */
+    dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
+    char sidecar[NAME_CAP];
+    uint64_t since_ns;
+} pending_t;
+
+struct dh_dataserver {
+    dh_dataserver_config_t cfg;
+    char name[NAME_CAP];
+    char node[NAME_CAP];
+    char coord_endpoint[ENDPOINT_CAP];
+    char data_endpoint[ENDPOINT_CAP];
+    char shm_socket[NAME_CAP];
+    dh__rt_pipeline_t pipeline;
+    void *ctx;
+    bool own_ctx;
+    dh_wire_socket_t *coord;
+    dh_wire_socket_t *data;
+    int fdsock;
+    int wake_fd;
+    dh_shm_arena_t *arena;
+    pthread_mutex_t arena_lock;
+
+    pthread_mutex_t lock; /* tasks, results, clients, stats */
+    pthread_cond_t task_cond;
+    queue_t tasks, results;
+    uint32_t running;
+    double queued_cpu_s;
+    known_client_t clients[MAX_CLIENTS];
+    size_t n_clients;
+    dh_dataserver_stats_t stats;
+
+    pthread_t *threads;
+    uint32_t n_threads;
+    atomic_int stop;
+    pthread_t loop_thread;
+    bool started;
+
+    link_t links[MAX_LINKS];
+    size_t n_links;
+    pending_t *pending;
+    double latency_ewma_s;
+};
+
+void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->role = DH_DS_LOCAL;
+    cfg->workers = 2;
+    cfg->arena_bytes = (uint64_t)256 << 20;
+    cfg->data_listen = "tcp://127.0.0.1:*";
+    cfg->heartbeat_ms = 100;
+}
+
+const char *dh_dataserver_name(const dh_dataserver_t *s)
+{
+    return s->name;
+}
+
+const char *dh_dataserver_endpoint(const dh_dataserver_t *s)
+{
+    return s->data_endpoint;
+}
+
+void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&s->lock);
+    *out = s->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
+}
+
+static void push(queue_t *q, task_t *t)
+{
+    t->next = NULL;
+    if (q->tail)
+        q->tail->next = t;
+    else
+        q->head = t;
+    q->tail = t;
+    q->len++;
+}
+
+static task_t *pop(queue_t *q)
+{
+    task_t *t = q->head;
+    if (t) {
+        q->head = t->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->len--;
+    }
+    return t;
+}
+
+static void task_free(task_t *t)
+{
+    if (!t)
+        return;
+    dh_msg_clear(&t->msg);
+    dh__rt_result_clear(&t->result);
+    dh_free(t);
+}
+
+static void wake_loop(dh_dataserver_t *s)
+{
+    uint64_t one = 1;
+    ssize_t n = write(s->wake_fd, &one, sizeof one);
+    (void)n;
+}
+
+/* ---- output allocation (workers and loop) ---- */
+
+static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
+{
+    dh_dataserver_t *s = ctx;
+    bool waited = false;
+    uint64_t since = dh_clock_now_ns();
+    for (;;) {
+        pthread_mutex_lock(&s->arena_lock);
+        int rc = dh_shm_arena_alloc(s->arena, nbytes, 0, handle, data);
+        pthread_mutex_unlock(&s->arena_lock);
+        if (rc != DH_EAGAIN)
+            return rc;
+        if (atomic_load(&s->stop))
+            return dh__set_error(DH_EAGAIN, "DataServer '%s' stopping", s->name);
+        if (!waited) {
+            waited = true;
+            pthread_mutex_lock(&s->lock);
+            s->stats.arena_waits++;
+            pthread_mutex_unlock(&s->lock);
+        }
+        if (dh_clock_now_ns() - since > 5000000000ull) {
+            dh_log_warn("DataServer '%s': a batch of %zu bytes has waited 5 s for arena space "
+                        "(clients hold the slabs; raise --arena-mb or lower the prefetch)",
+                        s->name, nbytes);
+            since = dh_clock_now_ns();
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void arena_release(void *ctx, void *data, const dh_shm_handle_t *handle)
+{
+    dh_dataserver_t *s = ctx;
+    dh_shm_arena_unref(s->arena, handle);
+}
+
+static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
+{
+    memset(handle, 0, sizeof *handle);
+    *data = dh_malloc(nbytes);
+    return *data ? 0 : dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
+}
+
+static void heap_release(void *ctx, void *data, const dh_shm_handle_t *handle)
+{
+    dh_free(data);
+}
+
+/* ---- workers ---- */
+
+typedef struct worker_arg {
+    dh_dataserver_t *s;
+    uint32_t index;
+} worker_arg_t;
+
+static void fail_all_samples(task_t *t, int rc)
+{
+    const dh_msg_request_t *q = &t->msg.dispatch.request;
+    dh__rt_result_t *r = &t->result;
+    memset(r, 0, sizeof *r);
+    r->samples = dh_calloc(q->n_samples ? q->n_samples : 1, sizeof *r->samples);
+    if (!r->samples)
+        return;
+    r->n_samples = q->n_samples;
+    for (uint32_t i = 0; i < q->n_samples; i++) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "sample '%s': task failed: %s", q->samples[i].id,
+                 dh_last_error()[0] ? dh_last_error() : dh_strerror(rc));
+        r->samples[i].id = dh_strdup(q->samples[i].id);
+        r->samples[i].status = rc;
+        r->samples[i].error = dh_strdup(msg);
+    }
+    r->failed = q->n_samples;
+}
+
+static void *worker_main(void *arg)
+{
+    dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
+    dh_free(arg);
+    dh__rt_worker_t *w = NULL;
+    int wrc = dh__rt_worker_new(&w, &s->pipeline);
+    if (wrc)
+        dh_log_error("DataServer '%s': worker cannot start: %s", s->name, dh_last_error());
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        while (!s->tasks.head && !atomic_load(&s->stop))
+            pthread_cond_wait(&s->task_cond, &s->lock);
+        if (atomic_load(&s->stop)) {
+            pthread_mutex_unlock(&s->lock);
+            break;
+        }
+        task_t *t = pop(&s->tasks);
+        s->running++;
+        pthread_mutex_unlock(&s->lock);
+
+        uint64_t start = dh_clock_now_ns();
+        t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
+        const dh_msg_dispatch_t *d = &t->msg.dispatch;
+        t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
+        if (!w) {
+            t->rc = wrc;
+        } else if (t->local_target) {
+            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, arena_alloc,
+                                   arena_release, s, &t->result);
+        } else {
+            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, heap_alloc,
+                                   heap_release, s, &t->result);
+        }
+        if (t->rc)
+            fail_all_samples(t, t->rc);
+        t->ready_ns = dh_clock_now_ns();
+
+        pthread_mutex_lock(&s->lock);
+        s->running--;
+        s->stats.tasks++;
+        s->stats.samples += t->result.n_samples;
+        s->stats.sample_errors += t->result.failed;
+        double cpu_pred = 0;
+        for (uint32_t i = 0; i < d->request.n_samples; i++)
+            cpu_pred += d->request.samples[i].cpu_s;
+        s->queued_cpu_s -= cpu_pred;
+        if (s->queued_cpu_s < 0)
+            s->queued_cpu_s = 0;
+        double latency = dh_clock_elapsed_s(t->enqueued_ns, t->ready_ns);
+        s->latency_ewma_s =
+            s->latency_ewma_s ? dh_cost_ewma(s->latency_ewma_s, latency, 0.2) : latency;
+        push(&s->results, t);
+        pthread_mutex_unlock(&s->lock);
+        wake_loop(s);
+    }
+    dh__rt_worker_destroy(&w);
+    return NULL;
+}
+
+/* ---- the loop ---- */
+
+static int send_coord(dh_dataserver_t *s, const dh_msg_t *m)
+{
+    int rc = dh_wire_send(s->coord, NULL, 0, m, NULL, 0, 100);
+    if (rc)
+        dh_log_warn("DataServer '%s': cannot send %s to the coordinator %s: %s", s->name,
+                    dh_msg_type_name(m->type), s->coord_endpoint, dh_last_error());
+    return rc;
+}
+
+static void send_hello(dh_dataserver_t *s)
+{
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = s->cfg.role == DH_DS_LOCAL ? DH_WIRE_ROLE_LOCAL : DH_WIRE_ROLE_REMOTE;
+    m.hello.node = s->node;
+    m.hello.workers = s->cfg.workers;
+    m.hello.arena_bytes = s->arena ? s->cfg.arena_bytes : 0;
+    m.hello.name = s->name;
+    m.hello.endpoint = s->data_endpoint;
+    m.hello.shm_socket = s->shm_socket;
+    m.hello.pid = (uint32_t)getpid();
+    send_coord(s, &m);
+}
+
+static void send_heartbeat(dh_dataserver_t *s)
+{
+    dh_wire_link_bw_t links[MAX_LINKS];
+    uint32_t n = 0;
+    for (size_t i = 0; i < s->n_links; i++)
+        if (s->links[i].bytes_per_s > 0 && s->links[i].node[0]) {
+            links[n].node = s->links[i].node;
+            links[n].bytes_per_s = s->links[i].bytes_per_s;
+            n++;
+        }
+    dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
+    pthread_mutex_lock(&s->lock);
+    m.heartbeat.workers = s->cfg.workers;
+    m.heartbeat.queue_depth = (uint32_t)s->tasks.len + s->running;
+    m.heartbeat.queue_work_s = s->queued_cpu_s;
+    m.heartbeat.recent_latency_s = s->latency_ewma_s;
+    pthread_mutex_unlock(&s->lock);
+    m.heartbeat.speed_factor = 1.0;
+    m.heartbeat.n_links = n;
+    m.heartbeat.links = links;
+    send_coord(s, &m);
+}
+
+static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                          const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
+                          dh_wire_socket_t *to, const char *routing_id)
+{
+    dh_wire_sample_status_t st[r ? r->n_samples + 1 : 1];
+    dh_msg_t m = {.type = DH_MSG_COMPLETE};
+    m.complete.client_id = (char *)client_id;
+    m.complete.seq = seq;
+    if (r) {
+        for (uint32_t i = 0; i < r->n_samples; i++) {
+            st[i].status = r->samples[i].status;
+            st[i].error = r->samples[i].error ? r->samples[i].error : "";
+        }
+        m.complete.n_samples = r->n_samples;
+        m.complete.samples = st;
+        m.complete.bytes = r->bytes;
+    }
+    m.complete.cpu_s = cpu_s > 0 ? cpu_s : 0;
+    m.complete.queue_s = queue_s > 0 ? queue_s : 0;
+    m.complete.delivered = (uint8_t)delivered;
+    if (to)
+        dh_wire_send(to, routing_id, routing_id ? strlen(routing_id) : 0, &m, NULL, 0, 0);
+    else
+        send_coord(s, &m);
+}
+
+static known_client_t *find_client(dh_dataserver_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (strcmp(s->clients[i].name, name) == 0)
+            return &s->clients[i];
+    return NULL;
+}
+
+/* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
+ * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
+static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                             const dh__rt_tensor_t *tensors, size_t n_tensors,
+                             const dh_wire_sample_result_t *samples, uint32_t n_samples,
+                             uint64_t ready_ns, const char *executor)
+{
+    known_client_t *kc = find_client(s, client_id);
+    if (kc && kc->pid)
+        for (size_t i = 0; i < n_tensors; i++)
+            if (tensors[i].handle.arena_id &&
+                dh_shm_arena_ref_for(s->arena, &tensors[i].handle, (pid_t)kc->pid) == 0)
+                dh_shm_arena_unref(s->arena, &tensors[i].handle);
+    dh__rt_result_t tmp = {0};
+    tmp.n_tensors = n_tensors;
+    memcpy(tmp.tensors, tensors, n_tensors * sizeof *tensors);
+    dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
+    dh__rt_result_wire_tensors(&tmp, wire);
+    dh_msg_t m = {.type = DH_MSG_DELIVER};
+    m.deliver.client_id = (char *)client_id;
+    m.deliver.seq = seq;
+    m.deliver.n_tensors = (uint32_t)n_tensors;
+    m.deliver.tensors = wire;
+    m.deliver.n_samples = n_samples;
+    m.deliver.samples = (dh_wire_sample_result_t *)samples;
+    m.deliver.ready_ns = ready_ns;
+    m.deliver.server = (char *)executor;
+    return dh_wire_send(s->data, client_id, strlen(client_id), &m, NULL, 0, 0);
+}
+
+static void unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i].handle.arena_id)
+            dh_shm_arena_unref(s->arena, &t[i].handle);
+}
+
+static void free_payload(void *data, void *hint)
+{
+    dh_free(data);
+}
+
+static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
+{
+    for (size_t i = 0; i < s->n_links; i++)
+        if (strcmp(s->links[i].endpoint, endpoint) == 0)
+            return &s->links[i];
+    if (s->n_links == MAX_LINKS) {
+        dh_log_error("DataServer '%s': more than %d target DataServers; cannot reach %s", s->name,
+                     MAX_LINKS, endpoint);
+        return NULL;
+    }
+    link_t *l = &s->links[s->n_links];
+    memset(l, 0, sizeof *l);
+    snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
+    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
+        dh__rt_set_routing_id(dh_wire_socket_handle(l->sock), s->name) ||
+        dh_wire_socket_connect(l->sock, endpoint)) {
+        dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
+                     dh_last_error());
+        dh_wire_socket_destroy(&l->sock);
+        return NULL;
+    }
+    s->n_links++;
+    return l;
+}
+
+/* A sidecar's finished task: the frames go to the target's DataServer. */
+static void forward_result(dh_dataserver_t *s, task_t *t)
+{
+    const dh_msg_dispatch_t *d = &t->msg.dispatch;
+    dh__rt_result_t *r = &t->result;
+    link_t *l = link_for(s, d->target_endpoint);
+    dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
+    dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
+    dh__rt_result_wire_tensors(r, wire);
+    size_t np = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        payloads[np].data = r->tensors[i].data;
+        payloads[np].size = r->tensors[i].nbytes;
+        payloads[np].free_fn = free_payload;
+        payloads[np].hint = NULL;
+        bytes += r->tensors[i].nbytes;
+        r->tensors[i].data = NULL; /* the socket owns it now */
+        np++;
+    }
+    if (!l) {
+        for (size_t i = 0; i < np; i++)
+            dh_free(payloads[i].data);
+        return;
+    }
+    snprintf(l->node, NAME_CAP, "%s", d->target);
+    dh_msg_t m = {.type = DH_MSG_DELIVER};
+    m.deliver.client_id = d->request.client_id;
+    m.deliver.seq = d->request.seq;
+    m.deliver.n_tensors = (uint32_t)r->n_tensors;
+    m.deliver.tensors = wire;
+    m.deliver.n_samples = r->n_samples;
+    m.deliver.samples = r->samples;
+    m.deliver.ready_ns = t->ready_ns;
+    m.deliver.server = s->name;
+    uint64_t now = dh_clock_now_ns();
+    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, 1000);
+    if (rc) {
+        dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
+                    d->request.client_id, (unsigned long long)d->request.seq, d->target_endpoint,
+                    dh_last_error());
+        return;
+    }
+    size_t slot = d->request.seq % 64;
+    l->sent_at_ns[slot] = now;
+    l->sent_seq[slot] = d->request.seq;
+    l->sent_bytes[slot] = bytes;
+    pthread_mutex_lock(&s->lock);
+    s->stats.forwarded++;
+    s->stats.bytes_forwarded += bytes;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Returns true when the task is done with (delivered or dropped), false to keep it pending. */
+static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
+{
+    const dh_msg_dispatch_t *d = &t->msg.dispatch;
+    dh__rt_result_t *r = &t->result;
+    int rc = deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors, r->n_tensors,
+                               r->samples, r->n_samples, t->ready_ns, s->name);
+    if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
+        !atomic_load(&s->stop))
+        return false;
+    if (rc) {
+        unref_tensors(s, r->tensors, r->n_tensors);
+        pthread_mutex_lock(&s->lock);
+        s->stats.undeliverable++;
+        pthread_mutex_unlock(&s->lock);
+        dh_log_warn("DataServer '%s': dropped batch %s/%llu: %s", s->name, d->request.client_id,
+                    (unsigned long long)d->request.seq, dh_last_error());
+    } else {
+        pthread_mutex_lock(&s->lock);
+        s->stats.delivered_local++;
+        pthread_mutex_unlock(&s->lock);
+    }
+    send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL, NULL);
+    return true;
+}
+
+/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
+ * Returns true when done with (delivered, dropped or refused), false to retry later (the
+ * arena is full, or the client has not connected yet). */
+static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
+                            uint64_t since_ns)
+{
+    dh_msg_deliver_t *m = &r->msg.deliver;
+    dh__rt_tensor_t tensors[DH__RT_MAX_TENSORS];
+    if (m->n_tensors > DH__RT_MAX_TENSORS) {
+        dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
+                    s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
+        return true;
+    }
+    bool stopping = atomic_load(&s->stop) != 0;
+    if (!find_client(s, m->client_id) && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
+        !stopping)
+        return false;
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *w = &m->tensors[i];
+        dh__rt_tensor_t *t = &tensors[n];
+        memset(t, 0, sizeof *t);
+        if (w->location != DH_WIRE_LOC_FRAME) {
+            dh_log_warn("DataServer '%s': refused a DELIVER from '%s': tensor '%s' is not a "
+                        "payload frame",
+                        s->name, sidecar, w->name);
+            unref_tensors(s, tensors, n);
+            return true;
+        }
+        snprintf(t->name, sizeof t->name, "%s", w->name);
+        t->dtype = w->dtype;
+        t->ndim = w->ndim;
+        memcpy(t->shape, w->shape, sizeof t->shape);
+        memcpy(t->strides, w->strides, sizeof t->strides);
+        t->nbytes = w->size;
+        if (w->size) {
+            pthread_mutex_lock(&s->arena_lock);
+            int rc = dh_shm_arena_alloc(s->arena, w->size, 0, &t->handle, &t->data);
+            pthread_mutex_unlock(&s->arena_lock);
+            if (rc == DH_EAGAIN && !stopping) {
+                unref_tensors(s, tensors, n);
+                if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
+                    pthread_mutex_lock(&s->lock);
+                    s->stats.arena_waits++;
+                    pthread_mutex_unlock(&s->lock);
+                }
+                return false;
+            }
+            if (rc) {
+                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name,
+                            w->size, sidecar, dh_last_error());
+                unref_tensors(s, tensors, n);
+                return true;
+            }
+            memcpy(t->data, w->data, w->size);
+            bytes += w->size;
+        }
+        n++;
+    }
+    uint64_t ready = dh_clock_now_ns();
+    int rc = deliver_to_client(s, m->client_id, m->seq, tensors, n, m->samples, m->n_samples, ready,
+                               m->server);
+    if (rc) {
+        unref_tensors(s, tensors, n);
+        if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
+            return false;
+        pthread_mutex_lock(&s->lock);
+        s->stats.undeliverable++;
+        pthread_mutex_unlock(&s->lock);
+    } else {
+        pthread_mutex_lock(&s->lock);
+        s->stats.delivered_forwarded++;
+        s->stats.bytes_received += bytes;
+        pthread_mutex_unlock(&s->lock);
+    }
+    dh__rt_result_t res = {0};
+    res.n_samples = m->n_samples;
+    res.samples = m->samples;
+    res.bytes = bytes;
+    /* The ack lets the sidecar measure the link; the coordinator ends the request. */
+    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, s->data, sidecar);
+    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, NULL, NULL);
+    return true;
+}
+
+static void add_pending(dh_dataserver_t *s, pending_t *p)
+{
+    p->next = NULL;
+    pending_t **pp = &s->pending;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = p;
+}
+
+static void retry_pending(dh_dataserver_t *s)
+{
+    pending_t **pp = &s->pending;
+    while (*pp) {
+        pending_t *p = *pp;
+        bool done = p->task ? finish_local(s, p->task, p->since_ns)
+                            : place_forwarded(s, &p->forwarded, p->sidecar, p->since_ns);
+        if (!done) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        if (p->task)
+            task_free(p->task);
+        dh_wire_received_release(&p->forwarded);
+        dh_free(p);
+    }
+}
+
+static void drain_results(dh_dataserver_t *s)
+{
+    uint64_t counter;
+    ssize_t n = read(s->wake_fd, &counter, sizeof counter);
+    (void)n;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        task_t *t = pop(&s->results);
+        pthread_mutex_unlock(&s->lock);
+        if (!t)
+            break;
+        const dh_msg_dispatch_t *d = &t->msg.dispatch;
+        if (t->local_target) {
+            if (!finish_local(s, t, dh_clock_now_ns())) {
+                pending_t *p = dh_calloc(1, sizeof *p);
+                if (p) {
+                    p->task = t;
+                    p->since_ns = dh_clock_now_ns();
+                    add_pending(s, p);
+                    continue;
+                }
+                unref_tensors(s, t->result.tensors, t->result.n_tensors);
+            }
+        } else {
+            forward_result(s, t);
+            send_complete(s, d->request.client_id, d->request.seq, &t->result, t->result.cpu_s,
+                          t->queue_s, 0, NULL, NULL);
+        }
+        task_free(t);
+    }
+}
+
+static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
+{
+    if (r->msg.type == DH_MSG_DISPATCH) {
+        task_t *t = dh_calloc(1, sizeof *t);
+        if (!t) {
+            dh_log_error("DataServer '%s': out of memory for a task", s->name);
+            return;
+        }
+        t->msg = r->msg;
+        memset(&r->msg, 0, sizeof r->msg);
+        t->enqueued_ns = dh_clock_now_ns();
+        double cpu = 0;
+        for (uint32_t i = 0; i < t->msg.dispatch.request.n_samples; i++)
+            cpu += t->msg.dispatch.request.samples[i].cpu_s;
+        pthread_mutex_lock(&s->lock);
+        s->queued_cpu_s += cpu;
+        push(&s->tasks, t);
+        pthread_cond_signal(&s->task_cond);
+        pthread_mutex_unlock(&s->lock);
+    } else if (r->msg.type == DH_MSG_ERROR) {
+        if (r->msg.error.code == DH_EUNKNOWN) {
+            dh_log_info("DataServer '%s': the coordinator does not know us; registering again",
+                        s->name);
+            send_hello(s);
+        } else {
+            dh_log_warn("DataServer '%s': coordinator says %s: %s", s->name,
+                        dh_err_name(r->msg.error.code), r->msg.error.message);
+        }
+    } else {
+        dh_log_warn("DataServer '%s': unexpected %s from the coordinator ignored", s->name,
+                    dh_msg_type_name(r->msg.type));
+    }
+}
+
+static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
+{
+    char peer[NAME_CAP];
+    size_t n = r->routing_id_size < NAME_CAP - 1 ? r->routing_id_size : NAME_CAP - 1;
+    memcpy(peer, r->routing_id, n);
+    peer[n] = '\0';
+    switch (r->msg.type) {
+    case DH_MSG_HELLO: {
+        pthread_mutex_lock(&s->lock);
+        known_client_t *kc = find_client(s, peer);
+        if (!kc && s->n_clients < MAX_CLIENTS)
+            kc = &s->clients[s->n_clients++];
+        if (kc) {
+            snprintf(kc->name, NAME_CAP, "%s", peer);
+            kc->pid = r->msg.hello.pid;
+            kc->since_ns = dh_clock_now_ns();
+        }
+        pthread_mutex_unlock(&s->lock);
+        dh_log_info("DataServer '%s': client '%s' (pid %u) connected", s->name, peer,
+                    r->msg.hello.pid);
+        retry_pending(s);
+        break;
+    }
+    case DH_MSG_DELIVER:
+        if (!place_forwarded(s, r, peer, dh_clock_now_ns())) {
+            pending_t *p = dh_calloc(1, sizeof *p);
+            if (!p)
+                break;
+            p->forwarded = *r; /* the frames move with it */
+            memset(r, 0, sizeof *r);
+            snprintf(p->sidecar, NAME_CAP, "%s", peer);
+            p->since_ns = dh_clock_now_ns();
+            add_pending(s, p);
+        }
+        break;
+    case DH_MSG_GOODBYE: {
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < s->n_clients; i++)
+            if (strcmp(s->clients[i].name, peer) == 0) {
+                s->clients[i] = s->clients[--s->n_clients];
+                break;
+            }
+        pthread_mutex_unlock(&s->lock);
+        dh_log_info("DataServer '%s': client '%s' left", s->name, peer);
+        break;
+    }
+    default:
+        dh_log_warn("DataServer '%s': unexpected %s from '%s' ignored", s->name,
+                    dh_msg_type_name(r->msg.type), peer);
+    }
+}
+
+static void on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r)
+{
+    if (r->msg.type != DH_MSG_COMPLETE)
+        return;
+    size_t slot = r->msg.complete.seq % 64;
+    if (l->sent_seq[slot] != r->msg.complete.seq || !l->sent_at_ns[slot])
+        return;
+    double dt = dh_clock_elapsed_s(l->sent_at_ns[slot], dh_clock_now_ns());
+    l->sent_at_ns[slot] = 0;
+    if (dt > 0 && l->sent_bytes[slot] > (1u << 16)) {
+        double bw = (double)l->sent_bytes[slot] / dt;
+        l->bytes_per_s = l->bytes_per_s > 0 ? dh_cost_ewma(l->bytes_per_s, bw, 0.2) : bw;
+    }
+}
+
+static void accept_fd_client(dh_dataserver_t *s)
+{
+    int conn = accept4(s->fdsock, NULL, NULL, SOCK_CLOEXEC);
+    if (conn < 0)
+        return;
+    int rc = dh_shm_send_fd(conn, dh_shm_arena_fd(s->arena));
+    if (rc)
+        dh_log_warn("DataServer '%s': cannot hand the arena to a client: %s", s->name,
+                    dh_strerror(rc));
+    close(conn);
+}
+
+int dh_dataserver_run(dh_dataserver_t *s)
+{
+    dh_log_info("DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s, coordinator %s",
+                s->name, s->cfg.role == DH_DS_LOCAL ? "local" : "remote sidecar", s->node,
+                s->cfg.workers, s->pipeline.synthetic ? "synthetic" : "video",
+                s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
+    send_hello(s);
+    uint64_t last_hb = dh_clock_now_ns(), last_reclaim = last_hb;
+    dh_wire_received_t r = {0};
+    int rc = 0;
+    while (!atomic_load(&s->stop)) {
+        zmq_pollitem_t items[4 + MAX_LINKS];
+        int n = 0;
+        items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->coord), 0, ZMQ_POLLIN, 0};
+        items[n++] = (zmq_pollitem_t){NULL, s->wake_fd, ZMQ_POLLIN, 0};
+        int data_at = -1, fd_at = -1, links_at = n;
+        if (s->data) {
+            data_at = n;
+            items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->data), 0, ZMQ_POLLIN, 0};
+            fd_at = n;
+            items[n++] = (zmq_pollitem_t){NULL, s->fdsock, ZMQ_POLLIN, 0};
+        }
+        links_at = n;
+        for (size_t i = 0; i < s->n_links; i++)
+            items[n++] =
+                (zmq_pollitem_t){dh_wire_socket_handle(s->links[i].sock), 0, ZMQ_POLLIN, 0};
+        long timeout = s->pending ? 1 : (long)s->cfg.heartbeat_ms;
+        if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
+            rc = -zmq_errno();
+            dh_log_error("DataServer '%s': zmq_poll: %s", s->name, zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (items[0].revents & ZMQ_POLLIN)
+            for (int i = 0; i < 256 && dh_wire_recv(s->coord, 0, &r) == 0; i++) {
+                on_coord_message(s, &r);
+                dh_wire_received_release(&r);
+            }
+        if (items[1].revents & ZMQ_POLLIN)
+            drain_results(s);
+        if (data_at >= 0 && (items[data_at].revents & ZMQ_POLLIN))
+            for (int i = 0; i < 256; i++) {
+                int got = dh_wire_recv(s->data, 0, &r);
+                if (got == DH_EPARSE) {
+                    dh_log_warn("DataServer '%s': dropped a malformed message: %s", s->name,
+                                dh_last_error());
+                    continue;
+                }
+                if (got)
+                    break;
+                on_data_message(s, &r);
+                dh_wire_received_release(&r);
+            }
+        if (fd_at >= 0 && (items[fd_at].revents & ZMQ_POLLIN))
+            accept_fd_client(s);
+        for (size_t i = 0; i < s->n_links; i++)
+            if (items[links_at + (int)i].revents & ZMQ_POLLIN)
+                while (dh_wire_recv(s->links[i].sock, 0, &r) == 0) {
+                    on_link_message(s, &s->links[i], &r);
+                    dh_wire_received_release(&r);
+                }
+        if (s->pending)
+            retry_pending(s);
+        uint64_t now = dh_clock_now_ns();
+        if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
+            last_hb = now;
+            send_heartbeat(s);
+        }
+        if (s->arena && now - last_reclaim > 200000000ull) {
+            last_reclaim = now;
+            pthread_mutex_lock(&s->arena_lock);
+            size_t dropped = dh_shm_arena_reclaim_dead(s->arena);
+            pthread_mutex_unlock(&s->arena_lock);
+            if (dropped)
+                dh_log_info("DataServer '%s': reclaimed %zu batches held by dead clients", s->name,
+                            dropped);
+        }
+    }
+    dh_msg_t bye = {.type = DH_MSG_GOODBYE};
+    dh_wire_send(s->coord, NULL, 0, &bye, NULL, 0, 0);
+    dh_dataserver_stats_t st;
+    dh_dataserver_stats(s, &st);
+    dh_log_info("DataServer '%s': stopping: %llu tasks, %llu samples (%llu failed), delivered "
+                "%llu own + %llu forwarded batches, bytes received %llu, forwarded %llu batches, "
+                "bytes forwarded %llu, arena waits %llu, undeliverable %llu",
+                s->name, (unsigned long long)st.tasks, (unsigned long long)st.samples,
+                (unsigned long long)st.sample_errors, (unsigned long long)st.delivered_local,
+                (unsigned long long)st.delivered_forwarded, (unsigned long long)st.bytes_received,
+                (unsigned long long)st.forwarded, (unsigned long long)st.bytes_forwarded,
+                (unsigned long long)st.arena_waits, (unsigned long long)st.undeliverable);
+    return rc;
+}
+
+static void *loop_main(void *arg)
+{
+    dh_dataserver_run(arg);
+    return NULL;
+}
+
+int dh_dataserver_start(dh_dataserver_t *s)
+{
+    int e = pthread_create(&s->loop_thread, NULL, loop_main, s);
+    if (e)
+        return dh__set_error(-e, "DataServer: pthread_create: %s", strerror(e));
+    s->started = true;
+    return 0;
+}
+
+void dh_dataserver_stop(dh_dataserver_t *s)
+{
+    atomic_store(&s->stop, 1);
+}
+
+static int open_fd_socket(dh_dataserver_t *s)
+{
+    static atomic_uint counter;
+    snprintf(s->shm_socket, sizeof s->shm_socket, "datahelix-%d-%u", (int)getpid(),
+             atomic_fetch_add(&counter, 1));
+    s->fdsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s->fdsock < 0)
+        return dh__set_error(-errno, "DataServer: socket(AF_UNIX): %s", strerror(errno));
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    /* Abstract namespace (leading NUL): nothing in the file system to leave behind. */
+    size_t len = strlen(s->shm_socket);
+    memcpy(addr.sun_path + 1, s->shm_socket, len);
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+    if (bind(s->fdsock, (struct sockaddr *)&addr, alen) != 0 || listen(s->fdsock, 64) != 0)
+        return dh__set_error(-errno, "DataServer: cannot listen on @%s: %s", s->shm_socket,
+                             strerror(errno));
+    return 0;
+}
+
+int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
+{
+    *out = NULL;
+    if (!cfg->coordinator || !cfg->coordinator[0])
+        return dh__set_error(DH_EINVAL, "DataServer: no coordinator endpoint (--coordinator)");
+    if (!cfg->node || !cfg->node[0])
+        return dh__set_error(DH_EINVAL, "DataServer: no node name (--node)");
+    if (cfg->workers > 1024 || (cfg->workers == 0 && cfg->role != DH_DS_LOCAL))
+        return dh__set_error(DH_EINVAL,
+                             "DataServer: --workers must be in [1, 1024] (0 only for a local "
+                             "delivery-only server), got %u",
+                             cfg->workers);
+    dh_dataserver_t *s = dh_calloc(1, sizeof *s);
+    if (!s)
+        return dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
+    s->cfg = *cfg;
+    s->fdsock = -1;
+    s->wake_fd = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->arena_lock, NULL);
+    pthread_cond_init(&s->task_cond, NULL);
+    snprintf(s->node, sizeof s->node, "%s", cfg->node);
+    snprintf(s->coord_endpoint, sizeof s->coord_endpoint, "%s", cfg->coordinator);
+    if (cfg->name && cfg->name[0])
+        snprintf(s->name, sizeof s->name, "%s", cfg->name);
+    else
+        snprintf(s->name, sizeof s->name, "%s-%s-%d", cfg->node,
+                 cfg->role == DH_DS_LOCAL ? "local" : "remote", (int)getpid());
+    s->cfg.coordinator = s->coord_endpoint;
+    s->cfg.node = s->node;
+    s->cfg.name = s->name;
+    s->cfg.pipeline_json = NULL;
+    s->cfg.pipeline_path = NULL;
+    s->cfg.data_listen = NULL;
+    int rc = dh__rt_pipeline_load(cfg->pipeline_json,
+                                  cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
+    if (rc)
+        goto fail;
+    s->ctx = cfg->zmq_ctx;
+    if (!s->ctx) {
+        s->ctx = zmq_ctx_new();
+        s->own_ctx = true;
+        if (!s->ctx) {
+            rc = dh__set_error(DH_ENOMEM, "DataServer: zmq_ctx_new failed");
+            goto fail;
+        }
+    }
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0) {
+        rc = dh__set_error(-errno, "DataServer: eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (cfg->role == DH_DS_LOCAL) {
+        uint64_t bytes = cfg->arena_bytes ? cfg->arena_bytes : (uint64_t)256 << 20;
+        if ((rc = dh_shm_arena_new(&s->arena, (size_t)bytes, 0)))
+            goto fail;
+        s->cfg.arena_bytes = bytes;
+        if ((rc = dh_wire_socket_new(&s->data, s->ctx, ZMQ_ROUTER, NULL)))
+            goto fail;
+        int handover = 1;
+        zmq_setsockopt(dh_wire_socket_handle(s->data), ZMQ_ROUTER_HANDOVER, &handover,
+                       sizeof handover);
+        const char *listen =
+            cfg->data_listen && cfg->data_listen[0] ? cfg->data_listen : "tcp://127.0.0.1:*";
+        if ((rc = dh_wire_socket_bind(s->data, listen)))
+            goto fail;
+        if ((rc = dh__rt_last_endpoint(dh_wire_socket_handle(s->data), s->data_endpoint,
+                                       sizeof s->data_endpoint)))
+            goto fail;
+        if ((rc = open_fd_socket(s)))
+            goto fail;
+    }
+    if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, NULL)) ||
+        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(s->coord), s->name)) ||
+        (rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
+        goto fail;
+    s->threads = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->threads);
+    if (!s->threads) {
+        rc = dh__set_error(DH_ENOMEM, "out of memory for worker threads");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < cfg->workers; i++) {
+        worker_arg_t *a = dh_malloc(sizeof *a);
+        if (!a) {
+            rc = dh__set_error(DH_ENOMEM, "out of memory for worker threads");
+            goto fail;
+        }
+        a->s = s;
+        a->index = i;
+        int e = pthread_create(&s->threads[i], NULL, worker_main, a);
+        if (e) {
+            dh_free(a);
+            rc = dh__set_error(-e, "DataServer: pthread_create: %s", strerror(e));
+            goto fail;
+        }
+        s->n_threads++;
+    }
+    *out = s;
+    return 0;
+fail:
+    dh_dataserver_destroy(&s);
+    return rc;
+}
+
+void dh_dataserver_destroy(dh_dataserver_t **ps)
+{
+    if (!ps || !*ps)
+        return;
+    dh_dataserver_t *s = *ps;
+    atomic_store(&s->stop, 1);
+    if (s->started)
+        pthread_join(s->loop_thread, NULL);
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->task_cond);
+    pthread_mutex_unlock(&s->lock);
+    for (uint32_t i = 0; i < s->n_threads; i++)
+        pthread_join(s->threads[i], NULL);
+    dh_free(s->threads);
+    task_t *t;
+    while ((t = pop(&s->tasks)))
+        task_free(t);
+    while ((t = pop(&s->results))) {
+        if (t->local_target)
+            unref_tensors(s, t->result.tensors, t->result.n_tensors);
+        else
+            for (size_t i = 0; i < t->result.n_tensors; i++)
+                dh_free(t->result.tensors[i].data);
+        task_free(t);
+    }
+    while (s->pending) {
+        pending_t *p = s->pending;
+        s->pending = p->next;
+        if (p->task) {
+            unref_tensors(s, p->task->result.tensors, p->task->result.n_tensors);
+            task_free(p->task);
+        }
+        dh_wire_received_release(&p->forwarded);
+        dh_free(p);
+    }
+    for (size_t i = 0; i < s->n_links; i++)
+        dh_wire_socket_destroy(&s->links[i].sock);
+    dh_wire_socket_destroy(&s->coord);
+    dh_wire_socket_destroy(&s->data);
+    if (s->fdsock >= 0)
+        close(s->fdsock);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    dh_shm_arena_destroy(&s->arena);
+    if (s->own_ctx && s->ctx)
+        zmq_ctx_term(s->ctx);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->arena_lock);
+    pthread_cond_destroy(&s->task_cond);
+    dh_free(s);
+    *ps = NULL;
+}

@@ -1,0 +1,92 @@
+/* runtime/rt.h: internals shared by the coordinator, the DataServer and the client.
+ *
+ * task.c runs one dispatched request through a pipeline (the native video pipeline of
+ * pipeline.h, or the synthetic one) into output buffers that a caller-supplied allocator
+ * hands out: shared-memory slabs for a local DataServer, heap buffers for a sidecar.
+ */
+#ifndef DH_RUNTIME_RT_H
+#define DH_RUNTIME_RT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datahelix/pipeline.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+
+#define DH__RT_MAX_TENSORS 4
+
+typedef enum { DH__SYNTH_SLEEP = 0, DH__SYNTH_SPIN = 1, DH__SYNTH_NONE = 2 } dh__synth_cost_t;
+
+/* A DataServer's pipeline: {"type": "video", ...pipeline.h fields} or
+ * {"type": "synthetic", "cost": "sleep"|"spin"|"none", "cpu_scale": X, "bytes_scale": Y}. */
+typedef struct dh__rt_pipeline {
+    bool synthetic;
+    dh_pipeline_spec_t video;
+    dh__synth_cost_t cost;
+    double cpu_scale;   /* multiplies each sample's cpu_s */
+    double bytes_scale; /* multiplies each sample's out_bytes */
+} dh__rt_pipeline_t;
+
+/* Parses a spec from text (json != NULL) or a file (path != NULL), or the video defaults
+ * when both are NULL. Returns 0 or DH_EPARSE / DH_ESCHEMA / -errno naming the source. */
+int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *out);
+
+/* One output tensor. */
+typedef struct dh__rt_tensor {
+    char name[16];
+    uint8_t dtype; /* dh_wire_dtype_t */
+    uint8_t ndim;
+    uint64_t shape[DH_WIRE_MAX_NDIM];
+    int64_t strides[DH_WIRE_MAX_NDIM]; /* bytes */
+    size_t nbytes;
+    void *data;             /* where the bytes are (slab or heap) */
+    dh_shm_handle_t handle; /* slab: its handle (arena_id 0 for heap) */
+} dh__rt_tensor_t;
+
+/* Hands out `nbytes` of output (> 0); returns 0 and fills *data / *handle, or a negative
+ * code (the task then fails with it). May block (backpressure). */
+typedef int dh__rt_alloc_fn(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle);
+/* Gives back an output buffer when the task fails after allocating. */
+typedef void dh__rt_free_fn(void *ctx, void *data, const dh_shm_handle_t *handle);
+
+/* The result of one task. */
+typedef struct dh__rt_result {
+    size_t n_tensors;
+    dh__rt_tensor_t tensors[DH__RT_MAX_TENSORS];
+    uint32_t n_samples;
+    dh_wire_sample_result_t *samples; /* dh_malloc'd, with their strings */
+    double cpu_s;                     /* measured (synthetic sleep: the emulated seconds) */
+    uint64_t bytes;                   /* output bytes */
+    uint32_t failed;                  /* samples with errors */
+} dh__rt_result_t;
+
+/* Per-worker state (a video decoder). */
+typedef struct dh__rt_worker dh__rt_worker_t;
+int dh__rt_worker_new(dh__rt_worker_t **out, const dh__rt_pipeline_t *pipeline);
+void dh__rt_worker_destroy(dh__rt_worker_t **w);
+
+/* Runs the samples of a request. A per-sample failure is recorded in the result, never
+ * fails the task; returns 0, or DH_ENOMEM / the allocator's code (nothing is kept then). */
+int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,
+                   dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
+                   dh__rt_result_t *out);
+
+/* Frees the result's sample strings (not the tensor buffers). */
+void dh__rt_result_clear(dh__rt_result_t *r);
+
+/* Fills a DELIVER's tensor array from a result (location SHM when the handle names an
+ * arena, else FRAME). `wire` has r->n_tensors entries. Names are borrowed from r. */
+void dh__rt_result_wire_tensors(const dh__rt_result_t *r, dh_wire_tensor_t *wire);
+
+/* Sets the routing id of a DEALER socket (before connect). Returns 0 or a negative errno. */
+int dh__rt_set_routing_id(void *zmq_socket, const char *id);
+
+/* A socket's bound endpoint with a wildcard resolved (ZMQ_LAST_ENDPOINT) into buf. */
+int dh__rt_last_endpoint(void *zmq_socket, char *buf, size_t cap);
+
+/* "host" of this machine, or "localhost". */
+void dh__rt_hostname(char *buf, size_t cap);
+
+#endif

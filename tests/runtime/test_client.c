@@ -1,0 +1,325 @@
+/* test_client.c: the client with its coordinator and local DataServer as threads of this
+ * process (embedded mode, client.h), so that the sanitizers (ASan+UBSan, and TSan in `make
+ * test-tsan`) see every thread of the client and the DataServer: delivery in order,
+ * exactly once, zero-copy (data in the arena), microbatch fanout joined, a batch that
+ * outlives its client, a full arena (backpressure), real video with a corrupt clip, and
+ * configuration errors. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cluster.h"
+#include "datahelix/client.h"
+#include "datahelix/error.h"
+#include "datahelix/mix.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+#include "datahelix/wire.h"
+
+static const char *write_profiles(const char *name, size_t count)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s", dh_test_path(name));
+    dh_mix_t *mix = NULL;
+    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profiles_generate(mix, count, 5, set), 0);
+    assert_int_equal(dh_profile_set_write(set, path), 0);
+    dh_profile_set_destroy(&set);
+    dh_mix_destroy(&mix);
+    return path;
+}
+
+static const dh_client_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
+{
+    for (size_t i = 0; i < b->n_tensors; i++)
+        if (strcmp(b->tensors[i].name, name) == 0)
+            return &b->tensors[i];
+    return NULL;
+}
+
+/* Each synthetic sample's bytes start with its id. */
+static void check_synthetic(const dh_client_batch_t *b)
+{
+    const dh_client_tensor_t *sizes = tensor(b, "sizes");
+    const dh_client_tensor_t *payload = tensor(b, "payload");
+    assert_non_null(sizes);
+    assert_non_null(payload);
+    assert_int_equal(sizes->dtype, DH_WIRE_DTYPE_I64);
+    assert_int_equal(sizes->shape[0], (int64_t)b->n_samples);
+    const int64_t *sz = sizes->data;
+    size_t at = 0;
+    for (size_t i = 0; i < b->n_samples; i++) {
+        size_t n = strlen(b->samples[i].id);
+        assert_true((size_t)sz[i] >= n);
+        assert_memory_equal((const char *)payload->data + at, b->samples[i].id, n);
+        at += (size_t)sz[i];
+    }
+    assert_int_equal(at, payload->nbytes);
+}
+
+static void base_config(dh_client_config_t *cfg, const char *profiles, const char *pipeline)
+{
+    dh_client_config_default(cfg);
+    cfg->profiles = profiles;
+    cfg->pipeline_json = pipeline;
+    cfg->ranks = 1;
+    cfg->batch = 4;
+    cfg->seed = 3;
+    cfg->node = "test-node";
+    cfg->next_timeout_ms = 60000;
+    cfg->connect_timeout_ms = 10000;
+}
+
+#define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}"
+
+static void embedded_epoch_in_order_exactly_once(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 64);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t index = 0;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        assert_int_equal(b->index, index);
+        assert_int_equal(b->n_samples, 4);
+        assert_int_equal(b->failed, 0);
+        check_synthetic(b);
+        dh_client_batch_release(&b);
+        index++;
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(index, 16);
+    dh_client_stats_t st;
+    dh_client_stats(c, &st);
+    assert_int_equal(st.batches, 16);
+    assert_int_equal(st.samples, 64);
+    assert_int_equal(st.duplicates_dropped, 0);
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
+/* The ids of one epoch: every row of the file exactly once, whatever the fanout. */
+static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefetch,
+                          uint64_t arena_bytes, const char *pipeline)
+{
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, profiles), 0);
+    size_t n = dh_profile_set_count(set);
+    int *seen = calloc(n, sizeof *seen);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, pipeline);
+    cfg.fanout = fanout;
+    cfg.prefetch = prefetch;
+    if (arena_bytes)
+        cfg.arena_bytes = arena_bytes;
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    dh_client_batch_t *b = NULL;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        check_synthetic(b);
+        for (size_t i = 0; i < b->n_samples; i++)
+            for (size_t k = 0; k < n; k++)
+                if (strcmp(dh_profile_set_row(set, k)->id, b->samples[i].id) == 0)
+                    seen[k]++;
+        dh_client_batch_release(&b);
+    }
+    if (rc != DH_EEOF)
+        print_error("next: %s (%s)\n", dh_err_name(rc), dh_last_error());
+    assert_int_equal(rc, DH_EEOF);
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(seen[k], 1);
+    free(seen);
+    dh_client_destroy(&c);
+    dh_profile_set_destroy(&set);
+}
+
+static void embedded_every_sample_once(void **state)
+{
+    run_epoch_ids(write_profiles("p.jsonl", 48), 1, 4, 0, SYNTH);
+    cl_assert_no_leftovers();
+}
+
+static void embedded_fanout_joins_microbatches(void **state)
+{
+    run_epoch_ids(write_profiles("p.jsonl", 48), 2, 3, 0, SYNTH);
+    run_epoch_ids(write_profiles("p.jsonl", 48), 4, 2, 0, SYNTH);
+    cl_assert_no_leftovers();
+}
+
+static void embedded_full_arena_is_backpressure(void **state)
+{
+    /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
+     * slabs that next() releases, and every batch still comes in order. */
+    run_epoch_ids(write_profiles("p.jsonl", 32), 1, 8, (uint64_t)16 << 20,
+                  "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.1}");
+    cl_assert_no_leftovers();
+}
+
+static void embedded_zero_copy_and_batch_outlives_client(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    assert_int_equal(dh_client_next(c, &b), 0);
+    /* the payload lies in the arena mapping (a memfd), not on the heap */
+    const dh_client_tensor_t *payload = tensor(b, "payload");
+    assert_non_null(payload);
+    char line[512];
+    int in_arena = 0;
+    FILE *maps = fopen("/proc/self/maps", "r");
+    assert_non_null(maps);
+    while (fgets(line, sizeof line, maps)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)payload->data >= lo &&
+            (unsigned long)payload->data < hi && strstr(line, "memfd:datahelix-arena"))
+            in_arena = 1;
+    }
+    fclose(maps);
+    assert_int_equal(in_arena, 1);
+    dh_client_destroy(&c);
+    check_synthetic(b); /* still mapped: the batch holds the arena */
+    dh_client_batch_release(&b);
+    assert_null(b);
+    cl_assert_no_leftovers();
+}
+
+static void client_config_errors_name_the_field(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    dh_client_config_t cfg;
+    dh_client_t *c = NULL;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.rank = 2;
+    cfg.ranks = 2;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "rank 2"));
+    base_config(&cfg, profiles, SYNTH);
+    cfg.fanout = 5;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "fanout"));
+    base_config(&cfg, profiles, SYNTH);
+    cfg.batch = 17;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "fewer than one step"));
+    base_config(&cfg, dh_test_path("missing.jsonl"), SYNTH);
+    assert_true(dh_client_new(&c, &cfg) < 0);
+    assert_non_null(strstr(dh_last_error(), "missing.jsonl"));
+    base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"burn\"}");
+    assert_int_equal(dh_client_new(&c, &cfg), DH_ESCHEMA);
+    assert_non_null(strstr(dh_last_error(), "cost"));
+    base_config(&cfg, profiles, SYNTH);
+    cfg.coordinator = "tcp://127.0.0.1:1"; /* nobody there */
+    cfg.connect_timeout_ms = 300;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EAGAIN);
+    assert_non_null(strstr(dh_last_error(), "tcp://127.0.0.1:1"));
+    assert_null(c);
+    cl_assert_no_leftovers();
+}
+
+static void run_cli(const char *name, char *const argv[])
+{
+    cl_proc_t p;
+    cl_spawn(&p, name, argv);
+    cl_expect_exit(&p, 0, 240000);
+}
+
+/* Real decode in embedded mode: 4 clips synthesised and probed, one then truncated. With
+ * skip it yields its batch with that sample flagged (error naming the path); with raise
+ * next() fails with that message and the next batch still comes. */
+static void embedded_video_with_corrupt_clip(void **state)
+{
+    char dir[512], manifest[600], profiles[600], cache[600];
+    snprintf(dir, sizeof dir, "%s", dh_test_path("video"));
+    snprintf(manifest, sizeof manifest, "%s/manifest.jsonl", dir);
+    snprintf(profiles, sizeof profiles, "%s/profiles.jsonl", dir);
+    snprintf(cache, sizeof cache, "%s/calibration.json", dir);
+    char *synth[] = {"datahelix", "synth", "--out",  dir, "--mix", "kinetics-s",
+                     "--count",   "4",     "--seed", "2", NULL};
+    run_cli("synth", synth);
+    setenv("DH_CALIBRATION_CACHE", cache, 1);
+    char *probe[] = {"datahelix", "probe", manifest, "-o", profiles, NULL};
+    run_cli("probe", probe);
+    /* truncate the clip of the first profile row */
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, profiles), 0);
+    assert_int_equal(dh_profile_set_count(set), 4);
+    char broken[1024];
+    snprintf(broken, sizeof broken, "%s", dh_profile_set_row(set, 0)->uri);
+    dh_profile_set_destroy(&set);
+    assert_int_equal(truncate(broken, 2000), 0);
+
+    for (int mode = 0; mode < 2; mode++) {
+        dh_client_config_t cfg;
+        base_config(&cfg, profiles, NULL); /* the video pipeline's defaults */
+        cfg.batch = 1;
+        cfg.on_error = mode == 0 ? DH_ON_ERROR_SKIP : DH_ON_ERROR_RAISE;
+        dh_client_t *c = NULL;
+        int rc = dh_client_new(&c, &cfg);
+        if (rc)
+            print_error("%s\n", dh_last_error());
+        assert_int_equal(rc, 0);
+        int ok = 0, failed = 0;
+        dh_client_batch_t *b = NULL;
+        while ((rc = dh_client_next(c, &b)) != DH_EEOF) {
+            if (rc) {
+                assert_int_equal(mode, 1);
+                assert_non_null(strstr(dh_last_error(), broken));
+                failed++;
+                continue;
+            }
+            if (b->failed) {
+                assert_int_equal(mode, 0);
+                assert_non_null(strstr(b->samples[0].error_message, broken));
+                failed++;
+            } else {
+                const dh_client_tensor_t *px = tensor(b, "pixels");
+                assert_non_null(px);
+                assert_int_equal(px->dtype, DH_WIRE_DTYPE_U8);
+                assert_int_equal(px->ndim, 5); /* B x T x 3 x H x W */
+                assert_int_equal(px->shape[0], 1);
+                assert_int_equal(px->shape[2], 3);
+                assert_true(b->tokens > 0);
+                ok++;
+            }
+            dh_client_batch_release(&b);
+        }
+        assert_int_equal(ok, 3);
+        assert_int_equal(failed, 1);
+        dh_client_destroy(&c);
+    }
+    unsetenv("DH_CALIBRATION_CACHE");
+    cl_assert_no_leftovers();
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(embedded_epoch_in_order_exactly_once),
+        cmocka_unit_test(embedded_every_sample_once),
+        cmocka_unit_test(embedded_fanout_joins_microbatches),
+        cmocka_unit_test(embedded_full_arena_is_backpressure),
+        cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
+        cmocka_unit_test(client_config_errors_name_the_field),
+        cmocka_unit_test(embedded_video_with_corrupt_clip),
+    };
+    return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
+}

@@ -1,0 +1,464 @@
+/* test_cluster.c: the data plane as separate processes (issue 4): a coordinator, local and
+ * remote DataServers and client ranks (`datahelix consume`), each on its own endpoints
+ * (ipc:// and tcp://127.0.0.1), with the synthetic pipeline. Every test checks the ranks'
+ * ledgers against the tier-1 plan (every sample of the epoch exactly once, each rank's
+ * batches in order with the planned samples), that every process exits cleanly, and that
+ * nothing of ours is left (cluster.h). Faults: kill -9 of a sidecar and of a local DataServer
+ * mid-epoch, SIGSTOP/SIGCONT, a client killed with its slabs held, failing samples. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+#include "cluster.h"
+#include "datahelix/error.h"
+#include "datahelix/plan.h"
+#include "datahelix/profile.h"
+#include "datahelix/sampler.h"
+
+#define RANKS 4
+#define BATCH 2
+#define SAMPLES 400 /* 50 steps of 8 */
+#define STEPS (SAMPLES / (RANKS * BATCH))
+#define SEED 7
+#define T_MS 90000
+
+typedef struct cluster {
+    char coord_ep[256];
+    char profiles[512];
+    char pipeline[512];
+    char telemetry[512];
+    cl_proc_t coord;
+    cl_proc_t servers[4]; /* local-a, local-b, remote-1, remote-2 */
+    cl_proc_t ranks[RANKS];
+    char ledgers[RANKS][512];
+    const char *policy;
+} cluster_t;
+
+static const char *const server_names[4] = {"local-a", "local-b", "remote-1", "remote-2"};
+
+static void free_tcp_endpoint(char *buf, size_t cap)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+    snprintf(buf, cap, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    close(s);
+}
+
+static void make_profiles(const char *path, int count)
+{
+    char n[32];
+    snprintf(n, sizeof n, "%d", count);
+    char *argv[] = {
+        "datahelix", "gen-profiles", "--mix", "kinetics-mixed", "--count", n, "--seed", "1",
+        "-o",        (char *)path,   NULL};
+    cl_proc_t p;
+    cl_spawn(&p, "gen-profiles", argv);
+    cl_expect_exit(&p, 0, 60000);
+}
+
+/* Starts coordinator + 4 DataServers (2 per role); `tcp` picks the transport of the
+ * coordinator endpoint. Waits until all four registered. */
+static void start_servers(cluster_t *c, bool tcp, const char *policy, int local_workers)
+{
+    if (tcp)
+        free_tcp_endpoint(c->coord_ep, sizeof c->coord_ep);
+    else
+        snprintf(c->coord_ep, sizeof c->coord_ep, "ipc://%s", dh_test_path("coord.sock"));
+    snprintf(c->profiles, sizeof c->profiles, "%s", dh_test_path("profiles.jsonl"));
+    snprintf(c->pipeline, sizeof c->pipeline, "%s", dh_test_path("synthetic.json"));
+    snprintf(c->telemetry, sizeof c->telemetry, "%s", dh_test_path("telemetry.jsonl"));
+    make_profiles(c->profiles, SAMPLES);
+    /* kinetics-mixed costs 0.05-1 s of CPU per sample: scaled to ~1-20 ms of sleep, and
+     * 1% of the decoded bytes (24 KB - 400 KB per sample). */
+    dh_test_write_file(c->pipeline, "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
+                                    "\"cpu_scale\": 0.02, \"bytes_scale\": 0.01}");
+    c->policy = policy;
+    char *cargv[] = {
+        "datahelix",       "coordinator", "--listen",    c->coord_ep,  "--policy", (char *)policy,
+        "--dead-after-ms", "400",         "--telemetry", c->telemetry, NULL};
+    cl_spawn(&c->coord, "coordinator", cargv);
+    cl_wait_log(c->coord.log, "coordinator: listening on", 1, 10000);
+    char lw[16];
+    snprintf(lw, sizeof lw, "%d", local_workers);
+    for (int i = 0; i < 4; i++) {
+        bool local = i < 2;
+        char *node = (char *)(i == 0 ? "node-a" : i == 1 ? "node-b" : i == 2 ? "cpu-1" : "cpu-2");
+        char *argv[] = {"datahelix",
+                        "server",
+                        "--coordinator",
+                        c->coord_ep,
+                        "--role",
+                        local ? "local" : "remote",
+                        "--node",
+                        node,
+                        "--workers",
+                        local ? lw : "2",
+                        "--pipeline",
+                        c->pipeline,
+                        "--name",
+                        (char *)server_names[i],
+                        "--arena-mb",
+                        "64",
+                        "--heartbeat-ms",
+                        "50",
+                        NULL};
+        cl_spawn(&c->servers[i], server_names[i], argv);
+    }
+    for (int i = 0; i < 4; i++) {
+        char needle[128];
+        snprintf(needle, sizeof needle, "DataServer '%s' registered", server_names[i]);
+        cl_wait_log(c->coord.log, needle, 1, 10000);
+    }
+}
+
+static void start_ranks(cluster_t *c, const char *extra_opt, const char *compute_ms)
+{
+    for (int r = 0; r < RANKS; r++) {
+        char rank[8], name[32];
+        snprintf(rank, sizeof rank, "%d", r);
+        snprintf(name, sizeof name, "rank-%d", r);
+        snprintf(c->ledgers[r], sizeof c->ledgers[r], "%s", dh_test_path(name));
+        strncat(c->ledgers[r], ".jsonl", sizeof c->ledgers[r] - strlen(c->ledgers[r]) - 1);
+        char seed[16];
+        snprintf(seed, sizeof seed, "%d", SEED);
+        char *argv[] = {"datahelix",
+                        "consume",
+                        "--coordinator",
+                        c->coord_ep,
+                        "--profiles",
+                        c->profiles,
+                        "--rank",
+                        rank,
+                        "--ranks",
+                        "4",
+                        "--batch",
+                        "2",
+                        "--seed",
+                        seed,
+                        "--node",
+                        r < 2 ? "node-a" : "node-b",
+                        "--ledger",
+                        c->ledgers[r],
+                        "--compute-ms",
+                        (char *)compute_ms,
+                        "--check-payload",
+                        "--timeout-ms",
+                        "60000",
+                        (char *)extra_opt,
+                        NULL};
+        cl_spawn(&c->ranks[r], name, argv);
+    }
+}
+
+static void finish_ranks(cluster_t *c)
+{
+    for (int r = 0; r < RANKS; r++)
+        cl_expect_exit(&c->ranks[r], 0, T_MS);
+}
+
+static void stop_all(cluster_t *c)
+{
+    for (int i = 0; i < 4; i++)
+        if (!c->servers[i].reaped)
+            cl_stop(&c->servers[i]);
+    cl_stop(&c->coord);
+}
+
+/* The ids rank r must get at step s, from the same pure planner the clients use. */
+typedef struct plan_ref {
+    dh_profile_set_t *set;
+    char ***ids; /* [step][rank * BATCH + k] */
+} plan_ref_t;
+
+static void plan_ref_make(plan_ref_t *p, const char *profiles)
+{
+    assert_int_equal(dh_profile_set_new(&p->set), 0);
+    assert_int_equal(dh_profile_set_load(p->set, profiles), 0);
+    size_t n = dh_profile_set_count(p->set), per = RANKS * BATCH;
+    dh_sampler_t *s = NULL;
+    assert_int_equal(dh_sampler_new(&s, n, per, SEED, 1), 0);
+    p->ids = calloc(STEPS, sizeof *p->ids);
+    for (size_t step = 0; step < STEPS; step++) {
+        uint32_t ids[RANKS * BATCH];
+        double load[RANKS * BATCH];
+        uint32_t key[RANKS * BATCH];
+        int32_t rank_of[RANKS * BATCH];
+        assert_int_equal(dh_sampler_step(s, step, ids), 0);
+        for (size_t i = 0; i < per; i++) {
+            const dh_profile_row_t *row = dh_profile_set_row(p->set, ids[i]);
+            load[i] = (double)row->tokens_est;
+            key[i] = row->key_index;
+        }
+        dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
+                               .algo = DH_PLAN_ALGO_DEFAULT,
+                               .ranks = RANKS,
+                               .batch = BATCH};
+        assert_int_equal(dh_plan_step(&pc, load, key, per, rank_of, NULL), 0);
+        p->ids[step] = calloc(per, sizeof(char *));
+        int filled[RANKS] = {0};
+        for (size_t i = 0; i < per; i++) {
+            int r = rank_of[i];
+            p->ids[step][r * BATCH + filled[r]++] = (char *)dh_profile_set_row(p->set, ids[i])->id;
+        }
+    }
+    dh_sampler_destroy(&s);
+}
+
+static void plan_ref_free(plan_ref_t *p)
+{
+    for (size_t step = 0; step < STEPS; step++)
+        free(p->ids[step]);
+    free(p->ids);
+    dh_profile_set_destroy(&p->set);
+}
+
+typedef struct ledger_summary {
+    int batches, remote_batches, errors;
+} ledger_summary_t;
+
+/* Checks every rank's ledger against the plan: batch i of rank r is line i, with the planned
+ * ids in order; over all ranks every sample of the epoch appears exactly once. */
+static ledger_summary_t check_ledgers(cluster_t *c)
+{
+    plan_ref_t ref;
+    plan_ref_make(&ref, c->profiles);
+    ledger_summary_t sum = {0};
+    size_t n = dh_profile_set_count(ref.set);
+    int *seen = calloc(n, sizeof *seen);
+    for (int r = 0; r < RANKS; r++) {
+        FILE *f = fopen(c->ledgers[r], "r");
+        assert_non_null(f);
+        char line[65536];
+        int index = 0;
+        while (fgets(line, sizeof line, f)) {
+            json_error_t err;
+            json_t *o = json_loads(line, 0, &err);
+            assert_non_null(o);
+            if (json_object_get(o, "error")) {
+                sum.errors++;
+                json_decref(o);
+                index++;
+                continue;
+            }
+            int got_index = (int)json_integer_value(json_object_get(o, "index"));
+            if (got_index != index)
+                print_error("rank %d: line %d holds batch %d (order broken)\n", r, index,
+                            got_index);
+            assert_int_equal(got_index, index);
+            assert_true(index < STEPS);
+            json_t *ids = json_object_get(o, "ids");
+            assert_int_equal(json_array_size(ids), BATCH);
+            for (int k = 0; k < BATCH; k++) {
+                const char *id = json_string_value(json_array_get(ids, (size_t)k));
+                const char *want = ref.ids[index][r * BATCH + k];
+                if (strcmp(id, want) != 0)
+                    print_error("rank %d batch %d sample %d: got '%s', planned '%s'\n", r, index, k,
+                                id, want);
+                assert_string_equal(id, want);
+                for (size_t i = 0; i < n; i++)
+                    if (strcmp(dh_profile_set_row(ref.set, i)->id, id) == 0)
+                        seen[i]++;
+            }
+            sum.errors += (int)json_array_size(json_object_get(o, "errors"));
+            const char *server = json_string_value(json_object_get(o, "server"));
+            if (server && strstr(server, "remote"))
+                sum.remote_batches++;
+            sum.batches++;
+            index++;
+            json_decref(o);
+        }
+        fclose(f);
+        if (index != STEPS)
+            print_error("rank %d: %d batches in its ledger, expected %d\n", r, index, STEPS);
+        assert_int_equal(index, STEPS);
+    }
+    /* the epoch: STEPS x 8 samples drawn, each exactly once (SAMPLES is a multiple of 8,
+     * so that is every sample of the file) */
+    int once = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (seen[i] > 1)
+            print_error("sample '%s' delivered %d times\n", dh_profile_set_row(ref.set, i)->id,
+                        seen[i]);
+        assert_true(seen[i] <= 1);
+        once += seen[i];
+    }
+    assert_int_equal(once, STEPS * RANKS * BATCH);
+    free(seen);
+    plan_ref_free(&ref);
+    return sum;
+}
+
+/* "key N" in a log's stop line. */
+static unsigned long long log_number(const char *path, const char *key)
+{
+    char *text = cl_read(path);
+    const char *at = strstr(text, key);
+    unsigned long long v = at ? strtoull(at + strlen(key), NULL, 10) : 0;
+    free(text);
+    return v;
+}
+
+static void cluster_full_epoch_ipc(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, false, "least-request", 1);
+    start_ranks(&c, NULL, "2");
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers(&c);
+    assert_int_equal(s.errors, 0);
+    /* least-request spreads over all four servers: the remote path was used */
+    assert_true(s.remote_batches > 0);
+    stop_all(&c);
+    unsigned long long sent = log_number(c.servers[2].log, "bytes forwarded ") +
+                              log_number(c.servers[3].log, "bytes forwarded ");
+    unsigned long long got = log_number(c.servers[0].log, "bytes received ") +
+                             log_number(c.servers[1].log, "bytes received ");
+    if (sent != got || sent == 0)
+        print_error("sidecars forwarded %llu bytes, local DataServers received %llu\n", sent, got);
+    assert_true(sent > 0);
+    assert_true(sent == got);
+    /* every decision is in the telemetry, with its candidates */
+    assert_true(cl_count(c.telemetry, "\"reason\":\"least_request\"") >= STEPS * RANKS);
+    assert_true(cl_count(c.telemetry, "\"candidates\":[{") >= STEPS * RANKS);
+    cl_assert_no_leftovers();
+}
+
+static void cluster_kill9_sidecar_mid_epoch(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, true, "least-request", 1);
+    start_ranks(&c, NULL, "2");
+    cl_wait_lines(c.ledgers[0], STEPS / 4, T_MS);
+    cl_signal(&c.servers[2], SIGKILL);
+    assert_int_equal(cl_wait_exit(&c.servers[2], 5000), 128 + SIGKILL);
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers(&c);
+    assert_int_equal(s.errors, 0);
+    cl_wait_log(c.coord.log, "DataServer 'remote-1' (pid", 1, 5000);
+    assert_true(cl_count(c.coord.log, "declared dead") >= 1);
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+static void cluster_kill9_local_server_restarted(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, true, "deadline", 2);
+    start_ranks(&c, NULL, "2");
+    cl_wait_lines(c.ledgers[2], STEPS / 4, T_MS);
+    cl_signal(&c.servers[1], SIGKILL); /* node-b's local DataServer: ranks 2 and 3 lose it */
+    assert_int_equal(cl_wait_exit(&c.servers[1], 5000), 128 + SIGKILL);
+    cl_wait_log(c.coord.log, "'local-b' (pid", 1, 5000);
+    /* a new local DataServer for node-b: the coordinator points the ranks at it and places
+     * every undelivered request again */
+    char *argv[] = {
+        "datahelix", "server",   "--coordinator", c.coord_ep, "--role",         "local",
+        "--node",    "node-b",   "--workers",     "2",        "--pipeline",     c.pipeline,
+        "--name",    "local-b2", "--arena-mb",    "64",       "--heartbeat-ms", "50",
+        NULL};
+    cl_spawn(&c.servers[1], "local-b2", argv);
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers(&c);
+    assert_int_equal(s.errors, 0);
+    assert_true(cl_count(c.ranks[2].log, "local DataServer is now 'local-b2'") == 1);
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+static void cluster_sigstop_then_sigcont(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, false, "least-request", 1);
+    start_ranks(&c, NULL, "2");
+    cl_wait_lines(c.ledgers[0], STEPS / 4, T_MS);
+    cl_signal(&c.servers[3], SIGSTOP);
+    cl_wait_log(c.coord.log, "'remote-2' (pid", 1, 10000); /* declared dead */
+    cl_signal(&c.servers[3], SIGCONT);
+    cl_wait_log(c.coord.log, "DataServer 'remote-2' is back", 1, 10000);
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers(&c);
+    assert_int_equal(s.errors, 0);
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+static void cluster_client_killed_slabs_reclaimed(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, false, "local", 1);
+    /* rank 0 computes slowly, so batches wait in its prefetch ring (slabs held) */
+    start_ranks(&c, NULL, "40");
+    cl_wait_lines(c.ledgers[0], 2, T_MS);
+    cl_signal(&c.ranks[0], SIGKILL);
+    assert_int_equal(cl_wait_exit(&c.ranks[0], 5000), 128 + SIGKILL);
+    cl_wait_log(c.servers[0].log, "held by dead clients", 1, 10000);
+    for (int r = 1; r < RANKS; r++)
+        cl_signal(&c.ranks[r], SIGTERM);
+    for (int r = 1; r < RANKS; r++)
+        cl_expect_exit(&c.ranks[r], 3, 10000); /* interrupted */
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+static void cluster_failing_samples_skip_and_raise(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, false, "deadline", 2);
+    /* two samples of the file fail: their uri says so (the synthetic pipeline's error path) */
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, c.profiles), 0);
+    dh_profile_set_t *bad = NULL;
+    assert_int_equal(dh_profile_set_new(&bad), 0);
+    for (size_t i = 0; i < dh_profile_set_count(set); i++) {
+        dh_profile_row_t row = *dh_profile_set_row(set, i);
+        if (i == 3 || i == 77)
+            row.uri = i == 3 ? "error:clips/broken-3.mp4" : "error:clips/broken-77.mp4";
+        assert_int_equal(dh_profile_set_add(bad, &row), 0);
+    }
+    assert_int_equal(dh_profile_set_write(bad, c.profiles), 0);
+    dh_profile_set_destroy(&set);
+    dh_profile_set_destroy(&bad);
+    start_ranks(&c, "--on-error=skip", "0");
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers(&c);
+    assert_int_equal(s.errors, 2);
+    int named = 0;
+    for (int r = 0; r < RANKS; r++)
+        named += cl_count(c.ledgers[r], "clips/broken-");
+    assert_int_equal(named, 2);
+    /* raise: the two batches become errors naming the sample, the others come */
+    start_ranks(&c, "--on-error=raise", "0");
+    finish_ranks(&c);
+    int raised = 0, lines = 0;
+    for (int r = 0; r < RANKS; r++) {
+        raised += cl_count(c.ledgers[r], "\"error\":\"sample '");
+        lines += cl_lines(c.ledgers[r]);
+    }
+    assert_int_equal(raised, 2);
+    assert_int_equal(lines, STEPS * RANKS);
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(cluster_full_epoch_ipc),
+        cmocka_unit_test(cluster_kill9_sidecar_mid_epoch),
+        cmocka_unit_test(cluster_kill9_local_server_restarted),
+        cmocka_unit_test(cluster_sigstop_then_sigcont),
+        cmocka_unit_test(cluster_client_killed_slabs_reclaimed),
+        cmocka_unit_test(cluster_failing_samples_skip_and_raise),
+    };
+    return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
+}

@@ -1,0 +1,262 @@
+/* cmd_daemons.c: `datahelix coordinator` and `datahelix server`, the two daemons of the data
+ * plane (docs/runtime.md). Thin: parse, make the object, run its loop on the main thread until
+ * SIGINT or SIGTERM, destroy. Each logs one line per lifecycle event on standard error. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/place.h"
+#include "datahelix/runtime.h"
+#include "cli.h"
+
+static dh_coordinator_t *running_coordinator;
+static dh_dataserver_t *running_server;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (running_coordinator)
+        dh_coordinator_stop(running_coordinator);
+    if (running_server)
+        dh_dataserver_stop(running_server);
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+static void coordinator_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: datahelix coordinator --listen ENDPOINT [--policy P] [--dead-after-ms N]\n"
+            "                             [--queue-cap N] [--telemetry FILE]\n"
+            "\n"
+            "Runs the coordinator of a job: the registry of DataServers and clients, their\n"
+            "liveness, and the scheduler that places every request (docs/runtime.md).\n"
+            "It never touches tensors. Stops cleanly on SIGINT or SIGTERM.\n"
+            "\n"
+            "options:\n"
+            "  -l, --listen ENDPOINT   ZeroMQ endpoint to bind: tcp://HOST:PORT (PORT * picks a\n"
+            "                          free one, printed in the first log line), ipc:///PATH\n"
+            "                          (required)\n"
+            "  -p, --policy P          local | least-request | deadline (default deadline)\n"
+            "  -d, --dead-after-ms N   a DataServer silent this long is declared dead and its\n"
+            "                          undelivered requests are placed again (default 1000)\n"
+            "  -q, --queue-cap N       requests per worker slot before a server is full\n"
+            "                          (backpressure; default 4, 0 = no cap)\n"
+            "  -t, --telemetry FILE    write every placement decision as a JSON line: chosen\n"
+            "                          server, reason, every candidate's predicted time\n"
+            "  -h, --help              show this help\n"
+            "\n"
+            "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
+}
+
+int dh_cmd_coordinator(int argc, char **argv)
+{
+    static const struct option options[] = {{"listen", required_argument, NULL, 'l'},
+                                            {"policy", required_argument, NULL, 'p'},
+                                            {"dead-after-ms", required_argument, NULL, 'd'},
+                                            {"queue-cap", required_argument, NULL, 'q'},
+                                            {"telemetry", required_argument, NULL, 't'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+    dh_coordinator_config_t cfg;
+    dh_coordinator_config_default(&cfg);
+    unsigned long long v;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "l:p:d:q:t:h", options, NULL)) != -1) {
+        switch (opt) {
+        case 'l':
+            cfg.listen = optarg;
+            break;
+        case 'p':
+            if (dh_policy_from_name(optarg, &cfg.place.policy) != 0) {
+                fprintf(stderr,
+                        "datahelix coordinator: --policy: unknown policy '%s' (local, "
+                        "least-request, deadline)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'd':
+            if (dh_cli_parse_u64("coordinator", "--dead-after-ms", optarg, 10, 3600000, &v))
+                return 2;
+            cfg.dead_after_ms = (uint32_t)v;
+            break;
+        case 'q':
+            if (dh_cli_parse_u64("coordinator", "--queue-cap", optarg, 0, 1000000, &v))
+                return 2;
+            cfg.queue_cap = (uint32_t)v;
+            break;
+        case 't':
+            cfg.telemetry_path = optarg;
+            break;
+        case 'h':
+            coordinator_usage(stdout);
+            return 0;
+        default:
+            coordinator_usage(stderr);
+            return 2;
+        }
+    }
+    if (dh_cli_no_extra_args("coordinator", argc, argv, optind))
+        return 2;
+    if (!cfg.listen) {
+        fprintf(stderr, "datahelix coordinator: --listen ENDPOINT is required\n");
+        return 2;
+    }
+    dh_coordinator_t *c = NULL;
+    int rc = dh_coordinator_new(&c, &cfg);
+    if (rc)
+        return dh_cli_fail("coordinator", rc, "cannot start");
+    running_coordinator = c;
+    install_signals();
+    rc = dh_coordinator_run(c);
+    running_coordinator = NULL;
+    dh_coordinator_destroy(&c);
+    dh_log_info("coordinator: stopped");
+    return rc ? 1 : 0;
+}
+
+static void server_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: datahelix server --coordinator ENDPOINT --role local|remote --node NAME\n"
+            "                        --workers N [--pipeline SPEC.json] [--arena-mb M]\n"
+            "                        [--name NAME] [--data-listen ENDPOINT] [--heartbeat-ms N]\n"
+            "\n"
+            "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
+            "coordinator dispatches to it (docs/runtime.md).\n"
+            "  local   one per training node: delivers batches to the ranks of its node through\n"
+            "          a shared-memory arena (memfd), and receives what sidecars forward\n"
+            "  remote  a sidecar on spare CPU: forwards its batches' tensors to the consuming\n"
+            "          rank's local DataServer\n"
+            "Stops cleanly on SIGINT or SIGTERM.\n"
+            "\n"
+            "options:\n"
+            "  -c, --coordinator ENDPOINT  the coordinator's endpoint (required)\n"
+            "  -r, --role local|remote     (required)\n"
+            "  -n, --node NAME             the node this server runs on (required)\n"
+            "  -w, --workers N             worker threads, 1..1024 (required); a local server\n"
+            "                              may have 0: it only delivers what sidecars send\n"
+            "  -p, --pipeline SPEC.json    pipeline spec: {\"type\":\"video\", ...} (fields of\n"
+            "                              docs/pipeline.md; the default) or {\"type\":\n"
+            "                              \"synthetic\", \"cost\": \"sleep\"|\"spin\"|\"none\",\n"
+            "                              \"cpu_scale\": X, \"bytes_scale\": Y}\n"
+            "  -a, --arena-mb M            local: shared-memory arena size (default 256)\n"
+            "  -N, --name NAME             server name (default NODE-ROLE-PID)\n"
+            "  -D, --data-listen ENDPOINT  local: endpoint for clients and sidecars (default\n"
+            "                              tcp://127.0.0.1:*; give a reachable address when\n"
+            "                              sidecars run on other machines)\n"
+            "  -b, --heartbeat-ms N        heartbeat period (default 100)\n"
+            "  -h, --help                  show this help\n"
+            "\n"
+            "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
+}
+
+int dh_cmd_server(int argc, char **argv)
+{
+    static const struct option options[] = {{"coordinator", required_argument, NULL, 'c'},
+                                            {"role", required_argument, NULL, 'r'},
+                                            {"node", required_argument, NULL, 'n'},
+                                            {"workers", required_argument, NULL, 'w'},
+                                            {"pipeline", required_argument, NULL, 'p'},
+                                            {"arena-mb", required_argument, NULL, 'a'},
+                                            {"name", required_argument, NULL, 'N'},
+                                            {"data-listen", required_argument, NULL, 'D'},
+                                            {"heartbeat-ms", required_argument, NULL, 'b'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+    dh_dataserver_config_t cfg;
+    dh_dataserver_config_default(&cfg);
+    cfg.workers = 0;
+    int have_role = 0, have_workers = 0;
+    unsigned long long v;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:a:N:D:b:h", options, NULL)) != -1) {
+        switch (opt) {
+        case 'c':
+            cfg.coordinator = optarg;
+            break;
+        case 'r':
+            if (strcmp(optarg, "local") == 0)
+                cfg.role = DH_DS_LOCAL;
+            else if (strcmp(optarg, "remote") == 0)
+                cfg.role = DH_DS_REMOTE;
+            else {
+                fprintf(stderr, "datahelix server: --role must be local or remote, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            have_role = 1;
+            break;
+        case 'n':
+            cfg.node = optarg;
+            break;
+        case 'w':
+            if (dh_cli_parse_u64("server", "--workers", optarg, 0, 1024, &v))
+                return 2;
+            cfg.workers = (uint32_t)v;
+            have_workers = 1;
+            break;
+        case 'p':
+            cfg.pipeline_path = optarg;
+            break;
+        case 'a':
+            if (dh_cli_parse_u64("server", "--arena-mb", optarg, 2, 1 << 20, &v))
+                return 2;
+            cfg.arena_bytes = (uint64_t)v << 20;
+            break;
+        case 'N':
+            cfg.name = optarg;
+            break;
+        case 'D':
+            cfg.data_listen = optarg;
+            break;
+        case 'b':
+            if (dh_cli_parse_u64("server", "--heartbeat-ms", optarg, 5, 60000, &v))
+                return 2;
+            cfg.heartbeat_ms = (uint32_t)v;
+            break;
+        case 'h':
+            server_usage(stdout);
+            return 0;
+        default:
+            server_usage(stderr);
+            return 2;
+        }
+    }
+    if (dh_cli_no_extra_args("server", argc, argv, optind))
+        return 2;
+    const char *missing = !cfg.coordinator ? "--coordinator"
+                          : !have_role     ? "--role"
+                          : !cfg.node      ? "--node"
+                          : !have_workers  ? "--workers"
+                                           : NULL;
+    if (missing) {
+        fprintf(stderr, "datahelix server: %s is required (see --help)\n", missing);
+        return 2;
+    }
+    dh_dataserver_t *s = NULL;
+    int rc = dh_dataserver_new(&s, &cfg);
+    if (rc)
+        return dh_cli_fail("server", rc, "cannot start");
+    running_server = s;
+    install_signals();
+    rc = dh_dataserver_run(s);
+    running_server = NULL;
+    dh_dataserver_destroy(&s);
+    dh_log_info("server: stopped");
+    return rc ? 1 : 0;
+}
