@@ -98,8 +98,10 @@ static int check_payload(const dh_client_batch_t *b)
     const dh_client_tensor_t *sizes = tensor_named(b, "sizes");
     const dh_client_tensor_t *pay = tensor_named(b, "payload");
     if (!sizes || sizes->dtype != DH_WIRE_DTYPE_I64 || (size_t)sizes->shape[0] != b->n_samples) {
-        fprintf(stderr, "datahelix consume: batch %llu has no valid 'sizes' tensor\n",
-                (unsigned long long)b->index);
+        fprintf(stderr,
+                "datahelix consume: batch %llu (from '%s', %zu tensors, %zu samples) has no "
+                "valid 'sizes' tensor\n",
+                (unsigned long long)b->index, b->server, b->n_tensors, b->n_samples);
         return -1;
     }
     const int64_t *sz = sizes->data;

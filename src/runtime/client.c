@@ -370,11 +370,15 @@ static void *sender_main(void *arg)
             pthread_mutex_unlock(&c->lock);
             if (!go || atomic_load(&c->stop))
                 break;
-            if (send_batch_requests(c, b, d) != 0)
-                break;
+            /* The horizon moves before the requests go out, so that a delivery racing the
+             * send is inside the fetcher's window. */
             pthread_mutex_lock(&c->lock);
             c->planned++;
             pthread_mutex_unlock(&c->lock);
+            while (send_batch_requests(c, b, d) != 0 && !atomic_load(&c->stop))
+                dh_wire_recv(c->coord, 100, &r) == 0 ? (on_coord_message(c, &r),
+                                                        dh_wire_received_release(&r))
+                                                     : (void)0;
         }
     }
     return NULL;
