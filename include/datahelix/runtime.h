@@ -131,6 +131,8 @@ typedef struct dh_dataserver_stats {
     uint64_t bytes_received;      /* local: payload bytes received from sidecars */
     uint64_t arena_waits;         /* times a batch waited for arena space (backpressure) */
     uint64_t undeliverable;       /* batches dropped because their client was gone */
+    uint64_t arena_spills;        /* tensors sent by copy after the arena stayed full (see
+                                     docs/shared-memory.md, "Full arena") */
 } dh_dataserver_stats_t;
 
 void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);

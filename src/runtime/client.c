@@ -66,6 +66,7 @@ typedef struct part {
     dh_client_tensor_t tensors[DH__RT_MAX_TENSORS];
     char names[DH__RT_MAX_TENSORS][16];
     dh_shm_handle_t handles[DH__RT_MAX_TENSORS];
+    void *copies[DH__RT_MAX_TENSORS]; /* tensors that came as payload frames (spilled) */
     arena_ref_t *arena;
     uint32_t n_samples;
     dh_wire_sample_result_t *samples; /* owned (moved from the decoded message) */
@@ -75,9 +76,11 @@ typedef struct part {
 
 static void part_release(part_t *p)
 {
-    for (size_t i = 0; i < p->n_tensors; i++)
+    for (size_t i = 0; i < p->n_tensors; i++) {
         if (p->handles[i].arena_id && p->arena)
             dh_shm_arena_unref(p->arena->arena, &p->handles[i]);
+        dh_free(p->copies[i]);
+    }
     arena_ref_drop(p->arena);
     for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
         dh_free(p->samples[i].id);
@@ -85,6 +88,14 @@ static void part_release(part_t *p)
     }
     dh_free(p->samples);
     memset(p, 0, sizeof *p);
+}
+
+/* A part is moved by value (into the ring, then into a batch): its tensors' names point
+ * into its own names[], so they are set again after each move. */
+static void part_moved(part_t *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++)
+        p->tensors[i].name = p->names[i];
 }
 
 /* What the user gets: the public batch first, then what it owns. */
@@ -504,25 +515,49 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     }
     part_t p = {0};
     p.seq = m->seq;
+    uint64_t copied = 0;
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const dh_wire_tensor_t *t = &m->tensors[i];
-        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
-        dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
         void *ptr = NULL;
-        if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
-            dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a mapped "
-                        "arena (%s); dropped",
-                        c->id, (unsigned long long)m->seq, t->name,
-                        a ? dh_last_error() : "unknown arena");
-            for (size_t k = 0; k < p.n_tensors; k++)
-                dh_shm_arena_unref(p.arena->arena, &p.handles[k]);
-            if (p.arena)
-                arena_ref_drop(p.arena);
-            return;
-        }
-        if (!p.arena) {
-            p.arena = a;
-            atomic_fetch_add(&a->refs, 1);
+        dh_shm_handle_t h = {0};
+        if (t->location == DH_WIRE_LOC_FRAME) {
+            /* spilled by a DataServer whose arena stayed full: keep a copy of the frame */
+            ptr = dh_malloc(t->size ? t->size : 1);
+            if (!ptr) {
+                dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
+                            c->id, (unsigned long long)m->seq, t->name);
+                part_release(&p);
+                return;
+            }
+            if (t->size)
+                memcpy(ptr, t->data, t->size);
+            p.copies[i] = ptr;
+            copied++;
+        } else {
+            arena_ref_t *a = arena_by_id(c, t->arena_id);
+            h = (dh_shm_handle_t){t->arena_id, t->offset, t->length, t->generation};
+            if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
+                dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a "
+                            "mapped arena (%s); dropped",
+                            c->id, (unsigned long long)m->seq, t->name,
+                            a ? dh_last_error() : "unknown arena");
+                for (uint32_t k = i + 1; k < m->n_tensors; k++) {
+                    const dh_wire_tensor_t *u = &m->tensors[k];
+                    arena_ref_t *ua = u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id)
+                                                                      : NULL;
+                    dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
+                    if (ua)
+                        dh_shm_arena_unref(ua->arena, &uh);
+                }
+                if (a && !(p.arena && p.arena != a))
+                    dh_shm_arena_unref(a->arena, &h);
+                part_release(&p);
+                return;
+            }
+            if (!p.arena) {
+                p.arena = a;
+                atomic_fetch_add(&a->refs, 1);
+            }
         }
         p.handles[i] = h;
         snprintf(p.names[i], sizeof p.names[i], "%s", t->name);
@@ -557,7 +592,9 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
     if (!dup) {
         *slot = p;
+        part_moved(slot);
         c->stats.deliveries++;
+        c->stats.copied_tensors += copied;
         pthread_cond_broadcast(&c->cond);
     } else {
         c->stats.duplicates_dropped++;
@@ -937,6 +974,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     for (uint32_t p = 0; p < parts; p++) {
         part_t *s = &c->ring[(b * parts + p) % c->ring_size];
         taken[p] = *s;
+        part_moved(&taken[p]);
         memset(s, 0, sizeof *s);
     }
     /* The compute window just measured: from the previous return to this call. */

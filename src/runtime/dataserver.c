@@ -197,6 +197,20 @@ static void wake_loop(dh_dataserver_t *s)
 
 /* ---- output allocation (workers and loop) ---- */
 
+/* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
+ * full arena may all belong to batches the client holds ahead of the one it waits for, so
+ * waiting forever could deadlock the in-order fetcher; a spilled tensor goes to the client as
+ * a payload frame. Spills stay bounded by the client's prefetch and the coordinator's queue
+ * cap, which are the real backpressure. */
+#define SPILL_AFTER_NS 50000000ull
+
+static void count_spill(dh_dataserver_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->stats.arena_spills++;
+    pthread_mutex_unlock(&s->lock);
+}
+
 static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
 {
     dh_dataserver_t *s = ctx;
@@ -216,11 +230,13 @@ static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *h
             s->stats.arena_waits++;
             pthread_mutex_unlock(&s->lock);
         }
-        if (dh_clock_now_ns() - since > 5000000000ull) {
-            dh_log_warn("DataServer '%s': a batch of %zu bytes has waited 5 s for arena space "
-                        "(clients hold the slabs; raise --arena-mb or lower the prefetch)",
-                        s->name, nbytes);
-            since = dh_clock_now_ns();
+        if (dh_clock_now_ns() - since > SPILL_AFTER_NS) {
+            memset(handle, 0, sizeof *handle);
+            *data = dh_malloc(nbytes);
+            if (!*data)
+                return dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
+            count_spill(s);
+            return 0;
         }
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
@@ -230,7 +246,10 @@ static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *h
 static void arena_release(void *ctx, void *data, const dh_shm_handle_t *handle)
 {
     dh_dataserver_t *s = ctx;
-    dh_shm_arena_unref(s->arena, handle);
+    if (handle->arena_id)
+        dh_shm_arena_unref(s->arena, handle);
+    else
+        dh_free(data);
 }
 
 static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
@@ -413,6 +432,11 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
     return NULL;
 }
 
+static void free_payload(void *data, void *hint)
+{
+    dh_free(data);
+}
+
 /* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
  * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
 static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
@@ -431,6 +455,23 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
     memcpy(tmp.tensors, tensors, n_tensors * sizeof *tensors);
     dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
     dh__rt_result_wire_tensors(&tmp, wire);
+    dh_wire_payload_t frames[DH__RT_MAX_TENSORS];
+    size_t n_frames = 0;
+    for (size_t i = 0; i < n_tensors; i++) {
+        if (tensors[i].handle.arena_id)
+            continue;
+        /* a spilled tensor: a copy goes as a payload frame (the caller keeps its buffer) */
+        void *copy = dh_malloc(tensors[i].nbytes ? tensors[i].nbytes : 1);
+        if (!copy) {
+            for (size_t k = 0; k < n_frames; k++)
+                dh_free(frames[k].data);
+            return dh__set_error(DH_ENOMEM, "out of memory for a %zu-byte payload frame",
+                                 tensors[i].nbytes);
+        }
+        if (tensors[i].nbytes)
+            memcpy(copy, tensors[i].data, tensors[i].nbytes);
+        frames[n_frames++] = (dh_wire_payload_t){copy, tensors[i].nbytes, free_payload, NULL};
+    }
     dh_msg_t m = {.type = DH_MSG_DELIVER};
     m.deliver.client_id = (char *)client_id;
     m.deliver.seq = seq;
@@ -440,7 +481,18 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
     m.deliver.samples = (dh_wire_sample_result_t *)samples;
     m.deliver.ready_ns = ready_ns;
     m.deliver.server = (char *)executor;
-    return dh_wire_send(s->data, client_id, strlen(client_id), &m, NULL, 0, 0);
+    return dh_wire_send(s->data, client_id, strlen(client_id), &m, frames, n_frames, 0);
+}
+
+/* Gives back a local task's outputs: slabs are unreferenced, spilled buffers freed. */
+static void free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].handle.arena_id)
+            dh_shm_arena_unref(s->arena, &t[i].handle);
+        else
+            dh_free(t[i].data);
+    }
 }
 
 static void unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
@@ -448,11 +500,6 @@ static void unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n
     for (size_t i = 0; i < n; i++)
         if (t[i].handle.arena_id)
             dh_shm_arena_unref(s->arena, &t[i].handle);
-}
-
-static void free_payload(void *data, void *hint)
-{
-    dh_free(data);
 }
 
 static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
@@ -544,13 +591,18 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
         !atomic_load(&s->stop))
         return false;
     if (rc) {
-        unref_tensors(s, r->tensors, r->n_tensors);
+        free_outputs(s, r->tensors, r->n_tensors);
         pthread_mutex_lock(&s->lock);
         s->stats.undeliverable++;
         pthread_mutex_unlock(&s->lock);
         dh_log_warn("DataServer '%s': dropped batch %s/%llu: %s", s->name, d->request.client_id,
                     (unsigned long long)d->request.seq, dh_last_error());
     } else {
+        for (size_t i = 0; i < r->n_tensors; i++)
+            if (!r->tensors[i].handle.arena_id) { /* spilled: the frame was a copy */
+                dh_free(r->tensors[i].data);
+                r->tensors[i].data = NULL;
+            }
         pthread_mutex_lock(&s->lock);
         s->stats.delivered_local++;
         pthread_mutex_unlock(&s->lock);
@@ -599,7 +651,7 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
             pthread_mutex_lock(&s->arena_lock);
             int rc = dh_shm_arena_alloc(s->arena, w->size, 0, &t->handle, &t->data);
             pthread_mutex_unlock(&s->arena_lock);
-            if (rc == DH_EAGAIN && !stopping) {
+            if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
                 unref_tensors(s, tensors, n);
                 if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
                     pthread_mutex_lock(&s->lock);
@@ -607,6 +659,15 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                     pthread_mutex_unlock(&s->lock);
                 }
                 return false;
+            }
+            if (rc == DH_EAGAIN && !stopping) {
+                /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
+                memset(&t->handle, 0, sizeof t->handle);
+                t->data = (void *)w->data; /* read only: deliver_to_client copies it */
+                count_spill(s);
+                bytes += w->size;
+                n++;
+                continue;
             }
             if (rc) {
                 dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name,
@@ -694,7 +755,7 @@ static void drain_results(dh_dataserver_t *s)
                     add_pending(s, p);
                     continue;
                 }
-                unref_tensors(s, t->result.tensors, t->result.n_tensors);
+                free_outputs(s, t->result.tensors, t->result.n_tensors);
             }
         } else {
             forward_result(s, t);
@@ -901,12 +962,13 @@ int dh_dataserver_run(dh_dataserver_t *s)
     dh_dataserver_stats(s, &st);
     dh_log_info("DataServer '%s': stopping: %llu tasks, %llu samples (%llu failed), delivered "
                 "%llu own + %llu forwarded batches, bytes received %llu, forwarded %llu batches, "
-                "bytes forwarded %llu, arena waits %llu, undeliverable %llu",
+                "bytes forwarded %llu, arena waits %llu, spills %llu, undeliverable %llu",
                 s->name, (unsigned long long)st.tasks, (unsigned long long)st.samples,
                 (unsigned long long)st.sample_errors, (unsigned long long)st.delivered_local,
                 (unsigned long long)st.delivered_forwarded, (unsigned long long)st.bytes_received,
                 (unsigned long long)st.forwarded, (unsigned long long)st.bytes_forwarded,
-                (unsigned long long)st.arena_waits, (unsigned long long)st.undeliverable);
+                (unsigned long long)st.arena_waits, (unsigned long long)st.arena_spills,
+                (unsigned long long)st.undeliverable);
     return rc;
 }
 
@@ -1072,7 +1134,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         task_free(t);
     while ((t = pop(&s->results))) {
         if (t->local_target)
-            unref_tensors(s, t->result.tensors, t->result.n_tensors);
+            free_outputs(s, t->result.tensors, t->result.n_tensors);
         else
             for (size_t i = 0; i < t->result.n_tensors; i++)
                 dh_free(t->result.tensors[i].data);
@@ -1082,7 +1144,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         pending_t *p = s->pending;
         s->pending = p->next;
         if (p->task) {
-            unref_tensors(s, p->task->result.tensors, p->task->result.n_tensors);
+            free_outputs(s, p->task->result.tensors, p->task->result.n_tensors);
             task_free(p->task);
         }
         dh_wire_received_release(&p->forwarded);

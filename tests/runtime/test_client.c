@@ -47,6 +47,13 @@ static void check_synthetic(const dh_client_batch_t *b)
 {
     const dh_client_tensor_t *sizes = tensor(b, "sizes");
     const dh_client_tensor_t *payload = tensor(b, "payload");
+    if (!sizes || !payload) {
+        print_error("batch %llu from '%s' has %zu tensors:", (unsigned long long)b->index,
+                    b->server ? b->server : "?", b->n_tensors);
+        for (size_t i = 0; i < b->n_tensors; i++)
+            print_error(" '%s' (%zu bytes)", b->tensors[i].name, b->tensors[i].nbytes);
+        print_error("\n");
+    }
     assert_non_null(sizes);
     assert_non_null(payload);
     assert_int_equal(sizes->dtype, DH_WIRE_DTYPE_I64);
