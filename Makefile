@@ -53,7 +53,7 @@ $(TSAN_BUILD)/CMakeCache.txt:
 
 test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli runtime_test_client runtime_test_cluster
-	TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
+	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
 test: test-unit test-asan test-tsan

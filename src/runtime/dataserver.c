@@ -41,6 +41,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/rt.h"
+#include "wire/internal.h"
 
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
@@ -434,6 +435,7 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
 
 static void free_payload(void *data, void *hint)
 {
+    dh__wire_tsan_acquire(); /* maybe on a ZeroMQ I/O thread */
     dh_free(data);
 }
 

@@ -175,8 +175,13 @@ static uint64_t deadline_after(int timeout_ms)
     return timeout_ms < 0 ? 0 : dh_clock_now_ns() + (uint64_t)timeout_ms * 1000000 + 1;
 }
 
+#if defined(__SANITIZE_THREAD__)
+char dh__wire_tsan_token;
+#endif
+
 static void free_body(void *data, void *hint)
 {
+    dh__wire_tsan_acquire();
     (void)hint;
     dh_free(data);
 }
@@ -284,6 +289,7 @@ int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_
 
     uint64_t deadline = deadline_after(timeout_ms);
     size_t sent = 0;
+    dh__wire_tsan_release();
     while (sent < n_frames) {
         int flags = ZMQ_DONTWAIT | (sent + 1 < n_frames ? ZMQ_SNDMORE : 0);
         if (zmq_msg_send(&frames[sent], s->sock, flags) >= 0) {
@@ -404,6 +410,7 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
         drain(s->sock);
         return dh__set_error(DH_ENOMEM, "recv on %s: out of memory", endpoint_of(s));
     }
+    dh__wire_tsan_acquire();
     zmq_msg_init(&frames[0]);
     zmq_msg_move(&frames[0], &first);
     zmq_msg_close(&first);

@@ -344,6 +344,8 @@ static void cluster_kill9_sidecar_mid_epoch(void **state)
     start_ranks(&c, NULL, "2");
     cl_wait_lines(c.ledgers[0], STEPS / 4, T_MS);
     cl_signal(&c.servers[2], SIGKILL);
+    /* mid-epoch: rank 0 had not finished when the server died */
+    assert_true(cl_count(c.ledgers[0], "\n") < STEPS);
     assert_int_equal(cl_wait_exit(&c.servers[2], 5000), 128 + SIGKILL);
     finish_ranks(&c);
     ledger_summary_t s = check_ledgers(&c);
