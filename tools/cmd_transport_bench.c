@@ -1,9 +1,11 @@
 /* cmd_transport_bench.c: `datahelix transport-bench`, the data plane's transport costs
  * (bench/transport_bench.h, docs/runtime.md). Thin: parse, run, print a table or JSON. */
+#include <stdlib.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "datahelix/log.h"
 #include "datahelix/error.h"
 #include "bench/transport_bench.h"
 #include "cli.h"
@@ -26,14 +28,15 @@ static void usage(FILE *out)
             "options:\n"
             "  --batches N         batches per local payload size (default 30)\n"
             "  --runs R            remote runs, medians reported (default 3)\n"
-            "  --remote-mb M       bytes per remote batch, in MB (default 64)\n"
-            "  --remote-batches N  batches per remote run (default 24)\n"
+            "  --remote-mb M       bytes per remote batch, in MB (default 16, a video batch)\n"
+            "  --remote-batches N  batches per remote run (default 48)\n"
             "  --json              one JSON object: {\"local\":[{\"bytes\",\"overhead_p50_us\",\n"
             "                      \"overhead_p99_us\"}],\"remote_gbps\",\"raw_tcp_gbps\",\n"
             "                      \"remote_ratio\"}\n"
             "  -h, --help          show this help\n"
             "\n"
-            "Progress lines go to standard error. Exit status: 0, 1 failure, 2 usage error.\n");
+            "Progress lines go to standard error (daemon log lines too when DH_LOG_LEVEL is\n"
+            "set; otherwise warnings only). Exit status: 0, 1 failure, 2 usage error.\n");
 }
 
 static void progress(const char *line, void *ctx)
@@ -54,7 +57,7 @@ int dh_cmd_transport_bench(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int json = 0;
-    unsigned long long batches = 30, runs = 3, rmb = 64, rbatches = 24;
+    unsigned long long batches = 30, runs = 3, rmb = 16, rbatches = 48;
     int opt;
     while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
@@ -88,6 +91,9 @@ int dh_cmd_transport_bench(int argc, char **argv)
     }
     if (dh_cli_no_extra_args("transport-bench", argc, argv, optind))
         return 2;
+    /* the daemons' lifecycle lines would drown the progress: warnings only, unless asked */
+    if (!getenv("DH_LOG_LEVEL"))
+        dh_log_set_level(DH_LOG_WARN);
     static const uint64_t sizes[] = {1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
     dh_transport_options_t o = {
         sizes,    5,   (size_t)batches, (uint64_t)rmb << 20, (size_t)rbatches, (int)runs,

@@ -387,9 +387,9 @@ static void *sender_main(void *arg)
             c->planned++;
             pthread_mutex_unlock(&c->lock);
             while (send_batch_requests(c, b, d) != 0 && !atomic_load(&c->stop))
-                dh_wire_recv(c->coord, 100, &r) == 0 ? (on_coord_message(c, &r),
-                                                        dh_wire_received_release(&r))
-                                                     : (void)0;
+                dh_wire_recv(c->coord, 100, &r) == 0
+                    ? (on_coord_message(c, &r), dh_wire_received_release(&r))
+                    : (void)0;
         }
     }
     return NULL;
@@ -543,8 +543,8 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
                             a ? dh_last_error() : "unknown arena");
                 for (uint32_t k = i + 1; k < m->n_tensors; k++) {
                     const dh_wire_tensor_t *u = &m->tensors[k];
-                    arena_ref_t *ua = u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id)
-                                                                      : NULL;
+                    arena_ref_t *ua =
+                        u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id) : NULL;
                     dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
                     if (ua)
                         dh_shm_arena_unref(ua->arena, &uh);

@@ -31,12 +31,8 @@ static inline void dh__wire_tsan_acquire(void)
     __tsan_acquire(&dh__wire_tsan_token);
 }
 #else
-static inline void dh__wire_tsan_release(void)
-{
-}
-static inline void dh__wire_tsan_acquire(void)
-{
-}
+static inline void dh__wire_tsan_release(void) {}
+static inline void dh__wire_tsan_acquire(void) {}
 #endif
 
 #endif
