@@ -389,9 +389,14 @@ static void declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
     c->stats.servers_dead_declared++;
     c->stats.redispatches += replaced;
     pthread_mutex_unlock(&c->stats_lock);
-    dh_log_warn("coordinator: DataServer '%s' (pid %u) declared dead: %s; %zu undelivered "
-                "requests to place again",
-                s->name, s->pid, why, replaced);
+    if (strcmp(why, "it said GOODBYE") == 0)
+        dh_log_info("coordinator: DataServer '%s' left (GOODBYE); %zu undelivered requests to "
+                    "place again",
+                    s->name, replaced);
+    else
+        dh_log_warn("coordinator: DataServer '%s' (pid %u) declared dead: %s; %zu undelivered "
+                    "requests to place again",
+                    s->name, s->pid, why, replaced);
     if (s->role == DH_WIRE_ROLE_LOCAL)
         for (size_t i = 0; i < c->n_clients; i++)
             if (c->clients[i].told == idx)
