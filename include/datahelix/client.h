@@ -127,6 +127,8 @@ typedef struct dh_client_stats {
     uint64_t requests_sent, deliveries, duplicates_dropped;
     uint64_t bytes_delivered; /* tensor bytes of delivered batches */
     uint64_t copied_tensors;  /* tensors that came by copy, not in the arena (a full arena) */
+    uint64_t notices;         /* deliveries that came on the local notice channel (the rest
+                                 came over ZeroMQ: sidecar frames, spills, a full channel) */
     double wait_s;            /* total time next() blocked */
     double s_per_token;       /* learned compute seconds per token (0 before data) */
     uint64_t steps_total;     /* batches this client will deliver */

@@ -255,6 +255,15 @@ int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out);
 int dh_wire_decode(const void *header, size_t header_size, const void *body, size_t body_size,
                    const dh_wire_frame_t *payloads, size_t n_payloads, dh_msg_t *out);
 
+/* Packet form, for a local SOCK_SEQPACKET channel (the DataServer's notice of a batch in the
+ * arena to a client on its node): one buffer holding the 20-byte header then the body, and no
+ * payload frames (a DELIVER whose tensors include FRAME ones cannot travel this way).
+ * dh_wire_encode_packet allocates *buf (dh_free it); returns 0, DH_EINVAL (a FRAME tensor),
+ * DH_ERANGE or DH_ENOMEM. dh_wire_decode_packet validates like dh_wire_decode (a short buffer
+ * or a body length that disagrees with the packet is DH_EPARSE); *out owns what it holds. */
+int dh_wire_encode_packet(const dh_msg_t *msg, uint8_t **buf, size_t *len);
+int dh_wire_decode_packet(const void *buf, size_t len, dh_msg_t *out);
+
 /* ---- ZeroMQ helpers (src/wire/zmq.c) ---- */
 
 typedef struct dh_wire_socket dh_wire_socket_t;

@@ -2,9 +2,10 @@
  *
  * Threads: the caller's (dh_client_next), a sender (coordinator DEALER: HELLO, REQUEST,
  * GOODBYE; receives the local DataServer's address) and a fetcher (data DEALER to the local
- * DataServer: receives DELIVER). They share `lock`: the consumption point, the ring of
- * delivered parts and the local DataServer's address; `cond` wakes next() (a part arrived)
- * and the sender (a batch was consumed).
+ * DataServer, and the notice channel: the arena socket's connection, kept open, on which the
+ * DataServer sends a DELIVER of arena handles as one packet; both receive DELIVER). They
+ * share `lock`: the consumption point, the ring of delivered parts and the local
+ * DataServer's address; `cond` wakes next() when a part arrives (broadcast after the unlock).
  *
  * Ordering and exactly-once: request seq = batch x fanout + part. The ring holds the parts of
  * the batches between the consumption point and the prefetch horizon; a DELIVER for a seq
@@ -131,6 +132,7 @@ struct dh_client {
     dh_dataserver_t *embedded_ds;
     dh_wire_socket_t *coord; /* sender thread after start */
     dh_wire_socket_t *data;  /* fetcher thread after start */
+    int notice_fd;           /* fetcher thread after start; -1: none */
     arena_ref_t *arenas[MAX_ARENAS];
     size_t n_arenas; /* fetcher thread after start */
 
@@ -397,9 +399,9 @@ static void *sender_main(void *arg)
 
 /* ---- the fetcher ---- */
 
-static int connect_fd_socket(const char *name, int *fd_out)
+static int connect_fd_socket(const char *name, int *fd_out, int *conn_out)
 {
-    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0)
         return dh__set_error(-errno, "socket(AF_UNIX): %s", strerror(errno));
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -417,10 +419,12 @@ static int connect_fd_socket(const char *name, int *fd_out)
                              strerror(e));
     }
     int rc = dh_shm_recv_fd(sock, fd_out);
-    close(sock);
-    if (rc)
+    if (rc) {
+        close(sock);
         return dh__set_error(rc, "no arena fd from the DataServer's socket @%s: %s", name,
                              dh_strerror(rc));
+    }
+    *conn_out = sock; /* kept as the notice channel */
     return 0;
 }
 
@@ -428,15 +432,26 @@ static int connect_fd_socket(const char *name, int *fd_out)
  * it under the lock into `ds`). */
 static int connect_local(dh_client_t *c, const ds_info_t *ds)
 {
-    int fd = -1;
-    int rc = connect_fd_socket(ds->shm_socket, &fd);
+    int fd = -1, conn = -1;
+    int rc = connect_fd_socket(ds->shm_socket, &fd, &conn);
     if (rc)
         return rc;
     dh_shm_arena_t *arena = NULL;
     rc = dh_shm_arena_attach(&arena, fd);
     close(fd);
-    if (rc)
+    if (rc) {
+        close(conn);
         return rc;
+    }
+    /* Name ourselves on the notice channel; without it DELIVERs come over ZeroMQ only. */
+    ssize_t sent;
+    do {
+        sent = send(conn, c->id, strlen(c->id), MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent != (ssize_t)strlen(c->id)) {
+        close(conn);
+        conn = -1;
+    }
     uint64_t id = dh_shm_arena_id(arena);
     bool have = false;
     for (size_t i = 0; i < c->n_arenas; i++)
@@ -453,6 +468,8 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
         arena_ref_t *a = dh_calloc(1, sizeof *a);
         if (!a) {
             dh_shm_arena_destroy(&arena);
+            if (conn >= 0)
+                close(conn);
             return dh__set_error(DH_ENOMEM, "out of memory for an arena mapping");
         }
         a->arena = arena;
@@ -465,6 +482,8 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
         (rc = dh__rt_set_routing_id(dh_wire_socket_handle(sock), c->id)) ||
         (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
         dh_wire_socket_destroy(&sock);
+        if (conn >= 0)
+            close(conn);
         return rc;
     }
     dh_msg_t m = {.type = DH_MSG_HELLO};
@@ -475,10 +494,15 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
     m.hello.rank = c->cfg.rank;
     if ((rc = dh_wire_send(sock, NULL, 0, &m, NULL, 0, 1000))) {
         dh_wire_socket_destroy(&sock);
+        if (conn >= 0)
+            close(conn);
         return rc;
     }
     dh_wire_socket_destroy(&c->data);
     c->data = sock;
+    if (c->notice_fd >= 0)
+        close(c->notice_fd);
+    c->notice_fd = conn;
     return 0;
 }
 
@@ -595,16 +619,55 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
         part_moved(slot);
         c->stats.deliveries++;
         c->stats.copied_tensors += copied;
-        pthread_cond_broadcast(&c->cond);
     } else {
         c->stats.duplicates_dropped++;
     }
     pthread_mutex_unlock(&c->lock);
+    /* after the unlock: a waiter woken under the lock would only block on it again */
+    if (!dup)
+        pthread_cond_broadcast(&c->cond);
     if (dup) {
         dh_log_debug("client '%s': duplicate delivery of request %llu dropped", c->id,
                      (unsigned long long)p.seq);
         part_release(&p);
     }
+}
+
+/* The notice channel is readable: one DELIVER packet, or the DataServer's end (it died or
+ * stopped; the coordinator will name its successor). */
+static void notice_receive(dh_client_t *c)
+{
+    ssize_t size;
+    do {
+        size = recv(c->notice_fd, NULL, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+    } while (size < 0 && errno == EINTR);
+    if (size < 0 && errno == EAGAIN)
+        return;
+    uint8_t *buf = size > 0 ? dh_malloc((size_t)size) : NULL;
+    ssize_t n = buf ? recv(c->notice_fd, buf, (size_t)size, MSG_DONTWAIT) : -1;
+    if (size <= 0 || n != size) {
+        if (size > 0 && !buf)
+            dh_log_warn("client '%s': out of memory for a %zd-byte notice", c->id, size);
+        dh_free(buf);
+        close(c->notice_fd);
+        c->notice_fd = -1;
+        return;
+    }
+    dh_wire_received_t r = {0};
+    int rc = dh_wire_decode_packet(buf, (size_t)n, &r.msg);
+    dh_free(buf);
+    if (rc) {
+        dh_log_warn("client '%s': dropped a malformed notice from the local DataServer: %s", c->id,
+                    dh_last_error());
+        return;
+    }
+    if (r.msg.type == DH_MSG_DELIVER) {
+        pthread_mutex_lock(&c->lock);
+        c->stats.notices++;
+        pthread_mutex_unlock(&c->lock);
+        on_deliver(c, &r);
+    }
+    dh_wire_received_release(&r);
 }
 
 static void *fetcher_main(void *arg)
@@ -631,7 +694,15 @@ static void *fetcher_main(void *arg)
                 continue;
             }
         }
-        int rc = dh_wire_recv(c->data, 50, &r);
+        zmq_pollitem_t items[2] = {{dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0},
+                                   {NULL, c->notice_fd, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, c->notice_fd >= 0 ? 2 : 1, 50) <= 0)
+            continue;
+        if (c->notice_fd >= 0 && (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+            notice_receive(c);
+        if (!(items[0].revents & ZMQ_POLLIN))
+            continue;
+        int rc = dh_wire_recv(c->data, 0, &r);
         if (rc == DH_EPARSE) {
             dh_log_warn("client '%s': dropped a malformed message: %s", c->id, dh_last_error());
             continue;
@@ -754,6 +825,7 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     if (!c)
         return dh__set_error(DH_ENOMEM, "out of memory for a client");
     c->cfg = *cfg;
+    c->notice_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->plan_lock, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -1083,6 +1155,8 @@ void dh_client_destroy(dh_client_t **pc)
     dh_free(c->tokens_of);
     dh_wire_socket_destroy(&c->coord);
     dh_wire_socket_destroy(&c->data);
+    if (c->notice_fd >= 0)
+        close(c->notice_fd);
     for (size_t i = 0; i < c->n_arenas; i++)
         arena_ref_drop(c->arenas[i]);
     dh_dataserver_destroy(&c->embedded_ds);

@@ -10,8 +10,12 @@
  *   coord    DEALER -> the coordinator (HELLO, HEARTBEAT, COMPLETE; receives DISPATCH)
  *   data     ROUTER, local role: clients (HELLO, then DELIVER of handles to them) and
  *            sidecars (DELIVER with tensor frames from them, COMPLETE acks back)
- *   fdsock   AF_UNIX abstract listening socket, local role: hands the arena's memfd to a
- *            client that connects (SCM_RIGHTS)
+ *   fdsock   AF_UNIX abstract SOCK_SEQPACKET listening socket, local role: hands the
+ *            arena's memfd to a client that connects (SCM_RIGHTS); the connection stays open
+ *            as that client's notice channel: the client names itself on it, and a DELIVER
+ *            of arena handles goes to it as one packet (dh_wire_encode_packet), two thread
+ *            hops instead of ZeroMQ's four; anything else (spilled frames, a full channel)
+ *            goes over `data`
  *   links    DEALERs, remote role: one per target local DataServer
  * The arena is allocated by workers and by the loop; a mutex around alloc / collect /
  * reclaim makes them one logical owner (shm.h's "creator's owner thread" rule). A full arena
@@ -25,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -47,6 +53,7 @@
 #define ENDPOINT_CAP 256
 #define MAX_LINKS 32
 #define MAX_CLIENTS 256
+#define MAX_NOTICE 64 /* open notice channels; more clients get DELIVERs over ZeroMQ */
 #define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
 
 typedef struct task {
@@ -82,6 +89,13 @@ typedef struct known_client {
     uint64_t since_ns;
 } known_client_t;
 
+/* A client's notice channel: the accepted arena-socket connection, named once the client
+ * has written its id on it. */
+typedef struct notice_conn {
+    int fd;
+    char name[NAME_CAP];
+} notice_conn_t;
+
 /* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
  * arena was full. */
 typedef struct pending {
@@ -105,6 +119,8 @@ struct dh_dataserver {
     dh_wire_socket_t *coord;
     dh_wire_socket_t *data;
     int fdsock;
+    notice_conn_t notice[MAX_NOTICE];
+    size_t n_notice;
     int wake_fd;
     dh_shm_arena_t *arena;
     pthread_mutex_t arena_lock;
@@ -433,6 +449,63 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
     return NULL;
 }
 
+/* Sends a DELIVER of arena handles on the client's notice channel. Returns true when the
+ * whole packet went out; false sends it over ZeroMQ instead (no channel, full, or gone). */
+static bool notice_send(dh_dataserver_t *s, const char *client_id, const dh_msg_t *m)
+{
+    int fd = -1;
+    for (size_t i = s->n_notice; i-- > 0;) /* the newest connection of that client */
+        if (strcmp(s->notice[i].name, client_id) == 0) {
+            fd = s->notice[i].fd;
+            break;
+        }
+    if (fd < 0)
+        return false;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (dh_wire_encode_packet(m, &buf, &len))
+        return false;
+    ssize_t n;
+    do {
+        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    dh_free(buf);
+    if (n != (ssize_t)len) {
+        dh_log_debug("DataServer '%s': notice channel of client '%s': %s; using ZeroMQ", s->name,
+                     client_id, n < 0 ? strerror(errno) : "short send");
+        return false;
+    }
+    return true;
+}
+
+static void notice_close(dh_dataserver_t *s, size_t i)
+{
+    close(s->notice[i].fd);
+    s->notice[i] = s->notice[--s->n_notice];
+}
+
+/* A notice channel is readable: the client's id (its first packet), or its end. */
+static void notice_read(dh_dataserver_t *s, size_t i)
+{
+    char buf[NAME_CAP];
+    ssize_t n = recv(s->notice[i].fd, buf, sizeof buf - 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n <= 0 || s->notice[i].name[0]) {
+        notice_close(s, i); /* closed, failed, or a second packet (not in the protocol) */
+        return;
+    }
+    buf[n] = '\0';
+    if (strlen(buf) != (size_t)n) {
+        dh_log_warn("DataServer '%s': a client named itself with a malformed id on the arena "
+                    "socket @%s; using ZeroMQ for it",
+                    s->name, s->shm_socket);
+        notice_close(s, i);
+        return;
+    }
+    memcpy(s->notice[i].name, buf, (size_t)n + 1);
+}
+
 static void free_payload(void *data, void *hint)
 {
     dh__wire_tsan_acquire(); /* maybe on a ZeroMQ I/O thread */
@@ -483,6 +556,8 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
     m.deliver.samples = (dh_wire_sample_result_t *)samples;
     m.deliver.ready_ns = ready_ns;
     m.deliver.server = (char *)executor;
+    if (n_frames == 0 && notice_send(s, client_id, &m))
+        return 0;
     return dh_wire_send(s->data, client_id, strlen(client_id), &m, frames, n_frames, 0);
 }
 
@@ -875,6 +950,11 @@ static void accept_fd_client(dh_dataserver_t *s)
     if (conn < 0)
         return;
     int rc = dh_shm_send_fd(conn, dh_shm_arena_fd(s->arena));
+    if (rc == 0 && s->n_notice < MAX_NOTICE &&
+        fcntl(conn, F_SETFL, fcntl(conn, F_GETFL) | O_NONBLOCK) == 0) {
+        s->notice[s->n_notice++] = (notice_conn_t){.fd = conn};
+        return;
+    }
     if (rc)
         dh_log_warn("DataServer '%s': cannot hand the arena to a client: %s", s->name,
                     dh_strerror(rc));
@@ -892,7 +972,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
     dh_wire_received_t r = {0};
     int rc = 0;
     while (!atomic_load(&s->stop)) {
-        zmq_pollitem_t items[4 + MAX_LINKS];
+        zmq_pollitem_t items[4 + MAX_LINKS + MAX_NOTICE];
         int n = 0;
         items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->coord), 0, ZMQ_POLLIN, 0};
         items[n++] = (zmq_pollitem_t){NULL, s->wake_fd, ZMQ_POLLIN, 0};
@@ -907,6 +987,10 @@ int dh_dataserver_run(dh_dataserver_t *s)
         for (size_t i = 0; i < s->n_links; i++)
             items[n++] =
                 (zmq_pollitem_t){dh_wire_socket_handle(s->links[i].sock), 0, ZMQ_POLLIN, 0};
+        int notice_at = n;
+        size_t n_notice = s->n_notice;
+        for (size_t i = 0; i < n_notice; i++)
+            items[n++] = (zmq_pollitem_t){NULL, s->notice[i].fd, ZMQ_POLLIN, 0};
         long timeout = s->pending ? 1 : (long)s->cfg.heartbeat_ms;
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             rc = -zmq_errno();
@@ -933,6 +1017,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
                 on_data_message(s, &r);
                 dh_wire_received_release(&r);
             }
+        for (size_t i = n_notice; i-- > 0;) /* backwards: a close moves the last one here */
+            if (items[notice_at + (int)i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
+                notice_read(s, i);
         if (fd_at >= 0 && (items[fd_at].revents & ZMQ_POLLIN))
             accept_fd_client(s);
         for (size_t i = 0; i < s->n_links; i++)
@@ -999,7 +1086,7 @@ static int open_fd_socket(dh_dataserver_t *s)
     static atomic_uint counter;
     snprintf(s->shm_socket, sizeof s->shm_socket, "datahelix-%d-%u", (int)getpid(),
              atomic_fetch_add(&counter, 1));
-    s->fdsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    s->fdsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->fdsock < 0)
         return dh__set_error(-errno, "DataServer: socket(AF_UNIX): %s", strerror(errno));
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -1158,6 +1245,8 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     dh_wire_socket_destroy(&s->data);
     if (s->fdsock >= 0)
         close(s->fdsock);
+    while (s->n_notice)
+        notice_close(s, s->n_notice - 1);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     dh_shm_arena_destroy(&s->arena);

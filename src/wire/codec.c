@@ -818,3 +818,50 @@ void dh_msg_clear(dh_msg_t *msg)
     }
     memset(msg, 0, sizeof *msg);
 }
+
+int dh_wire_encode_packet(const dh_msg_t *msg, uint8_t **buf, size_t *len)
+{
+    assert(msg && buf && len);
+    *buf = NULL;
+    *len = 0;
+    if (msg->type == DH_MSG_DELIVER)
+        for (uint32_t i = 0; i < msg->deliver.n_tensors; i++)
+            if (msg->deliver.tensors[i].location == DH_WIRE_LOC_FRAME)
+                return dh__set_error(DH_EINVAL,
+                                     "DELIVER: tensor %u is a payload frame; a packet carries "
+                                     "shared-memory handles only",
+                                     i);
+    uint8_t header[DH_WIRE_HEADER_SIZE];
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    int rc = dh_wire_encode(msg, header, &body, &body_len);
+    if (rc)
+        return rc;
+    uint8_t *out = dh_malloc(DH_WIRE_HEADER_SIZE + body_len);
+    if (!out) {
+        dh_free(body);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for a %zu-byte packet",
+                             dh_msg_type_name(msg->type), DH_WIRE_HEADER_SIZE + body_len);
+    }
+    memcpy(out, header, DH_WIRE_HEADER_SIZE);
+    if (body_len)
+        memcpy(out + DH_WIRE_HEADER_SIZE, body, body_len);
+    dh_free(body);
+    dh__wire_tsan_release(); /* the packet goes to another thread through the kernel */
+    *buf = out;
+    *len = DH_WIRE_HEADER_SIZE + body_len;
+    return 0;
+}
+
+int dh_wire_decode_packet(const void *buf, size_t len, dh_msg_t *out)
+{
+    assert(out && (buf || len == 0));
+    memset(out, 0, sizeof *out);
+    if (len < DH_WIRE_HEADER_SIZE)
+        return dh__set_error(DH_EPARSE, "packet: %zu bytes, shorter than the %d-byte header", len,
+                             DH_WIRE_HEADER_SIZE);
+    dh__wire_tsan_acquire();
+    const uint8_t *p = buf;
+    return dh_wire_decode(p, DH_WIRE_HEADER_SIZE, p + DH_WIRE_HEADER_SIZE,
+                          len - DH_WIRE_HEADER_SIZE, NULL, 0, out);
+}

@@ -111,6 +111,9 @@ static void embedded_epoch_in_order_exactly_once(void **state)
     assert_int_equal(st.batches, 16);
     assert_int_equal(st.samples, 64);
     assert_int_equal(st.duplicates_dropped, 0);
+    /* every batch was in the arena, so every notice came on the notice channel */
+    assert_int_equal(st.notices, st.deliveries);
+    assert_int_equal(st.copied_tensors, 0);
     dh_client_destroy(&c);
     cl_assert_no_leftovers();
 }

@@ -356,6 +356,57 @@ static void wire_round_trips_deliver_with_payloads(void **state)
     dh_free(e.body);
 }
 
+/* The packet form (the local notice channel): header and body in one buffer, shared-memory
+ * handles only. */
+static void wire_round_trips_packets(void **state)
+{
+    dh_msg_t in = fixture(DH_MSG_DELIVER), out;
+    in.deliver.n_tensors = 1;
+    in.deliver.tensors = &tensors[1]; /* the shm tensor */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(dh_wire_encode_packet(&in, &buf, &len), 0);
+    encoded_t e = encode(&in);
+    assert_int_equal(len, DH_WIRE_HEADER_SIZE + e.body_len);
+    assert_memory_equal(buf, e.header, DH_WIRE_HEADER_SIZE);
+    assert_memory_equal(buf + DH_WIRE_HEADER_SIZE, e.body, e.body_len);
+    assert_int_equal(dh_wire_decode_packet(buf, len, &out), 0);
+    assert_int_equal(out.type, DH_MSG_DELIVER);
+    assert_string_equal(out.deliver.client_id, "client-3");
+    assert_int_equal(out.deliver.n_tensors, 1);
+    assert_int_equal(out.deliver.tensors[0].offset, 4096);
+    assert_int_equal(out.deliver.tensors[0].generation, 0x1122334455667788ull);
+    assert_int_equal(out.deliver.n_samples, in.deliver.n_samples);
+    dh_msg_clear(&out);
+    /* Every truncation, and one trailing byte, is refused with nothing owned. */
+    for (size_t n = 0; n < len; n++) {
+        uint8_t *cut = dh_malloc(n ? n : 1);
+        memcpy(cut, buf, n);
+        assert_int_equal(dh_wire_decode_packet(cut, n, &out), DH_EPARSE);
+        assert_int_equal(out.type, 0);
+        dh_free(cut);
+    }
+    uint8_t *longer = dh_malloc(len + 1);
+    memcpy(longer, buf, len);
+    longer[len] = 0;
+    assert_int_equal(dh_wire_decode_packet(longer, len + 1, &out), DH_EPARSE);
+    dh_free(longer);
+    dh_free(buf);
+    dh_free(e.body);
+    /* A DELIVER with payload frames cannot travel as a packet. */
+    dh_msg_t framed = fixture(DH_MSG_DELIVER);
+    assert_int_equal(dh_wire_encode_packet(&framed, &buf, &len), DH_EINVAL);
+    assert_null(buf);
+    assert_non_null(strstr(dh_last_error(), "payload frame"));
+    /* Any other message travels too. */
+    dh_msg_t hello = fixture(DH_MSG_HELLO);
+    assert_int_equal(dh_wire_encode_packet(&hello, &buf, &len), 0);
+    assert_int_equal(dh_wire_decode_packet(buf, len, &out), 0);
+    assert_int_equal(out.type, DH_MSG_HELLO);
+    dh_msg_clear(&out);
+    dh_free(buf);
+}
+
 static void wire_header_layout_is_little_endian(void **state)
 {
     dh_msg_t in = fixture(DH_MSG_GOODBYE);
@@ -871,6 +922,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(wire_round_trips_complete),
     cmocka_unit_test(wire_round_trips_error_and_goodbye),
     cmocka_unit_test(wire_round_trips_deliver_with_payloads),
+    cmocka_unit_test(wire_round_trips_packets),
     cmocka_unit_test(wire_header_layout_is_little_endian),
     cmocka_unit_test(wire_refuses_another_version),
     cmocka_unit_test(wire_rejects_bad_headers),
