@@ -50,9 +50,18 @@ typedef struct dh_client_config {
     uint32_t epochs;          /* epochs to deliver (1); with max_steps, whichever ends first */
     uint64_t max_steps;       /* 0 = no limit besides epochs */
     dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
+    int token_plan;           /* tier-1 planning of each step's window of ranks x batch rows:
+                               * 1 = token-balanced, exactly `batch` rows per rank (default);
+                               * 2 = token-balanced with per-rank counts free (packing: the
+                               *     window is split by tokens alone, every rank getting at
+                               *     least `fanout` rows; batches vary in size);
+                               * 0 = sample-count batching, as rank-local loaders do: rank r
+                               *     takes rows [r x batch, (r+1) x batch) in sampler order */
     dh_on_error_t on_error;
     int next_timeout_ms;    /* next() gives up with DH_EAGAIN after this (-1 = never) */
     int connect_timeout_ms; /* creation waits this long for the coordinator (30000) */
+    void *zmq_ctx;          /* borrowed ZeroMQ context (NULL = its own); needed to reach
+                             * inproc:// endpoints of servers in this process */
     /* Embedded mode only. */
     const char *pipeline_path; /* the local DataServer's pipeline spec (NULL = video) */
     const char *pipeline_json; /* or its text */
@@ -98,6 +107,7 @@ typedef struct dh_client_batch {
     double wait_s;               /* time next() blocked for this batch */
     uint64_t ready_ns;           /* dh_clock_now_ns() of the delivering DataServer when the
                                   * last part was ready in its arena (same host only) */
+    uint64_t requested_ns;       /* dh_clock_now_ns() when the sender sent its request */
 } dh_client_batch_t;
 
 typedef struct dh_client dh_client_t;
@@ -148,7 +158,8 @@ void dh_client_destroy(dh_client_t **c);
 
 /* The sample ids rank `rank` receives at global step `step` under cfg's plan (what
  * dh_client_next will yield), for tests and ledgers: writes up to cap indices into the
- * profile set (row numbers) and returns how many (cfg->batch), or a negative code. */
+ * profile set (row numbers) and returns how many (cfg->batch; with token_plan 2 the count
+ * varies), or a negative code. */
 int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
                              size_t cap);
 

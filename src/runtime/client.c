@@ -145,7 +145,8 @@ struct dh_client {
     size_t ring_size;
     int64_t *tokens_of; /* ring of planned batches' tokens */
     size_t tokens_ring;
-    ds_info_t ds; /* the local DataServer, from the coordinator */
+    uint64_t *requested_of; /* send time of each batch's requests, ring like tokens_of */
+    ds_info_t ds;           /* the local DataServer, from the coordinator */
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;
     dh_client_stats_t stats;
@@ -165,6 +166,7 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->shuffle = 1;
     cfg->epochs = 1;
     cfg->plan_algo = DH_PLAN_ALGO_DEFAULT;
+    cfg->token_plan = 1;
     cfg->on_error = DH_ON_ERROR_RAISE;
     cfg->next_timeout_ms = -1;
     cfg->connect_timeout_ms = 30000;
@@ -193,6 +195,34 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 
 /* ---- planning (pure calls) ---- */
 
+/* Packing may leave a rank fewer rows than its `fanout` requests: give it the lightest row
+ * of the rank with the most rows until none is short (deterministic). */
+static void min_rows_per_rank(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
+                              uint32_t min_rows)
+{
+    size_t count[ranks];
+    for (;;) {
+        memset(count, 0, sizeof count);
+        for (size_t i = 0; i < n; i++)
+            if (rank_of[i] >= 0)
+                count[rank_of[i]]++;
+        uint32_t short_r = ranks, most = 0;
+        for (uint32_t r = 0; r < ranks; r++) {
+            if (count[r] < min_rows && short_r == ranks)
+                short_r = r;
+            if (count[r] > count[most])
+                most = r;
+        }
+        if (short_r == ranks || count[most] <= min_rows)
+            return;
+        size_t lightest = n;
+        for (size_t i = 0; i < n; i++)
+            if (rank_of[i] == (int32_t)most && (lightest == n || load[i] < load[lightest]))
+                lightest = i;
+        rank_of[lightest] = (int32_t)short_r;
+    }
+}
+
 /* The profile rows `rank` gets at `step`, in window order. Returns the count or < 0. */
 static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
                           uint32_t *rows, size_t cap)
@@ -218,7 +248,22 @@ static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, 
                            .algo = c->cfg.plan_algo,
                            .ranks = c->cfg.ranks,
                            .batch = c->cfg.batch};
-    rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+    if (c->cfg.token_plan == 2) {
+        /* packing: the token-budget planner with a budget nothing exceeds (no deferral) */
+        double total = 0;
+        for (size_t i = 0; i < per_step; i++)
+            total += load[i];
+        pc.mode = DH_PLAN_TOKEN_BUDGET;
+        pc.token_budget = total + 1;
+        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+        if (rc == 0)
+            min_rows_per_rank(rank_of, load, per_step, c->cfg.ranks, c->cfg.fanout);
+    } else if (c->cfg.token_plan) {
+        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+    } else {
+        for (size_t i = 0; i < per_step; i++)
+            rank_of[i] = (int32_t)(i / c->cfg.batch);
+    }
     if (rc == DH_ETOOBIG)
         rc = 0; /* exact gave up: rank_of holds the best plan found */
     if (rc)
@@ -275,19 +320,23 @@ static double deadline_s(const dh_client_t *c, uint64_t b)
 
 static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
 {
-    uint32_t rows[c->cfg.batch];
-    int n = plan_rank_step(c, c->sampler, b, c->cfg.rank, rows, c->cfg.batch);
-    if (n < 0)
-        return n;
+    /* a rank gets up to the whole window in packing mode: scratch on the heap */
+    size_t cap = c->cfg.token_plan == 2 ? (size_t)c->cfg.ranks * c->cfg.batch : c->cfg.batch;
+    uint32_t *rows = dh_malloc(cap * sizeof *rows), *part_of = dh_malloc(cap * sizeof *part_of);
+    double *load = dh_malloc(cap * sizeof *load);
+    dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
+    int n = rows && part_of && load && samples
+                ? plan_rank_step(c, c->sampler, b, c->cfg.rank, rows, cap)
+                : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
+    int rc = n < 0 ? n : 0;
+    if (rc)
+        goto done;
     uint32_t parts = c->cfg.fanout;
-    uint32_t part_of[c->cfg.batch];
     if (parts > 1) {
-        double load[c->cfg.batch];
         for (int i = 0; i < n; i++)
             load[i] = (double)dh_profile_set_row(c->profiles, rows[i])->tokens_est;
-        int rc = dh_plan_fanout(load, (size_t)n, parts, part_of);
-        if (rc)
-            return rc;
+        if ((rc = dh_plan_fanout(load, (size_t)n, parts, part_of)))
+            goto done;
     } else {
         for (int i = 0; i < n; i++)
             part_of[i] = 0;
@@ -297,9 +346,9 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
         tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
     pthread_mutex_lock(&c->lock);
     c->tokens_of[b % c->tokens_ring] = tokens;
+    c->requested_of[b % c->tokens_ring] = dh_clock_now_ns();
     pthread_mutex_unlock(&c->lock);
     for (uint32_t p = 0; p < parts; p++) {
-        dh_wire_sample_t samples[c->cfg.batch];
         uint32_t k = 0;
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
@@ -326,17 +375,21 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
         m.request.delivery_node = c->node;
         m.request.n_samples = k;
         m.request.samples = samples;
-        int rc = dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 1000);
-        if (rc) {
+        if ((rc = dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 1000))) {
             dh_log_warn("client '%s': cannot send request %llu to the coordinator %s: %s", c->id,
                         (unsigned long long)m.request.seq, c->coord_endpoint, dh_last_error());
-            return rc;
+            goto done;
         }
         pthread_mutex_lock(&c->lock);
         c->stats.requests_sent++;
         pthread_mutex_unlock(&c->lock);
     }
-    return 0;
+done:
+    dh_free(rows);
+    dh_free(part_of);
+    dh_free(load);
+    dh_free(samples);
+    return rc;
 }
 
 static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
@@ -806,6 +859,11 @@ static int check_config(const dh_client_config_t *cfg)
                              cfg->ranks);
     if (cfg->batch == 0 || cfg->batch > 4096)
         return dh__set_error(DH_EINVAL, "client: batch must be in [1, 4096], got %u", cfg->batch);
+    if (cfg->token_plan < 0 || cfg->token_plan > 2)
+        return dh__set_error(DH_EINVAL,
+                             "client: token_plan must be 0 (sample count), 1 (token-balanced, "
+                             "fixed batch) or 2 (token-balanced packing), got %d",
+                             cfg->token_plan);
     if (cfg->fanout == 0 || cfg->fanout > cfg->batch)
         return dh__set_error(DH_EINVAL, "client: fanout must be in [1, batch=%u], got %u",
                              cfg->batch, cfg->fanout);
@@ -866,11 +924,12 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->tokens_ring = (size_t)cfg->prefetch + 2;
     c->ring = dh_calloc(c->ring_size, sizeof *c->ring);
     c->tokens_of = dh_calloc(c->tokens_ring, sizeof *c->tokens_of);
-    if (!c->ring || !c->tokens_of) {
+    c->requested_of = dh_calloc(c->tokens_ring, sizeof *c->requested_of);
+    if (!c->ring || !c->tokens_of || !c->requested_of) {
         rc = dh__set_error(DH_ENOMEM, "out of memory for the prefetch ring");
         goto fail;
     }
-    c->ctx = zmq_ctx_new();
+    c->ctx = cfg->zmq_ctx ? cfg->zmq_ctx : zmq_ctx_new();
     if (!c->ctx) {
         rc = dh__set_error(DH_ENOMEM, "client: zmq_ctx_new failed");
         goto fail;
@@ -1060,6 +1119,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
             c->s_per_token = c->s_per_token > 0 ? dh_cost_ewma(c->s_per_token, spt, 0.2) : spt;
         }
     }
+    uint64_t requested_ns = c->requested_of[b % c->tokens_ring];
     c->consumed++;
     uint64_t now = dh_clock_now_ns();
     c->last_return_ns = now;
@@ -1073,6 +1133,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     bi->pub.step = b;
     bi->pub.epoch = (uint32_t)(c->steps_per_epoch ? b / c->steps_per_epoch : 0);
     bi->pub.wait_s = waited;
+    bi->pub.requested_ns = requested_ns;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].ready_ns > bi->pub.ready_ns)
             bi->pub.ready_ns = taken[p].ready_ns;
@@ -1153,6 +1214,7 @@ void dh_client_destroy(dh_client_t **pc)
             part_release(&c->ring[i]);
     dh_free(c->ring);
     dh_free(c->tokens_of);
+    dh_free(c->requested_of);
     dh_wire_socket_destroy(&c->coord);
     dh_wire_socket_destroy(&c->data);
     if (c->notice_fd >= 0)
@@ -1161,7 +1223,7 @@ void dh_client_destroy(dh_client_t **pc)
         arena_ref_drop(c->arenas[i]);
     dh_dataserver_destroy(&c->embedded_ds);
     dh_coordinator_destroy(&c->embedded_coord);
-    if (c->ctx)
+    if (c->ctx && !c->cfg.zmq_ctx)
         zmq_ctx_term(c->ctx);
     dh_sampler_destroy(&c->sampler);
     dh_sampler_destroy(&c->plan_sampler);

@@ -220,7 +220,7 @@ static __attribute__((unused)) bool cl_has_tag(const char *pid)
 static __attribute__((unused)) bool cl_holds_arena(const char *pid)
 {
     char dir[64];
-    snprintf(dir, sizeof dir, "/proc/%s/fd", pid);
+    snprintf(dir, sizeof dir, "/proc/%.20s/fd", pid /* a pid: at most 20 digits */);
     DIR *d = opendir(dir);
     if (!d)
         return false;

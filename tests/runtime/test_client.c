@@ -210,6 +210,61 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Packing (token_plan 2): over an epoch every row goes to exactly one rank, every rank gets
+ * at least `fanout` rows a step, and the largest rank's tokens summed over steps are below
+ * sample-count batching's and fixed-batch planning's. */
+static long long packed_epoch(const char *profiles, int token_plan, uint32_t fanout)
+{
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, profiles), 0);
+    size_t n = dh_profile_set_count(set);
+    int *seen = calloc(n, sizeof *seen);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.ranks = 4;
+    cfg.fanout = fanout;
+    cfg.token_plan = token_plan;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    uint32_t rows[64];
+    long long max_sum = 0;
+    for (uint64_t step = 0; step < n / 16; step++) {
+        long long mx = 0;
+        for (uint32_t r = 0; r < 4; r++) {
+            int k = dh_client_plan_rank_step(c, step, r, rows, 64);
+            assert_true(k >= (int)fanout);
+            if (token_plan != 2)
+                assert_int_equal(k, 4);
+            long long tokens = 0;
+            for (int i = 0; i < k; i++) {
+                seen[rows[i]]++;
+                tokens += dh_profile_set_row(set, rows[i])->tokens_est;
+            }
+            if (tokens > mx)
+                mx = tokens;
+        }
+        max_sum += mx;
+    }
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(seen[k], 1);
+    free(seen);
+    dh_client_destroy(&c);
+    dh_profile_set_destroy(&set);
+    cl_assert_no_leftovers();
+    return max_sum;
+}
+
+static void packing_plans_every_row_once_and_balances_tokens(void **state)
+{
+    const char *profiles = write_profiles("packing.jsonl", 256);
+    long long none = packed_epoch(profiles, 0, 1);
+    long long fixed = packed_epoch(profiles, 1, 1);
+    long long packed = packed_epoch(profiles, 2, 2);
+    assert_true(fixed < none);
+    assert_true(packed < fixed);
+}
+
 static void client_config_errors_name_the_field(void **state)
 {
     const char *profiles = write_profiles("p.jsonl", 16);
@@ -328,6 +383,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
+        cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(embedded_video_with_corrupt_clip),
     };

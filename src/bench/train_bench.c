@@ -1,0 +1,868 @@
+/* train_bench.c: see train_bench.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/mix.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+#include "datahelix/stats.h"
+#include "bench/train_bench.h"
+
+#define MAX_SERVERS 256
+#define MAX_RANKS 64
+
+void dh_bench_options_default(dh_bench_options_t *opt)
+{
+    memset(opt, 0, sizeof *opt);
+    opt->ranks = 8;
+    opt->batch = 4;
+    opt->steps = 100;
+    opt->warmup = 20;
+    opt->emulate_rows = 4096;
+    opt->local_servers = 8;
+    opt->remote_servers = 16;
+    opt->cores_per_server = 4;
+    opt->compute_auto = 1;
+    opt->compute_scale = 1;
+    opt->time_scale = 1;
+    opt->bytes_scale = 0.001;
+    opt->copy_gbps = 5;
+    opt->prefetch = 16;
+    opt->seed = 1;
+    opt->systems = "native,pool,helix";
+}
+
+/* ---- systems ---- */
+
+typedef struct spec {
+    const char *name;
+    dh_policy_t policy;
+    int rank_local; /* one local DataServer per rank (native) */
+    int token_plan;
+    int copy;      /* copy every batch out of the arena (object-store hop) */
+    int deep;      /* prefetch opt->prefetch and fanout 2 (else PyTorch-like prefetch) */
+    uint32_t cores; /* native-N: N; 0 = the default budget */
+} spec_t;
+
+static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->name = name;
+    if (strcmp(name, "native") == 0 || strncmp(name, "native-", 7) == 0) {
+        out->policy = DH_POLICY_LOCAL;
+        out->rank_local = 1;
+        if (name[6] == '-') {
+            char *end = NULL;
+            unsigned long n = strtoul(name + 7, &end, 10);
+            if (!end || *end || n < opt->ranks || n > 4096)
+                return dh__set_error(DH_EINVAL,
+                                     "bench: --systems: '%s': native-N needs N cores in [%u, "
+                                     "4096] (at least one per rank)",
+                                     name, opt->ranks);
+            out->cores = (uint32_t)n;
+        }
+        return 0;
+    }
+    if (strcmp(name, "pool") == 0 || strcmp(name, "base") == 0) {
+        out->policy = DH_POLICY_LEAST_REQUEST;
+        out->copy = 1;
+        return 0;
+    }
+    if (strcmp(name, "transport") == 0) {
+        out->policy = DH_POLICY_LEAST_REQUEST;
+        return 0;
+    }
+    if (strcmp(name, "prefetch-token") == 0) {
+        out->policy = DH_POLICY_LEAST_REQUEST;
+        out->token_plan = 2;
+        out->deep = 1;
+        return 0;
+    }
+    if (strcmp(name, "cost-ddl") == 0 || strcmp(name, "helix") == 0) {
+        out->policy = DH_POLICY_DEADLINE;
+        out->token_plan = 2;
+        out->deep = 1;
+        return 0;
+    }
+    return dh__set_error(DH_EINVAL,
+                         "bench: --systems: unknown system '%s' (known: native, native-N, pool, "
+                         "helix, base, transport, prefetch-token, cost-ddl)",
+                         name);
+}
+
+/* ---- sample lookups (id -> row) ---- */
+
+typedef struct row_ref {
+    const char *id;
+    double cpu_s;
+} row_ref_t;
+
+static int cmp_ref(const void *a, const void *b)
+{
+    return strcmp(((const row_ref_t *)a)->id, ((const row_ref_t *)b)->id);
+}
+
+static double cpu_of(const row_ref_t *refs, size_t n, const char *id)
+{
+    row_ref_t key = {.id = id};
+    const row_ref_t *r = bsearch(&key, refs, n, sizeof *refs, cmp_ref);
+    return r ? r->cpu_s : 0;
+}
+
+/* ---- one system's run ---- */
+
+typedef struct step_rec {
+    double wait_s, compute_s, barrier_s, ready_s, cpu_s;
+    uint32_t samples;
+    uint64_t start_ns;  /* next() called */
+    uint64_t ready_ns;  /* batch ready in the arena */
+    uint64_t req_ns;    /* requests sent */
+    int server;         /* index into run_t.server_names, or -1 */
+} step_rec_t;
+
+typedef struct run run_t;
+
+typedef struct rank_ctx {
+    run_t *run;
+    uint32_t rank;
+    dh_client_t *client;
+    step_rec_t *steps; /* warmup + steps */
+    int rc;
+    char error[512];
+} rank_ctx_t;
+
+struct run {
+    const dh_bench_options_t *opt;
+    const spec_t *spec;
+    const row_ref_t *refs;
+    size_t n_refs;
+    double a, b; /* seconds (already time-scaled) */
+    pthread_barrier_t barrier;
+    uint64_t t_begin, t_end;
+    char server_names[MAX_SERVERS][64];
+    size_t n_server_names;
+    pthread_mutex_t names_lock;
+};
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static int server_index(run_t *run, const char *name)
+{
+    if (!name || !name[0])
+        return -1;
+    pthread_mutex_lock(&run->names_lock);
+    int found = -1;
+    for (size_t i = 0; i < run->n_server_names; i++)
+        if (strcmp(run->server_names[i], name) == 0)
+            found = (int)i;
+    if (found < 0 && run->n_server_names < MAX_SERVERS) {
+        snprintf(run->server_names[run->n_server_names], sizeof run->server_names[0], "%s", name);
+        found = (int)run->n_server_names++;
+    }
+    pthread_mutex_unlock(&run->names_lock);
+    return found;
+}
+
+static void progress(const dh_bench_options_t *opt, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void progress(const dh_bench_options_t *opt, const char *fmt, ...)
+{
+    if (!opt->progress)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    opt->progress(line, opt->ctx);
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx_t *rc = arg;
+    run_t *run = rc->run;
+    const dh_bench_options_t *opt = run->opt;
+    uint32_t total = opt->warmup + opt->steps;
+    if (opt->warmup == 0) {
+        pthread_barrier_wait(&run->barrier);
+        if (rc->rank == 0)
+            run->t_begin = dh_clock_now_ns();
+    }
+    for (uint32_t s = 0; s < total; s++) {
+        step_rec_t *st = &rc->steps[s];
+        dh_client_batch_t *b = NULL;
+        uint64_t t0 = dh_clock_now_ns();
+        int e;
+        do {
+            e = dh_client_next(rc->client, &b);
+        } while (e == DH_EAGAIN);
+        uint64_t t1 = dh_clock_now_ns();
+        if (e) {
+            rc->rc = e;
+            snprintf(rc->error, sizeof rc->error, "rank %u, step %u: %s", rc->rank, s,
+                     dh_last_error());
+            /* keep meeting the barrier so the others finish; compute nothing */
+            pthread_barrier_wait(&run->barrier);
+            continue;
+        }
+        st->start_ns = t0;
+        st->wait_s = dh_clock_elapsed_s(t0, t1);
+        st->ready_ns = b->ready_ns;
+        st->req_ns = b->requested_ns;
+        st->ready_s = b->ready_ns > b->requested_ns && b->requested_ns
+                          ? dh_clock_elapsed_s(b->requested_ns, b->ready_ns)
+                          : 0;
+        st->samples = (uint32_t)b->n_samples;
+        st->server = server_index(run, b->server);
+        for (size_t i = 0; i < b->n_samples; i++)
+            st->cpu_s += cpu_of(run->refs, run->n_refs, b->samples[i].id);
+        double compute = run->a * (double)b->tokens + run->b;
+        st->compute_s = compute;
+        uint64_t c0 = dh_clock_now_ns();
+        if (run->spec->copy) {
+            /* the object-store hop: the batch is copied into the consumer's memory, on the
+             * training thread. Emulated payloads are scaled down, so the copy of the bytes
+             * the batch stands for is charged as time: emulated bytes / copy_gbps. */
+            if (!opt->dataset && opt->copy_gbps > 0 && opt->bytes_scale > 0) {
+                double bytes = 0;
+                for (size_t t = 0; t < b->n_tensors; t++)
+                    bytes += (double)b->tensors[t].nbytes;
+                compute += bytes / opt->bytes_scale / (opt->copy_gbps * 1e9) * opt->time_scale;
+            }
+            for (size_t t = 0; t < b->n_tensors; t++) {
+                void *copy = dh_malloc(b->tensors[t].nbytes ? b->tensors[t].nbytes : 1);
+                if (copy && b->tensors[t].nbytes)
+                    memcpy(copy, b->tensors[t].data, b->tensors[t].nbytes);
+                dh_free(copy);
+            }
+        }
+        dh_client_batch_release(&b);
+        sleep_s(compute - dh_clock_elapsed_s(c0, dh_clock_now_ns()));
+        uint64_t t2 = dh_clock_now_ns();
+        pthread_barrier_wait(&run->barrier);
+        uint64_t t3 = dh_clock_now_ns();
+        st->barrier_s = dh_clock_elapsed_s(t2, t3);
+        if (rc->rank == 0) {
+            if (s + 1 == opt->warmup)
+                run->t_begin = t3;
+            if (s + 1 == total)
+                run->t_end = t3;
+            uint32_t every = opt->steps >= 10 ? opt->steps / 5 : 1;
+            if (s + 1 > opt->warmup && (s + 1 - opt->warmup) % every == 0) {
+                double el = dh_clock_elapsed_s(run->t_begin, t3);
+                double sps = el > 0 ? (double)(s + 1 - opt->warmup) * opt->ranks * opt->batch / el
+                                    : 0;
+                progress(opt, "%s: step %u/%u, %.1f samples/s", run->spec->name,
+                         s + 1 - opt->warmup, opt->steps, sps);
+            }
+        }
+    }
+    return NULL;
+}
+
+typedef struct cluster {
+    void *ctx;
+    dh_coordinator_t *coord;
+    dh_dataserver_t *servers[MAX_SERVERS];
+    size_t n_servers;
+    uint32_t cores;
+} cluster_t;
+
+static void cluster_stop(cluster_t *c)
+{
+    for (size_t i = 0; i < c->n_servers; i++)
+        dh_dataserver_destroy(&c->servers[i]);
+    dh_coordinator_destroy(&c->coord);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    memset(c, 0, sizeof *c);
+}
+
+static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *pipeline_json,
+                      dh_ds_role_t role, const char *node, const char *name, uint32_t workers)
+{
+    if (c->n_servers == MAX_SERVERS)
+        return dh__set_error(DH_EINVAL, "bench: more than %d DataServers", MAX_SERVERS);
+    static unsigned counter;
+    char data_ep[96];
+    snprintf(data_ep, sizeof data_ep, "inproc://bench-data-%d-%u", (int)getpid(), counter++);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = dh_coordinator_endpoint(c->coord);
+    dc.role = role;
+    dc.node = node;
+    dc.name = name;
+    dc.workers = workers;
+    dc.pipeline_json = pipeline_json;
+    dc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
+    dc.arena_bytes = (uint64_t)(opt->dataset ? 512 : 64) << 20;
+    dc.data_listen = data_ep;
+    dc.zmq_ctx = c->ctx;
+    int rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
+    if (rc)
+        return rc;
+    c->n_servers++;
+    c->cores += workers;
+    return dh_dataserver_start(c->servers[c->n_servers - 1]);
+}
+
+static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec_t *sp,
+                         const char *pipeline_json)
+{
+    memset(c, 0, sizeof *c);
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx)
+        return dh__set_error(DH_ENOMEM, "zmq_ctx_new failed");
+    static unsigned counter;
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://bench-coordinator-%d-%u", (int)getpid(), counter++);
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = ep;
+    cc.zmq_ctx = c->ctx;
+    cc.place.policy = sp->policy;
+    cc.dead_after_ms = 10000; /* a loaded 2-core machine must not fake deaths */
+    int rc = dh_coordinator_new(&c->coord, &cc);
+    if (rc || (rc = dh_coordinator_start(c->coord)))
+        return rc;
+    char node[64], name[64];
+    if (sp->rank_local) {
+        uint32_t total = sp->cores ? sp->cores
+                         : opt->native_cores ? opt->native_cores
+                                             : opt->local_servers * opt->cores_per_server;
+        uint32_t per = total / opt->ranks ? total / opt->ranks : 1;
+        for (uint32_t r = 0; r < opt->ranks; r++) {
+            snprintf(node, sizeof node, "node-%u", r);
+            snprintf(name, sizeof name, "local-%u", r);
+            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name, per)))
+                return rc;
+        }
+    } else {
+        for (uint32_t i = 0; i < opt->local_servers; i++) {
+            snprintf(node, sizeof node, "node-%u", i);
+            snprintf(name, sizeof name, "local-%u", i);
+            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name,
+                                 opt->cores_per_server)))
+                return rc;
+        }
+        for (uint32_t i = 0; i < opt->remote_servers; i++) {
+            snprintf(node, sizeof node, "spare-%u", i);
+            snprintf(name, sizeof name, "remote-%u", i);
+            if ((rc = add_server(c, opt, pipeline_json, DH_DS_REMOTE, node, name,
+                                 opt->cores_per_server)))
+                return rc;
+        }
+    }
+    /* every server registered before the first request */
+    uint64_t t0 = dh_clock_now_ns();
+    for (;;) {
+        dh_coordinator_stats_t st;
+        dh_coordinator_stats(c->coord, &st);
+        if (st.servers_alive >= c->n_servers)
+            return 0;
+        if (dh_clock_elapsed_s(t0, dh_clock_now_ns()) > 20)
+            return dh__set_error(DH_EAGAIN,
+                                 "bench: %s: only %llu of %zu DataServers registered in 20 s",
+                                 sp->name, (unsigned long long)st.servers_alive, c->n_servers);
+        sleep_s(0.005);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    double pos = p / 100.0 * (double)(n - 1);
+    size_t lo = (size_t)pos;
+    double frac = pos - (double)lo;
+    return lo + 1 < n ? v[lo] * (1 - frac) + v[lo + 1] * frac : v[lo];
+}
+
+/* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
+static void trace_system(FILE *f, int *first, size_t sys, const run_t *run,
+                         const rank_ctx_t *ranks, uint64_t t0)
+{
+    const dh_bench_options_t *opt = run->opt;
+    unsigned pid_r = (unsigned)(2 * sys + 1), pid_s = (unsigned)(2 * sys + 2);
+    fprintf(f,
+            "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":\"%s "
+            "ranks\"}},{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":"
+            "\"%s DataServers\"}}",
+            *first ? "" : ",\n", pid_r, run->spec->name, pid_s, run->spec->name);
+    *first = 0;
+    for (size_t i = 0; i < run->n_server_names; i++)
+        fprintf(f,
+                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%zu,\"args\":{"
+                "\"name\":\"%s\"}}",
+                pid_s, i, run->server_names[i]);
+    uint32_t total = opt->warmup + opt->steps;
+    for (uint32_t r = 0; r < opt->ranks; r++) {
+        fprintf(f,
+                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{"
+                "\"name\":\"rank %u\"}}",
+                pid_r, r, r);
+        for (uint32_t s = 0; s < total; s++) {
+            const step_rec_t *st = &ranks[r].steps[s];
+            if (!st->start_ns)
+                continue;
+            double ts = (double)(st->start_ns - t0) / 1e3;
+            double w = st->wait_s * 1e6, c = st->compute_s * 1e6, b = st->barrier_s * 1e6;
+            fprintf(f,
+                    ",\n{\"ph\":\"X\",\"name\":\"data wait\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
+                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
+                    pid_r, r, ts, w, s);
+            fprintf(f,
+                    ",\n{\"ph\":\"X\",\"name\":\"compute\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
+                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
+                    pid_r, r, ts + w, c, s);
+            fprintf(f,
+                    ",\n{\"ph\":\"X\",\"name\":\"barrier\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
+                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
+                    pid_r, r, ts + w + c, b, s);
+            if (st->server >= 0 && st->req_ns && st->ready_ns > st->req_ns)
+                fprintf(f,
+                        ",\n{\"ph\":\"X\",\"name\":\"rank %u step %u\",\"pid\":%u,\"tid\":%d,"
+                        "\"ts\":%.1f,\"dur\":%.1f,\"args\":{\"samples\":%u,\"cpu_s\":%.4f}}",
+                        r, s, pid_s, st->server, (double)(st->req_ns - t0) / 1e3,
+                        (double)(st->ready_ns - st->req_ns) / 1e3, st->samples, st->cpu_s);
+        }
+    }
+}
+
+static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
+                      const char *pipeline_json, const row_ref_t *refs, size_t n_refs,
+                      double a, double b, double threshold, uint32_t real_cores,
+                      dh_bench_system_result_t *res, FILE *trace, int *trace_first,
+                      size_t sys_index, uint64_t trace_t0)
+{
+    memset(res, 0, sizeof *res);
+    snprintf(res->name, sizeof res->name, "%s", sp->name);
+    cluster_t cl;
+    int rc = cluster_start(&cl, opt, sp, pipeline_json);
+    if (rc) {
+        cluster_stop(&cl);
+        return rc;
+    }
+    res->cores = cl.cores;
+    uint32_t cores_eff = real_cores && real_cores < cl.cores ? real_cores : cl.cores;
+    run_t run = {.opt = opt, .spec = sp, .refs = refs, .n_refs = n_refs, .a = a, .b = b};
+    pthread_mutex_init(&run.names_lock, NULL);
+    pthread_barrier_init(&run.barrier, NULL, opt->ranks);
+    uint32_t total = opt->warmup + opt->steps;
+    rank_ctx_t *ranks = dh_calloc(opt->ranks, sizeof *ranks);
+    if (!ranks) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto done;
+    }
+    uint32_t per_rank_workers = sp->rank_local ? cl.cores / opt->ranks : 0;
+    for (uint32_t r = 0; r < opt->ranks; r++) {
+        ranks[r].run = &run;
+        ranks[r].rank = r;
+        ranks[r].steps = dh_calloc(total, sizeof *ranks[r].steps);
+        if (!ranks[r].steps) {
+            rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+            goto done;
+        }
+        char node[64];
+        snprintf(node, sizeof node, "node-%u", sp->rank_local ? r : r % opt->local_servers);
+        dh_client_config_t cfg;
+        dh_client_config_default(&cfg);
+        cfg.coordinator = dh_coordinator_endpoint(cl.coord);
+        cfg.zmq_ctx = cl.ctx;
+        cfg.profiles = profiles;
+        cfg.node = node;
+        cfg.rank = r;
+        cfg.ranks = opt->ranks;
+        cfg.batch = opt->batch;
+        cfg.seed = opt->seed;
+        cfg.epochs = 0;
+        cfg.max_steps = total;
+        cfg.token_plan = sp->token_plan;
+        cfg.on_error = DH_ON_ERROR_SKIP;
+        cfg.next_timeout_ms = 120000;
+        if (sp->deep) {
+            cfg.prefetch = opt->prefetch;
+            cfg.fanout = opt->batch >= 2 ? 2 : 1;
+        } else {
+            /* PyTorch's prefetch_factor: 2 batches in flight per worker of the rank; a pool
+             * keeps as many in flight per rank as its share of the workers would under the
+             * same rule (a tuned actor pool keeps every actor busy) */
+            uint32_t share = sp->rank_local ? per_rank_workers : cl.cores / opt->ranks;
+            cfg.prefetch = 2 * (share ? share : 1);
+            cfg.fanout = 1;
+        }
+        if ((rc = dh_client_new(&ranks[r].client, &cfg))) {
+            dh__set_error(rc, "bench: %s: rank %u: %s", sp->name, r, dh_last_error());
+            goto done;
+        }
+    }
+    pthread_t threads[MAX_RANKS];
+    for (uint32_t r = 0; r < opt->ranks; r++)
+        pthread_create(&threads[r], NULL, rank_main, &ranks[r]);
+    for (uint32_t r = 0; r < opt->ranks; r++)
+        pthread_join(threads[r], NULL);
+    for (uint32_t r = 0; r < opt->ranks; r++)
+        if (ranks[r].rc) {
+            rc = dh__set_error(ranks[r].rc, "bench: %s: %s", sp->name, ranks[r].error);
+            goto done;
+        }
+
+    /* ---- metrics over the measured steps ---- */
+    size_t n = (size_t)opt->ranks * opt->steps, k = 0;
+    double *waits = dh_calloc(n, sizeof *waits), *readies = dh_calloc(n, sizeof *readies);
+    res->rank_step_s = dh_calloc(n, sizeof *res->rank_step_s);
+    if (!waits || !readies || !res->rank_step_s) {
+        dh_free(waits);
+        dh_free(readies);
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto done;
+    }
+    double samples = 0, misses = 0, barrier_sum = 0, mean_sum = 0, max_sum = 0, cpu = 0;
+    for (uint32_t s = opt->warmup; s < total; s++) {
+        double mx = 0, sum = 0;
+        for (uint32_t r = 0; r < opt->ranks; r++) {
+            const step_rec_t *st = &ranks[r].steps[s];
+            waits[k] = st->wait_s;
+            readies[k] = st->ready_s;
+            res->rank_step_s[(size_t)r * opt->steps + (s - opt->warmup)] =
+                st->wait_s + st->compute_s;
+            k++;
+            samples += st->samples;
+            misses += st->wait_s > threshold;
+            barrier_sum += st->barrier_s;
+            cpu += st->cpu_s;
+            sum += st->compute_s;
+            if (st->compute_s > mx)
+                mx = st->compute_s;
+        }
+        mean_sum += sum / opt->ranks;
+        max_sum += mx;
+    }
+    res->wall_s = dh_clock_elapsed_s(run.t_begin, run.t_end);
+    res->throughput_sps = res->wall_s > 0 ? samples / res->wall_s : 0;
+    res->input_wait_p50_s = pct(waits, n, 50);
+    res->input_wait_p95_s = pct(waits, n, 95);
+    res->input_wait_p99_s = pct(waits, n, 99);
+    res->batch_ready_p95_s = pct(readies, n, 95);
+    res->ddl_miss_rate = n ? misses / (double)n : 0;
+    res->barrier_wait_mean_s = n ? barrier_sum / (double)n : 0;
+    /* CPU work in the run's seconds (emulated costs are slept x time_scale) */
+    res->cpu_work_s = cpu * (opt->dataset ? 1 : opt->time_scale);
+    res->max_compute_sum_s = max_sum;
+    double bound = res->cpu_work_s / cores_eff;
+    if (max_sum > bound)
+        bound = max_sum;
+    res->ideal_sps = bound > 0 ? samples / bound : 0;
+    res->efficiency = res->ideal_sps > 0 ? res->throughput_sps / res->ideal_sps : 0;
+    res->balance = max_sum > 0 ? mean_sum / max_sum : 0;
+    dh_free(waits);
+    dh_free(readies);
+    dh_coordinator_stats_t cs;
+    dh_coordinator_stats(cl.coord, &cs);
+    res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
+    double fwd = 0;
+    for (size_t i = 0; i < cl.n_servers; i++) {
+        dh_dataserver_stats_t ds;
+        dh_dataserver_stats(cl.servers[i], &ds);
+        fwd += (double)ds.bytes_forwarded;
+    }
+    res->cross_ds_bytes = opt->dataset || opt->bytes_scale <= 0 ? fwd : fwd / opt->bytes_scale;
+    if (trace)
+        trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
+    progress(opt,
+             "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f), input wait p95 "
+             "%.3f s, misses %.0f%%",
+             sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
+             res->input_wait_p95_s, 100 * res->ddl_miss_rate);
+done:
+    for (uint32_t r = 0; ranks && r < opt->ranks; r++) {
+        dh_client_destroy(&ranks[r].client);
+        dh_free(ranks[r].steps);
+    }
+    dh_free(ranks);
+    cluster_stop(&cl);
+    pthread_barrier_destroy(&run.barrier);
+    pthread_mutex_destroy(&run.names_lock);
+    return rc;
+}
+
+/* ---- the whole run ---- */
+
+static int check_options(const dh_bench_options_t *o)
+{
+    if (o->ranks < 1 || o->ranks > MAX_RANKS)
+        return dh__set_error(DH_EINVAL, "bench: --ranks must be in [1, %d]", MAX_RANKS);
+    if (o->batch < 1 || o->steps < 1)
+        return dh__set_error(DH_EINVAL, "bench: --batch and --steps must be at least 1");
+    if (!o->dataset == !o->mix)
+        return dh__set_error(DH_EINVAL, "bench: give exactly one of --dataset DIR and --emulate "
+                                        "--mix NAME");
+    if (o->local_servers < 1 || o->cores_per_server < 1)
+        return dh__set_error(DH_EINVAL,
+                             "bench: --local-servers and --cores-per-server must be at least 1");
+    if ((size_t)o->local_servers + o->remote_servers + o->ranks > MAX_SERVERS)
+        return dh__set_error(DH_EINVAL, "bench: at most %d DataServers", MAX_SERVERS);
+    if (!(o->compute_scale > 0) || !(o->time_scale > 0))
+        return dh__set_error(DH_EINVAL, "bench: --compute-scale and --time-scale must be > 0");
+    if (!o->compute_auto && (o->a < 0 || o->b < 0))
+        return dh__set_error(DH_EINVAL, "bench: --compute a,b must be >= 0");
+    return 0;
+}
+
+int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
+{
+    memset(out, 0, sizeof *out);
+    int rc = check_options(opt);
+    if (rc)
+        return rc;
+    char profiles[1024];
+    char pipeline_json[256];
+    const char *pj = NULL;
+    bool generated = false;
+    dh_profile_set_t *set = NULL;
+    row_ref_t *refs = NULL;
+    FILE *trace = NULL;
+    if ((rc = dh_profile_set_new(&set)))
+        return rc;
+    if (opt->dataset) {
+        snprintf(profiles, sizeof profiles, "%s/profiles.jsonl", opt->dataset);
+        if ((rc = dh_profile_set_load(set, profiles)))
+            goto done;
+    } else {
+        dh_mix_t *mix = NULL;
+        if ((rc = dh_mix_load(opt->mix, &mix)))
+            goto done;
+        rc = dh_profiles_generate(mix, opt->emulate_rows, opt->seed, set);
+        dh_mix_destroy(&mix);
+        if (rc)
+            goto done;
+        snprintf(profiles, sizeof profiles, "%s/datahelix-bench-%d.jsonl",
+                 opt->work_dir ? opt->work_dir : "/tmp", (int)getpid());
+        if ((rc = dh_profile_set_write(set, profiles)))
+            goto done;
+        generated = true;
+        snprintf(pipeline_json, sizeof pipeline_json,
+                 "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":%.9g,"
+                 "\"bytes_scale\":%.9g}",
+                 opt->time_scale, opt->bytes_scale);
+        pj = pipeline_json;
+    }
+    size_t n = dh_profile_set_count(set);
+    out->rows = n;
+    if (n < (size_t)opt->ranks * opt->batch) {
+        rc = dh__set_error(DH_EINVAL, "bench: %s: %zu samples, fewer than one step's %u x %u",
+                           profiles, n, opt->ranks, opt->batch);
+        goto done;
+    }
+    refs = dh_calloc(n, sizeof *refs);
+    if (!refs) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto done;
+    }
+    double cpu_sum = 0, tok_sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        const dh_profile_row_t *row = dh_profile_set_row(set, i);
+        refs[i].id = row->id;
+        refs[i].cpu_s = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
+        cpu_sum += refs[i].cpu_s;
+        tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
+    }
+    qsort(refs, n, sizeof *refs, cmp_ref);
+    double mean_cpu = cpu_sum / (double)n, mean_tok = tok_sum / (double)n;
+    /* Compute model. Balanced regime: the mean rank's compute summed over steps equals the
+     * CPU work divided by the helix system's cores, so per step the mean rank computes
+     * ranks x batch x mean CPU / cores; b takes a tenth of it, a x tokens the rest. */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t real_cores = opt->dataset ? (uint32_t)(online > 0 ? online : 1) : 0;
+    uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
+    uint32_t cores_for_auto = real_cores && real_cores < helix_cores ? real_cores : helix_cores;
+    double ts = opt->dataset ? 1 : opt->time_scale;
+    double a, b;
+    if (opt->compute_auto) {
+        double step = (double)opt->ranks * opt->batch * mean_cpu * ts / cores_for_auto;
+        b = 0.1 * step;
+        a = mean_tok > 0 ? 0.9 * step / (opt->batch * mean_tok) : 0;
+    } else {
+        a = opt->a * ts;
+        b = opt->b * ts;
+    }
+    a *= opt->compute_scale;
+    b *= opt->compute_scale;
+    out->a = a;
+    out->b = b;
+    out->mean_step_compute_s = a * opt->batch * mean_tok + b;
+    double threshold = opt->deadline_threshold_s > 0 ? opt->deadline_threshold_s * ts
+                                                     : 0.1 * out->mean_step_compute_s;
+    out->deadline_threshold_s = threshold;
+    progress(opt,
+             "%zu samples (mean %.3f CPU s, %.0f tokens); compute %.3g s/token + %.3g s: "
+             "%.3f s per mean step; miss threshold %.3f s",
+             n, mean_cpu * ts, mean_tok, a, b, out->mean_step_compute_s, threshold);
+
+    if (opt->trace_path) {
+        trace = fopen(opt->trace_path, "w");
+        if (!trace) {
+            rc = dh__set_error(-errno, "bench: cannot write --trace %s: %s", opt->trace_path,
+                               strerror(errno));
+            goto done;
+        }
+        fprintf(trace, "{\"traceEvents\":[\n");
+    }
+    int trace_first = 1;
+    uint64_t t0 = dh_clock_now_ns();
+    char list[512];
+    snprintf(list, sizeof list, "%s", opt->systems);
+    char *save = NULL;
+    for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        if (out->n_systems == DH_BENCH_MAX_SYSTEMS) {
+            rc = dh__set_error(DH_EINVAL, "bench: at most %d systems", DH_BENCH_MAX_SYSTEMS);
+            goto done;
+        }
+        spec_t sp;
+        if ((rc = spec_of(name, opt, &sp)))
+            goto done;
+        progress(opt, "%s: starting", name);
+        rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold, real_cores,
+                        &out->systems[out->n_systems], trace, &trace_first, out->n_systems, t0);
+        out->n_systems++;
+        if (rc)
+            goto done;
+    }
+done:
+    if (trace) {
+        fprintf(trace, "\n],\"displayTimeUnit\":\"ms\"}\n");
+        if (fclose(trace) != 0 && !rc)
+            rc = dh__set_error(-EIO, "bench: cannot write --trace %s", opt->trace_path);
+    }
+    if (generated)
+        unlink(profiles);
+    dh_free(refs);
+    dh_profile_set_destroy(&set);
+    return rc;
+}
+
+void dh_bench_report_clear(dh_bench_report_t *r)
+{
+    for (size_t i = 0; i < r->n_systems; i++)
+        dh_free(r->systems[i].rank_step_s);
+    memset(r, 0, sizeof *r);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_report_t *r)
+{
+    fprintf(f, "{\"config\":{\"mode\":\"%s\",\"source\":", o->dataset ? "dataset" : "emulate");
+    json_str(f, o->dataset ? o->dataset : o->mix);
+    fprintf(f,
+            ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
+            "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
+            "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
+            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"seed\":%llu,\"rows\":%zu,\"systems\":",
+            o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
+            o->cores_per_server,
+            o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a,
+            r->b, o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
+            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, (unsigned long long)o->seed, r->rows);
+    json_str(f, o->systems);
+    fprintf(f, "},\"systems\":{");
+    for (size_t i = 0; i < r->n_systems; i++) {
+        const dh_bench_system_result_t *s = &r->systems[i];
+        fprintf(f, "%s", i ? "," : "");
+        json_str(f, s->name);
+        fprintf(f,
+                ":{\"throughput_sps\":%.6g,\"input_wait_p50_s\":%.6g,\"input_wait_p95_s\":%.6g,"
+                "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
+                "\"barrier_wait_mean_s\":%.6g,\"cross_ds_bytes\":%.6g,"
+                "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.6g,\"efficiency\":%.6g,"
+                "\"balance\":%.6g,\"cores\":%u,\"wall_s\":%.6g,\"rank_step_s\":[",
+                s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
+                s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s, s->cross_ds_bytes,
+                s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
+                s->wall_s);
+        for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
+            fprintf(f, "%s[", rk ? "," : "");
+            for (uint32_t st = 0; st < o->steps; st++)
+                fprintf(f, "%s%.5g", st ? "," : "", s->rank_step_s[(size_t)rk * o->steps + st]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "}}\n");
+    return ferror(f) ? dh__set_error(-EIO, "bench: cannot write the JSON report") : 0;
+}
+
+static const dh_bench_system_result_t *find(const dh_bench_report_t *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_systems; i++)
+        if (strcmp(r->systems[i].name, name) == 0)
+            return &r->systems[i];
+    return NULL;
+}
+
+void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
+{
+    const dh_bench_system_result_t *nat = find(r, "native"), *pool = find(r, "pool");
+    if (!pool)
+        pool = find(r, "base");
+    fprintf(f,
+            "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %8s %8s\n",
+            "system", "cores", "samples/s", "wait p50", "wait p95", "wait p99", "ready95",
+            "miss", "barrier", "sched us", "eff", "bal", "x-DS MB", "x native", "x pool");
+    for (size_t i = 0; i < r->n_systems; i++) {
+        const dh_bench_system_result_t *s = &r->systems[i];
+        char vn[16] = "-", vp[16] = "-";
+        if (nat && nat->throughput_sps > 0)
+            snprintf(vn, sizeof vn, "%.2fx", s->throughput_sps / nat->throughput_sps);
+        if (pool && pool->throughput_sps > 0)
+            snprintf(vp, sizeof vp, "%.2fx", s->throughput_sps / pool->throughput_sps);
+        fprintf(f,
+                "%-15s %5u %9.1f %8.3f %8.3f %8.3f %7.3f %5.0f%% %8.3f %8.1f %5.2f %5.2f %10.1f "
+                "%8s %8s\n",
+                s->name, s->cores, s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s,
+                s->input_wait_p99_s, s->batch_ready_p95_s, 100 * s->ddl_miss_rate,
+                s->barrier_wait_mean_s, s->sched_us_per_decision, s->efficiency, s->balance,
+                s->cross_ds_bytes / 1e6, vn, vp);
+    }
+}

@@ -1,0 +1,100 @@
+/* bench/train_bench.h: `datahelix bench`, the emulated synchronous training loop (DESIGN §8,
+ * docs/benchmarks.md).
+ *
+ * R ranks are threads of this process, each with a real client of the data plane; the
+ * coordinator and the DataServers of each system run as threads too, over inproc://
+ * endpoints of one ZeroMQ context (local delivery still goes through the shared-memory
+ * arena and its notice channel). Each rank takes a batch from its client (input wait),
+ * "computes" for a x tokens + b seconds (a sleep: the emulated accelerator leaves the CPU to
+ * the data plane), then meets the others at a barrier (the all-reduce).
+ *
+ * Systems (one run, side by side, the same samples and seed):
+ *   native       rank-local loaders: one local DataServer per rank with the CPU budget
+ *                split evenly, `local` placement, sample-count batching, prefetch
+ *                2 x workers (PyTorch's prefetch_factor)
+ *   native-N     the same with N cores in all (N / ranks per rank)
+ *   pool, base   one shared pool (the helix servers), least-request routing, sample-count
+ *                batching, 2 batches in flight per worker of the rank's share, and a copy
+ *                of every batch into the consumer (the object-store hop of a Ray actor
+ *                pool: emulated, it costs the batch's emulated bytes / copy_gbps)
+ *   transport    base with zero-copy delivery
+ *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout 2
+ *   cost-ddl, helix  prefetch-token + deadline placement
+ * Emulated mode runs the synthetic pipeline (sleeping each sample's CPU seconds, so one
+ * machine emulates many virtual cores); dataset mode decodes real clips.
+ */
+#ifndef DH_BENCH_TRAIN_BENCH_H
+#define DH_BENCH_TRAIN_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DH_BENCH_MAX_SYSTEMS 12
+
+typedef struct dh_bench_options {
+    uint32_t ranks, batch, steps, warmup;
+    const char *dataset;  /* probe directory (profiles.jsonl), real decode; or NULL */
+    const char *pipeline; /* dataset mode: pipeline spec path (NULL = video defaults) */
+    const char *mix;      /* emulated mode: built-in mix name or JSON file */
+    size_t emulate_rows;  /* emulated mode: rows generated from the mix (4096) */
+    uint32_t local_servers, remote_servers, cores_per_server;
+    uint32_t native_cores; /* total cores of `native`; 0 = local_servers x cores_per_server */
+    int compute_auto;      /* a from the balanced regime (see dh_bench_run) */
+    double a, b;           /* seconds per token, seconds per step (when !compute_auto) */
+    double compute_scale;  /* multiplies a and b (1) */
+    double deadline_threshold_s; /* a step misses when its input wait exceeds this; 0 =
+                                  * 10% of the mean step compute */
+    double time_scale;   /* emulated: every duration (costs and compute) x this (1) */
+    double bytes_scale;  /* emulated: payload bytes x this (0.001) */
+    double copy_gbps;    /* emulated: GB/s of the copying systems' per-batch copy (5) */
+    uint32_t prefetch;   /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    uint64_t seed;
+    const char *systems; /* comma-separated list (see above) */
+    const char *trace_path;
+    const char *work_dir; /* for generated profiles (NULL = /tmp) */
+    void (*progress)(const char *line, void *ctx);
+    void *ctx;
+} dh_bench_options_t;
+
+void dh_bench_options_default(dh_bench_options_t *opt);
+
+typedef struct dh_bench_system_result {
+    char name[32];
+    uint32_t cores; /* worker threads (virtual cores) of the system */
+    double throughput_sps;
+    double input_wait_p50_s, input_wait_p95_s, input_wait_p99_s;
+    double batch_ready_p95_s;
+    double ddl_miss_rate;
+    double barrier_wait_mean_s;
+    double cross_ds_bytes; /* payload bytes sidecars forwarded (emulated: / bytes_scale) */
+    double sched_us_per_decision;
+    double ideal_sps, efficiency, balance;
+    double wall_s, cpu_work_s, max_compute_sum_s;
+    double *rank_step_s; /* ranks x steps: each rank's step time (wait + compute), for plots */
+} dh_bench_system_result_t;
+
+typedef struct dh_bench_report {
+    dh_bench_system_result_t systems[DH_BENCH_MAX_SYSTEMS];
+    size_t n_systems;
+    double a, b;                 /* the compute model used */
+    double deadline_threshold_s; /* the one used */
+    double mean_step_compute_s;
+    size_t rows;
+} dh_bench_report_t;
+
+/* Runs every system of opt->systems in turn. Returns 0, DH_EINVAL (options: the message
+ * names the option), profile / pipeline errors, or the first runtime error (the message
+ * names the system and rank). */
+int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out);
+
+/* Frees what a report holds. */
+void dh_bench_report_clear(dh_bench_report_t *r);
+
+/* The report as one JSON object (the shape of docs/benchmarks.md). */
+int dh_bench_write_json(FILE *f, const dh_bench_options_t *opt, const dh_bench_report_t *r);
+
+/* The table: one row per system, with ratios against native and pool when present. */
+void dh_bench_print_table(FILE *f, const dh_bench_report_t *r);
+
+#endif

@@ -1,0 +1,288 @@
+/* cmd_bench.c: `datahelix bench`, the emulated synchronous training loop
+ * (bench/train_bench.h, docs/benchmarks.md). Thin: parse, run, print the table and JSON. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "bench/train_bench.h"
+#include "cli.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: datahelix bench (--dataset DIR | --emulate --mix NAME|FILE.json) [options]\n"
+            "\n"
+            "Runs a synchronous data-parallel training loop against each system in turn, side\n"
+            "by side on the same samples: R ranks (threads, each with a real client of the\n"
+            "data plane) take a batch, 'compute' a x tokens + b seconds (a sleep: the\n"
+            "emulated accelerator), then meet at a barrier (the all-reduce). The coordinator\n"
+            "and the DataServers run as threads of this process.\n"
+            "\n"
+            "workload:\n"
+            "  --dataset DIR         real decode: DIR/profiles.jsonl from `probe` (video pipeline)\n"
+            "  --pipeline SPEC.json  with --dataset: the pipeline spec (default: video defaults)\n"
+            "  --emulate             the synthetic pipeline: each sample sleeps its CPU seconds\n"
+            "                        on a worker (one machine emulates many virtual cores)\n"
+            "  --mix NAME|FILE       with --emulate: kinetics-s|m|l, kinetics-mixed,\n"
+            "                        openvid-mixed, or a JSON list of {frames,height,width,...}\n"
+            "  --rows N              with --emulate: samples generated from the mix (4096)\n"
+            "  --ranks R --batch B   ranks (8) and samples per rank per step (4)\n"
+            "  --steps S --warmup W  measured steps (100) after W warm-up steps (20)\n"
+            "  --seed N              sample order and generation seed (1)\n"
+            "\n"
+            "systems (--systems LIST, default native,pool,helix; ablation ladder:\n"
+            "base,transport,prefetch-token,cost-ddl):\n"
+            "  native                rank-local loaders: a DataServer per rank, the native\n"
+            "                        budget split evenly, sample-count batching, prefetch 2 per\n"
+            "                        worker\n"
+            "  native-N              the same with N cores in all\n"
+            "  pool (= base)         shared pool of the helix servers, least-request routing,\n"
+            "                        sample-count batching, 2 in flight per worker share,\n"
+            "                        batches copied into the consumer (emulated: bytes /\n"
+            "                        --copy-gbps)\n"
+            "  transport             base with zero-copy shared-memory delivery\n"
+            "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
+            "                        vary, tokens even), deep prefetch, fanout 2\n"
+            "  helix (= cost-ddl)    prefetch-token + deadline placement\n"
+            "\n"
+            "cluster:\n"
+            "  --local-servers N     local DataServers, one per node (8); rank r is on node r%%N\n"
+            "  --remote-servers M    remote sidecars (16)\n"
+            "  --cores-per-server C  workers (virtual cores) per DataServer (4)\n"
+            "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
+            "  --prefetch P          prefetch depth of the deep systems (16)\n"
+            "\n"
+            "compute and metrics:\n"
+            "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
+            "                        balanced regime, where the mean rank's compute summed over\n"
+            "                        steps equals the CPU work / the helix cores (b = 10%%)\n"
+            "  --compute-scale X     multiplies a and b (1)\n"
+            "  --deadline-threshold S  a step misses when its input wait exceeds S seconds\n"
+            "                        (default: 10%% of the mean step compute)\n"
+            "  --time-scale X        emulated: every duration x X (1), to run shorter\n"
+            "  --bytes-scale X       emulated: payload bytes x X (0.001)\n"
+            "  --copy-gbps G         emulated: speed of pool/base's per-batch copy, GB/s (5)\n"
+            "\n"
+            "output:\n"
+            "  --json FILE           the report: {\"config\":{...},\"systems\":{NAME:{\n"
+            "                        \"throughput_sps\",\"input_wait_p50_s\",\"input_wait_p95_s\",\n"
+            "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
+            "                        \"barrier_wait_mean_s\",\"cross_ds_bytes\",\n"
+            "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
+            "                        \"balance\",...}}}\n"
+            "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
+            "                        barrier; per DataServer each batch from request to ready\n"
+            "  -h, --help            show this help\n"
+            "\n"
+            "The table goes to standard output, progress to standard error. Exit status: 0,\n"
+            "1 failure, 2 usage error.\n");
+}
+
+static void progress(const char *line, void *ctx)
+{
+    (void)ctx;
+    fprintf(stderr, "bench: %s\n", line);
+}
+
+static int parse_double(const char *opt, const char *text, double min, double *out)
+{
+    char *end = NULL;
+    double v = strtod(text, &end);
+    if (!end || *end || !(v >= min) || v > 1e9) {
+        fprintf(stderr, "datahelix bench: %s: expected a number >= %g, got '%s'\n", opt, min,
+                text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int dh_cmd_bench(int argc, char **argv)
+{
+    enum {
+        O_DATASET = 256, O_PIPELINE, O_EMULATE, O_MIX, O_ROWS, O_RANKS, O_BATCH, O_STEPS,
+        O_WARMUP, O_SEED, O_SYSTEMS, O_LOCAL, O_REMOTE, O_CORES, O_NATIVE, O_PREFETCH,
+        O_COMPUTE, O_CSCALE, O_THRESH, O_TSCALE, O_BSCALE, O_COPY, O_JSON, O_TRACE
+    };
+    static const struct option options[] = {
+        {"dataset", required_argument, NULL, O_DATASET},
+        {"pipeline", required_argument, NULL, O_PIPELINE},
+        {"emulate", no_argument, NULL, O_EMULATE},
+        {"mix", required_argument, NULL, O_MIX},
+        {"rows", required_argument, NULL, O_ROWS},
+        {"ranks", required_argument, NULL, O_RANKS},
+        {"batch", required_argument, NULL, O_BATCH},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"seed", required_argument, NULL, O_SEED},
+        {"systems", required_argument, NULL, O_SYSTEMS},
+        {"local-servers", required_argument, NULL, O_LOCAL},
+        {"remote-servers", required_argument, NULL, O_REMOTE},
+        {"cores-per-server", required_argument, NULL, O_CORES},
+        {"native-cores", required_argument, NULL, O_NATIVE},
+        {"prefetch", required_argument, NULL, O_PREFETCH},
+        {"compute", required_argument, NULL, O_COMPUTE},
+        {"compute-scale", required_argument, NULL, O_CSCALE},
+        {"deadline-threshold", required_argument, NULL, O_THRESH},
+        {"time-scale", required_argument, NULL, O_TSCALE},
+        {"bytes-scale", required_argument, NULL, O_BSCALE},
+        {"copy-gbps", required_argument, NULL, O_COPY},
+        {"json", required_argument, NULL, O_JSON},
+        {"trace", required_argument, NULL, O_TRACE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    dh_bench_options_t o;
+    dh_bench_options_default(&o);
+    int emulate = 0;
+    const char *json = NULL;
+    unsigned long long v;
+    int opt;
+#define U64(name, lo, hi, dst)                                                                     \
+    do {                                                                                           \
+        if (dh_cli_parse_u64("bench", name, optarg, lo, hi, &v))                                   \
+            return 2;                                                                              \
+        dst = v;                                                                                   \
+    } while (0)
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_DATASET:
+            o.dataset = optarg;
+            break;
+        case O_PIPELINE:
+            o.pipeline = optarg;
+            break;
+        case O_EMULATE:
+            emulate = 1;
+            break;
+        case O_MIX:
+            o.mix = optarg;
+            break;
+        case O_ROWS:
+            U64("--rows", 1, 10000000, o.emulate_rows);
+            break;
+        case O_RANKS:
+            U64("--ranks", 1, 64, o.ranks);
+            break;
+        case O_BATCH:
+            U64("--batch", 1, 4096, o.batch);
+            break;
+        case O_STEPS:
+            U64("--steps", 1, 1000000, o.steps);
+            break;
+        case O_WARMUP:
+            U64("--warmup", 0, 1000000, o.warmup);
+            break;
+        case O_SEED:
+            U64("--seed", 0, ~0ull, o.seed);
+            break;
+        case O_SYSTEMS:
+            o.systems = optarg;
+            break;
+        case O_LOCAL:
+            U64("--local-servers", 1, 128, o.local_servers);
+            break;
+        case O_REMOTE:
+            U64("--remote-servers", 0, 128, o.remote_servers);
+            break;
+        case O_CORES:
+            U64("--cores-per-server", 1, 256, o.cores_per_server);
+            break;
+        case O_NATIVE:
+            U64("--native-cores", 1, 4096, o.native_cores);
+            break;
+        case O_PREFETCH:
+            U64("--prefetch", 1, 256, o.prefetch);
+            break;
+        case O_COMPUTE:
+            if (strcmp(optarg, "auto") == 0) {
+                o.compute_auto = 1;
+            } else {
+                char *end = NULL;
+                o.a = strtod(optarg, &end);
+                if (!end || *end != ',' || (o.b = strtod(end + 1, &end), *end) || o.a < 0 ||
+                    o.b < 0) {
+                    fprintf(stderr,
+                            "datahelix bench: --compute: expected 'auto' or 'A,B' (seconds per "
+                            "token, seconds per step), got '%s'\n",
+                            optarg);
+                    return 2;
+                }
+                o.compute_auto = 0;
+            }
+            break;
+        case O_CSCALE:
+            if (parse_double("--compute-scale", optarg, 1e-9, &o.compute_scale))
+                return 2;
+            break;
+        case O_THRESH:
+            if (parse_double("--deadline-threshold", optarg, 1e-9, &o.deadline_threshold_s))
+                return 2;
+            break;
+        case O_TSCALE:
+            if (parse_double("--time-scale", optarg, 1e-6, &o.time_scale))
+                return 2;
+            break;
+        case O_BSCALE:
+            if (parse_double("--bytes-scale", optarg, 0, &o.bytes_scale))
+                return 2;
+            break;
+        case O_COPY:
+            if (parse_double("--copy-gbps", optarg, 0, &o.copy_gbps))
+                return 2;
+            break;
+        case O_JSON:
+            json = optarg;
+            break;
+        case O_TRACE:
+            o.trace_path = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+#undef U64
+    if (dh_cli_no_extra_args("bench", argc, argv, optind))
+        return 2;
+    if (emulate != (o.mix != NULL)) {
+        fprintf(stderr, "datahelix bench: --emulate and --mix go together\n");
+        return 2;
+    }
+    if (!o.dataset == !emulate) {
+        fprintf(stderr, "datahelix bench: give --dataset DIR or --emulate --mix NAME\n");
+        return 2;
+    }
+    if (!getenv("DH_LOG_LEVEL"))
+        dh_log_set_level(DH_LOG_WARN);
+    o.progress = progress;
+    dh_bench_report_t r;
+    int rc = dh_bench_run(&o, &r);
+    if (rc) {
+        dh_bench_report_clear(&r);
+        return dh_cli_fail("bench", rc, "benchmark failed");
+    }
+    printf("%s, %u ranks x batch %u, %u steps (+%u warm-up); compute %.3g s/token + %.3g s "
+           "(mean step %.3f s); miss: input wait > %.3f s\n",
+           o.dataset ? o.dataset : o.mix, o.ranks, o.batch, o.steps, o.warmup, r.a, r.b,
+           r.mean_step_compute_s, r.deadline_threshold_s);
+    dh_bench_print_table(stdout, &r);
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f || dh_bench_write_json(f, &o, &r) || fclose(f) != 0) {
+            fprintf(stderr, "datahelix bench: cannot write --json %s\n", json);
+            dh_bench_report_clear(&r);
+            return 1;
+        }
+        printf("report: %s\n", json);
+    }
+    if (o.trace_path)
+        printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace_path);
+    dh_bench_report_clear(&r);
+    return 0;
+}
