@@ -103,6 +103,9 @@ typedef struct dh_dataserver_config {
                                 * ("tcp://127.0.0.1:*") */
     uint32_t heartbeat_ms;     /* heartbeat period (100) */
     void *zmq_ctx;             /* borrowed ZeroMQ context, or NULL for an own one */
+    uint64_t worker_cpus;      /* CPUs (bit i = CPU i) the workers are pinned to; 0 = any.
+                                * Rank-local loaders of `datahelix bench` use it to give
+                                * each rank only its share of the machine */
 } dh_dataserver_config_t;
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg);

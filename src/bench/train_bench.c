@@ -301,7 +301,8 @@ static void cluster_stop(cluster_t *c)
 }
 
 static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *pipeline_json,
-                      dh_ds_role_t role, const char *node, const char *name, uint32_t workers)
+                      dh_ds_role_t role, const char *node, const char *name, uint32_t workers,
+                      uint64_t cpus)
 {
     if (c->n_servers == MAX_SERVERS)
         return dh__set_error(DH_EINVAL, "bench: more than %d DataServers", MAX_SERVERS);
@@ -320,6 +321,7 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
     dc.arena_bytes = (uint64_t)(opt->dataset ? 512 : 64) << 20;
     dc.data_listen = data_ep;
     dc.zmq_ctx = c->ctx;
+    dc.worker_cpus = cpus;
     int rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
     if (rc)
         return rc;
@@ -353,10 +355,23 @@ static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec
                          : opt->native_cores ? opt->native_cores
                                              : opt->local_servers * opt->cores_per_server;
         uint32_t per = total / opt->ranks ? total / opt->ranks : 1;
+        /* Real decode: rank-local loaders get only their share of this machine's CPUs
+         * (rank r on CPU r x cpus / ranks), as on a node where each rank's loader is its
+         * own process group; otherwise the kernel would pool their idle time. */
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t ncpu = online > 0 ? (uint32_t)online : 1;
         for (uint32_t r = 0; r < opt->ranks; r++) {
             snprintf(node, sizeof node, "node-%u", r);
             snprintf(name, sizeof name, "local-%u", r);
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name, per)))
+            uint64_t cpus = 0;
+            if (opt->dataset && ncpu <= 64) {
+                uint32_t lo = r * ncpu / opt->ranks, hi = (r + 1) * ncpu / opt->ranks;
+                if (hi <= lo)
+                    hi = lo + 1;
+                for (uint32_t i = lo; i < hi; i++)
+                    cpus |= 1ull << i;
+            }
+            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name, per, cpus)))
                 return rc;
         }
     } else {
@@ -364,14 +379,14 @@ static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec
             snprintf(node, sizeof node, "node-%u", i);
             snprintf(name, sizeof name, "local-%u", i);
             if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name,
-                                 opt->cores_per_server)))
+                                 opt->cores_per_server, 0)))
                 return rc;
         }
         for (uint32_t i = 0; i < opt->remote_servers; i++) {
             snprintf(node, sizeof node, "spare-%u", i);
             snprintf(name, sizeof name, "remote-%u", i);
             if ((rc = add_server(c, opt, pipeline_json, DH_DS_REMOTE, node, name,
-                                 opt->cores_per_server)))
+                                 opt->cores_per_server, 0)))
                 return rc;
         }
     }

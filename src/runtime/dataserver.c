@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,6 +313,17 @@ static void *worker_main(void *arg)
 {
     dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
     dh_free(arg);
+    if (s->cfg.worker_cpus) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int i = 0; i < 64 && i < CPU_SETSIZE; i++)
+            if (s->cfg.worker_cpus >> i & 1)
+                CPU_SET(i, &set);
+        int e = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        if (e)
+            dh_log_warn("DataServer '%s': cannot pin a worker to CPUs 0x%llx: %s", s->name,
+                        (unsigned long long)s->cfg.worker_cpus, strerror(e));
+    }
     dh__rt_worker_t *w = NULL;
     int wrc = dh__rt_worker_new(&w, &s->pipeline);
     if (wrc)
