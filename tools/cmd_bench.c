@@ -1,9 +1,13 @@
 /* cmd_bench.c: `datahelix bench`, the emulated synchronous training loop
  * (bench/train_bench.h, docs/benchmarks.md). Thin: parse, run, print the table and JSON. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "datahelix/error.h"
 #include "datahelix/log.h"
@@ -75,6 +79,10 @@ static void usage(FILE *out)
             "                        \"balance\",...}}}\n"
             "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
             "                        barrier; per DataServer each batch from request to ready\n"
+            "  --plot DIR            PNG plots in DIR (python3 scripts/bench_plots.py, with\n"
+            "                        matplotlib): step_time_p95.png (per rank, per system) and\n"
+            "                        systems.png (throughput, input-wait p95, miss rate); the\n"
+            "                        report goes to DIR/bench.json unless --json is given\n"
             "  -h, --help            show this help\n"
             "\n"
             "The table goes to standard output, progress to standard error. Exit status: 0,\n"
@@ -100,12 +108,45 @@ static int parse_double(const char *opt, const char *text, double min, double *o
     return 0;
 }
 
+/* Runs scripts/bench_plots.py (DH_PLOT_SCRIPT overrides the path) on the report. */
+static int run_plots(const char *json, const char *dir)
+{
+    const char *script = getenv("DH_PLOT_SCRIPT");
+    char path[4096];
+    if (!script) {
+        snprintf(path, sizeof path, "%s/scripts/bench_plots.py", DH_SOURCE_DIR);
+        script = path;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "datahelix bench: --plot: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        execlp("python3", "python3", script, json, dir, (char *)NULL);
+        fprintf(stderr, "datahelix bench: --plot: cannot run python3: %s\n", strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr,
+                "datahelix bench: --plot: %s failed (exit %d); the report is in %s (is "
+                "matplotlib installed? make deps)\n",
+                script, WIFEXITED(status) ? WEXITSTATUS(status) : -1, json);
+        return -1;
+    }
+    return 0;
+}
+
 int dh_cmd_bench(int argc, char **argv)
 {
     enum {
         O_DATASET = 256, O_PIPELINE, O_EMULATE, O_MIX, O_ROWS, O_RANKS, O_BATCH, O_STEPS,
         O_WARMUP, O_SEED, O_SYSTEMS, O_LOCAL, O_REMOTE, O_CORES, O_NATIVE, O_PREFETCH,
-        O_COMPUTE, O_CSCALE, O_THRESH, O_TSCALE, O_BSCALE, O_COPY, O_JSON, O_TRACE
+        O_COMPUTE, O_CSCALE, O_THRESH, O_TSCALE, O_BSCALE, O_COPY, O_JSON, O_TRACE, O_PLOT
     };
     static const struct option options[] = {
         {"dataset", required_argument, NULL, O_DATASET},
@@ -132,12 +173,14 @@ int dh_cmd_bench(int argc, char **argv)
         {"copy-gbps", required_argument, NULL, O_COPY},
         {"json", required_argument, NULL, O_JSON},
         {"trace", required_argument, NULL, O_TRACE},
+        {"plot", required_argument, NULL, O_PLOT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     dh_bench_options_t o;
     dh_bench_options_default(&o);
     int emulate = 0;
-    const char *json = NULL;
+    const char *json = NULL, *plot = NULL;
+    char plot_json[4096];
     unsigned long long v;
     int opt;
 #define U64(name, lo, hi, dst)                                                                     \
@@ -239,6 +282,9 @@ int dh_cmd_bench(int argc, char **argv)
         case O_TRACE:
             o.trace_path = optarg;
             break;
+        case O_PLOT:
+            plot = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -257,6 +303,16 @@ int dh_cmd_bench(int argc, char **argv)
     if (!o.dataset == !emulate) {
         fprintf(stderr, "datahelix bench: give --dataset DIR or --emulate --mix NAME\n");
         return 2;
+    }
+    if (plot) {
+        if (mkdir(plot, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "datahelix bench: --plot: cannot make %s: %s\n", plot, strerror(errno));
+            return 1;
+        }
+        if (!json) {
+            snprintf(plot_json, sizeof plot_json, "%s/bench.json", plot);
+            json = plot_json;
+        }
     }
     if (!getenv("DH_LOG_LEVEL"))
         dh_log_set_level(DH_LOG_WARN);
@@ -284,5 +340,7 @@ int dh_cmd_bench(int argc, char **argv)
     if (o.trace_path)
         printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace_path);
     dh_bench_report_clear(&r);
+    if (plot && run_plots(json, plot))
+        return 1;
     return 0;
 }

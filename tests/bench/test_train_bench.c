@@ -135,7 +135,61 @@ static void bench_rejects_bad_options_by_name(void **state)
     dh_bench_report_clear(&r);
 }
 
+static void run_cli(const char *name, char *const argv[])
+{
+    cl_proc_t p;
+    cl_spawn(&p, name, argv);
+    cl_expect_exit(&p, 0, 240000);
+}
+
+static void assert_png(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        print_error("no plot %s\n", path);
+    assert_non_null(f);
+    unsigned char magic[8] = {0};
+    assert_int_equal(fread(magic, 1, 8, f), 8);
+    fclose(f);
+    assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
+}
+
+/* The command end to end in dataset mode (real decode of a few synthesised clips), with
+ * --plot: the report and both PNGs are written. */
+static void bench_cli_real_decode_with_plots(void **state)
+{
+    char dir[512], manifest[600], profiles[600], cache[600], plots[600], path[700];
+    snprintf(dir, sizeof dir, "%s", dh_test_path("video"));
+    snprintf(manifest, sizeof manifest, "%s/manifest.jsonl", dir);
+    snprintf(profiles, sizeof profiles, "%s/profiles.jsonl", dir);
+    snprintf(cache, sizeof cache, "%s/calibration.json", dir);
+    snprintf(plots, sizeof plots, "%s/plots", dir);
+    char *synth[] = {"datahelix", "synth", "--out",  dir, "--mix", "kinetics-s",
+                     "--count",   "8",     "--seed", "4", NULL};
+    run_cli("synth", synth);
+    setenv("DH_CALIBRATION_CACHE", cache, 1);
+    char *probe[] = {"datahelix", "probe", manifest, "-o", profiles, NULL};
+    run_cli("probe", probe);
+    char *bench[] = {"datahelix", "bench", "--dataset", dir, "--ranks", "2", "--batch", "2",
+                     "--steps", "2", "--warmup", "1", "--local-servers", "1",
+                     "--remote-servers", "0", "--cores-per-server", "2", "--systems",
+                     "native,pool,helix", "--plot", plots, NULL};
+    run_cli("bench", bench);
+    snprintf(path, sizeof path, "%s/bench.json", plots);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    assert_non_null(j);
+    assert_int_equal(json_object_size(json_object_get(j, "systems")), 3);
+    json_decref(j);
+    snprintf(path, sizeof path, "%s/step_time_p95.png", plots);
+    assert_png(path);
+    snprintf(path, sizeof path, "%s/systems.png", plots);
+    assert_png(path);
+    cl_assert_no_leftovers();
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(bench_cli_real_decode_with_plots),
     cmocka_unit_test(bench_runs_every_system_within_definitions),
     cmocka_unit_test(bench_rejects_bad_options_by_name),
 };
