@@ -16,77 +16,78 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix bench (--dataset DIR | --emulate --mix NAME|FILE.json) [options]\n"
-            "\n"
-            "Runs a synchronous data-parallel training loop against each system in turn, side\n"
-            "by side on the same samples: R ranks (threads, each with a real client of the\n"
-            "data plane) take a batch, 'compute' a x tokens + b seconds (a sleep: the\n"
-            "emulated accelerator), then meet at a barrier (the all-reduce). The coordinator\n"
-            "and the DataServers run as threads of this process.\n"
-            "\n"
-            "workload:\n"
-            "  --dataset DIR         real decode: DIR/profiles.jsonl from `probe` (video pipeline)\n"
-            "  --pipeline SPEC.json  with --dataset: the pipeline spec (default: video defaults)\n"
-            "  --emulate             the synthetic pipeline: each sample sleeps its CPU seconds\n"
-            "                        on a worker (one machine emulates many virtual cores)\n"
-            "  --mix NAME|FILE       with --emulate: kinetics-s|m|l, kinetics-mixed,\n"
-            "                        openvid-mixed, or a JSON list of {frames,height,width,...}\n"
-            "  --rows N              with --emulate: samples generated from the mix (4096)\n"
-            "  --ranks R --batch B   ranks (8) and samples per rank per step (4)\n"
-            "  --steps S --warmup W  measured steps (100) after W warm-up steps (20)\n"
-            "  --seed N              sample order and generation seed (1)\n"
-            "\n"
-            "systems (--systems LIST, default native,pool,helix; ablation ladder:\n"
-            "base,transport,prefetch-token,cost-ddl):\n"
-            "  native                rank-local loaders: a DataServer per rank, the native\n"
-            "                        budget split evenly, sample-count batching, prefetch 2 per\n"
-            "                        worker\n"
-            "  native-N              the same with N cores in all\n"
-            "  pool (= base)         shared pool of the helix servers, least-request routing,\n"
-            "                        sample-count batching, 2 in flight per worker share,\n"
-            "                        batches copied into the consumer (emulated: bytes /\n"
-            "                        --copy-gbps)\n"
-            "  transport             base with zero-copy shared-memory delivery\n"
-            "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
-            "                        vary, tokens even), deep prefetch, fanout 2\n"
-            "  helix (= cost-ddl)    prefetch-token + deadline placement\n"
-            "\n"
-            "cluster:\n"
-            "  --local-servers N     local DataServers, one per node (8); rank r is on node r%%N\n"
-            "  --remote-servers M    remote sidecars (16)\n"
-            "  --cores-per-server C  workers (virtual cores) per DataServer (4)\n"
-            "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
-            "  --prefetch P          prefetch depth of the deep systems (16)\n"
-            "\n"
-            "compute and metrics:\n"
-            "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
-            "                        balanced regime, where the mean rank's compute summed over\n"
-            "                        steps equals the CPU work / the helix cores (b = 10%%)\n"
-            "  --compute-scale X     multiplies a and b (1)\n"
-            "  --deadline-threshold S  a step misses when its input wait exceeds S seconds\n"
-            "                        (default: 10%% of the mean step compute)\n"
-            "  --time-scale X        emulated: every duration x X (1), to run shorter\n"
-            "  --bytes-scale X       emulated: payload bytes x X (0.001)\n"
-            "  --copy-gbps G         emulated: speed of pool/base's per-batch copy, GB/s (5)\n"
-            "\n"
-            "output:\n"
-            "  --json FILE           the report: {\"config\":{...},\"systems\":{NAME:{\n"
-            "                        \"throughput_sps\",\"input_wait_p50_s\",\"input_wait_p95_s\",\n"
-            "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
-            "                        \"barrier_wait_mean_s\",\"cross_ds_bytes\",\n"
-            "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
-            "                        \"balance\",...}}}\n"
-            "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
-            "                        barrier; per DataServer each batch from request to ready\n"
-            "  --plot DIR            PNG plots in DIR (python3 scripts/bench_plots.py, with\n"
-            "                        matplotlib): step_time_p95.png (per rank, per system) and\n"
-            "                        systems.png (throughput, input-wait p95, miss rate); the\n"
-            "                        report goes to DIR/bench.json unless --json is given\n"
-            "  -h, --help            show this help\n"
-            "\n"
-            "The table goes to standard output, progress to standard error. Exit status: 0,\n"
-            "1 failure, 2 usage error.\n");
+    fprintf(
+        out,
+        "usage: datahelix bench (--dataset DIR | --emulate --mix NAME|FILE.json) [options]\n"
+        "\n"
+        "Runs a synchronous data-parallel training loop against each system in turn, side\n"
+        "by side on the same samples: R ranks (threads, each with a real client of the\n"
+        "data plane) take a batch, 'compute' a x tokens + b seconds (a sleep: the\n"
+        "emulated accelerator), then meet at a barrier (the all-reduce). The coordinator\n"
+        "and the DataServers run as threads of this process.\n"
+        "\n"
+        "workload:\n"
+        "  --dataset DIR         real decode: DIR/profiles.jsonl from `probe` (video pipeline)\n"
+        "  --pipeline SPEC.json  with --dataset: the pipeline spec (default: video defaults)\n"
+        "  --emulate             the synthetic pipeline: each sample sleeps its CPU seconds\n"
+        "                        on a worker (one machine emulates many virtual cores)\n"
+        "  --mix NAME|FILE       with --emulate: kinetics-s|m|l, kinetics-mixed,\n"
+        "                        openvid-mixed, or a JSON list of {frames,height,width,...}\n"
+        "  --rows N              with --emulate: samples generated from the mix (4096)\n"
+        "  --ranks R --batch B   ranks (8) and samples per rank per step (4)\n"
+        "  --steps S --warmup W  measured steps (100) after W warm-up steps (20)\n"
+        "  --seed N              sample order and generation seed (1)\n"
+        "\n"
+        "systems (--systems LIST, default native,pool,helix; ablation ladder:\n"
+        "base,transport,prefetch-token,cost-ddl):\n"
+        "  native                rank-local loaders: a DataServer per rank, the native\n"
+        "                        budget split evenly, sample-count batching, prefetch 2 per\n"
+        "                        worker\n"
+        "  native-N              the same with N cores in all\n"
+        "  pool (= base)         shared pool of the helix servers, least-request routing,\n"
+        "                        sample-count batching, 2 in flight per worker share,\n"
+        "                        batches copied into the consumer (emulated: bytes /\n"
+        "                        --copy-gbps)\n"
+        "  transport             base with zero-copy shared-memory delivery\n"
+        "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
+        "                        vary, tokens even), deep prefetch, fanout 2\n"
+        "  helix (= cost-ddl)    prefetch-token + deadline placement\n"
+        "\n"
+        "cluster:\n"
+        "  --local-servers N     local DataServers, one per node (8); rank r is on node r%%N\n"
+        "  --remote-servers M    remote sidecars (16)\n"
+        "  --cores-per-server C  workers (virtual cores) per DataServer (4)\n"
+        "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
+        "  --prefetch P          prefetch depth of the deep systems (16)\n"
+        "\n"
+        "compute and metrics:\n"
+        "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
+        "                        balanced regime, where the mean rank's compute summed over\n"
+        "                        steps equals the CPU work / the helix cores (b = 10%%)\n"
+        "  --compute-scale X     multiplies a and b (1)\n"
+        "  --deadline-threshold S  a step misses when its input wait exceeds S seconds\n"
+        "                        (default: 10%% of the mean step compute)\n"
+        "  --time-scale X        emulated: every duration x X (1), to run shorter\n"
+        "  --bytes-scale X       emulated: payload bytes x X (0.001)\n"
+        "  --copy-gbps G         emulated: speed of pool/base's per-batch copy, GB/s (5)\n"
+        "\n"
+        "output:\n"
+        "  --json FILE           the report: {\"config\":{...},\"systems\":{NAME:{\n"
+        "                        \"throughput_sps\",\"input_wait_p50_s\",\"input_wait_p95_s\",\n"
+        "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
+        "                        \"barrier_wait_mean_s\",\"cross_ds_bytes\",\n"
+        "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
+        "                        \"balance\",...}}}\n"
+        "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
+        "                        barrier; per DataServer each batch from request to ready\n"
+        "  --plot DIR            PNG plots in DIR (python3 scripts/bench_plots.py, with\n"
+        "                        matplotlib): step_time_p95.png (per rank, per system) and\n"
+        "                        systems.png (throughput, input-wait p95, miss rate); the\n"
+        "                        report goes to DIR/bench.json unless --json is given\n"
+        "  -h, --help            show this help\n"
+        "\n"
+        "The table goes to standard output, progress to standard error. Exit status: 0,\n"
+        "1 failure, 2 usage error.\n");
 }
 
 static void progress(const char *line, void *ctx)
@@ -100,8 +101,7 @@ static int parse_double(const char *opt, const char *text, double min, double *o
     char *end = NULL;
     double v = strtod(text, &end);
     if (!end || *end || !(v >= min) || v > 1e9) {
-        fprintf(stderr, "datahelix bench: %s: expected a number >= %g, got '%s'\n", opt, min,
-                text);
+        fprintf(stderr, "datahelix bench: %s: expected a number >= %g, got '%s'\n", opt, min, text);
         return -1;
     }
     *out = v;
@@ -144,9 +144,31 @@ static int run_plots(const char *json, const char *dir)
 int dh_cmd_bench(int argc, char **argv)
 {
     enum {
-        O_DATASET = 256, O_PIPELINE, O_EMULATE, O_MIX, O_ROWS, O_RANKS, O_BATCH, O_STEPS,
-        O_WARMUP, O_SEED, O_SYSTEMS, O_LOCAL, O_REMOTE, O_CORES, O_NATIVE, O_PREFETCH,
-        O_COMPUTE, O_CSCALE, O_THRESH, O_TSCALE, O_BSCALE, O_COPY, O_JSON, O_TRACE, O_PLOT
+        O_DATASET = 256,
+        O_PIPELINE,
+        O_EMULATE,
+        O_MIX,
+        O_ROWS,
+        O_RANKS,
+        O_BATCH,
+        O_STEPS,
+        O_WARMUP,
+        O_SEED,
+        O_SYSTEMS,
+        O_LOCAL,
+        O_REMOTE,
+        O_CORES,
+        O_NATIVE,
+        O_PREFETCH,
+        O_COMPUTE,
+        O_CSCALE,
+        O_THRESH,
+        O_TSCALE,
+        O_BSCALE,
+        O_COPY,
+        O_JSON,
+        O_TRACE,
+        O_PLOT
     };
     static const struct option options[] = {
         {"dataset", required_argument, NULL, O_DATASET},

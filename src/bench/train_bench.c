@@ -54,8 +54,8 @@ typedef struct spec {
     dh_policy_t policy;
     int rank_local; /* one local DataServer per rank (native) */
     int token_plan;
-    int copy;      /* copy every batch out of the arena (object-store hop) */
-    int deep;      /* prefetch opt->prefetch and fanout 2 (else PyTorch-like prefetch) */
+    int copy;       /* copy every batch out of the arena (object-store hop) */
+    int deep;       /* prefetch opt->prefetch and fanout 2 (else PyTorch-like prefetch) */
     uint32_t cores; /* native-N: N; 0 = the default budget */
 } spec_t;
 
@@ -129,10 +129,10 @@ static double cpu_of(const row_ref_t *refs, size_t n, const char *id)
 typedef struct step_rec {
     double wait_s, compute_s, barrier_s, ready_s, cpu_s;
     uint32_t samples;
-    uint64_t start_ns;  /* next() called */
-    uint64_t ready_ns;  /* batch ready in the arena */
-    uint64_t req_ns;    /* requests sent */
-    int server;         /* index into run_t.server_names, or -1 */
+    uint64_t start_ns; /* next() called */
+    uint64_t ready_ns; /* batch ready in the arena */
+    uint64_t req_ns;   /* requests sent */
+    int server;        /* index into run_t.server_names, or -1 */
 } step_rec_t;
 
 typedef struct run run_t;
@@ -272,8 +272,8 @@ static void *rank_main(void *arg)
             uint32_t every = opt->steps >= 10 ? opt->steps / 5 : 1;
             if (s + 1 > opt->warmup && (s + 1 - opt->warmup) % every == 0) {
                 double el = dh_clock_elapsed_s(run->t_begin, t3);
-                double sps = el > 0 ? (double)(s + 1 - opt->warmup) * opt->ranks * opt->batch / el
-                                    : 0;
+                double sps =
+                    el > 0 ? (double)(s + 1 - opt->warmup) * opt->ranks * opt->batch / el : 0;
                 progress(opt, "%s: step %u/%u, %.1f samples/s", run->spec->name,
                          s + 1 - opt->warmup, opt->steps, sps);
             }
@@ -351,7 +351,7 @@ static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec
         return rc;
     char node[64], name[64];
     if (sp->rank_local) {
-        uint32_t total = sp->cores ? sp->cores
+        uint32_t total = sp->cores           ? sp->cores
                          : opt->native_cores ? opt->native_cores
                                              : opt->local_servers * opt->cores_per_server;
         uint32_t per = total / opt->ranks ? total / opt->ranks : 1;
@@ -423,8 +423,8 @@ static double pct(double *v, size_t n, double p)
 }
 
 /* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
-static void trace_system(FILE *f, int *first, size_t sys, const run_t *run,
-                         const rank_ctx_t *ranks, uint64_t t0)
+static void trace_system(FILE *f, int *first, size_t sys, const run_t *run, const rank_ctx_t *ranks,
+                         uint64_t t0)
 {
     const dh_bench_options_t *opt = run->opt;
     unsigned pid_r = (unsigned)(2 * sys + 1), pid_s = (unsigned)(2 * sys + 2);
@@ -474,8 +474,8 @@ static void trace_system(FILE *f, int *first, size_t sys, const run_t *run,
 }
 
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
-                      const char *pipeline_json, const row_ref_t *refs, size_t n_refs,
-                      double a, double b, double threshold, uint32_t real_cores,
+                      const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
+                      double b, double threshold, uint32_t real_cores,
                       dh_bench_system_result_t *res, FILE *trace, int *trace_first,
                       size_t sys_index, uint64_t trace_t0)
 {
@@ -818,12 +818,14 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
             "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"seed\":%llu,\"rows\":%zu,\"systems\":",
+            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"seed\":%llu,\"rows\":%zu,"
+            "\"systems\":",
             o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
             o->cores_per_server,
-            o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a,
-            r->b, o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, (unsigned long long)o->seed, r->rows);
+            o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
+            o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
+            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, (unsigned long long)o->seed,
+            r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {
@@ -865,10 +867,9 @@ void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
     const dh_bench_system_result_t *nat = find(r, "native"), *pool = find(r, "pool");
     if (!pool)
         pool = find(r, "base");
-    fprintf(f,
-            "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %8s %8s\n",
-            "system", "cores", "samples/s", "wait p50", "wait p95", "wait p99", "ready95",
-            "miss", "barrier", "sched us", "eff", "bal", "x-DS MB", "x native", "x pool");
+    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %8s %8s\n", "system",
+            "cores", "samples/s", "wait p50", "wait p95", "wait p99", "ready95", "miss", "barrier",
+            "sched us", "eff", "bal", "x-DS MB", "x native", "x pool");
     for (size_t i = 0; i < r->n_systems; i++) {
         const dh_bench_system_result_t *s = &r->systems[i];
         char vn[16] = "-", vp[16] = "-";

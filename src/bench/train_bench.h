@@ -39,16 +39,16 @@ typedef struct dh_bench_options {
     const char *mix;      /* emulated mode: built-in mix name or JSON file */
     size_t emulate_rows;  /* emulated mode: rows generated from the mix (4096) */
     uint32_t local_servers, remote_servers, cores_per_server;
-    uint32_t native_cores; /* total cores of `native`; 0 = local_servers x cores_per_server */
-    int compute_auto;      /* a from the balanced regime (see dh_bench_run) */
-    double a, b;           /* seconds per token, seconds per step (when !compute_auto) */
-    double compute_scale;  /* multiplies a and b (1) */
+    uint32_t native_cores;       /* total cores of `native`; 0 = local_servers x cores_per_server */
+    int compute_auto;            /* a from the balanced regime (see dh_bench_run) */
+    double a, b;                 /* seconds per token, seconds per step (when !compute_auto) */
+    double compute_scale;        /* multiplies a and b (1) */
     double deadline_threshold_s; /* a step misses when its input wait exceeds this; 0 =
                                   * 10% of the mean step compute */
-    double time_scale;   /* emulated: every duration (costs and compute) x this (1) */
-    double bytes_scale;  /* emulated: payload bytes x this (0.001) */
-    double copy_gbps;    /* emulated: GB/s of the copying systems' per-batch copy (5) */
-    uint32_t prefetch;   /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    double time_scale;           /* emulated: every duration (costs and compute) x this (1) */
+    double bytes_scale;          /* emulated: payload bytes x this (0.001) */
+    double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
+    uint32_t prefetch;           /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
     uint64_t seed;
     const char *systems; /* comma-separated list (see above) */
     const char *trace_path;

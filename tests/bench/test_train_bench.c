@@ -72,10 +72,10 @@ static void bench_runs_every_system_within_definitions(void **state)
     assert_non_null(j);
     json_t *systems = json_object_get(j, "systems");
     assert_int_equal(json_object_size(systems), 8);
-    static const char *keys[] = {"throughput_sps", "input_wait_p50_s", "input_wait_p95_s",
-                                 "input_wait_p99_s", "batch_ready_p95_s", "ddl_miss_rate",
-                                 "barrier_wait_mean_s", "cross_ds_bytes",
-                                 "sched_us_per_decision", "ideal_sps", "efficiency", "balance"};
+    static const char *keys[] = {
+        "throughput_sps",        "input_wait_p50_s", "input_wait_p95_s",    "input_wait_p99_s",
+        "batch_ready_p95_s",     "ddl_miss_rate",    "barrier_wait_mean_s", "cross_ds_bytes",
+        "sched_us_per_decision", "ideal_sps",        "efficiency",          "balance"};
     json_t *helix = json_object_get(systems, "helix");
     assert_non_null(helix);
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
@@ -170,10 +170,29 @@ static void bench_cli_real_decode_with_plots(void **state)
     setenv("DH_CALIBRATION_CACHE", cache, 1);
     char *probe[] = {"datahelix", "probe", manifest, "-o", profiles, NULL};
     run_cli("probe", probe);
-    char *bench[] = {"datahelix", "bench", "--dataset", dir, "--ranks", "2", "--batch", "2",
-                     "--steps", "2", "--warmup", "1", "--local-servers", "1",
-                     "--remote-servers", "0", "--cores-per-server", "2", "--systems",
-                     "native,pool,helix", "--plot", plots, NULL};
+    char *bench[] = {"datahelix",
+                     "bench",
+                     "--dataset",
+                     dir,
+                     "--ranks",
+                     "2",
+                     "--batch",
+                     "2",
+                     "--steps",
+                     "2",
+                     "--warmup",
+                     "1",
+                     "--local-servers",
+                     "1",
+                     "--remote-servers",
+                     "0",
+                     "--cores-per-server",
+                     "2",
+                     "--systems",
+                     "native,pool,helix",
+                     "--plot",
+                     plots,
+                     NULL};
     run_cli("bench", bench);
     snprintf(path, sizeof path, "%s/bench.json", plots);
     json_error_t err;
