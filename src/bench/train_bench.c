@@ -405,23 +405,6 @@ static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    double pos = p / 100.0 * (double)(n - 1);
-    size_t lo = (size_t)pos;
-    double frac = pos - (double)lo;
-    return lo + 1 < n ? v[lo] * (1 - frac) + v[lo + 1] * frac : v[lo];
-}
-
 /* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
 static void trace_system(FILE *f, int *first, size_t sys, const run_t *run, const rank_ctx_t *ranks,
                          uint64_t t0)
@@ -556,12 +539,11 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         }
 
     /* ---- metrics over the measured steps ---- */
-    size_t n = (size_t)opt->ranks * opt->steps, k = 0;
-    double *waits = dh_calloc(n, sizeof *waits), *readies = dh_calloc(n, sizeof *readies);
+    size_t n = (size_t)opt->ranks * opt->steps;
+    dh_stats_t *waits = NULL, *readies = NULL;
     res->rank_step_s = dh_calloc(n, sizeof *res->rank_step_s);
-    if (!waits || !readies || !res->rank_step_s) {
-        dh_free(waits);
-        dh_free(readies);
+    if (!res->rank_step_s || dh_stats_new(&waits) || dh_stats_new(&readies)) {
+        dh_stats_destroy(&waits);
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
         goto done;
     }
@@ -570,11 +552,10 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         double mx = 0, sum = 0;
         for (uint32_t r = 0; r < opt->ranks; r++) {
             const step_rec_t *st = &ranks[r].steps[s];
-            waits[k] = st->wait_s;
-            readies[k] = st->ready_s;
+            if (dh_stats_add(waits, st->wait_s) || dh_stats_add(readies, st->ready_s))
+                rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
             res->rank_step_s[(size_t)r * opt->steps + (s - opt->warmup)] =
                 st->wait_s + st->compute_s;
-            k++;
             samples += st->samples;
             misses += st->wait_s > threshold;
             barrier_sum += st->barrier_s;
@@ -588,10 +569,14 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     }
     res->wall_s = dh_clock_elapsed_s(run.t_begin, run.t_end);
     res->throughput_sps = res->wall_s > 0 ? samples / res->wall_s : 0;
-    res->input_wait_p50_s = pct(waits, n, 50);
-    res->input_wait_p95_s = pct(waits, n, 95);
-    res->input_wait_p99_s = pct(waits, n, 99);
-    res->batch_ready_p95_s = pct(readies, n, 95);
+    res->input_wait_p50_s = dh_stats_percentile(waits, 50);
+    res->input_wait_p95_s = dh_stats_percentile(waits, 95);
+    res->input_wait_p99_s = dh_stats_percentile(waits, 99);
+    res->batch_ready_p95_s = dh_stats_percentile(readies, 95);
+    dh_stats_destroy(&waits);
+    dh_stats_destroy(&readies);
+    if (rc)
+        goto done;
     res->ddl_miss_rate = n ? misses / (double)n : 0;
     res->barrier_wait_mean_s = n ? barrier_sum / (double)n : 0;
     /* CPU work in the run's seconds (emulated costs are slept x time_scale) */
@@ -603,8 +588,6 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     res->ideal_sps = bound > 0 ? samples / bound : 0;
     res->efficiency = res->ideal_sps > 0 ? res->throughput_sps / res->ideal_sps : 0;
     res->balance = max_sum > 0 ? mean_sum / max_sum : 0;
-    dh_free(waits);
-    dh_free(readies);
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;

@@ -118,14 +118,22 @@ static void embedded_epoch_in_order_exactly_once(void **state)
     cl_assert_no_leftovers();
 }
 
-/* The ids of one epoch: every row of the file exactly once, whatever the fanout. */
-static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefetch,
-                          uint64_t arena_bytes, const char *pipeline)
+/* The profile set of a file, and its row count. */
+static dh_profile_set_t *load_rows(const char *profiles, size_t *n)
 {
     dh_profile_set_t *set = NULL;
     assert_int_equal(dh_profile_set_new(&set), 0);
     assert_int_equal(dh_profile_set_load(set, profiles), 0);
-    size_t n = dh_profile_set_count(set);
+    *n = dh_profile_set_count(set);
+    return set;
+}
+
+/* The ids of one epoch: every row of the file exactly once, whatever the fanout. */
+static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefetch,
+                          uint64_t arena_bytes, const char *pipeline)
+{
+    size_t n = 0;
+    dh_profile_set_t *set = load_rows(profiles, &n);
     int *seen = calloc(n, sizeof *seen);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, pipeline);
@@ -215,10 +223,8 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
  * sample-count batching's and fixed-batch planning's. */
 static long long packed_epoch(const char *profiles, int token_plan, uint32_t fanout)
 {
-    dh_profile_set_t *set = NULL;
-    assert_int_equal(dh_profile_set_new(&set), 0);
-    assert_int_equal(dh_profile_set_load(set, profiles), 0);
-    size_t n = dh_profile_set_count(set);
+    size_t n = 0;
+    dh_profile_set_t *set = load_rows(profiles, &n);
     int *seen = calloc(n, sizeof *seen);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, SYNTH);
