@@ -48,6 +48,8 @@ typedef struct dh_client_config {
     uint64_t seed;            /* sample order seed */
     int shuffle;              /* 1 = shuffle each epoch (default), 0 = file order */
     uint32_t epochs;          /* epochs to deliver (1); with max_steps, whichever ends first */
+    uint32_t first_epoch;     /* the first of them (0): batch 0 is global step
+                               * first_epoch x steps-per-epoch (a loader's set_epoch) */
     uint64_t max_steps;       /* 0 = no limit besides epochs */
     dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
     int token_plan;           /* tier-1 planning of each step's window of ranks x batch rows:
@@ -95,7 +97,7 @@ typedef struct dh_client_sample {
 
 typedef struct dh_client_batch {
     uint64_t index; /* batch number of this client, from 0 */
-    uint64_t step;  /* global step (== index: one batch per step per rank) */
+    uint64_t step;  /* global step (index + first_epoch x steps per epoch) */
     uint32_t epoch;
     size_t n_tensors;
     dh_client_tensor_t *tensors;
@@ -127,6 +129,12 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg);
  * naming the sample and path: that batch is consumed and released, the next call goes on.
  * Measures the compute window since the previous return (the deadline model). */
 int dh_client_next(dh_client_t *c, dh_client_batch_t **out);
+
+/* Whether tensor `t` of a batch lies in a shared-memory arena (zero-copy): returns 1 and
+ * this process's mapping of that arena in *base and *size (the tensor's data is inside it), or
+ * 0 when the tensor came by copy (fanout > 1 joins parts into a buffer; a spilled tensor),
+ * or DH_EINVAL for t out of range. Thread-safe while the batch is held. */
+int dh_client_tensor_arena(const dh_client_batch_t *b, size_t t, const void **base, size_t *size);
 
 /* Releases a batch: its slabs go back to the arena. Safe on NULL; sets *b = NULL.
  * Thread-safe; may be called after dh_client_destroy. */

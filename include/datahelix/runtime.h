@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "datahelix/place.h"
+#include "datahelix/shm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +140,12 @@ typedef struct dh_dataserver_stats {
 } dh_dataserver_stats_t;
 
 void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);
+
+/* Local role: a snapshot of its arena's allocations (dh_shm_arena_stats through a private
+ * read-only view, so any thread may call it while the server runs): how many batches are
+ * still held by clients. Returns 0, DH_EINVAL (a sidecar has no arena), or what attaching
+ * returns (-errno, DH_ENOMEM). */
+int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out);
 
 #ifdef __cplusplus
 }

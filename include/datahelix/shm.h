@@ -150,6 +150,10 @@ size_t dh_shm_arena_reclaim_dead(dh_shm_arena_t *arena);
  * while other processes ref/unref). Thread-safe, any process. Cost: O(slabs). */
 void dh_shm_arena_stats(const dh_shm_arena_t *arena, dh_shm_arena_stats_t *stats);
 
+/* This process's mapping of the whole arena: *base and *size (header included). A pointer
+ * from _resolve lies in [base, base + size). Thread-safe. */
+void dh_shm_arena_mapping(const dh_shm_arena_t *arena, const void **base, size_t *size);
+
 /* Sends fd over a connected AF_UNIX socket (SCM_RIGHTS, with one data byte). The caller
  * keeps its fd. Returns 0 or -errno (-EPIPE if the peer is gone; no SIGPIPE). Retries on
  * EINTR. Thread-safe. */

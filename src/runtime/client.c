@@ -125,6 +125,7 @@ struct dh_client {
     dh_sampler_t *plan_sampler; /* dh_client_plan_rank_step */
     pthread_mutex_t plan_lock;
     size_t steps_per_epoch;
+    uint64_t step0; /* global step of batch 0: first_epoch x steps_per_epoch */
     uint64_t total;
 
     void *ctx;
@@ -326,7 +327,7 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
     double *load = dh_malloc(cap * sizeof *load);
     dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
     int n = rows && part_of && load && samples
-                ? plan_rank_step(c, c->sampler, b, c->cfg.rank, rows, cap)
+                ? plan_rank_step(c, c->sampler, c->step0 + b, c->cfg.rank, rows, cap)
                 : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
     int rc = n < 0 ? n : 0;
     if (rc)
@@ -917,6 +918,7 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         (rc = dh_sampler_new(&c->plan_sampler, n, per_step, cfg->seed, cfg->shuffle)))
         goto fail;
     c->steps_per_epoch = dh_sampler_steps_per_epoch(c->sampler);
+    c->step0 = (uint64_t)c->steps_per_epoch * cfg->first_epoch;
     c->total = cfg->epochs ? (uint64_t)c->steps_per_epoch * cfg->epochs : UINT64_MAX;
     if (cfg->max_steps && cfg->max_steps < c->total)
         c->total = cfg->max_steps;
@@ -1044,6 +1046,20 @@ static void batch_free(batch_impl_t *b)
     dh_free(b);
 }
 
+int dh_client_tensor_arena(const dh_client_batch_t *pub, size_t t, const void **base, size_t *size)
+{
+    const batch_impl_t *b = (const batch_impl_t *)pub;
+    *base = NULL;
+    *size = 0;
+    if (t >= pub->n_tensors)
+        return dh__set_error(DH_EINVAL, "batch %llu has %zu tensors, not %zu",
+                             (unsigned long long)pub->index, pub->n_tensors, t + 1);
+    if (b->n_parts != 1 || !b->parts[0].arena || !b->parts[0].handles[t].arena_id)
+        return 0;
+    dh_shm_arena_mapping(b->parts[0].arena->arena, base, size);
+    return 1;
+}
+
 void dh_client_batch_release(dh_client_batch_t **pb)
 {
     if (!pb || !*pb)
@@ -1130,8 +1146,8 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     bi->parts = taken;
     bi->n_parts = parts;
     bi->pub.index = b;
-    bi->pub.step = b;
-    bi->pub.epoch = (uint32_t)(c->steps_per_epoch ? b / c->steps_per_epoch : 0);
+    bi->pub.step = c->step0 + b;
+    bi->pub.epoch = (uint32_t)(c->steps_per_epoch ? (c->step0 + b) / c->steps_per_epoch : 0);
     bi->pub.wait_s = waited;
     bi->pub.requested_ns = requested_ns;
     for (uint32_t p = 0; p < parts; p++)

@@ -174,6 +174,22 @@ void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out)
     pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
 }
 
+int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s->arena)
+        return dh__set_error(DH_EINVAL, "DataServer %s: a sidecar has no arena", s->name);
+    /* The creator's own allocator state belongs to the server thread; an attached view
+     * reads only the shared records, atomically. */
+    dh_shm_arena_t *view = NULL;
+    int rc = dh_shm_arena_attach(&view, dh_shm_arena_fd(s->arena));
+    if (rc < 0)
+        return rc;
+    dh_shm_arena_stats(view, out);
+    dh_shm_arena_destroy(&view);
+    return 0;
+}
+
 static void push(queue_t *q, task_t *t)
 {
     t->next = NULL;

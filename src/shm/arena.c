@@ -620,6 +620,12 @@ int dh_shm_arena_unref(dh_shm_arena_t *arena, const dh_shm_handle_t *handle)
     return 0;
 }
 
+void dh_shm_arena_mapping(const dh_shm_arena_t *arena, const void **base, size_t *size)
+{
+    *base = arena->base;
+    *size = (size_t)arena->layout.size;
+}
+
 void dh_shm_arena_stats(const dh_shm_arena_t *arena, dh_shm_arena_stats_t *stats)
 {
     assert(stats);

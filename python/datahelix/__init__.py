@@ -1,0 +1,453 @@
+"""DataHelix in PyTorch training loops (docs/python.md).
+
+    import datahelix
+    loader = datahelix.DataLoader("data/video", batch_size=2)   # rank/world from torchrun
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            frames = batch["frames"]        # uint8 B x T x 3 x H x W, a view of shared memory
+            ...
+
+Each batch is a dict of ``torch.Tensor``: ``frames`` and ``mask`` are zero-copy views of the
+local DataServer's shared-memory slabs (through DLPack), released when the last tensor that
+views them is freed; ``tokens`` is per sample; ``sample_ids``, ``captions`` and ``errors``
+are lists.
+
+The C binding is ``datahelix._C``; every C error code has an exception class here, all
+subclasses of :class:`DataHelixError` (and of the matching builtin: ``NotFoundError`` is a
+``FileNotFoundError``, ``MediaError`` an ``OSError``...).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Union
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported)
+    DataHelixError,
+    EndOfInputError,
+    InfeasibleError,
+    InvalidArgumentError,
+    MediaError,
+    NoServerError,
+    NotFoundError,
+    OutOfMemoryError,
+    OutOfRangeError,
+    ParseError,
+    PermissionDeniedError,
+    SchemaError,
+    TimeoutError,
+    TooBigError,
+    UnknownNameError,
+)
+
+__all__ = [
+    "DataLoader",
+    "Cluster",
+    "start_cluster",
+    "resolve_source",
+    "DataHelixError",
+    "EndOfInputError",
+    "InfeasibleError",
+    "InvalidArgumentError",
+    "MediaError",
+    "NoServerError",
+    "NotFoundError",
+    "OutOfMemoryError",
+    "OutOfRangeError",
+    "ParseError",
+    "PermissionDeniedError",
+    "SchemaError",
+    "TimeoutError",
+    "TooBigError",
+    "UnknownNameError",
+]
+
+__version__ = "0.1.0"
+
+_TOKEN_PLANS = {"count": 0, "balanced": 1, "packing": 2}
+_DEFAULT_ARENA = 512 << 20
+# The coordinator a torchrun job finds without being told: MASTER_ADDR at MASTER_PORT + this.
+COORDINATOR_PORT_OFFSET = 17
+
+
+def resolve_source(source: Union[str, os.PathLike]) -> Dict[str, Optional[str]]:
+    """Finds the profile set and the manifest of a data set.
+
+    ``source`` is a synth/probe directory (``DIR/profiles.jsonl``, and ``DIR/manifest.jsonl``
+    for captions), a manifest (its ``profiles.jsonl`` next to it) or a profile file. Returns
+    ``{"profiles": path, "manifest": path or None}``; raises :class:`NotFoundError` naming
+    the missing file and how to make it.
+    """
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        profiles = os.path.join(path, "profiles.jsonl")
+        manifest = os.path.join(path, "manifest.jsonl")
+    elif os.path.basename(path) == "manifest.jsonl" or path.endswith(".manifest.jsonl"):
+        manifest = path
+        profiles = os.path.join(os.path.dirname(path) or ".", "profiles.jsonl")
+    else:
+        profiles = path
+        manifest = os.path.join(os.path.dirname(path) or ".", "manifest.jsonl")
+    if not os.path.exists(path):
+        raise NotFoundError(f"{path}: no such data set (a synth/probe directory, a manifest "
+                            f"or a profile file)")
+    if not os.path.isfile(profiles):
+        raise NotFoundError(
+            f"{profiles}: no profile set; make it with `datahelix probe "
+            f"{manifest} -o {profiles}`")
+    return {"profiles": profiles, "manifest": manifest if os.path.isfile(manifest) else None}
+
+
+def _load_captions(manifest: Optional[str]) -> Dict[str, str]:
+    captions: Dict[str, str] = {}
+    if not manifest:
+        return captions
+    with open(manifest, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ParseError(f"{manifest}:{lineno}: {e.msg}") from None
+            if isinstance(entry, dict) and "id" in entry:
+                captions[str(entry["id"])] = str(entry.get("caption", ""))
+    return captions
+
+
+def _pipeline_json(pipeline: Union[None, str, os.PathLike, Dict[str, Any]]) -> Optional[str]:
+    """A pipeline spec as JSON text: a dict, a path to a JSON file, or JSON text."""
+    if pipeline is None:
+        return None
+    if isinstance(pipeline, dict):
+        return json.dumps(pipeline)
+    text = os.fspath(pipeline)
+    if text.lstrip().startswith("{"):
+        return text
+    try:
+        with open(text, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise NotFoundError(f"pipeline spec {text}: {e.strerror}") from None
+
+
+class Cluster:
+    """A coordinator and/or a local DataServer running as threads of this process.
+
+    What ``start_cluster`` returns, and what a torchrun job's rank 0 (the coordinator) and
+    each node's local rank 0 (its node's DataServer) start for the others to share.
+    ``endpoint`` is the coordinator's; ``close()`` stops both (also at exit).
+    """
+
+    def __init__(self, coordinator: Optional["_C.Coordinator"], endpoint: str,
+                 server: Optional["_C.DataServer"]):
+        self.coordinator = coordinator
+        self.endpoint = endpoint
+        self.server = server
+
+    def arena_stats(self) -> Dict[str, int]:
+        """The local DataServer's arena: slabs and allocations still held by clients."""
+        if self.server is None:
+            raise InvalidArgumentError("this cluster has no local DataServer")
+        return self.server.arena_stats()
+
+    def stats(self) -> Dict[str, Dict[str, Any]]:
+        out: Dict[str, Dict[str, Any]] = {}
+        if self.coordinator is not None:
+            out["coordinator"] = self.coordinator.stats()
+        if self.server is not None:
+            out["server"] = self.server.stats()
+        return out
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.coordinator is not None:
+            self.coordinator.close()
+            self.coordinator = None
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_clusters: List[Cluster] = []
+_clusters_lock = threading.Lock()
+
+
+@atexit.register
+def _close_clusters() -> None:
+    with _clusters_lock:
+        for c in reversed(_clusters):
+            c.close()
+        _clusters.clear()
+
+
+def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Optional[int] = None,
+                  listen: str = "tcp://127.0.0.1:*", coordinator: Optional[str] = None,
+                  node: Optional[str] = None, pipeline: Any = None,
+                  arena_bytes: int = _DEFAULT_ARENA, policy: str = "deadline") -> Cluster:
+    """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
+    local DataServer for ``node`` (default: this host) with ``workers`` decode threads
+    (default: this machine's CPUs), as threads of this process. ``source`` is only checked
+    (the clients name the samples). Loaders connect with ``coordinator=cluster.endpoint``.
+    """
+    if source is not None:
+        resolve_source(source)
+    coord = None
+    if coordinator is None:
+        coord = _C.Coordinator(listen, policy=policy)
+        coordinator = coord.endpoint
+    try:
+        server = _C.DataServer(coordinator, node or socket.gethostname(),
+                               workers=workers or os.cpu_count() or 1,
+                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes)
+    except BaseException:
+        if coord is not None:
+            coord.close()
+        raise
+    cluster = Cluster(coord, coordinator, server)
+    with _clusters_lock:
+        _clusters.append(cluster)
+    return cluster
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"environment variable {name}={value!r} is not an integer") \
+            from None
+
+
+# Servers a torchrun job started in this process, by coordinator endpoint (kept for the
+# process's life: the other ranks of the node share them).
+_job_clusters: Dict[str, Cluster] = {}
+
+
+def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, arena_bytes: int,
+                          policy: str) -> str:
+    """The coordinator of a multi-rank job when none is given: DATAHELIX_COORDINATOR, or
+    tcp://MASTER_ADDR:(MASTER_PORT + 17). Rank 0 starts it; the first local rank of each
+    node starts the node's DataServer; the others connect (waiting for them)."""
+    endpoint = os.environ.get("DATAHELIX_COORDINATOR")
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _env_int("MASTER_PORT")
+    if not endpoint:
+        if port is None:
+            raise InvalidArgumentError(
+                "world_size > 1 and no coordinator: set coordinator=, DATAHELIX_COORDINATOR, "
+                "or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+        endpoint = f"tcp://{addr}:{port + COORDINATOR_PORT_OFFSET}"
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        local_rank = rank
+    if endpoint in _job_clusters:
+        return endpoint
+    coord = None
+    if rank == 0 and not os.environ.get("DATAHELIX_COORDINATOR"):
+        bind = endpoint.replace(f"tcp://{addr}:", "tcp://0.0.0.0:") \
+            if addr not in ("127.0.0.1", "localhost") else endpoint
+        coord = _C.Coordinator(bind, policy=policy)
+    server = None
+    if local_rank == 0:
+        server = _C.DataServer(endpoint, socket.gethostname(),
+                               workers=workers or os.cpu_count() or 1,
+                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes)
+    cluster = Cluster(coord, endpoint, server)
+    _job_clusters[endpoint] = cluster
+    with _clusters_lock:
+        _clusters.append(cluster)
+    return endpoint
+
+
+class DataLoader:
+    """A drop-in for ``torch.utils.data.DataLoader`` over a DataHelix data set.
+
+    Args:
+        source: a synth/probe directory, a manifest or a profile file (resolve_source).
+        pipeline: the decode spec (dict, JSON text or a path; docs/pipeline.md) of the
+            DataServer this loader starts (embedded mode, or the node's server under
+            torchrun); a server started elsewhere uses its own.
+        batch_size: samples per rank per step (with ``plan="packing"`` the mean).
+        shuffle, seed: the epoch order (the same on every rank, so ranks partition it).
+        drop_last: must be True: every step is one full global batch (synchronous ranks).
+        prefetch: batches requested ahead of ``next()``.
+        coordinator: an endpoint to join. None: one process (world_size 1) runs embedded
+            (a coordinator and a DataServer as threads of this process); under torchrun
+            the job's coordinator is found or started (see docs/python.md).
+        rank, world_size: default to torchrun's RANK and WORLD_SIZE (else 0 and 1).
+        on_error: "raise" (a failed sample raises its error class) or "skip" (the batch
+            comes with the sample's slot zeroed and its message in ``errors``).
+        policy: placement policy of a coordinator this loader starts ("deadline",
+            "least-request", "local", ...).
+        workers: decode threads of a DataServer this loader starts (default: CPUs).
+        plan: tier-1 planning: "balanced" (token-balanced, batch_size rows per rank; the
+            default), "packing" (token-balanced, rows per rank vary), "count" (rank r takes
+            rows [r*B, (r+1)*B) of the order, as rank-local loaders do).
+        timeout: seconds ``next()`` waits for a batch before raising TimeoutError (None:
+            forever).
+        arena_bytes: shared-memory arena of a DataServer this loader starts.
+        node: this rank's node name (default: the host name).
+        connect_timeout: seconds to wait for the coordinator and the local DataServer.
+        max_steps: stop each epoch after this many steps (0: the whole epoch).
+    """
+
+    def __init__(self, source: Union[str, os.PathLike], pipeline: Any = None,
+                 batch_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = True, prefetch: int = 4, coordinator: Optional[str] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 on_error: str = "raise", policy: str = "deadline", *,
+                 workers: Optional[int] = None, plan: str = "balanced",
+                 timeout: Optional[float] = None, arena_bytes: int = _DEFAULT_ARENA,
+                 node: Optional[str] = None, connect_timeout: float = 30.0,
+                 max_steps: int = 0) -> None:
+        if not drop_last:
+            raise InvalidArgumentError(
+                "drop_last=False is not supported: every step is one full global batch, so "
+                "an epoch's tail that does not fill one is left out")
+        if batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1, not {batch_size}")
+        if prefetch < 1:
+            raise InvalidArgumentError(f"prefetch must be >= 1, not {prefetch}")
+        if on_error not in ("raise", "skip"):
+            raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if plan not in _TOKEN_PLANS:
+            raise InvalidArgumentError(
+                f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
+        paths = resolve_source(source)
+        self.source = os.fspath(source)
+        self.profiles = paths["profiles"]
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.prefetch = prefetch
+        self.on_error = on_error
+        self.plan = plan
+        self.max_steps = max_steps
+        self.rank = rank if rank is not None else (_env_int("RANK") or 0)
+        self.world_size = world_size if world_size is not None else (_env_int("WORLD_SIZE") or 1)
+        if not 0 <= self.rank < self.world_size:
+            raise InvalidArgumentError(f"rank {self.rank} is not in [0, {self.world_size})")
+        self._pipeline = _pipeline_json(pipeline)
+        if coordinator is None and self.world_size > 1:
+            coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy)
+        self.coordinator = coordinator
+        self._client_kwargs = dict(
+            coordinator=coordinator, node=node, prefetch=prefetch, seed=seed,
+            shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], on_error=on_error,
+            next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
+            connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
+            workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy)
+        self._captions = _load_captions(paths["manifest"])
+        self._epoch = 0
+        self._client: Optional[_C.Client] = None
+        self._client_epoch = -1
+        self._len: Optional[int] = None
+        self._last_stats: Dict[str, Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _open(self, epoch: int) -> "_C.Client":
+        """The client of an epoch (one per epoch: its plan starts at that epoch's steps)."""
+        if self._client is not None and self._client_epoch == epoch:
+            return self._client
+        self._close_client()
+        self._client = _C.Client(self.profiles, self.rank, self.world_size, self.batch_size,
+                                 epochs=1, first_epoch=epoch, max_steps=self.max_steps,
+                                 **self._client_kwargs)
+        self._client_epoch = epoch
+        self._len = int(self._client.stats()["steps_total"])
+        return self._client
+
+    def _close_client(self) -> None:
+        if self._client is not None:
+            self._last_stats = self._client.stats()
+            self._client.close()
+            self._client = None
+            self._client_epoch = -1
+
+    def close(self) -> None:
+        """Stops this rank's client (and servers it embeds). Tensors already yielded stay
+        valid: their slabs are returned when they are freed."""
+        self._close_client()
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the torch DataLoader surface -----------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next iteration yields (its own seeded order), as
+        DistributedSampler.set_epoch does."""
+        if epoch < 0:
+            raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
+        self._epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank gets per epoch (the same on every rank)."""
+        if self._len is None:
+            self._open(self._epoch)
+        assert self._len is not None
+        return self._len
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        client = self._open(self._epoch)
+        # The client is consumed by this pass; a new pass opens a new one.
+        self._client_epoch = -1
+        try:
+            while True:
+                batch = client.next()
+                if batch is None:
+                    return
+                yield self._to_torch(batch)
+        finally:
+            if self._client is client:
+                self._close_client()
+
+    def stats(self) -> Dict[str, Any]:
+        """The client's counters (batches, samples, samples_failed, wait_s, notices,
+        copied_tensors, ...), of the current or the last pass."""
+        if self._client is not None:
+            return self._client.stats()
+        return dict(self._last_stats)
+
+    # -- conversion -----------------------------------------------------------------------
+
+    def _to_torch(self, batch: "_C.Batch") -> Dict[str, Any]:
+        import torch
+
+        out: Dict[str, Any] = {}
+        for name, tensor in batch.tensors().items():
+            t = torch.from_dlpack(tensor)
+            out["frames" if name == "pixels" else name] = t
+        samples = batch.samples()
+        ids = [s[0] for s in samples]
+        out["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
+        out["sample_ids"] = ids
+        out["captions"] = [self._captions.get(i, "") for i in ids]
+        out["errors"] = [s[3] for s in samples]
+        out["info"] = batch.info
+        return out
