@@ -14,14 +14,15 @@ GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
 DEMO_DIR   ?= out/demo
 
-.PHONY: all deps build test test-unit test-asan test-tsan demo format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan demo format format-check clean help
 
 all: build
 
 help:
 	@echo "make deps       install missing Debian/PyPI packages (idempotent)"
 	@echo "make / build    configure and build the library, the CLI and the tests"
-	@echo "make test       deps + build + unit tests + the same under ASan/UBSan + runtime under TSan"
+	@echo "make test       deps + build + unit tests + Python tests + the C tests under ASan/UBSan + runtime under TSan"
+	@echo "make test-python  the pytest suite of the datahelix package (tests/python)"
 	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
@@ -56,7 +57,13 @@ test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
-test: test-unit test-asan test-tsan
+# The Python package (build/python/datahelix) under pytest: the DataLoader against real
+# servers, the error classes, and examples/train_ddp.py under torchrun (tests/python).
+test-python: build
+	OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(CLI) DH_PYTHON_PATH=$(CURDIR)/$(BUILD)/python \
+	    python3 -m pytest -q -p no:cacheprovider tests/python
+
+test: test-unit test-python test-asan test-tsan
 
 demo: build
 	@bash scripts/demo.sh $(CLI) $(DEMO_DIR)

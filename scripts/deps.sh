@@ -10,12 +10,14 @@
 #   libavformat/avcodec/swscale/avutil-dev  FFmpeg: encode synthetic clips, probe, decode, resize
 #   ffmpeg                              the ffmpeg CLI, the baseline of `datahelix decode-bench`
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
+#   libdlpack-dev                       dlpack.h: the tensor exchange ABI of the Python binding
+#                                       (torch.from_dlpack of arena slabs, no copy)
 #   clang-format                        `make format` with the checked-in .clang-format
 set -euo pipefail
 
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
-              libzmq3-dev)
+              libzmq3-dev libdlpack-dev)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 PY_REQUIREMENTS="$(dirname "$0")/../requirements.txt"

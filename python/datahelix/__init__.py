@@ -251,6 +251,10 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
             raise InvalidArgumentError(
                 "world_size > 1 and no coordinator: set coordinator=, DATAHELIX_COORDINATOR, "
                 "or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+        try:  # ZeroMQ takes addresses, not host names
+            addr = socket.gethostbyname(addr)
+        except OSError as e:
+            raise InvalidArgumentError(f"MASTER_ADDR={addr!r}: cannot resolve: {e}") from None
         endpoint = f"tcp://{addr}:{port + COORDINATOR_PORT_OFFSET}"
     local_rank = _env_int("LOCAL_RANK")
     if local_rank is None:
@@ -259,8 +263,9 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         return endpoint
     coord = None
     if rank == 0 and not os.environ.get("DATAHELIX_COORDINATOR"):
-        bind = endpoint.replace(f"tcp://{addr}:", "tcp://0.0.0.0:") \
-            if addr not in ("127.0.0.1", "localhost") else endpoint
+        # a loopback master binds loopback; any other binds every interface
+        bind = endpoint if addr.startswith("127.") or not endpoint.startswith(f"tcp://{addr}:") \
+            else endpoint.replace(f"tcp://{addr}:", "tcp://0.0.0.0:")
         coord = _C.Coordinator(bind, policy=policy)
     server = None
     if local_rank == 0:
@@ -440,14 +445,19 @@ class DataLoader:
         import torch
 
         out: Dict[str, Any] = {}
+        info = batch.info
         for name, tensor in batch.tensors().items():
             t = torch.from_dlpack(tensor)
             out["frames" if name == "pixels" else name] = t
+            if name == "pixels":
+                # (base, bytes) of the shared-memory arena holding the frames; None when
+                # they came by copy (a spilled batch)
+                info["arena"] = tensor.arena()
         samples = batch.samples()
         ids = [s[0] for s in samples]
         out["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
         out["sample_ids"] = ids
         out["captions"] = [self._captions.get(i, "") for i in ids]
         out["errors"] = [s[3] for s in samples]
-        out["info"] = batch.info
+        out["info"] = info
         return out

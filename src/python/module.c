@@ -68,7 +68,7 @@ static void name_errors(void)
         {"NOSERVER", "NoServerError", NULL},
         {"INFEASIBLE", "InfeasibleError", NULL},
         {"TOOBIG", "TooBigError", NULL},
-        {"UNKNOWN", "UnknownNameError", &PyExc_KeyError},
+        {"UNKNOWN", "UnknownNameError", &PyExc_LookupError},
         {"EOF", "EndOfInputError", NULL},
     };
     for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
@@ -90,8 +90,8 @@ static PyObject *raise_dh(int rc, const char *what)
     for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
         if (g_errors[i].code == rc && g_errors[i].type)
             type = g_errors[i].type;
-    PyObject *msg = what ? PyUnicode_FromFormat("%s: %s", what, detail)
-                         : PyUnicode_FromString(detail);
+    PyObject *msg =
+        what ? PyUnicode_FromFormat("%s: %s", what, detail) : PyUnicode_FromString(detail);
     if (!msg)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(type, msg);
@@ -165,8 +165,7 @@ static int dtype_info(uint8_t dtype, const char **fmt, DLDataType *dl, const cha
 static _Atomic long g_live_batches; /* batches not yet released (tests: nothing leaks) */
 
 typedef struct {
-    PyObject_HEAD
-    dh_client_batch_t *batch;
+    PyObject_HEAD dh_client_batch_t *batch;
 } BatchObject;
 
 static void Batch_dealloc(BatchObject *self)
@@ -179,8 +178,8 @@ static void Batch_dealloc(BatchObject *self)
 }
 
 typedef struct {
-    PyObject_HEAD
-    BatchObject *owner; /* strong reference: the batch stays held while this tensor lives */
+    PyObject_HEAD BatchObject
+        *owner; /* strong reference: the batch stays held while this tensor lives */
     size_t index;
     Py_ssize_t shape[6], strides[6];
 } TensorObject;
@@ -223,8 +222,8 @@ static PyObject *Batch_samples(BatchObject *self, PyObject *unused)
         return NULL;
     for (size_t i = 0; i < b->n_samples; i++) {
         const dh_client_sample_t *s = &b->samples[i];
-        PyObject *item = Py_BuildValue("(sLiz)", s->id ? s->id : "", (long long)s->tokens,
-                                       s->error, s->error_message);
+        PyObject *item = Py_BuildValue("(sLiz)", s->id ? s->id : "", (long long)s->tokens, s->error,
+                                       s->error_message);
         if (!item) {
             Py_DECREF(list);
             return NULL;
@@ -238,8 +237,8 @@ static PyObject *Batch_get_info(BatchObject *self, void *unused)
 {
     const dh_client_batch_t *b = self->batch;
     return Py_BuildValue("{s:K,s:K,s:I,s:n,s:L,s:s,s:d,s:K,s:K}", "index",
-                         (unsigned long long)b->index, "step", (unsigned long long)b->step,
-                         "epoch", (unsigned)b->epoch, "failed", (Py_ssize_t)b->failed, "tokens",
+                         (unsigned long long)b->index, "step", (unsigned long long)b->step, "epoch",
+                         (unsigned)b->epoch, "failed", (Py_ssize_t)b->failed, "tokens",
                          (long long)b->tokens, "server", b->server ? b->server : "", "wait_s",
                          b->wait_s, "ready_ns", (unsigned long long)b->ready_ns, "requested_ns",
                          (unsigned long long)b->requested_ns);
@@ -288,8 +287,9 @@ static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
     const dh_client_tensor_t *t = tensor_of(self);
     const char *fmt = NULL;
     if (!dtype_info(t->dtype, &fmt, NULL, NULL) || !fmt) {
-        PyErr_Format(PyExc_BufferError, "tensor '%s': dtype %u has no buffer format (use "
-                                        "__dlpack__)",
+        PyErr_Format(PyExc_BufferError,
+                     "tensor '%s': dtype %u has no buffer format (use "
+                     "__dlpack__)",
                      t->name, (unsigned)t->dtype);
         return -1;
     }
@@ -473,8 +473,7 @@ static PyTypeObject TensorType = {
 /* ---- Client ------------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    dh_client_t *client;
+    PyObject_HEAD dh_client_t *client;
     pthread_mutex_t lock; /* serialises next/stats/plan/close (taken without the GIL) */
 } ClientObject;
 
@@ -495,11 +494,31 @@ static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 
 static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"profiles", "rank", "ranks", "batch", "coordinator", "node",
-                             "client_id", "fanout", "prefetch", "max_inflight", "seed",
-                             "shuffle", "epochs", "first_epoch", "max_steps", "token_plan", "on_error",
-                             "next_timeout_ms", "connect_timeout_ms", "pipeline_json",
-                             "pipeline_path", "workers", "arena_bytes", "policy", NULL};
+    static char *kwlist[] = {"profiles",
+                             "rank",
+                             "ranks",
+                             "batch",
+                             "coordinator",
+                             "node",
+                             "client_id",
+                             "fanout",
+                             "prefetch",
+                             "max_inflight",
+                             "seed",
+                             "shuffle",
+                             "epochs",
+                             "first_epoch",
+                             "max_steps",
+                             "token_plan",
+                             "on_error",
+                             "next_timeout_ms",
+                             "connect_timeout_ms",
+                             "pipeline_json",
+                             "pipeline_path",
+                             "workers",
+                             "arena_bytes",
+                             "policy",
+                             NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     const char *on_error = "raise";
@@ -510,10 +529,10 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     if (!PyArg_ParseTupleAndKeywords(
             args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKz", kwlist, &cfg.profiles, &rank, &ranks,
-            &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch,
-            &max_inflight, &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
-            &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json,
-            &cfg.pipeline_path, &workers, &arena, &cfg.policy))
+            &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
+            &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
+            &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
+            &workers, &arena, &cfg.policy))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -631,16 +650,15 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
     dh_client_stats_t s;
     dh_client_stats(self->client, &s);
     pthread_mutex_unlock(&self->lock);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K}", "batches",
-                         (unsigned long long)s.batches, "samples", (unsigned long long)s.samples,
-                         "samples_failed", (unsigned long long)s.samples_failed, "requests_sent",
-                         (unsigned long long)s.requests_sent, "deliveries",
-                         (unsigned long long)s.deliveries, "duplicates_dropped",
-                         (unsigned long long)s.duplicates_dropped, "bytes_delivered",
-                         (unsigned long long)s.bytes_delivered, "copied_tensors",
-                         (unsigned long long)s.copied_tensors, "notices",
-                         (unsigned long long)s.notices, "wait_s", s.wait_s, "s_per_token",
-                         s.s_per_token, "steps_total", (unsigned long long)s.steps_total);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K}", "batches",
+        (unsigned long long)s.batches, "samples", (unsigned long long)s.samples, "samples_failed",
+        (unsigned long long)s.samples_failed, "requests_sent", (unsigned long long)s.requests_sent,
+        "deliveries", (unsigned long long)s.deliveries, "duplicates_dropped",
+        (unsigned long long)s.duplicates_dropped, "bytes_delivered",
+        (unsigned long long)s.bytes_delivered, "copied_tensors",
+        (unsigned long long)s.copied_tensors, "notices", (unsigned long long)s.notices, "wait_s",
+        s.wait_s, "s_per_token", s.s_per_token, "steps_total", (unsigned long long)s.steps_total);
 }
 
 /* plan(step, rank) -> the profile rows rank `rank` gets at global step `step`. */
@@ -689,8 +707,7 @@ static PyObject *Client_get_coordinator(ClientObject *self, void *unused)
 }
 
 static PyMethodDef Client_methods[] = {
-    {"next", (PyCFunction)Client_next, METH_NOARGS,
-     "next() -> Batch, or None after the last one"},
+    {"next", (PyCFunction)Client_next, METH_NOARGS, "next() -> Batch, or None after the last one"},
     {"stats", (PyCFunction)Client_stats, METH_NOARGS, "stats() -> dict of counters"},
     {"plan", (PyCFunction)Client_plan, METH_VARARGS,
      "plan(step, rank) -> profile rows that rank gets at that step"},
@@ -721,8 +738,7 @@ static PyTypeObject ClientType = {
 /* ---- Coordinator and DataServer ----------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    dh_coordinator_t *coord;
+    PyObject_HEAD dh_coordinator_t *coord;
 } CoordinatorObject;
 
 static int Coordinator_init(CoordinatorObject *self, PyObject *args, PyObject *kwargs)
@@ -798,15 +814,13 @@ static PyObject *Coordinator_stats(CoordinatorObject *self, PyObject *unused)
     }
     dh_coordinator_stats_t s;
     dh_coordinator_stats(self->coord, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "requests",
-                         (unsigned long long)s.requests, "dispatches",
-                         (unsigned long long)s.dispatches, "redispatches",
-                         (unsigned long long)s.redispatches, "completes",
-                         (unsigned long long)s.completes, "delivered",
-                         (unsigned long long)s.delivered, "decisions",
-                         (unsigned long long)s.decisions, "servers_alive",
-                         (unsigned long long)s.servers_alive, "clients",
-                         (unsigned long long)s.clients, "sched_s", s.sched_s);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "requests", (unsigned long long)s.requests,
+        "dispatches", (unsigned long long)s.dispatches, "redispatches",
+        (unsigned long long)s.redispatches, "completes", (unsigned long long)s.completes,
+        "delivered", (unsigned long long)s.delivered, "decisions", (unsigned long long)s.decisions,
+        "servers_alive", (unsigned long long)s.servers_alive, "clients",
+        (unsigned long long)s.clients, "sched_s", s.sched_s);
 }
 
 static PyMethodDef Coordinator_methods[] = {
@@ -834,15 +848,13 @@ static PyTypeObject CoordinatorType = {
 };
 
 typedef struct {
-    PyObject_HEAD
-    dh_dataserver_t *ds;
+    PyObject_HEAD dh_dataserver_t *ds;
 } DataServerObject;
 
 static int DataServer_init(DataServerObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"coordinator", "node", "role", "workers", "name",
-                             "pipeline_json", "pipeline_path", "arena_bytes", "data_listen",
-                             NULL};
+    static char *kwlist[] = {"coordinator",   "node",          "role",        "workers",     "name",
+                             "pipeline_json", "pipeline_path", "arena_bytes", "data_listen", NULL};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     const char *role = "local";
@@ -940,14 +952,13 @@ static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused
     int rc = dh_dataserver_arena_stats(self->ds, &s);
     if (rc < 0)
         return raise_dh(rc, "arena_stats");
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes",
-                         (unsigned long long)s.size_bytes, "slab_size",
-                         (unsigned long long)s.slab_size, "slabs_total",
-                         (unsigned long long)s.slabs_total, "slabs_used",
-                         (unsigned long long)s.slabs_used, "slabs_reclaimable",
-                         (unsigned long long)s.slabs_reclaimable, "allocations_live",
-                         (unsigned long long)s.allocations_live, "allocations_reclaimable",
-                         (unsigned long long)s.allocations_reclaimable);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes", (unsigned long long)s.size_bytes,
+        "slab_size", (unsigned long long)s.slab_size, "slabs_total",
+        (unsigned long long)s.slabs_total, "slabs_used", (unsigned long long)s.slabs_used,
+        "slabs_reclaimable", (unsigned long long)s.slabs_reclaimable, "allocations_live",
+        (unsigned long long)s.allocations_live, "allocations_reclaimable",
+        (unsigned long long)s.allocations_reclaimable);
 }
 
 static PyObject *DataServer_get_name(DataServerObject *self, void *unused)
@@ -974,8 +985,7 @@ static PyMethodDef DataServer_methods[] = {
 
 static PyGetSetDef DataServer_getset[] = {
     {"name", (getter)DataServer_get_name, NULL, "server name", NULL},
-    {"endpoint", (getter)DataServer_get_endpoint, NULL, "data endpoint ('' for a sidecar)",
-     NULL},
+    {"endpoint", (getter)DataServer_get_endpoint, NULL, "data endpoint ('' for a sidecar)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1074,8 +1084,8 @@ PyMODINIT_FUNC PyInit__C(void)
             continue;
         char qual[128];
         snprintf(qual, sizeof qual, "datahelix.%s", e->py_name);
-        PyObject *bases = e->builtin ? PyTuple_Pack(2, g_base_error, *e->builtin)
-                                     : PyTuple_Pack(1, g_base_error);
+        PyObject *bases =
+            e->builtin ? PyTuple_Pack(2, g_base_error, *e->builtin) : PyTuple_Pack(1, g_base_error);
         if (!bases)
             goto fail;
         e->type = PyErr_NewExceptionWithDoc(qual, e->doc, bases, NULL);

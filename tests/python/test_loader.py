@@ -1,0 +1,165 @@
+"""datahelix.DataLoader and datahelix._C against real servers (threads of this process)."""
+import gc
+import time
+
+import pytest
+import torch
+
+
+def wait_for(cond, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_one_epoch_over_all_ranks_yields_every_sample_once(datahelix, dataset):
+    src, ids = dataset
+    with datahelix.start_cluster(src, workers=2, arena_bytes=128 << 20) as cluster:
+        loaders = [datahelix.DataLoader(src, batch_size=2, seed=5, prefetch=2,
+                                        coordinator=cluster.endpoint, rank=r, world_size=2)
+                   for r in range(2)]
+        assert [len(dl) for dl in loaders] == [3, 3]
+        seen = []
+        iters = [iter(dl) for dl in loaders]
+        for _ in range(3):
+            for it in iters:
+                b = next(it)
+                assert b["frames"].shape[0] == 2
+                seen += b["sample_ids"]
+        for it in iters:
+            with pytest.raises(StopIteration):
+                next(it)
+        for dl in loaders:
+            dl.close()
+    assert len(seen) == 12 and sorted(seen) == sorted(ids)
+
+
+def test_shapes_and_dtypes_follow_the_pipeline_spec(datahelix, dataset):
+    src, _ = dataset
+    import json, os
+    rows = {}
+    with open(os.path.join(src, "profiles.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            rows[r["id"]] = r
+    spec = {"dtype": "float32", "layout": "THWC"}
+    with datahelix.DataLoader(src, pipeline=spec, batch_size=2, workers=2, max_steps=2,
+                              arena_bytes=256 << 20) as dl:
+        n = 0
+        for b in dl:
+            f, m = b["frames"], b["mask"]
+            assert f.dtype == torch.float32 and f.dim() == 5 and f.shape[-1] == 3
+            assert m.dtype == torch.uint8 and m.shape == f.shape[:2]
+            assert b["tokens"].dtype == torch.int64
+            for i, sid in enumerate(b["sample_ids"]):
+                assert int(m[i].sum()) == rows[sid]["frames"]
+                r = rows[sid]  # the visual-token formula of docs/pipeline.md (defaults)
+                tokens = -(-r["frames"] // 2) * -(-r["height"] // 14) * -(-r["width"] // 14) // 4
+                assert int(b["tokens"][i]) == tokens
+            assert f.shape[2] == max(rows[s]["height"] for s in b["sample_ids"])
+            assert f.shape[3] == max(rows[s]["width"] for s in b["sample_ids"])
+            assert all(isinstance(c, str) and c for c in b["captions"])
+            n += 1
+        assert n == 2
+
+
+def test_tensors_are_views_of_the_arena_no_copy(datahelix, dataset):
+    src, _ = dataset
+    c = datahelix._C.Client(dataset[0] + "/profiles.jsonl", 0, 1, 2, workers=1,
+                            arena_bytes=64 << 20, max_steps=1)
+    b = c.next()
+    px = b.tensors()["pixels"]
+    t = torch.from_dlpack(px)
+    base, size = px.arena()
+    assert t.data_ptr() == px.data_ptr
+    assert base <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= base + size
+    mv = memoryview(px)
+    assert mv.shape == tuple(t.shape) and mv.format == "B"
+    t[0, 0, 0, 0, 0] = 7  # the view is the slab: writes show through every view
+    assert mv[0, 0, 0, 0, 0] == 7
+    del t, mv, px, b
+    c.close()
+    # and through the DataLoader
+    with datahelix.DataLoader(src, batch_size=2, workers=1, max_steps=1,
+                              arena_bytes=64 << 20) as dl:
+        for batch in dl:
+            base, size = batch["info"]["arena"]
+            f = batch["frames"]
+            assert base <= f.data_ptr() < base + size
+            assert dl.stats()["copied_tensors"] == 0
+
+
+def test_a_tensor_outlives_its_loader_and_its_slab_returns_when_freed(datahelix, dataset):
+    src, _ = dataset
+    with datahelix.start_cluster(src, workers=1, arena_bytes=64 << 20) as cluster:
+        dl = datahelix.DataLoader(src, batch_size=2, prefetch=1, coordinator=cluster.endpoint)
+        it = iter(dl)
+        b = next(it)
+        frames = b["frames"]
+        checksum = int(frames.sum())
+        del b
+        it.close()
+        dl.close()
+        del dl, it
+        gc.collect()
+        assert cluster.arena_stats()["allocations_live"] >= 1
+        assert int(frames.sum()) == checksum  # still mapped and intact
+        before = datahelix._C.live_batches()
+        del frames
+        gc.collect()
+        assert datahelix._C.live_batches() == before - 1
+        wait_for(lambda: cluster.arena_stats()["allocations_live"] == 0, what="slabs released")
+
+
+def test_on_error_raise_names_the_sample(datahelix, corrupt_dataset):
+    src, _, bad = corrupt_dataset
+    with datahelix.DataLoader(src, batch_size=2, workers=1, on_error="raise",
+                              arena_bytes=128 << 20) as dl:
+        with pytest.raises(datahelix.DataHelixError) as info:
+            for _ in dl:
+                pass
+    assert bad in str(info.value)
+    assert isinstance(info.value, datahelix.MediaError) and isinstance(info.value, OSError)
+    assert info.value.name == "DH_EIO"
+
+
+def test_on_error_skip_flags_the_sample_and_goes_on(datahelix, corrupt_dataset):
+    src, ids, bad = corrupt_dataset
+    seen, failed = [], []
+    with datahelix.DataLoader(src, batch_size=2, workers=1, on_error="skip",
+                              arena_bytes=128 << 20) as dl:
+        for b in dl:
+            for i, (sid, err) in enumerate(zip(b["sample_ids"], b["errors"])):
+                seen.append(sid)
+                if err is not None:
+                    failed.append(sid)
+                    assert bad in err
+                    assert int(b["tokens"][i]) == 0 and int(b["mask"][i].sum()) == 0
+        assert dl.stats()["samples_failed"] == 1
+    assert failed == [bad] and sorted(seen) == sorted(ids)
+
+
+def test_set_epoch_changes_the_order_not_the_set(datahelix, dataset):
+    src, ids = dataset
+    orders = []
+    with datahelix.DataLoader(src, batch_size=3, workers=2, seed=1,
+                              arena_bytes=128 << 20) as dl:
+        for epoch in (0, 1, 0):
+            dl.set_epoch(epoch)
+            orders.append([i for b in dl for i in b["sample_ids"]])
+    assert sorted(orders[0]) == sorted(orders[1]) == sorted(ids)
+    assert orders[0] != orders[1] and orders[0] == orders[2]
+
+
+def test_bad_arguments_are_named(datahelix, dataset, tmp_path):
+    with pytest.raises(datahelix.NotFoundError, match="profiles.jsonl"):
+        datahelix.DataLoader(tmp_path)
+    with pytest.raises(datahelix.InvalidArgumentError, match="on_error"):
+        datahelix.DataLoader(dataset[0], on_error="ignore")
+    with pytest.raises(datahelix.InvalidArgumentError, match="drop_last"):
+        datahelix.DataLoader(dataset[0], drop_last=False)
+    with pytest.raises(ValueError, match="rank 2"):
+        datahelix.DataLoader(dataset[0], rank=2, world_size=2, coordinator="tcp://127.0.0.1:1")
