@@ -14,7 +14,7 @@ GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
 DEMO_DIR   ?= out/demo
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan demo format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers format format-check clean help
 
 all: build
 
@@ -24,6 +24,7 @@ help:
 	@echo "make test       deps + build + unit tests + Python tests + the C tests under ASan/UBSan + runtime under TSan"
 	@echo "make test-python  the pytest suite of the datahelix package (tests/python)"
 	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
+	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
@@ -67,6 +68,12 @@ test: test-unit test-python test-asan test-tsan
 
 demo: build
 	@bash scripts/demo.sh $(CLI) $(DEMO_DIR)
+
+# The same emulated training loop fed by torch's DataLoader (PyAV), a Ray actor pool and
+# datahelix.DataLoader, 3 runs, medians (bench/peers/README.md, docs/benchmarks.md).
+PEERS_ARGS ?= --runs 3
+bench-peers: build
+	python3 bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -308,7 +308,9 @@ class DataLoader:
         arena_bytes: shared-memory arena of a DataServer this loader starts.
         node: this rank's node name (default: the host name).
         connect_timeout: seconds to wait for the coordinator and the local DataServer.
-        max_steps: stop each epoch after this many steps (0: the whole epoch).
+        max_steps: stop each pass after this many steps (0: no limit).
+        epochs: epochs one pass yields back to back, from the set_epoch one (1; 0: no end,
+            with max_steps the only limit): prefetch runs on across epoch boundaries.
     """
 
     def __init__(self, source: Union[str, os.PathLike], pipeline: Any = None,
@@ -319,7 +321,7 @@ class DataLoader:
                  workers: Optional[int] = None, plan: str = "balanced",
                  timeout: Optional[float] = None, arena_bytes: int = _DEFAULT_ARENA,
                  node: Optional[str] = None, connect_timeout: float = 30.0,
-                 max_steps: int = 0) -> None:
+                 max_steps: int = 0, epochs: int = 1) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -343,6 +345,11 @@ class DataLoader:
         self.on_error = on_error
         self.plan = plan
         self.max_steps = max_steps
+        if epochs < 0:
+            raise InvalidArgumentError(f"epochs must be >= 0, not {epochs}")
+        if epochs == 0 and not max_steps:
+            raise InvalidArgumentError("epochs=0 (no end) needs max_steps")
+        self.epochs = epochs
         self.rank = rank if rank is not None else (_env_int("RANK") or 0)
         self.world_size = world_size if world_size is not None else (_env_int("WORLD_SIZE") or 1)
         if not 0 <= self.rank < self.world_size:
@@ -372,7 +379,8 @@ class DataLoader:
             return self._client
         self._close_client()
         self._client = _C.Client(self.profiles, self.rank, self.world_size, self.batch_size,
-                                 epochs=1, first_epoch=epoch, max_steps=self.max_steps,
+                                 epochs=self.epochs, first_epoch=epoch,
+                                 max_steps=self.max_steps,
                                  **self._client_kwargs)
         self._client_epoch = epoch
         self._len = int(self._client.stats()["steps_total"])
@@ -412,7 +420,8 @@ class DataLoader:
         self._epoch = int(epoch)
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch (the same on every rank)."""
+        """Batches this rank gets per pass (per epoch with epochs=1; the same on every
+        rank)."""
         if self._len is None:
             self._open(self._epoch)
         assert self._len is not None

@@ -941,10 +941,22 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     } else if ((rc = start_embedded(c, cfg))) {
         goto fail;
     }
-    if ((rc = register_with_coordinator(c)))
-        goto fail;
-    if ((rc = connect_local(c, &c->ds)))
-        goto fail;
+    /* The server the coordinator names may have just died (it is listed until it misses
+     * its heartbeats): a refused arena socket means ask again, within connect_timeout. */
+    for (uint64_t t0 = dh_clock_now_ns();;) {
+        if ((rc = register_with_coordinator(c)))
+            goto fail;
+        rc = connect_local(c, &c->ds);
+        if (rc == 0)
+            break;
+        if ((rc != -ECONNREFUSED && rc != -ENOENT) ||
+            (cfg->connect_timeout_ms >= 0 &&
+             dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000 > cfg->connect_timeout_ms))
+            goto fail;
+        dh_log_warn("client '%s': %s; asking the coordinator again", c->id, dh_last_error());
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
     dh_log_info("client '%s': rank %u/%u, node '%s', %llu batches of %u (fanout %u, prefetch "
                 "%u), local DataServer '%s'",
                 c->id, cfg->rank, cfg->ranks, c->node, (unsigned long long)c->total, cfg->batch,

@@ -1,0 +1,175 @@
+"""ray: a shared pool of Ray actors decoding with PyAV, feeding every rank.
+
+The launcher starts one local Ray instance, ray.init(num_cpus=workers,
+include_dashboard=False), and `workers` decode actors (num_cpus=1 each, named, so the whole
+CPU budget is theirs). Each rank is a Ray driver of that instance (ray.init(address=...)):
+it looks the actors up by name and drives them through its own ray.util.ActorPool, keeping
+`--ray-inflight` batches in flight (default 2 x max(1, workers // ranks), PyTorch's prefetch
+rule applied to its share of the pool, as the C harness's `pool`). The pool is shared by
+all ranks: the actors serve the ranks' requests in the order they arrive.
+
+This is how a training job uses Ray as its input pipeline without Ray Train: the trainer
+processes are launched by the job (here, by this harness; in practice by torchrun), join
+the cluster as drivers and pull batches from long-lived decode actors, each batch handed
+through the object store. Ray Data's streaming_split does the same with more machinery
+(and its own scheduler, which on 2 cores costs CPU the decoders need).
+
+Each actor decodes a whole batch (decode.decode_batch: the same PyAV decode and collate as
+the torch peer) and returns numpy arrays; the actor's result is written into the object
+store and read zero-copy (read-only) by the rank, which then copies the frames into its own
+memory as a torch tensor, inside the step's compute time, as the C harness's `pool` does
+(the object-store hop). Sample order: DistributedSampler's (the same shards as the torch
+peer), epoch after epoch.
+
+batch_ready: the rank stamps the submit, the actor stamps the end of its collate.
+"""
+import os
+import time
+
+NAME = "ray"
+NAMESPACE = "datahelix-peers"
+
+
+def unavailable():
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        return f"cannot import ray: {e} (pip install -r requirements.txt)"
+    return None
+
+
+def cores(cfg):
+    return cfg["workers"]
+
+
+def inflight(cfg):
+    return cfg["ray_inflight"] or 2 * max(1, cfg["workers"] // cfg["ranks"])
+
+
+class Decoder:
+    """The decode actor (created with ray.remote(num_cpus=1)(Decoder))."""
+
+    def __init__(self):
+        import decode  # noqa: F401 - fails here, not at the first batch
+
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def ready(self):
+        return os.getpid()
+
+    def decode(self, items):
+        import decode
+
+        batch = decode.decode_batch(items)
+        batch["ready_t"] = time.time()
+        return batch
+
+
+def _env():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("PYTHONPATH", "")
+    if here not in path.split(os.pathsep):
+        # the raylet, and so every Ray worker, inherits this: the actors import decode
+        os.environ["PYTHONPATH"] = here + (os.pathsep + path if path else "")
+
+
+def setup(cfg):
+    import ray
+
+    _env()
+    info = ray.init(num_cpus=cfg["workers"], include_dashboard=False, namespace=NAMESPACE,
+                    log_to_driver=cfg["verbose"], configure_logging=True,
+                    logging_level="WARNING")
+    actor_cls = ray.remote(num_cpus=1)(Decoder)
+    names = [f"decoder-{i}" for i in range(cfg["workers"])]
+    actors = [actor_cls.options(name=n).remote() for n in names]
+    ray.get([a.ready.remote() for a in actors], timeout=cfg["timeout_s"])
+    # the launcher holds the handles (the actors live while it does); the ranks get names
+    _ACTORS[:] = actors
+    return {"address": info.address_info["address"], "names": names}
+
+
+_ACTORS = []
+
+
+def teardown(context):
+    import ray
+
+    for a in _ACTORS:
+        ray.kill(a)
+    _ACTORS.clear()
+    ray.shutdown()
+
+
+def _batches(cfg, rank):
+    """The sample indices of this rank's batches: DistributedSampler's shards, epoch after
+    epoch, cut into batches of --batch."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(len(cfg["samples"])), num_replicas=cfg["ranks"],
+                                 rank=rank, shuffle=True, seed=cfg["seed"])
+    epoch, current = 0, []
+    while True:
+        sampler.set_epoch(epoch)
+        for i in sampler:
+            current.append(i)
+            if len(current) == cfg["batch"]:
+                yield current
+                current = []
+        epoch += 1
+
+
+class _Loader:
+    def __init__(self, cfg, context, rank):
+        import ray
+        from ray.util import ActorPool
+
+        _env()
+        ray.init(address=context["address"], namespace=NAMESPACE, log_to_driver=False,
+                 configure_logging=True, logging_level="WARNING")
+        self.pool = ActorPool([ray.get_actor(n) for n in context["names"]])
+        self.samples = cfg["samples"]
+        self.order = _batches(cfg, rank)
+        self.submitted = []  # submit times, in order (ActorPool.get_next is ordered)
+        for _ in range(inflight(cfg)):
+            self._submit()
+
+    def _submit(self):
+        items = [self.samples[i] for i in next(self.order)]
+        self.submitted.append(time.time())
+        self.pool.submit(lambda actor, batch: actor.decode.remote(batch), items)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.pool.get_next()
+        batch["requested_t"] = self.submitted.pop(0)
+        self._submit()
+        return batch
+
+
+def open_loader(cfg, context, rank):
+    return _Loader(cfg, context, rank)
+
+
+def batch_info(cfg, batch):
+    ids = batch["sample_ids"]
+    return len(ids), int(batch["tokens"].sum()), ids, batch["ready_t"] - batch["requested_t"]
+
+
+def consume(batch):
+    import torch
+
+    # the object-store hop: the arrays are read-only views of the store; the trainer's own
+    # tensors are copies
+    batch["frames"] = torch.from_numpy(batch["frames"].copy())
+    batch["mask"] = torch.from_numpy(batch["mask"].copy())
+
+
+def close_loader(loader):
+    import ray
+
+    ray.shutdown()

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""bench/peers: the emulated training loop of `datahelix bench --dataset DIR`, fed by
+third-party loaders and by datahelix.DataLoader, side by side (issue 6, point 3).
+
+R ranks (processes in one torch.distributed gloo group on 127.0.0.1) take a batch, sleep
+a x tokens + b seconds (the emulated accelerator), then all-reduce a small tensor (the
+barrier). The same dataset, the same frames and size (each sample's profile plan), the
+same total CPU budget (--workers decode workers, on min(workers, CPUs) cores), for each
+system:
+
+  torch      rank-local torch.utils.data.DataLoader: DistributedSampler(shuffle, seed),
+             max(1, workers // ranks) workers per rank, prefetch_factor 2, a Dataset that
+             decodes with PyAV; workers pinned to the rank's CPU share (--no-pin: not)
+  ray        one Ray instance (num_cpus = workers), `workers` PyAV decode actors shared by
+             every rank, each rank a Ray driver with its own ray.util.ActorPool over them
+             (--ray-inflight batches in flight); batches copied out of the object store
+  datahelix  datahelix.DataLoader against datahelix.start_cluster(DIR, workers=W), epoch
+             after epoch (set_epoch); imported from the environment, else build/python
+             (skipped, with the reason, when neither imports)
+
+Compute (`--compute auto` of datahelix bench, the balanced regime): with cores =
+min(workers, CPUs), step = ranks x batch x mean cpu_s_est / cores, b = 0.1 x step,
+a = 0.9 x step / (batch x mean tokens_est), both x --compute-scale. A step misses when
+its input wait exceeds --deadline-threshold (default 10% of the mean step's compute).
+
+Prints progress on stderr, then a table on stdout (samples/s, input-wait percentiles,
+batch request -> ready p95, miss rate, barrier wait, efficiency, balance, ratios against
+torch and ray) and the datahelix/torch and datahelix/ray ratios; --json FILE writes
+{"config":{...},"systems":{"torch":{...},"ray":{...},"datahelix":{...}}} with the metric
+names of `datahelix bench --json` (see bench/peers/README.md).
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+from common import BenchError  # noqa: E402
+
+SYSTEMS = {"torch": "torch_peer", "ray": "ray_peer", "datahelix": "datahelix_peer"}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="run_peers.py", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python3 bench/peers/run_peers.py --runs 3 --json out/peers/peers.json")
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset", metavar="DIR",
+                   help="DIR/profiles.jsonl from `datahelix probe` (and DIR/manifest.jsonl); "
+                        "default: synthesise and probe --count clips of --mix")
+    w.add_argument("--mix", metavar="NAME|FILE.json",
+                   help="without --dataset: the mix `datahelix synth` draws from "
+                        "(default kinetics-mixed)")
+    w.add_argument("--count", type=int, default=48,
+                   help="without --dataset: clips to synthesise (48)")
+    w.add_argument("--out-dir", metavar="DIR", default=os.path.join(ROOT, "out", "peers"),
+                   help="without --dataset: where the data set is made, as "
+                        "DIR/MIX-nCOUNT-sSEED, and reused when there (out/peers)")
+    w.add_argument("--cli", metavar="PATH", default=os.path.join(ROOT, "build", "datahelix"),
+                   help="the datahelix binary for synth and probe (build/datahelix)")
+    w.add_argument("--ranks", type=int, default=4, help="ranks (4)")
+    w.add_argument("--batch", type=int, default=2, help="samples per rank per step (2)")
+    w.add_argument("--steps", type=int, default=12, help="measured steps (12)")
+    w.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (3)")
+    w.add_argument("--seed", type=int, default=1, help="sampler seed, and synth seed (1)")
+    s = p.add_argument_group("systems")
+    s.add_argument("--systems", default="torch,ray,datahelix",
+                   help="comma-separated, in run order (torch,ray,datahelix)")
+    s.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="decode workers in all, every system (default: the CPUs, "
+                        f"{os.cpu_count()} here)")
+    s.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="torch: do not pin each rank's workers to its share of the CPUs")
+    s.add_argument("--ray-inflight", type=int, default=0, metavar="N",
+                   help="ray: batches in flight per rank (default 2 x max(1, workers // "
+                        "ranks))")
+    s.add_argument("--prefetch", type=int, default=0, metavar="P",
+                   help="datahelix: DataLoader(prefetch=P) (default: the loader's own)")
+    s.add_argument("--plan", choices=("balanced", "packing", "count"),
+                   help="datahelix: DataLoader(plan=...) (default: the loader's own)")
+    c = p.add_argument_group("compute and metrics")
+    c.add_argument("--compute-scale", type=float, default=1.0, metavar="X",
+                   help="multiplies a and b (1; below 1 is loading-bound, above compute-bound)")
+    c.add_argument("--deadline-threshold", type=float, default=0.0, metavar="S",
+                   help="a step misses when its input wait exceeds S seconds (default: 10%% "
+                        "of the mean step's compute)")
+    o = p.add_argument_group("runs and output")
+    o.add_argument("--runs", type=int, default=1,
+                   help="repeat every system N times (interleaved) and report medians (1)")
+    o.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    o.add_argument("--timeout", type=float, default=600, metavar="S",
+                   help="give up on a system run after S seconds (600)")
+    o.add_argument("-v", "--verbose", action="store_true",
+                   help="show Ray's worker logs, the datahelix runtime's INFO lines and a "
+                        "failing rank's traceback")
+    args = p.parse_args(argv)
+    for name in ("ranks", "batch", "steps", "workers", "runs", "count"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.warmup < 0 or args.ray_inflight < 0 or args.prefetch < 0:
+        p.error("--warmup, --ray-inflight and --prefetch must be >= 0")
+    if not args.compute_scale > 0 or not args.timeout > 0 or args.deadline_threshold < 0:
+        p.error("--compute-scale and --timeout must be > 0, --deadline-threshold >= 0")
+    if args.dataset and args.mix:
+        p.error("give one of --dataset DIR and --mix NAME (the mix makes a data set)")
+    systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    unknown = [x for x in systems if x not in SYSTEMS]
+    if unknown or not systems or len(set(systems)) != len(systems):
+        p.error(f"--systems: {', '.join(unknown) or args.systems!r}: give distinct names "
+                f"among {', '.join(SYSTEMS)}")
+    args.system_list = systems
+    return args
+
+
+def make_dataset(args):
+    """The data set of --mix: synthesised and probed with the datahelix CLI, once."""
+    mix = args.mix or "kinetics-mixed"
+    base = os.path.splitext(os.path.basename(mix))[0]
+    directory = os.path.join(args.out_dir, f"{base}-n{args.count}-s{args.seed}")
+    manifest = os.path.join(directory, "manifest.jsonl")
+    profiles = os.path.join(directory, "profiles.jsonl")
+    if os.path.exists(profiles) and os.path.exists(manifest):
+        return directory
+    if not os.access(args.cli, os.X_OK):
+        raise BenchError(f"--cli {args.cli}: not an executable (build it with `make build`, "
+                         f"or give --dataset DIR)")
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)  # synth makes only the last level
+    except OSError as e:
+        raise BenchError(f"--out-dir {args.out_dir}: cannot create it: {e.strerror}") from None
+    steps = []
+    if not os.path.exists(manifest):
+        steps.append([args.cli, "synth", "--out", directory, "--mix", mix, "--count",
+                      str(args.count), "--seed", str(args.seed)])
+    steps.append([args.cli, "probe", manifest, "-o", profiles])
+    for cmd in steps:
+        print("peers: " + " ".join(cmd), file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, stdout=sys.stderr)
+        if r.returncode != 0:
+            raise BenchError(f"`{' '.join(cmd)}` failed (exit {r.returncode})")
+    return directory
+
+
+def versions():
+    out = {"python": platform.python_version()}
+    for name in ("torch", "ray", "av", "numpy", "datahelix"):
+        try:
+            out[name] = getattr(__import__(name), "__version__", "?")
+        except Exception:  # noqa: BLE001 - a version is only informative
+            out[name] = None
+    return out
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except BenchError as e:
+        print(f"run_peers: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("run_peers: interrupted", file=sys.stderr)
+        return 130
+
+
+def run(args):
+    if not args.verbose:
+        os.environ.setdefault("DH_LOG_LEVEL", "warn")  # the datahelix runtime's INFO lines
+    dataset = os.path.abspath(args.dataset) if args.dataset else make_dataset(args)
+    samples = common.load_dataset(dataset)
+    if len(samples) < args.ranks * args.batch:
+        raise BenchError(f"{dataset}: {len(samples)} samples, fewer than one step's "
+                         f"{args.ranks} x {args.batch}")
+    ncpu = os.cpu_count() or 1
+    cores = min(args.workers, ncpu)
+    model = common.compute_model(samples, args.ranks, args.batch, cores, args.compute_scale,
+                                 args.deadline_threshold)
+    print(f"peers: {dataset}: {len(samples)} samples (mean {model['mean_cpu_s']:.3f} CPU s, "
+          f"{model['mean_tokens']:.0f} tokens); compute {model['a']:.3g} s/token + "
+          f"{model['b']:.3g} s: {model['mean_step_compute_s']:.3f} s per mean step; miss "
+          f"threshold {model['deadline_threshold_s']:.3f} s; {args.workers} decode workers "
+          f"on {ncpu} CPUs", file=sys.stderr, flush=True)
+    cfg = {"dataset": dataset, "samples": samples,
+           "cpu_of": {s["id"]: s["cpu_s"] for s in samples},
+           "ranks": args.ranks, "batch": args.batch, "steps": args.steps,
+           "warmup": args.warmup, "seed": args.seed, "workers": args.workers, "ncpu": ncpu,
+           "pin": args.pin, "ray_inflight": args.ray_inflight, "prefetch": args.prefetch,
+           "plan": args.plan,
+           "cores": cores, "a": model["a"], "b": model["b"],
+           "deadline_threshold_s": model["deadline_threshold_s"],
+           "timeout_s": args.timeout, "verbose": args.verbose}
+
+    skipped, failed, runnable = {}, {}, []
+    for name in args.system_list:
+        mod = __import__(SYSTEMS[name])
+        reason = mod.unavailable()
+        if reason:
+            skipped[name] = reason
+            print(f"peers: {name}: skipped: {reason}", file=sys.stderr, flush=True)
+        else:
+            runnable.append(name)
+    runs = {name: [] for name in runnable}
+    for k in range(args.runs):
+        if args.runs > 1:
+            print(f"peers: run {k + 1}/{args.runs}", file=sys.stderr, flush=True)
+        for name in runnable:
+            if name in failed:
+                continue
+            try:
+                runs[name].append(common.run_system(SYSTEMS[name], cfg, samples))
+            except BenchError as e:
+                failed[name] = str(e)
+                print(f"peers: {name}: failed: {e}", file=sys.stderr, flush=True)
+    systems = {name: common.median_of_runs(runs[name]) for name in runnable
+               if name not in failed}
+    report = {
+        "config": {
+            "mode": "dataset", "source": dataset, "ranks": args.ranks, "batch": args.batch,
+            "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+            "cores": cores, "cpus": ncpu, "a": model["a"], "b": model["b"],
+            "compute_scale": args.compute_scale,
+            "mean_step_compute_s": model["mean_step_compute_s"],
+            "deadline_threshold_s": model["deadline_threshold_s"], "seed": args.seed,
+            "rows": len(samples), "systems": ",".join(args.system_list), "runs": args.runs,
+            "pin": args.pin,
+            "ray_inflight": (args.ray_inflight or 2 * max(1, args.workers // args.ranks)),
+            "torch_workers_per_rank": max(1, args.workers // args.ranks),
+            "prefetch": args.prefetch or None, "plan": args.plan, "versions": versions(),
+            "skipped": skipped, "failed": failed,
+        },
+        "systems": systems,
+    }
+    if systems:
+        common.print_table(sys.stdout, report)
+    for name, reason in failed.items():
+        print(f"{name}: failed: {reason}")
+    if args.json:
+        common.write_json(args.json, report)
+        print(f"peers: wrote {args.json}", file=sys.stderr)
+    return 1 if failed or not systems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
