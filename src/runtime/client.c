@@ -942,16 +942,18 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         goto fail;
     }
     /* The server the coordinator names may have just died (it is listed until it misses
-     * its heartbeats): a refused arena socket means ask again, within connect_timeout. */
+     * its heartbeats, or die while we connect): a refused or reset arena socket means ask
+     * again, within connect_timeout. */
     for (uint64_t t0 = dh_clock_now_ns();;) {
         if ((rc = register_with_coordinator(c)))
             goto fail;
         rc = connect_local(c, &c->ds);
         if (rc == 0)
             break;
-        if ((rc != -ECONNREFUSED && rc != -ENOENT) ||
-            (cfg->connect_timeout_ms >= 0 &&
-             dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000 > cfg->connect_timeout_ms))
+        bool gone = rc == -ECONNREFUSED || rc == -ENOENT || rc == -ECONNRESET || rc == -EPIPE ||
+                    rc == DH_EEOF;
+        if (!gone || (cfg->connect_timeout_ms >= 0 &&
+                      dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000 > cfg->connect_timeout_ms))
             goto fail;
         dh_log_warn("client '%s': %s; asking the coordinator again", c->id, dh_last_error());
         struct timespec pause = {0, 100 * 1000 * 1000};
