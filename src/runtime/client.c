@@ -775,6 +775,9 @@ static void *fetcher_main(void *arg)
 static int register_with_coordinator(dh_client_t *c)
 {
     int rc;
+    /* Asking again (the named DataServer was gone) replaces the socket of the last ask: one
+     * left open would keep zmq_ctx_term, and so dh_client_destroy, waiting forever. */
+    dh_wire_socket_destroy(&c->coord);
     if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, NULL)) ||
         (rc = dh__rt_set_routing_id(dh_wire_socket_handle(c->coord), c->id)) ||
         (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))

@@ -126,6 +126,17 @@ static __attribute__((unused)) char *cl_read(const char *path)
     return buf;
 }
 
+/* The whole log on stderr: cmocka's print_error cuts its text at 1 KiB, which hid the end of
+ * a stuck process's log (the part that says where it stuck). */
+static __attribute__((unused)) void cl_print_log(const char *text)
+{
+    fflush(stdout);
+    fputs(text, stderr);
+    if (*text && text[strlen(text) - 1] != '\n')
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
 static __attribute__((unused)) int cl_count(const char *path, const char *needle)
 {
     char *text = cl_read(path);
@@ -145,8 +156,9 @@ static __attribute__((unused)) void cl_wait_log(const char *path, const char *ne
     while (cl_count(path, needle) < times) {
         if (dh_clock_elapsed_s(start, dh_clock_now_ns()) * 1000 > timeout_ms) {
             char *text = cl_read(path);
-            print_error("%s: '%s' not seen %d times within %d ms; log:\n%s\n", path, needle, times,
-                        timeout_ms, text);
+            print_error("%s: '%s' not seen %d times within %d ms; log:\n", path, needle, times,
+                        timeout_ms);
+            cl_print_log(text);
             free(text);
             fail();
         }
@@ -170,8 +182,9 @@ static __attribute__((unused)) void cl_expect_exit(cl_proc_t *p, int code, int t
     int st = cl_wait_exit(p, timeout_ms);
     if (st != code) {
         char *text = cl_read(p->log);
-        print_error("%s (pid %d): exit status %d, expected %d%s; log:\n%s\n", p->name, (int)p->pid,
-                    st, code, st < 0 ? " (still running)" : "", text);
+        print_error("%s (pid %d): exit status %d, expected %d%s; log:\n", p->name, (int)p->pid, st,
+                    code, st < 0 ? " (still running)" : "");
+        cl_print_log(text);
         free(text);
         cl_signal(p, SIGKILL);
         cl_wait_exit(p, 5000);

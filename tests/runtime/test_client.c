@@ -5,11 +5,15 @@
  * outlives its client, a full arena (backpressure), real video with a corrupt clip, and
  * configuration errors. */
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
 
 #include "cluster.h"
 #include "datahelix/client.h"
@@ -304,6 +308,117 @@ static void client_config_errors_name_the_field(void **state)
     cl_assert_no_leftovers();
 }
 
+static void *destroy_main(void *arg)
+{
+    dh_client_destroy((dh_client_t **)arg);
+    return NULL;
+}
+
+/* The coordinator names a local DataServer that is gone (listed until it misses its
+ * heartbeats): the client asks again until it is given the live one, and every socket of
+ * the asks that failed is closed, so dh_client_destroy returns (a socket left open made
+ * zmq_ctx_term wait forever: a rank that had finished hung at exit in fresh-clone CI). */
+static void client_asks_again_when_named_server_is_gone(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    char coord_ep[600], data_ep[600], ghost_shm[64];
+    snprintf(coord_ep, sizeof coord_ep, "ipc://%s", dh_test_path("coord.ipc"));
+    snprintf(data_ep, sizeof data_ep, "ipc://%s", dh_test_path("data.ipc"));
+    snprintf(ghost_shm, sizeof ghost_shm, "datahelix-test-ghost-%d", (int)getpid());
+    void *ctx = zmq_ctx_new();
+    assert_non_null(ctx);
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = coord_ep;
+    cc.dead_after_ms = 600;
+    cc.zmq_ctx = ctx;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    /* the ghost: registers as the node's local DataServer once, then is silent; nobody
+     * listens on its fd-passing socket, so connecting to it is refused */
+    dh_wire_socket_t *ghost = NULL;
+    assert_int_equal(dh_wire_socket_new(&ghost, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(
+        zmq_setsockopt(dh_wire_socket_handle(ghost), ZMQ_ROUTING_ID, "ghost", strlen("ghost")), 0);
+    assert_int_equal(dh_wire_socket_connect(ghost, coord_ep), 0);
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_LOCAL;
+    m.hello.node = "test-node";
+    m.hello.name = "ghost";
+    m.hello.workers = 1;
+    m.hello.endpoint = "ipc:///nonexistent/ghost";
+    m.hello.shm_socket = ghost_shm;
+    m.hello.pid = (uint32_t)getpid();
+    assert_int_equal(dh_wire_send(ghost, NULL, 0, &m, NULL, 0, 1000), 0);
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == 1)
+            break;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, 1);
+    /* the live one registers second, so the ghost is named first */
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = "test-node";
+    dc.name = "live";
+    dc.workers = 1;
+    dc.pipeline_json = SYNTH;
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 50;
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == 2)
+            break;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, 2);
+
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, NULL);
+    cfg.coordinator = coord_ep;
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    dh_coordinator_stats(coord, &cs);
+    assert_true(cs.servers_dead_declared >= 1); /* it waited out the ghost */
+    dh_client_batch_t *b = NULL;
+    uint64_t batches = 0;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        assert_string_equal(b->server, "live");
+        check_synthetic(b);
+        dh_client_batch_release(&b);
+        batches++;
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(batches, 4);
+    /* destroy on a thread, so that a hang is a failure with a reason, not a time-out */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, destroy_main, &c), 0);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    int e = pthread_timedjoin_np(t, NULL, &until);
+    if (e)
+        print_error("dh_client_destroy did not return within 20 s (a ZeroMQ socket of a failed "
+                    "ask left open keeps zmq_ctx_term waiting)\n");
+    assert_int_equal(e, 0);
+    dh_dataserver_destroy(&ds);
+    dh_wire_socket_destroy(&ghost);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+    cl_assert_no_leftovers();
+}
+
 static void run_cli(const char *name, char *const argv[])
 {
     cl_proc_t p;
@@ -391,6 +506,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(client_config_errors_name_the_field),
+        cmocka_unit_test(client_asks_again_when_named_server_is_gone),
         cmocka_unit_test(embedded_video_with_corrupt_clip),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
