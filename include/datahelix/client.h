@@ -77,7 +77,8 @@ void dh_client_config_default(dh_client_config_t *cfg);
 
 /* A tensor of a batch. `data` points into the local DataServer's shared-memory arena
  * (fanout 1: zero-copy) or into a buffer of the batch (fanout > 1: the parts are joined by
- * one copy). Strides are in bytes. Valid until the batch is released. */
+ * one copy, made by the client's fetcher thread as the last part arrives, not in next()).
+ * Strides are in bytes. Valid until the batch is released. */
 typedef struct dh_client_tensor {
     const char *name; /* "pixels", "mask" (video); "sizes", "payload" (synthetic) */
     uint8_t dtype;    /* dh_wire_dtype_t */

@@ -73,6 +73,11 @@ typedef struct part {
     dh_wire_sample_result_t *samples; /* owned (moved from the decoded message) */
     char server[NAME_CAP];
     uint64_t ready_ns, received_ns;
+    /* fanout > 1, in the batch's first part: its tensors are the joined batch (copies in
+     * copies[]; the other parts keep only their samples), or join_rc says why not */
+    bool joined;
+    int join_rc;
+    char join_error[256];
 } part_t;
 
 static void part_release(part_t *p)
@@ -91,6 +96,21 @@ static void part_release(part_t *p)
     memset(p, 0, sizeof *p);
 }
 
+/* Gives back a part's slabs and copies, keeping its samples (a joined batch's parts). */
+static void part_release_tensors(part_t *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++) {
+        if (p->handles[i].arena_id && p->arena)
+            dh_shm_arena_unref(p->arena->arena, &p->handles[i]);
+        dh_free(p->copies[i]);
+        p->copies[i] = NULL;
+        p->handles[i] = (dh_shm_handle_t){0};
+    }
+    arena_ref_drop(p->arena);
+    p->arena = NULL;
+    p->n_tensors = 0;
+}
+
 /* A part is moved by value (into the ring, then into a batch): its tensors' names point
  * into its own names[], so they are set again after each move. */
 static void part_moved(part_t *p)
@@ -104,7 +124,6 @@ typedef struct batch_impl {
     dh_client_batch_t pub;
     size_t n_parts;
     part_t *parts;
-    void *merged[DH__RT_MAX_TENSORS]; /* fanout > 1: joined copies */
     char server[NAME_CAP];
 } batch_impl_t;
 
@@ -581,6 +600,89 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
     }
 }
 
+/* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest,
+ * into heap copies that replace parts[0]'s tensors; every part's slabs are given back at
+ * once (the copies hold the data), the parts keep their samples. Runs on the fetcher thread
+ * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1). On
+ * failure the parts are left as they were and the message is returned in *why. */
+static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
+{
+    part_t *p0 = &parts[0];
+    dh_client_tensor_t out[DH__RT_MAX_TENSORS];
+    void *buf[DH__RT_MAX_TENSORS] = {0};
+    int rc = 0;
+    for (size_t t = 0; t < p0->n_tensors; t++) {
+        dh_client_tensor_t *o = &out[t];
+        *o = p0->tensors[t];
+        int64_t rows = 0;
+        for (size_t k = 0; k < n_parts; k++) {
+            const dh_client_tensor_t *x = &parts[k].tensors[t];
+            if (parts[k].n_tensors != p0->n_tensors || x->dtype != o->dtype || x->ndim != o->ndim ||
+                x->ndim == 0 || strcmp(x->name, o->name) != 0) {
+                rc = DH_EPARSE;
+                snprintf(why, why_cap, "batch %llu: part %zu's tensor '%s' does not match part 0's",
+                         (unsigned long long)batch, k, o->name);
+                goto fail;
+            }
+            rows += x->shape[0];
+            for (uint32_t d = 1; d < o->ndim; d++)
+                if (x->shape[d] > o->shape[d])
+                    o->shape[d] = x->shape[d];
+        }
+        o->shape[0] = rows;
+        size_t elem = dh_wire_dtype_size(o->dtype);
+        int64_t stride = (int64_t)elem;
+        for (int d = (int)o->ndim - 1; d >= 0; d--) {
+            o->strides[d] = stride;
+            stride *= o->shape[d];
+        }
+        o->nbytes = (size_t)stride;
+        buf[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
+        if (!buf[t]) {
+            rc = DH_ENOMEM;
+            snprintf(why, why_cap, "batch %llu: out of memory joining %zu parts (%zu bytes)",
+                     (unsigned long long)batch, n_parts, o->nbytes);
+            goto fail;
+        }
+        o->data = buf[t];
+        int64_t row0 = 0;
+        for (size_t k = 0; k < n_parts; k++) {
+            const dh_client_tensor_t *x = &parts[k].tensors[t];
+            /* Copy x's elements into o at row offset row0, dimension by dimension: the
+             * innermost dimension is copied as one run. */
+            size_t inner = elem * (size_t)x->shape[x->ndim - 1];
+            size_t outer = 1;
+            for (uint32_t d = 0; d + 1 < x->ndim; d++)
+                outer *= (size_t)x->shape[d];
+            for (size_t i = 0; i < outer; i++) {
+                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0];
+                for (int d = (int)x->ndim - 2; d >= 0; d--) {
+                    size_t idx = rem % (size_t)x->shape[d];
+                    rem /= (size_t)x->shape[d];
+                    src_off += idx * (size_t)x->strides[d];
+                    dst_off += idx * (size_t)o->strides[d];
+                }
+                memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
+            }
+            row0 += x->shape[0];
+        }
+    }
+    size_t n_tensors = p0->n_tensors;
+    for (size_t k = 0; k < n_parts; k++)
+        part_release_tensors(&parts[k]);
+    for (size_t t = 0; t < n_tensors; t++) {
+        p0->tensors[t] = out[t];
+        p0->tensors[t].name = p0->names[t];
+        p0->copies[t] = buf[t];
+    }
+    p0->n_tensors = n_tensors;
+    return 0;
+fail:
+    for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
+        dh_free(buf[t]);
+    return rc;
+}
+
 static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
 {
     dh_msg_deliver_t *m = &r->msg.deliver;
@@ -676,7 +778,50 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     } else {
         c->stats.duplicates_dropped++;
     }
+    /* fanout > 1: the batch's last part joins the batch, here rather than in next() */
+    part_t *held = NULL;
+    uint64_t batch = p.seq / parts;
+    bool join = !dup && parts > 1;
+    for (uint32_t k = 0; join && k < parts; k++) {
+        part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+        join = q->ready && q->seq == batch * parts + k && !q->joined;
+    }
+    if (join && !(held = dh_calloc(parts, sizeof *held))) {
+        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
+        q0->joined = true;
+        q0->join_rc = DH_ENOMEM;
+        snprintf(q0->join_error, sizeof q0->join_error,
+                 "batch %llu: out of memory joining %u parts", (unsigned long long)batch, parts);
+        join = false;
+    }
+    if (join)
+        for (uint32_t k = 0; k < parts; k++) {
+            /* moved out; the slots stay ready with their seq, so a duplicate of one of
+             * these requests is still seen as one, and next() waits for `joined` */
+            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+            held[k] = *q;
+            part_moved(&held[k]);
+            memset(q, 0, sizeof *q);
+            q->ready = true;
+            q->seq = batch * parts + k;
+        }
     pthread_mutex_unlock(&c->lock);
+    if (join) {
+        char why[sizeof held->join_error] = "";
+        int rc = join_parts(held, parts, batch, why, sizeof why);
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t k = 0; k < parts; k++) {
+            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+            *q = held[k];
+            part_moved(q);
+        }
+        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
+        q0->joined = true;
+        q0->join_rc = rc;
+        snprintf(q0->join_error, sizeof q0->join_error, "%s", why);
+        pthread_mutex_unlock(&c->lock);
+        dh_free(held);
+    }
     /* after the unlock: a waiter woken under the lock would only block on it again */
     if (!dup)
         pthread_cond_broadcast(&c->cond);
@@ -989,75 +1134,11 @@ fail:
 
 /* ---- next ---- */
 
-/* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest
- * (fanout > 1 only: one copy of the batch). */
-static int merge_parts(batch_impl_t *b)
-{
-    part_t *p0 = &b->parts[0];
-    b->pub.n_tensors = p0->n_tensors;
-    for (size_t t = 0; t < p0->n_tensors; t++) {
-        dh_client_tensor_t *o = &b->pub.tensors[t];
-        *o = p0->tensors[t];
-        int64_t rows = 0;
-        for (size_t k = 0; k < b->n_parts; k++) {
-            const dh_client_tensor_t *x = &b->parts[k].tensors[t];
-            if (b->parts[k].n_tensors != p0->n_tensors || x->dtype != o->dtype ||
-                x->ndim != o->ndim || x->ndim == 0 || strcmp(x->name, o->name) != 0)
-                return dh__set_error(DH_EPARSE,
-                                     "batch %llu: part %zu's tensor '%s' does not "
-                                     "match part 0's",
-                                     (unsigned long long)b->pub.index, k, o->name);
-            rows += x->shape[0];
-            for (uint32_t d = 1; d < o->ndim; d++)
-                if (x->shape[d] > o->shape[d])
-                    o->shape[d] = x->shape[d];
-        }
-        o->shape[0] = rows;
-        size_t elem = dh_wire_dtype_size(o->dtype);
-        int64_t stride = (int64_t)elem;
-        for (int d = (int)o->ndim - 1; d >= 0; d--) {
-            o->strides[d] = stride;
-            stride *= o->shape[d];
-        }
-        o->nbytes = (size_t)stride;
-        b->merged[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
-        if (!b->merged[t])
-            return dh__set_error(DH_ENOMEM, "out of memory joining a batch of %zu bytes",
-                                 o->nbytes);
-        o->data = b->merged[t];
-        o->name = p0->names[t];
-        int64_t row0 = 0;
-        for (size_t k = 0; k < b->n_parts; k++) {
-            const dh_client_tensor_t *x = &b->parts[k].tensors[t];
-            /* Copy x's elements into o at row offset row0, dimension by dimension: the
-             * innermost dimension is copied as one run. */
-            size_t inner = elem * (size_t)x->shape[x->ndim - 1];
-            size_t outer = 1;
-            for (uint32_t d = 0; d + 1 < x->ndim; d++)
-                outer *= (size_t)x->shape[d];
-            for (size_t i = 0; i < outer; i++) {
-                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0];
-                for (int d = (int)x->ndim - 2; d >= 0; d--) {
-                    size_t idx = rem % (size_t)x->shape[d];
-                    rem /= (size_t)x->shape[d];
-                    src_off += idx * (size_t)x->strides[d];
-                    dst_off += idx * (size_t)o->strides[d];
-                }
-                memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
-            }
-            row0 += x->shape[0];
-        }
-    }
-    return 0;
-}
-
 static void batch_free(batch_impl_t *b)
 {
     for (size_t i = 0; i < b->n_parts; i++)
         part_release(&b->parts[i]);
     dh_free(b->parts);
-    for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
-        dh_free(b->merged[t]);
     dh_free(b->pub.samples);
     dh_free(b->pub.tensors);
     dh_free(b);
@@ -1110,7 +1191,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
         bool all = true;
         for (uint32_t p = 0; p < parts; p++) {
             part_t *s = &c->ring[(b * parts + p) % c->ring_size];
-            if (!s->ready || s->seq != b * parts + p)
+            if (!s->ready || s->seq != b * parts + p || (parts > 1 && p == 0 && !s->joined))
                 all = false;
         }
         if (all)
@@ -1194,12 +1275,13 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
             if (r->status)
                 bi->pub.failed++;
         }
-    if (parts == 1) {
-        bi->pub.n_tensors = taken[0].n_tensors;
-        memcpy(bi->pub.tensors, taken[0].tensors, taken[0].n_tensors * sizeof *bi->pub.tensors);
-    } else if ((rc = merge_parts(bi))) {
+    if (taken[0].join_rc) { /* fanout > 1 and the parts could not be joined */
+        rc = dh__set_error(taken[0].join_rc, "client '%s': %s", c->id, taken[0].join_error);
         goto fail;
     }
+    /* one part, or parts[0] holds the joined batch (the others only their samples) */
+    bi->pub.n_tensors = taken[0].n_tensors;
+    memcpy(bi->pub.tensors, taken[0].tensors, taken[0].n_tensors * sizeof *bi->pub.tensors);
     size_t bytes = 0;
     for (size_t t = 0; t < bi->pub.n_tensors; t++)
         bytes += bi->pub.tensors[t].nbytes;

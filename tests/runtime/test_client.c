@@ -182,6 +182,46 @@ static void embedded_fanout_joins_microbatches(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The fetcher joins a batch's parts as the last one arrives and gives their slabs back at
+ * once: every batch of an epoch held at the same time (~64 MB of parts) fits a 16 MiB arena
+ * with nothing spilled, and no joined tensor lies in the arena. */
+static void embedded_fanout_join_gives_slabs_back(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 32);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.1}");
+    cfg.fanout = 2;
+    cfg.prefetch = 1;
+    cfg.arena_bytes = (uint64_t)32 << 20;
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    dh_client_batch_t *held[8] = {0};
+    size_t n = 0, bytes = 0;
+    while (n < 8 && (rc = dh_client_next(c, &held[n])) == 0) {
+        check_synthetic(held[n]);
+        for (size_t t = 0; t < held[n]->n_tensors; t++) {
+            const void *base = NULL;
+            size_t size = 0;
+            assert_int_equal(dh_client_tensor_arena(held[n], t, &base, &size), 0);
+            bytes += held[n]->tensors[t].nbytes;
+        }
+        n++;
+    }
+    assert_int_equal(n, 8);
+    assert_true(bytes > (size_t)40 << 20); /* more than the arena holds */
+    assert_int_equal(dh_client_next(c, &held[0]), DH_EEOF);
+    dh_client_stats_t st;
+    dh_client_stats(c, &st);
+    assert_int_equal(st.copied_tensors, 0); /* no part was spilled for want of slabs */
+    for (size_t i = 0; i < n; i++)
+        dh_client_batch_release(&held[i]);
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
 static void embedded_full_arena_is_backpressure(void **state)
 {
     /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
@@ -502,6 +542,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_epoch_in_order_exactly_once),
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
+        cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
