@@ -50,7 +50,7 @@ static void usage(FILE *out)
         "                        --copy-gbps)\n"
         "  transport             base with zero-copy shared-memory delivery\n"
         "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
-        "                        vary, tokens even), deep prefetch, fanout 2\n"
+        "                        vary, tokens even), deep prefetch, fanout (--fanout)\n"
         "  helix (= cost-ddl)    prefetch-token + deadline placement\n"
         "\n"
         "cluster:\n"
@@ -59,6 +59,11 @@ static void usage(FILE *out)
         "  --cores-per-server C  workers (virtual cores) per DataServer (4)\n"
         "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
         "  --prefetch P          prefetch depth of the deep systems (16)\n"
+        "  --fanout F            their requests per rank's batch, at most --batch (default\n"
+        "                        2 where the system has 2 or more cores per rank, counting\n"
+        "                        only real cores with --dataset, else 1): the parts decode\n"
+        "                        in parallel, the client joins them by one copy, and\n"
+        "                        packing gives each rank at least F samples\n"
         "\n"
         "compute and metrics:\n"
         "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
@@ -160,6 +165,7 @@ int dh_cmd_bench(int argc, char **argv)
         O_CORES,
         O_NATIVE,
         O_PREFETCH,
+        O_FANOUT,
         O_COMPUTE,
         O_CSCALE,
         O_THRESH,
@@ -187,6 +193,7 @@ int dh_cmd_bench(int argc, char **argv)
         {"cores-per-server", required_argument, NULL, O_CORES},
         {"native-cores", required_argument, NULL, O_NATIVE},
         {"prefetch", required_argument, NULL, O_PREFETCH},
+        {"fanout", required_argument, NULL, O_FANOUT},
         {"compute", required_argument, NULL, O_COMPUTE},
         {"compute-scale", required_argument, NULL, O_CSCALE},
         {"deadline-threshold", required_argument, NULL, O_THRESH},
@@ -260,6 +267,9 @@ int dh_cmd_bench(int argc, char **argv)
             break;
         case O_PREFETCH:
             U64("--prefetch", 1, 256, o.prefetch);
+            break;
+        case O_FANOUT:
+            U64("--fanout", 1, 64, o.fanout);
             break;
         case O_COMPUTE:
             if (strcmp(optarg, "auto") == 0) {

@@ -43,6 +43,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->bytes_scale = 0.001;
     opt->copy_gbps = 5;
     opt->prefetch = 16;
+    opt->fanout = 0; /* auto */
     opt->seed = 1;
     opt->systems = "native,pool,helix";
 }
@@ -55,7 +56,7 @@ typedef struct spec {
     int rank_local; /* one local DataServer per rank (native) */
     int token_plan;
     int copy;       /* copy every batch out of the arena (object-store hop) */
-    int deep;       /* prefetch opt->prefetch and fanout 2 (else PyTorch-like prefetch) */
+    int deep;       /* prefetch opt->prefetch and microbatch fanout (else PyTorch-like) */
     uint32_t cores; /* native-N: N; 0 = the default budget */
 } spec_t;
 
@@ -482,6 +483,16 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         goto done;
     }
     uint32_t per_rank_workers = sp->rank_local ? cl.cores / opt->ranks : 0;
+    /* Fanout: a batch's parts decode in parallel only on cores the other ranks' batches
+     * leave free, and cost a join copy and (packing) at least `fanout` rows per rank; on 2
+     * real cores for 4 ranks fanout 2 cost 8% of throughput (docs/benchmarks.md). */
+    uint32_t fanout = 1;
+    if (sp->deep) {
+        fanout = opt->fanout ? opt->fanout : cores_eff / opt->ranks >= 2 ? 2 : 1;
+        if (fanout > opt->batch)
+            fanout = opt->batch;
+    }
+    res->fanout = fanout;
     for (uint32_t r = 0; r < opt->ranks; r++) {
         ranks[r].run = &run;
         ranks[r].rank = r;
@@ -509,7 +520,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.next_timeout_ms = 120000;
         if (sp->deep) {
             cfg.prefetch = opt->prefetch;
-            cfg.fanout = opt->batch >= 2 ? 2 : 1;
+            cfg.fanout = fanout;
         } else {
             /* PyTorch's prefetch_factor: 2 batches in flight per worker of the rank; a pool
              * keeps as many in flight per rank as its share of the workers would under the
@@ -801,14 +812,15 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
             "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"seed\":%llu,\"rows\":%zu,"
+            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"fanout\":%u,\"seed\":%llu,"
+            "\"rows\":%zu,"
             "\"systems\":",
             o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
             o->cores_per_server,
             o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, (unsigned long long)o->seed,
-            r->rows);
+            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, o->fanout,
+            (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {
@@ -820,11 +832,11 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
                 "\"barrier_wait_mean_s\":%.6g,\"cross_ds_bytes\":%.6g,"
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.6g,\"efficiency\":%.6g,"
-                "\"balance\":%.6g,\"cores\":%u,\"wall_s\":%.6g,\"rank_step_s\":[",
+                "\"balance\":%.6g,\"cores\":%u,\"fanout\":%u,\"wall_s\":%.6g,\"rank_step_s\":[",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s, s->cross_ds_bytes,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
-                s->wall_s);
+                s->fanout, s->wall_s);
         for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
             fprintf(f, "%s[", rk ? "," : "");
             for (uint32_t st = 0; st < o->steps; st++)

@@ -18,7 +18,7 @@
  *                of every batch into the consumer (the object-store hop of a Ray actor
  *                pool: emulated, it costs the batch's emulated bytes / copy_gbps)
  *   transport    base with zero-copy delivery
- *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout 2
+ *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F (2)
  *   cost-ddl, helix  prefetch-token + deadline placement
  * Emulated mode runs the synthetic pipeline (sleeping each sample's CPU seconds, so one
  * machine emulates many virtual cores); dataset mode decodes real clips.
@@ -49,6 +49,10 @@ typedef struct dh_bench_options {
     double bytes_scale;          /* emulated: payload bytes x this (0.001) */
     double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
     uint32_t prefetch;           /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    uint32_t fanout;             /* their microbatch fanout: requests per rank's batch, at
+                                  * most batch; 0 (default) = 2 where the system has at
+                                  * least 2 cores per rank (capped at the real cores with
+                                  * --dataset), else 1 */
     uint64_t seed;
     const char *systems; /* comma-separated list (see above) */
     const char *trace_path;
@@ -61,7 +65,8 @@ void dh_bench_options_default(dh_bench_options_t *opt);
 
 typedef struct dh_bench_system_result {
     char name[32];
-    uint32_t cores; /* worker threads (virtual cores) of the system */
+    uint32_t cores;  /* worker threads (virtual cores) of the system */
+    uint32_t fanout; /* requests per rank's batch */
     double throughput_sps;
     double input_wait_p50_s, input_wait_p95_s, input_wait_p99_s;
     double batch_ready_p95_s;
