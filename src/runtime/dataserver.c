@@ -56,6 +56,7 @@
 #define MAX_CLIENTS 256
 #define MAX_NOTICE 64 /* open notice channels; more clients get DELIVERs over ZeroMQ */
 #define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
+#define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
 
 typedef struct task {
     struct task *next;
@@ -133,6 +134,11 @@ struct dh_dataserver {
     double queued_cpu_s;
     known_client_t clients[MAX_CLIENTS];
     size_t n_clients;
+    /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
+     * for one of them is dropped at once and quietly, not held UNREACHABLE_GRACE_NS and
+     * reported as a loss. */
+    char left[LEFT_CAP][NAME_CAP];
+    size_t n_left;
     dh_dataserver_stats_t stats;
 
     pthread_t *threads;
@@ -469,6 +475,31 @@ static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
         send_coord(s, &m);
 }
 
+static bool client_left(const dh_dataserver_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_left; i++)
+        if (strcmp(s->left[i], name) == 0)
+            return true;
+    return false;
+}
+
+static void set_left(dh_dataserver_t *s, const char *name, bool left)
+{
+    for (size_t i = 0; i < s->n_left; i++)
+        if (strcmp(s->left[i], name) == 0) {
+            memmove(s->left[i], s->left[i + 1], (s->n_left - i - 1) * sizeof s->left[0]);
+            s->n_left--;
+            break;
+        }
+    if (!left)
+        return;
+    if (s->n_left == LEFT_CAP) {
+        memmove(s->left[0], s->left[1], (LEFT_CAP - 1) * sizeof s->left[0]);
+        s->n_left--;
+    }
+    snprintf(s->left[s->n_left++], NAME_CAP, "%s", name);
+}
+
 static known_client_t *find_client(dh_dataserver_t *s, const char *name)
 {
     for (size_t i = 0; i < s->n_clients; i++)
@@ -690,9 +721,11 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
 {
     const dh_msg_dispatch_t *d = &t->msg.dispatch;
     dh__rt_result_t *r = &t->result;
-    int rc = deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors, r->n_tensors,
-                               r->samples, r->n_samples, t->ready_ns, s->name);
-    if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
+    bool left = client_left(s, d->request.client_id);
+    int rc = left ? -EHOSTUNREACH
+                  : deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
+                                      r->n_tensors, r->samples, r->n_samples, t->ready_ns, s->name);
+    if (rc == -EHOSTUNREACH && !left && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
         !atomic_load(&s->stop))
         return false;
     if (rc) {
@@ -700,8 +733,12 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
         pthread_mutex_lock(&s->lock);
         s->stats.undeliverable++;
         pthread_mutex_unlock(&s->lock);
-        dh_log_warn("DataServer '%s': dropped batch %s/%llu: %s", s->name, d->request.client_id,
-                    (unsigned long long)d->request.seq, dh_last_error());
+        if (left) /* prefetched past what it consumed: expected, not a loss */
+            dh_log_debug("DataServer '%s': dropped batch %s/%llu: the client has left", s->name,
+                         d->request.client_id, (unsigned long long)d->request.seq);
+        else
+            dh_log_warn("DataServer '%s': dropped batch %s/%llu: %s", s->name, d->request.client_id,
+                        (unsigned long long)d->request.seq, dh_last_error());
     } else {
         for (size_t i = 0; i < r->n_tensors; i++)
             if (!r->tensors[i].handle.arena_id) { /* spilled: the frame was a copy */
@@ -730,6 +767,14 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
         return true;
     }
     bool stopping = atomic_load(&s->stop) != 0;
+    if (client_left(s, m->client_id)) { /* gone: nothing to place, nobody to tell */
+        pthread_mutex_lock(&s->lock);
+        s->stats.undeliverable++;
+        pthread_mutex_unlock(&s->lock);
+        dh_log_debug("DataServer '%s': dropped batch %s/%llu from '%s': the client has left",
+                     s->name, m->client_id, (unsigned long long)m->seq, sidecar);
+        return true;
+    }
     if (!find_client(s, m->client_id) && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
         !stopping)
         return false;
@@ -923,6 +968,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
             kc->since_ns = dh_clock_now_ns();
         }
         pthread_mutex_unlock(&s->lock);
+        set_left(s, peer, false);
         dh_log_info("DataServer '%s': client '%s' (pid %u) connected", s->name, peer,
                     r->msg.hello.pid);
         retry_pending(s);
@@ -948,6 +994,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
                 break;
             }
         pthread_mutex_unlock(&s->lock);
+        set_left(s, peer, true);
         dh_log_info("DataServer '%s': client '%s' left", s->name, peer);
         break;
     }

@@ -17,6 +17,7 @@
 
 #include "cluster.h"
 #include "datahelix/client.h"
+#include "datahelix/clock.h"
 #include "datahelix/error.h"
 #include "datahelix/mix.h"
 #include "datahelix/profile.h"
@@ -212,7 +213,8 @@ static void embedded_fanout_join_gives_slabs_back(void **state)
     }
     assert_int_equal(n, 8);
     assert_true(bytes > (size_t)40 << 20); /* more than the arena holds */
-    assert_int_equal(dh_client_next(c, &held[0]), DH_EEOF);
+    dh_client_batch_t *none = NULL;
+    assert_int_equal(dh_client_next(c, &none), DH_EEOF);
     dh_client_stats_t st;
     dh_client_stats(c, &st);
     assert_int_equal(st.copied_tensors, 0); /* no part was spilled for want of slabs */
@@ -459,6 +461,80 @@ static void client_asks_again_when_named_server_is_gone(void **state)
     cl_assert_no_leftovers();
 }
 
+/* A client that leaves with requests in flight (it prefetched past what it consumed): the
+ * DataServer drops those batches at once, counts them, and says so only at debug level (it
+ * used to hold them 5 s and then warn "dropped batch ... Host unreachable" for each). */
+static void dataserver_drops_a_departed_clients_batches_quietly(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 64);
+    char coord_ep[600], data_ep[600], log_path[600];
+    snprintf(coord_ep, sizeof coord_ep, "ipc://%s", dh_test_path("coord.ipc"));
+    snprintf(data_ep, sizeof data_ep, "ipc://%s", dh_test_path("data.ipc"));
+    snprintf(log_path, sizeof log_path, "%s", dh_test_path("stderr.log"));
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *log = fopen(log_path, "w");
+    assert_non_null(log);
+    dup2(fileno(log), STDERR_FILENO);
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = coord_ep;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = "test-node";
+    dc.name = "local";
+    dc.workers = 2;
+    /* 1-20 ms a sample: still executing when the client goes */
+    dc.pipeline_json = "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":0.02,"
+                       "\"bytes_scale\":0.002}";
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 50;
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, NULL);
+    cfg.coordinator = coord_ep;
+    cfg.prefetch = 8;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    assert_int_equal(dh_client_next(c, &b), 0);
+    dh_client_batch_release(&b);
+    dh_client_destroy(&c);
+    uint64_t gone = dh_clock_now_ns();
+    dh_dataserver_stats_t st = {0};
+    while (dh_clock_elapsed_s(gone, dh_clock_now_ns()) < 10) {
+        dh_dataserver_stats(ds, &st);
+        if (st.undeliverable > 0)
+            break;
+        cl_nap_ms(5);
+    }
+    double after_s = dh_clock_elapsed_s(gone, dh_clock_now_ns());
+    dh_dataserver_destroy(&ds);
+    dh_coordinator_destroy(&coord);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    fclose(log);
+    char *text = cl_read(log_path);
+    if (st.undeliverable == 0 || after_s > 4 || strstr(text, "dropped batch")) {
+        print_error("undeliverable %llu after %.2f s; log:\n", (unsigned long long)st.undeliverable,
+                    after_s);
+        cl_print_log(text);
+    }
+    assert_true(st.undeliverable > 0);
+    assert_true(after_s < 4); /* not held for the 5 s grace of a client not yet connected */
+    assert_null(strstr(text, "dropped batch"));
+    free(text);
+    cl_assert_no_leftovers();
+}
+
 static void run_cli(const char *name, char *const argv[])
 {
     cl_proc_t p;
@@ -548,6 +624,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),
+        cmocka_unit_test(dataserver_drops_a_departed_clients_batches_quietly),
         cmocka_unit_test(embedded_video_with_corrupt_clip),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
