@@ -350,6 +350,54 @@ static void client_config_errors_name_the_field(void **state)
     cl_assert_no_leftovers();
 }
 
+/* An in-process coordinator on `ep`, started (ctx: shared ZeroMQ context or NULL). */
+static dh_coordinator_t *start_coordinator(const char *ep, uint32_t dead_after_ms, void *ctx)
+{
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = ep;
+    if (dead_after_ms)
+        cc.dead_after_ms = dead_after_ms;
+    cc.zmq_ctx = ctx;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    return coord;
+}
+
+/* An in-process local DataServer of node "test-node", started. */
+static dh_dataserver_t *start_local_server(const char *coord_ep, const char *data_ep,
+                                           const char *name, uint32_t workers, const char *pipeline)
+{
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = "test-node";
+    dc.name = name;
+    dc.workers = workers;
+    dc.pipeline_json = pipeline;
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 50;
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    return ds;
+}
+
+/* Waits until the coordinator counts `alive` live DataServers. */
+static void wait_servers_alive(dh_coordinator_t *coord, uint64_t alive)
+{
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == alive)
+            break;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, alive);
+}
+
 static void *destroy_main(void *arg)
 {
     dh_client_destroy((dh_client_t **)arg);
@@ -369,14 +417,7 @@ static void client_asks_again_when_named_server_is_gone(void **state)
     snprintf(ghost_shm, sizeof ghost_shm, "datahelix-test-ghost-%d", (int)getpid());
     void *ctx = zmq_ctx_new();
     assert_non_null(ctx);
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
-    cc.listen = coord_ep;
-    cc.dead_after_ms = 600;
-    cc.zmq_ctx = ctx;
-    dh_coordinator_t *coord = NULL;
-    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
-    assert_int_equal(dh_coordinator_start(coord), 0);
+    dh_coordinator_t *coord = start_coordinator(coord_ep, 600, ctx);
     /* the ghost: registers as the node's local DataServer once, then is silent; nobody
      * listens on its fd-passing socket, so connecting to it is refused */
     dh_wire_socket_t *ghost = NULL;
@@ -393,35 +434,11 @@ static void client_asks_again_when_named_server_is_gone(void **state)
     m.hello.shm_socket = ghost_shm;
     m.hello.pid = (uint32_t)getpid();
     assert_int_equal(dh_wire_send(ghost, NULL, 0, &m, NULL, 0, 1000), 0);
-    dh_coordinator_stats_t cs;
-    for (int i = 0; i < 2000; i++) {
-        dh_coordinator_stats(coord, &cs);
-        if (cs.servers_alive == 1)
-            break;
-        cl_nap_ms(5);
-    }
-    assert_int_equal(cs.servers_alive, 1);
+    wait_servers_alive(coord, 1);
     /* the live one registers second, so the ghost is named first */
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = coord_ep;
-    dc.node = "test-node";
-    dc.name = "live";
-    dc.workers = 1;
-    dc.pipeline_json = SYNTH;
-    dc.arena_bytes = 16u << 20;
-    dc.data_listen = data_ep;
-    dc.heartbeat_ms = 50;
-    dh_dataserver_t *ds = NULL;
-    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
-    assert_int_equal(dh_dataserver_start(ds), 0);
-    for (int i = 0; i < 2000; i++) {
-        dh_coordinator_stats(coord, &cs);
-        if (cs.servers_alive == 2)
-            break;
-        cl_nap_ms(5);
-    }
-    assert_int_equal(cs.servers_alive, 2);
+    dh_dataserver_t *ds = start_local_server(coord_ep, data_ep, "live", 1, SYNTH);
+    wait_servers_alive(coord, 2);
+    dh_coordinator_stats_t cs;
 
     dh_client_config_t cfg;
     base_config(&cfg, profiles, NULL);
@@ -476,27 +493,11 @@ static void dataserver_drops_a_departed_clients_batches_quietly(void **state)
     FILE *log = fopen(log_path, "w");
     assert_non_null(log);
     dup2(fileno(log), STDERR_FILENO);
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
-    cc.listen = coord_ep;
-    dh_coordinator_t *coord = NULL;
-    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
-    assert_int_equal(dh_coordinator_start(coord), 0);
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = coord_ep;
-    dc.node = "test-node";
-    dc.name = "local";
-    dc.workers = 2;
+    dh_coordinator_t *coord = start_coordinator(coord_ep, 0, NULL);
     /* 1-20 ms a sample: still executing when the client goes */
-    dc.pipeline_json = "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":0.02,"
-                       "\"bytes_scale\":0.002}";
-    dc.arena_bytes = 16u << 20;
-    dc.data_listen = data_ep;
-    dc.heartbeat_ms = 50;
-    dh_dataserver_t *ds = NULL;
-    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
-    assert_int_equal(dh_dataserver_start(ds), 0);
+    dh_dataserver_t *ds = start_local_server(
+        coord_ep, data_ep, "local", 2,
+        "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":0.02,\"bytes_scale\":0.002}");
     dh_client_config_t cfg;
     base_config(&cfg, profiles, NULL);
     cfg.coordinator = coord_ep;
