@@ -725,17 +725,21 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
     int rc = left ? -EHOSTUNREACH
                   : deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
                                       r->n_tensors, r->samples, r->n_samples, t->ready_ns, s->name);
+    bool stopping = atomic_load(&s->stop) != 0;
     if (rc == -EHOSTUNREACH && !left && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
-        !atomic_load(&s->stop))
+        !stopping)
         return false;
     if (rc) {
         free_outputs(s, r->tensors, r->n_tensors);
         pthread_mutex_lock(&s->lock);
         s->stats.undeliverable++;
         pthread_mutex_unlock(&s->lock);
-        if (left) /* prefetched past what it consumed: expected, not a loss */
-            dh_log_debug("DataServer '%s': dropped batch %s/%llu: the client has left", s->name,
-                         d->request.client_id, (unsigned long long)d->request.seq);
+        /* prefetched past what the client consumed, or unsent as we stop (the stop line
+         * counts them as undeliverable): expected, not a loss */
+        if (left || (stopping && rc == -EHOSTUNREACH))
+            dh_log_debug("DataServer '%s': dropped batch %s/%llu: %s", s->name,
+                         d->request.client_id, (unsigned long long)d->request.seq,
+                         left ? "the client has left" : "stopping, the client is gone");
         else
             dh_log_warn("DataServer '%s': dropped batch %s/%llu: %s", s->name, d->request.client_id,
                         (unsigned long long)d->request.seq, dh_last_error());
