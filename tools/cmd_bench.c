@@ -59,6 +59,8 @@ static void usage(FILE *out)
         "  --cores-per-server C  workers (virtual cores) per DataServer (4)\n"
         "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
         "  --prefetch P          prefetch depth of the deep systems (16)\n"
+        "  --prefetch-max Q      how deep their adaptive prefetch may grow when next()\n"
+        "                        waits (default 4 x P; Q = P: fixed)\n"
         "  --fanout F            their requests per rank's batch, at most --batch (default\n"
         "                        2 where the system has 2 or more cores per rank, counting\n"
         "                        only real cores with --dataset, else 1): the parts decode\n"
@@ -166,6 +168,7 @@ int dh_cmd_bench(int argc, char **argv)
         O_NATIVE,
         O_PREFETCH,
         O_FANOUT,
+        O_PREFETCH_MAX,
         O_COMPUTE,
         O_CSCALE,
         O_THRESH,
@@ -194,6 +197,7 @@ int dh_cmd_bench(int argc, char **argv)
         {"native-cores", required_argument, NULL, O_NATIVE},
         {"prefetch", required_argument, NULL, O_PREFETCH},
         {"fanout", required_argument, NULL, O_FANOUT},
+        {"prefetch-max", required_argument, NULL, O_PREFETCH_MAX},
         {"compute", required_argument, NULL, O_COMPUTE},
         {"compute-scale", required_argument, NULL, O_CSCALE},
         {"deadline-threshold", required_argument, NULL, O_THRESH},
@@ -271,6 +275,9 @@ int dh_cmd_bench(int argc, char **argv)
         case O_FANOUT:
             U64("--fanout", 1, 64, o.fanout);
             break;
+        case O_PREFETCH_MAX:
+            U64("--prefetch-max", 1, 1024, o.prefetch_max);
+            break;
         case O_COMPUTE:
             if (strcmp(optarg, "auto") == 0) {
                 o.compute_auto = 1;
@@ -334,6 +341,11 @@ int dh_cmd_bench(int argc, char **argv)
     }
     if (!o.dataset == !emulate) {
         fprintf(stderr, "datahelix bench: give --dataset DIR or --emulate --mix NAME\n");
+        return 2;
+    }
+    if (o.prefetch_max && o.prefetch_max < o.prefetch) {
+        fprintf(stderr, "datahelix bench: --prefetch-max %u is below --prefetch %u\n",
+                o.prefetch_max, o.prefetch);
         return 2;
     }
     if (plot) {

@@ -44,7 +44,10 @@ typedef struct dh_client_config {
     uint32_t batch;           /* samples per rank per step (> 0) */
     uint32_t fanout;          /* requests per batch (microbatches), 1..batch (1) */
     uint32_t prefetch;        /* batches requested ahead of next() (4) */
-    uint32_t max_inflight;    /* requests in flight; 0 = prefetch x fanout */
+    uint32_t prefetch_max;    /* adaptive prefetch: a next() that waits (past the first
+                               * `prefetch` batches) deepens the horizon by a quarter, up to
+                               * this; 0 = fixed at prefetch (default) */
+    uint32_t max_inflight;    /* requests in flight; 0 = horizon x fanout */
     uint64_t seed;            /* sample order seed */
     int shuffle;              /* 1 = shuffle each epoch (default), 0 = file order */
     uint32_t epochs;          /* epochs to deliver (1); with max_steps, whichever ends first */
@@ -151,6 +154,7 @@ typedef struct dh_client_stats {
     double wait_s;            /* total time next() blocked */
     double s_per_token;       /* learned compute seconds per token (0 before data) */
     uint64_t steps_total;     /* batches this client will deliver */
+    uint64_t prefetch_now;    /* the prefetch horizon now (prefetch, or deeper once grown) */
 } dh_client_stats_t;
 
 void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);

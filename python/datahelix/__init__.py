@@ -291,6 +291,9 @@ class DataLoader:
         shuffle, seed: the epoch order (the same on every rank, so ranks partition it).
         drop_last: must be True: every step is one full global batch (synchronous ranks).
         prefetch: batches requested ahead of ``next()``.
+        prefetch_max: adaptive prefetch: when ``next()`` has to wait (past the first
+            ``prefetch`` batches), the horizon doubles, up to this (None: fixed at
+            ``prefetch``). ``stats()["prefetch_now"]`` says where it is.
         coordinator: an endpoint to join. None: one process (world_size 1) runs embedded
             (a coordinator and a DataServer as threads of this process); under torchrun
             the job's coordinator is found or started (see docs/python.md).
@@ -321,7 +324,8 @@ class DataLoader:
                  workers: Optional[int] = None, plan: str = "balanced",
                  timeout: Optional[float] = None, arena_bytes: int = _DEFAULT_ARENA,
                  node: Optional[str] = None, connect_timeout: float = 30.0,
-                 max_steps: int = 0, epochs: int = 1) -> None:
+                 max_steps: int = 0, epochs: int = 1,
+                 prefetch_max: Optional[int] = None) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -330,6 +334,9 @@ class DataLoader:
             raise InvalidArgumentError(f"batch_size must be >= 1, not {batch_size}")
         if prefetch < 1:
             raise InvalidArgumentError(f"prefetch must be >= 1, not {prefetch}")
+        if prefetch_max is not None and not prefetch <= prefetch_max <= 1024:
+            raise InvalidArgumentError(
+                f"prefetch_max must be in [prefetch={prefetch}, 1024], not {prefetch_max}")
         if on_error not in ("raise", "skip"):
             raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if plan not in _TOKEN_PLANS:
@@ -359,7 +366,8 @@ class DataLoader:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy)
         self.coordinator = coordinator
         self._client_kwargs = dict(
-            coordinator=coordinator, node=node, prefetch=prefetch, seed=seed,
+            coordinator=coordinator, node=node, prefetch=prefetch,
+            prefetch_max=prefetch_max or 0, seed=seed,
             shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], on_error=on_error,
             next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,

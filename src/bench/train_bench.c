@@ -43,7 +43,8 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->bytes_scale = 0.001;
     opt->copy_gbps = 5;
     opt->prefetch = 16;
-    opt->fanout = 0; /* auto */
+    opt->fanout = 0;       /* auto */
+    opt->prefetch_max = 0; /* 4 x prefetch */
     opt->seed = 1;
     opt->systems = "native,pool,helix";
 }
@@ -520,6 +521,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.next_timeout_ms = 120000;
         if (sp->deep) {
             cfg.prefetch = opt->prefetch;
+            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 4 * opt->prefetch;
+            if (cfg.prefetch_max > 1024)
+                cfg.prefetch_max = 1024;
             cfg.fanout = fanout;
         } else {
             /* PyTorch's prefetch_factor: 2 batches in flight per worker of the rank; a pool
@@ -611,11 +615,17 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     res->cross_ds_bytes = opt->dataset || opt->bytes_scale <= 0 ? fwd : fwd / opt->bytes_scale;
     if (trace)
         trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
+    for (uint32_t r = 0; r < opt->ranks; r++) {
+        dh_client_stats_t st;
+        dh_client_stats(ranks[r].client, &st);
+        if (st.prefetch_now > res->prefetch_reached)
+            res->prefetch_reached = (uint32_t)st.prefetch_now;
+    }
     progress(opt,
              "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f), input wait p95 "
-             "%.3f s, misses %.0f%%",
+             "%.3f s, misses %.0f%%, prefetch %u",
              sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
-             res->input_wait_p95_s, 100 * res->ddl_miss_rate);
+             res->input_wait_p95_s, 100 * res->ddl_miss_rate, res->prefetch_reached);
 done:
     for (uint32_t r = 0; ranks && r < opt->ranks; r++) {
         dh_client_destroy(&ranks[r].client);
@@ -812,14 +822,16 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
             "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"fanout\":%u,\"seed\":%llu,"
+            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
+            "\"fanout\":%u,\"seed\":%llu,"
             "\"rows\":%zu,"
             "\"systems\":",
             o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
             o->cores_per_server,
             o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch, o->fanout,
+            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch,
+            o->prefetch_max ? o->prefetch_max : 4 * o->prefetch, o->fanout,
             (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
@@ -832,11 +844,12 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
                 "\"barrier_wait_mean_s\":%.6g,\"cross_ds_bytes\":%.6g,"
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.6g,\"efficiency\":%.6g,"
-                "\"balance\":%.6g,\"cores\":%u,\"fanout\":%u,\"wall_s\":%.6g,\"rank_step_s\":[",
+                "\"balance\":%.6g,\"cores\":%u,\"fanout\":%u,\"prefetch_reached\":%u,\"wall_s\":%."
+                "6g,\"rank_step_s\":[",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s, s->cross_ds_bytes,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
-                s->fanout, s->wall_s);
+                s->fanout, s->prefetch_reached, s->wall_s);
         for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
             fprintf(f, "%s[", rk ? "," : "");
             for (uint32_t st = 0; st < o->steps; st++)

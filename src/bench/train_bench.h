@@ -49,6 +49,8 @@ typedef struct dh_bench_options {
     double bytes_scale;          /* emulated: payload bytes x this (0.001) */
     double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
     uint32_t prefetch;           /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    uint32_t prefetch_max;       /* their adaptive prefetch limit (0 = 4 x prefetch; equal to
+                                  * prefetch: fixed) */
     uint32_t fanout;             /* their microbatch fanout: requests per rank's batch, at
                                   * most batch; 0 (default) = 2 where the system has at
                                   * least 2 cores per rank (capped at the real cores with
@@ -65,8 +67,9 @@ void dh_bench_options_default(dh_bench_options_t *opt);
 
 typedef struct dh_bench_system_result {
     char name[32];
-    uint32_t cores;  /* worker threads (virtual cores) of the system */
-    uint32_t fanout; /* requests per rank's batch */
+    uint32_t cores;            /* worker threads (virtual cores) of the system */
+    uint32_t fanout;           /* requests per rank's batch */
+    uint32_t prefetch_reached; /* the deepest prefetch horizon of a rank at the end */
     double throughput_sps;
     double input_wait_p50_s, input_wait_p95_s, input_wait_p99_s;
     double batch_ready_p95_s;

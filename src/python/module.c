@@ -518,6 +518,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "workers",
                              "arena_bytes",
                              "policy",
+                             "prefetch_max",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
@@ -525,14 +526,14 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes;
     unsigned rank = 0, ranks = 1, batch = 0, fanout = cfg.fanout, prefetch = cfg.prefetch,
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
-             workers = cfg.workers;
+             workers = cfg.workers, prefetch_max = cfg.prefetch_max;
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKz", kwlist, &cfg.profiles, &rank, &ranks,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzI", kwlist, &cfg.profiles, &rank, &ranks,
             &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
             &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
             &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
-            &workers, &arena, &cfg.policy))
+            &workers, &arena, &cfg.policy, &prefetch_max))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -551,6 +552,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.batch = batch;
     cfg.fanout = fanout;
     cfg.prefetch = prefetch;
+    cfg.prefetch_max = prefetch_max;
     cfg.max_inflight = max_inflight;
     cfg.seed = seed;
     cfg.shuffle = shuffle;
@@ -651,14 +653,15 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
     dh_client_stats(self->client, &s);
     pthread_mutex_unlock(&self->lock);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K}", "batches",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}", "batches",
         (unsigned long long)s.batches, "samples", (unsigned long long)s.samples, "samples_failed",
         (unsigned long long)s.samples_failed, "requests_sent", (unsigned long long)s.requests_sent,
         "deliveries", (unsigned long long)s.deliveries, "duplicates_dropped",
         (unsigned long long)s.duplicates_dropped, "bytes_delivered",
         (unsigned long long)s.bytes_delivered, "copied_tensors",
         (unsigned long long)s.copied_tensors, "notices", (unsigned long long)s.notices, "wait_s",
-        s.wait_s, "s_per_token", s.s_per_token, "steps_total", (unsigned long long)s.steps_total);
+        s.wait_s, "s_per_token", s.s_per_token, "steps_total", (unsigned long long)s.steps_total,
+        "prefetch_now", (unsigned long long)s.prefetch_now);
 }
 
 /* plan(step, rank) -> the profile rows rank `rank` gets at global step `step`. */

@@ -161,7 +161,9 @@ struct dh_client {
     uint64_t consumed; /* batches returned by next() */
     uint64_t planned;  /* batches requested */
     uint64_t delivered_parts_inflight;
-    part_t *ring; /* prefetch x fanout parts */
+    part_t *ring;     /* max(prefetch, prefetch_max) x fanout parts */
+    uint32_t horizon; /* batches requested ahead of next(): prefetch, deepened up to
+                       * prefetch_max when next() waits */
     size_t ring_size;
     int64_t *tokens_of; /* ring of planned batches' tokens */
     size_t tokens_ring;
@@ -210,6 +212,7 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
     *out = c->stats;
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
+    out->prefetch_now = c->horizon;
     pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
 }
 
@@ -439,7 +442,6 @@ static void *sender_main(void *arg)
     dh_client_t *c = arg;
     dh_wire_received_t r = {0};
     uint32_t per_batch = c->cfg.fanout;
-    uint32_t max_inflight = c->cfg.max_inflight ? c->cfg.max_inflight : c->cfg.prefetch * per_batch;
     while (!atomic_load(&c->stop)) {
         if (dh_wire_recv(c->coord, 2, &r) == 0) {
             on_coord_message(c, &r);
@@ -450,7 +452,9 @@ static void *sender_main(void *arg)
             uint64_t b = c->planned;
             /* Requests of batches not yet consumed, counting this one's. */
             uint64_t inflight = (b - c->consumed + 1) * per_batch;
-            bool go = b < c->total && b < c->consumed + c->cfg.prefetch &&
+            uint64_t max_inflight =
+                c->cfg.max_inflight ? c->cfg.max_inflight : (uint64_t)c->horizon * per_batch;
+            bool go = b < c->total && b < c->consumed + c->horizon &&
                       (inflight <= max_inflight || b == c->consumed);
             double d = go ? deadline_s(c, b) : 0;
             pthread_mutex_unlock(&c->lock);
@@ -1019,6 +1023,10 @@ static int check_config(const dh_client_config_t *cfg)
     if (cfg->prefetch == 0 || cfg->prefetch > 1024)
         return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
                              cfg->prefetch);
+    if (cfg->prefetch_max && (cfg->prefetch_max < cfg->prefetch || cfg->prefetch_max > 1024))
+        return dh__set_error(DH_EINVAL,
+                             "client: prefetch_max must be 0 or in [prefetch=%u, 1024], got %u",
+                             cfg->prefetch, cfg->prefetch_max);
     return 0;
 }
 
@@ -1070,8 +1078,10 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->total = cfg->epochs ? (uint64_t)c->steps_per_epoch * cfg->epochs : UINT64_MAX;
     if (cfg->max_steps && cfg->max_steps < c->total)
         c->total = cfg->max_steps;
-    c->ring_size = (size_t)cfg->prefetch * cfg->fanout;
-    c->tokens_ring = (size_t)cfg->prefetch + 2;
+    uint32_t depth = cfg->prefetch_max > cfg->prefetch ? cfg->prefetch_max : cfg->prefetch;
+    c->horizon = cfg->prefetch;
+    c->ring_size = (size_t)depth * cfg->fanout;
+    c->tokens_ring = (size_t)depth + 2;
     c->ring = dh_calloc(c->ring_size, sizeof *c->ring);
     c->tokens_of = dh_calloc(c->tokens_ring, sizeof *c->tokens_of);
     c->requested_of = dh_calloc(c->tokens_ring, sizeof *c->requested_of);
@@ -1239,7 +1249,28 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
     c->stats.wait_s += waited;
+    /* Adaptive prefetch: in steady state (past the first horizon's batches, which wait for
+     * the pipeline to fill) a wait of more than a tenth of the compute window means the
+     * batches take longer from request to ready than the horizon covers: deepen it. */
+    uint32_t grown = 0;
+    double window_s = c->mean_window_s;
+    uint64_t arrived_ns = 0;
+    for (uint32_t p = 0; p < parts; p++)
+        if (taken[p].received_ns > arrived_ns)
+            arrived_ns = taken[p].received_ns;
+    double slack_s = arrived_ns && entry > arrived_ns ? dh_clock_elapsed_s(arrived_ns, entry) : 0;
+    if (c->cfg.prefetch_max > c->horizon && b >= c->horizon && window_s > 0 &&
+        (waited > 0.01 * window_s || slack_s < window_s)) {
+        uint32_t step = c->horizon;
+        c->horizon =
+            c->horizon + step < c->cfg.prefetch_max ? c->horizon + step : c->cfg.prefetch_max;
+        grown = c->horizon;
+    }
     pthread_mutex_unlock(&c->lock);
+    if (grown)
+        dh_log_info("client '%s': batch %llu waited %.3f s (compute window %.3f s): prefetch "
+                    "%u batches ahead now (at most %u)",
+                    c->id, (unsigned long long)b, waited, window_s, grown, c->cfg.prefetch_max);
 
     bi->parts = taken;
     bi->n_parts = parts;

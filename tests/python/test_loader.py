@@ -154,11 +154,28 @@ def test_set_epoch_changes_the_order_not_the_set(datahelix, dataset):
     assert orders[0] != orders[1] and orders[0] == orders[2]
 
 
+def test_adaptive_prefetch_deepens_when_the_loop_waits(datahelix, dataset):
+    # a loop with no compute waits at every next(): the horizon doubles up to prefetch_max
+    src, ids = dataset
+    with datahelix.DataLoader(src, batch_size=2, workers=1, seed=1, prefetch=1,
+                              prefetch_max=4, arena_bytes=128 << 20) as dl:
+        got = [i for b in dl for i in b["sample_ids"]]
+        assert dl.stats()["prefetch_now"] == 4
+    assert sorted(got) == sorted(ids)
+    with datahelix.DataLoader(src, batch_size=2, workers=1, seed=1, prefetch=1,
+                              arena_bytes=128 << 20) as dl:
+        for _ in dl:
+            pass
+        assert dl.stats()["prefetch_now"] == 1
+
+
 def test_bad_arguments_are_named(datahelix, dataset, tmp_path):
     with pytest.raises(datahelix.NotFoundError, match="profiles.jsonl"):
         datahelix.DataLoader(tmp_path)
     with pytest.raises(datahelix.InvalidArgumentError, match="on_error"):
         datahelix.DataLoader(dataset[0], on_error="ignore")
+    with pytest.raises(datahelix.InvalidArgumentError, match="prefetch_max"):
+        datahelix.DataLoader(dataset[0], prefetch=4, prefetch_max=2)
     with pytest.raises(datahelix.InvalidArgumentError, match="drop_last"):
         datahelix.DataLoader(dataset[0], drop_last=False)
     with pytest.raises(ValueError, match="rank 2"):

@@ -224,6 +224,46 @@ static void embedded_fanout_join_gives_slabs_back(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Adaptive prefetch: a consumer faster than its DataServer waits at next(); each wait past
+ * the first horizon doubles the horizon, up to prefetch_max, and the epoch is still
+ * delivered in order, exactly once. With prefetch_max 0 the horizon stays put. */
+static uint64_t horizon_after_epoch(const char *profiles, uint32_t prefetch_max)
+{
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles,
+                "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":0.01,"
+                "\"bytes_scale\":0.002}");
+    cfg.prefetch = 1;
+    cfg.prefetch_max = prefetch_max;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t index = 0;
+    int rc;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        assert_int_equal(b->index, index++);
+        check_synthetic(b);
+        dh_client_batch_release(&b);
+        cl_nap_ms(1); /* the compute window */
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(index, 16);
+    dh_client_stats_t st;
+    dh_client_stats(c, &st);
+    assert_int_equal(st.samples, 64);
+    assert_int_equal(st.duplicates_dropped, 0);
+    dh_client_destroy(&c);
+    return st.prefetch_now;
+}
+
+static void adaptive_prefetch_deepens_when_next_waits(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 64);
+    assert_int_equal(horizon_after_epoch(profiles, 8), 8);
+    assert_int_equal(horizon_after_epoch(profiles, 0), 1);
+    cl_assert_no_leftovers();
+}
+
 static void embedded_full_arena_is_backpressure(void **state)
 {
     /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
@@ -331,6 +371,11 @@ static void client_config_errors_name_the_field(void **state)
     cfg.fanout = 5;
     assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "fanout"));
+    base_config(&cfg, profiles, SYNTH);
+    cfg.prefetch = 8;
+    cfg.prefetch_max = 4;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "prefetch_max"));
     base_config(&cfg, profiles, SYNTH);
     cfg.batch = 17;
     assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
@@ -620,6 +665,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
+        cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
