@@ -1,8 +1,8 @@
 # DataHelix top-level Makefile: the two commands of README.md, and the pieces under them.
 #   make demo   install what is missing, build, run the demo
-#   make test   install what is missing, build, run the unit tests, then again under
-#               AddressSanitizer + UndefinedBehaviorSanitizer, then the runtime tests
-#               under ThreadSanitizer
+#   make test   install what is missing, build, run the unit tests and the Python tests,
+#               then both again under AddressSanitizer + UndefinedBehaviorSanitizer, then
+#               the runtime tests under ThreadSanitizer
 # Build folders: build/ (RelWithDebInfo), build-asan/ (ASan+UBSan), build-tsan/ (TSan).
 # Outputs: out/.
 
@@ -21,7 +21,7 @@ all: build
 help:
 	@echo "make deps       install missing Debian/PyPI packages (idempotent)"
 	@echo "make / build    configure and build the library, the CLI and the tests"
-	@echo "make test       deps + build + unit tests + Python tests + the C tests under ASan/UBSan + runtime under TSan"
+	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan"
 	@echo "make test-python  the pytest suite of the datahelix package (tests/python)"
 	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
@@ -43,10 +43,17 @@ $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug \
 	    -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 
+# Then the pytest suite again with the extension (and the CLI it runs) built with ASan+UBSan:
+# the interpreter is not instrumented, so the runtime is preloaded, and leak checking is off
+# (CPython keeps objects alive at exit by design); memory errors and UB still abort.
+ASAN_RT    = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
 test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+	LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(ASAN_BUILD)/datahelix \
+	    DH_PYTHON_PATH=$(CURDIR)/$(ASAN_BUILD)/python python3 -m pytest -q -p no:cacheprovider tests/python
 
 # ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
 # process and as real processes built with TSan too).
