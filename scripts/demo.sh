@@ -4,7 +4,8 @@
 # data set, probes it with the calibrated cost model and compares decoding per core with
 # the ffmpeg CLI and PyAV, runs the data plane as real processes over that data set (a
 # coordinator, a local DataServer and a remote sidecar, two ranks) and measures the
-# transport. Later issues grow it into the full training-loop demo (native vs pool vs helix).
+# transport, then runs the training loop: native vs pool vs helix with real decoding on this
+# machine's cores, and at the paper's emulated scale (docs/benchmarks.md).
 #   usage: scripts/demo.sh CLI OUT_DIR
 set -euo pipefail
 cli=${1:?usage: demo.sh CLI OUT_DIR}
