@@ -23,7 +23,7 @@ help:
 	@echo "make / build    configure and build the library, the CLI and the tests"
 	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan"
 	@echo "make test-python  the pytest suite of the datahelix package (tests/python)"
-	@echo "make demo       deps + build + plan and placement benchmarks on generated profiles"
+	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
