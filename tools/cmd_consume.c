@@ -46,6 +46,8 @@ static void usage(FILE *out)
             "  -b, --batch B               samples per rank per step (required)\n"
             "  -f, --fanout F              requests per batch (microbatches; default 1)\n"
             "  -k, --prefetch K            batches requested ahead (default 4)\n"
+            "      --prefetch-max M        adaptive prefetch: when next() waits, double the\n"
+            "                              batches requested ahead, up to M (default: fixed)\n"
             "  -e, --epochs E              epochs (default 1)\n"
             "  -s, --steps S               stop after S batches (default: the epochs)\n"
             "      --seed S                sample order seed (default 0)\n"
@@ -125,28 +127,38 @@ static int check_payload(const dh_client_batch_t *b)
 
 int dh_cmd_consume(int argc, char **argv)
 {
-    enum { OPT_SEED = 256, OPT_NO_SHUFFLE, OPT_ON_ERROR, OPT_CHECK, OPT_PIPELINE, OPT_WORKERS };
-    static const struct option options[] = {{"coordinator", required_argument, NULL, 'c'},
-                                            {"profiles", required_argument, NULL, 'P'},
-                                            {"rank", required_argument, NULL, 'r'},
-                                            {"ranks", required_argument, NULL, 'R'},
-                                            {"batch", required_argument, NULL, 'b'},
-                                            {"fanout", required_argument, NULL, 'f'},
-                                            {"prefetch", required_argument, NULL, 'k'},
-                                            {"epochs", required_argument, NULL, 'e'},
-                                            {"steps", required_argument, NULL, 's'},
-                                            {"seed", required_argument, NULL, OPT_SEED},
-                                            {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
-                                            {"on-error", required_argument, NULL, OPT_ON_ERROR},
-                                            {"node", required_argument, NULL, 'n'},
-                                            {"compute-ms", required_argument, NULL, 'C'},
-                                            {"ledger", required_argument, NULL, 'l'},
-                                            {"check-payload", no_argument, NULL, OPT_CHECK},
-                                            {"timeout-ms", required_argument, NULL, 't'},
-                                            {"pipeline", required_argument, NULL, OPT_PIPELINE},
-                                            {"workers", required_argument, NULL, OPT_WORKERS},
-                                            {"help", no_argument, NULL, 'h'},
-                                            {NULL, 0, NULL, 0}};
+    enum {
+        OPT_SEED = 256,
+        OPT_NO_SHUFFLE,
+        OPT_ON_ERROR,
+        OPT_CHECK,
+        OPT_PIPELINE,
+        OPT_WORKERS,
+        OPT_PREFETCH_MAX
+    };
+    static const struct option options[] = {
+        {"coordinator", required_argument, NULL, 'c'},
+        {"profiles", required_argument, NULL, 'P'},
+        {"rank", required_argument, NULL, 'r'},
+        {"ranks", required_argument, NULL, 'R'},
+        {"batch", required_argument, NULL, 'b'},
+        {"fanout", required_argument, NULL, 'f'},
+        {"prefetch", required_argument, NULL, 'k'},
+        {"prefetch-max", required_argument, NULL, OPT_PREFETCH_MAX},
+        {"epochs", required_argument, NULL, 'e'},
+        {"steps", required_argument, NULL, 's'},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
+        {"on-error", required_argument, NULL, OPT_ON_ERROR},
+        {"node", required_argument, NULL, 'n'},
+        {"compute-ms", required_argument, NULL, 'C'},
+        {"ledger", required_argument, NULL, 'l'},
+        {"check-payload", no_argument, NULL, OPT_CHECK},
+        {"timeout-ms", required_argument, NULL, 't'},
+        {"pipeline", required_argument, NULL, OPT_PIPELINE},
+        {"workers", required_argument, NULL, OPT_WORKERS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     int timeout_ms = 120000;
@@ -190,6 +202,11 @@ int dh_cmd_consume(int argc, char **argv)
             if (dh_cli_parse_u64(CMD, "--prefetch", optarg, 1, 1024, &v))
                 return 2;
             cfg.prefetch = (uint32_t)v;
+            break;
+        case OPT_PREFETCH_MAX:
+            if (dh_cli_parse_u64(CMD, "--prefetch-max", optarg, 1, 1024, &v))
+                return 2;
+            cfg.prefetch_max = (uint32_t)v;
             break;
         case 'e':
             if (dh_cli_parse_u64(CMD, "--epochs", optarg, 1, 1000000, &v))
@@ -362,12 +379,14 @@ int dh_cmd_consume(int argc, char **argv)
     dh_client_stats(c, &st);
     printf("{\"rank\":%u,\"client\":\"%s\",\"batches\":%llu,\"steps_total\":%llu,\"samples\":%llu,"
            "\"samples_failed\":%llu,\"errors_raised\":%llu,\"requests_sent\":%llu,"
-           "\"duplicates_dropped\":%llu,\"bytes\":%llu,\"wait_s\":%.6f,\"s_per_token\":%.3g}\n",
+           "\"duplicates_dropped\":%llu,\"bytes\":%llu,\"wait_s\":%.6f,\"s_per_token\":%.3g,"
+           "\"prefetch_now\":%llu}\n",
            cfg.rank, dh_client_id(c), (unsigned long long)st.batches,
            (unsigned long long)st.steps_total, (unsigned long long)st.samples,
            (unsigned long long)st.samples_failed, (unsigned long long)errors_raised,
            (unsigned long long)st.requests_sent, (unsigned long long)st.duplicates_dropped,
-           (unsigned long long)st.bytes_delivered, st.wait_s, st.s_per_token);
+           (unsigned long long)st.bytes_delivered, st.wait_s, st.s_per_token,
+           (unsigned long long)st.prefetch_now);
     fflush(stdout);
     dh_client_destroy(&c);
     if (ledger)
