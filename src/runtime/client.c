@@ -607,25 +607,41 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
 /* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest,
  * into heap copies that replace parts[0]'s tensors; every part's slabs are given back at
  * once (the copies hold the data), the parts keep their samples. Runs on the fetcher thread
- * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1). On
- * failure the parts are left as they were and the message is returned in *why. */
+ * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1).
+ * A part whose samples all failed comes with no tensors (nothing to map): it keeps its
+ * samples' slots as zero rows of every per-sample tensor (dimension 0 = the samples, as
+ * pixels and mask; a tensor like the synthetic payload gets no rows from it). On failure
+ * the parts are left as they were and the message is returned in *why. */
 static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
 {
     part_t *p0 = &parts[0];
+    size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
+    while (ref < n_parts && parts[ref].n_tensors == 0)
+        ref++;
     dh_client_tensor_t out[DH__RT_MAX_TENSORS];
     void *buf[DH__RT_MAX_TENSORS] = {0};
     int rc = 0;
-    for (size_t t = 0; t < p0->n_tensors; t++) {
+    size_t n_tensors = ref < n_parts ? parts[ref].n_tensors : 0;
+    char names[DH__RT_MAX_TENSORS][sizeof p0->names[0]];
+    for (size_t t = 0; t < n_tensors; t++) {
+        const part_t *pr = &parts[ref];
         dh_client_tensor_t *o = &out[t];
-        *o = p0->tensors[t];
+        *o = pr->tensors[t];
+        snprintf(names[t], sizeof names[t], "%s", pr->names[t]);
+        bool per_sample = pr->tensors[t].shape[0] == (int64_t)pr->n_samples;
         int64_t rows = 0;
         for (size_t k = 0; k < n_parts; k++) {
             const dh_client_tensor_t *x = &parts[k].tensors[t];
-            if (parts[k].n_tensors != p0->n_tensors || x->dtype != o->dtype || x->ndim != o->ndim ||
+            if (parts[k].n_tensors == 0) {
+                rows += per_sample ? (int64_t)parts[k].n_samples : 0;
+                continue;
+            }
+            if (parts[k].n_tensors != n_tensors || x->dtype != o->dtype || x->ndim != o->ndim ||
                 x->ndim == 0 || strcmp(x->name, o->name) != 0) {
                 rc = DH_EPARSE;
-                snprintf(why, why_cap, "batch %llu: part %zu's tensor '%s' does not match part 0's",
-                         (unsigned long long)batch, k, o->name);
+                snprintf(why, why_cap,
+                         "batch %llu: part %zu's tensor '%s' does not match part %zu's",
+                         (unsigned long long)batch, k, o->name, ref);
                 goto fail;
             }
             rows += x->shape[0];
@@ -652,6 +668,10 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
         int64_t row0 = 0;
         for (size_t k = 0; k < n_parts; k++) {
             const dh_client_tensor_t *x = &parts[k].tensors[t];
+            if (parts[k].n_tensors == 0) { /* all failed: zero rows (calloc) */
+                row0 += per_sample ? (int64_t)parts[k].n_samples : 0;
+                continue;
+            }
             /* Copy x's elements into o at row offset row0, dimension by dimension: the
              * innermost dimension is copied as one run. */
             size_t inner = elem * (size_t)x->shape[x->ndim - 1];
@@ -671,10 +691,10 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
             row0 += x->shape[0];
         }
     }
-    size_t n_tensors = p0->n_tensors;
     for (size_t k = 0; k < n_parts; k++)
         part_release_tensors(&parts[k]);
     for (size_t t = 0; t < n_tensors; t++) {
+        snprintf(p0->names[t], sizeof p0->names[t], "%s", names[t]);
         p0->tensors[t] = out[t];
         p0->tensors[t].name = p0->names[t];
         p0->copies[t] = buf[t];

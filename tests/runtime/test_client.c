@@ -614,11 +614,14 @@ static void embedded_video_with_corrupt_clip(void **state)
     dh_profile_set_destroy(&set);
     assert_int_equal(truncate(broken, 2000), 0);
 
-    for (int mode = 0; mode < 2; mode++) {
+    /* mode 0: skip; 1: raise; 2: skip with batch 2 in two parts, so the corrupt clip's part
+     * comes with no tensors and the join keeps its slot as zero rows */
+    for (int mode = 0; mode < 3; mode++) {
         dh_client_config_t cfg;
         base_config(&cfg, profiles, NULL); /* the video pipeline's defaults */
-        cfg.batch = 1;
-        cfg.on_error = mode == 0 ? DH_ON_ERROR_SKIP : DH_ON_ERROR_RAISE;
+        cfg.batch = mode == 2 ? 2 : 1;
+        cfg.fanout = mode == 2 ? 2 : 1;
+        cfg.on_error = mode == 1 ? DH_ON_ERROR_RAISE : DH_ON_ERROR_SKIP;
         dh_client_t *c = NULL;
         int rc = dh_client_new(&c, &cfg);
         if (rc)
@@ -633,7 +636,26 @@ static void embedded_video_with_corrupt_clip(void **state)
                 failed++;
                 continue;
             }
-            if (b->failed) {
+            if (b->failed && mode == 2) {
+                size_t bad = b->samples[0].error ? 0 : 1;
+                assert_int_equal(b->failed, 1);
+                assert_non_null(strstr(b->samples[bad].error_message, broken));
+                const dh_client_tensor_t *px = tensor(b, "pixels"), *mask = tensor(b, "mask");
+                assert_non_null(px);
+                assert_non_null(mask);
+                assert_int_equal(px->shape[0], 2);
+                assert_int_equal(mask->shape[0], 2);
+                /* the good sample's frames are there, the failed one's slot is zeros */
+                const uint8_t *m = mask->data;
+                size_t row = (size_t)mask->strides[0], good = 0, zero = 0;
+                for (size_t i = 0; i < (size_t)mask->shape[1]; i++) {
+                    good += m[(1 - bad) * row + i];
+                    zero += m[bad * row + i];
+                }
+                assert_true(good > 0);
+                assert_int_equal(zero, 0);
+                failed++;
+            } else if (b->failed) {
                 assert_int_equal(mode, 0);
                 assert_non_null(strstr(b->samples[0].error_message, broken));
                 failed++;
@@ -642,14 +664,14 @@ static void embedded_video_with_corrupt_clip(void **state)
                 assert_non_null(px);
                 assert_int_equal(px->dtype, DH_WIRE_DTYPE_U8);
                 assert_int_equal(px->ndim, 5); /* B x T x 3 x H x W */
-                assert_int_equal(px->shape[0], 1);
+                assert_int_equal(px->shape[0], mode == 2 ? 2 : 1);
                 assert_int_equal(px->shape[2], 3);
                 assert_true(b->tokens > 0);
                 ok++;
             }
             dh_client_batch_release(&b);
         }
-        assert_int_equal(ok, 3);
+        assert_int_equal(ok, mode == 2 ? 1 : 3);
         assert_int_equal(failed, 1);
         dh_client_destroy(&c);
     }
