@@ -461,12 +461,12 @@ int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cluster_full_epoch_ipc),
-        cmocka_unit_test(cluster_kill9_sidecar_mid_epoch),
-        cmocka_unit_test(cluster_kill9_local_server_restarted),
-        cmocka_unit_test(cluster_sigstop_then_sigcont),
-        cmocka_unit_test(cluster_client_killed_slabs_reclaimed),
-        cmocka_unit_test(cluster_failing_samples_skip_and_raise),
+        cmocka_unit_test_teardown(cluster_full_epoch_ipc, cl_teardown),
+        cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
+        cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
+        cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
+        cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
+        cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }
