@@ -91,6 +91,8 @@ def open_loader(cfg, context, rank):
     import datahelix
 
     extra = {"prefetch": cfg["prefetch"]} if cfg["prefetch"] else {}
+    if cfg.get("prefetch_max"):
+        extra["prefetch_max"] = cfg["prefetch_max"]
     if cfg.get("plan"):
         extra["plan"] = cfg["plan"]
     return _Epochs(datahelix.DataLoader(cfg["dataset"], batch_size=cfg["batch"], shuffle=True,

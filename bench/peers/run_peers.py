@@ -83,6 +83,9 @@ def parse_args(argv):
                         "ranks))")
     s.add_argument("--prefetch", type=int, default=0, metavar="P",
                    help="datahelix: DataLoader(prefetch=P) (default: the loader's own)")
+    s.add_argument("--prefetch-max", type=int, default=0, metavar="Q",
+                   help="datahelix: DataLoader(prefetch_max=Q), the adaptive prefetch "
+                        "(default: fixed)")
     s.add_argument("--plan", choices=("balanced", "packing", "count"),
                    help="datahelix: DataLoader(plan=...) (default: the loader's own)")
     c = p.add_argument_group("compute and metrics")
@@ -104,8 +107,8 @@ def parse_args(argv):
     for name in ("ranks", "batch", "steps", "workers", "runs", "count"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
-    if args.warmup < 0 or args.ray_inflight < 0 or args.prefetch < 0:
-        p.error("--warmup, --ray-inflight and --prefetch must be >= 0")
+    if args.warmup < 0 or args.ray_inflight < 0 or args.prefetch < 0 or args.prefetch_max < 0:
+        p.error("--warmup, --ray-inflight, --prefetch and --prefetch-max must be >= 0")
     if not args.compute_scale > 0 or not args.timeout > 0 or args.deadline_threshold < 0:
         p.error("--compute-scale and --timeout must be > 0, --deadline-threshold >= 0")
     if args.dataset and args.mix:
@@ -192,6 +195,7 @@ def run(args):
            "ranks": args.ranks, "batch": args.batch, "steps": args.steps,
            "warmup": args.warmup, "seed": args.seed, "workers": args.workers, "ncpu": ncpu,
            "pin": args.pin, "ray_inflight": args.ray_inflight, "prefetch": args.prefetch,
+           "prefetch_max": args.prefetch_max,
            "plan": args.plan,
            "cores": cores, "a": model["a"], "b": model["b"],
            "deadline_threshold_s": model["deadline_threshold_s"],
@@ -232,7 +236,8 @@ def run(args):
             "pin": args.pin,
             "ray_inflight": (args.ray_inflight or 2 * max(1, args.workers // args.ranks)),
             "torch_workers_per_rank": max(1, args.workers // args.ranks),
-            "prefetch": args.prefetch or None, "plan": args.plan, "versions": versions(),
+            "prefetch": args.prefetch or None, "prefetch_max": args.prefetch_max or None,
+            "plan": args.plan, "versions": versions(),
             "skipped": skipped, "failed": failed,
         },
         "systems": systems,

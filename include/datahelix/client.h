@@ -44,9 +44,10 @@ typedef struct dh_client_config {
     uint32_t batch;           /* samples per rank per step (> 0) */
     uint32_t fanout;          /* requests per batch (microbatches), 1..batch (1) */
     uint32_t prefetch;        /* batches requested ahead of next() (4) */
-    uint32_t prefetch_max;    /* adaptive prefetch: a next() that waits (past the first
-                               * `prefetch` batches) deepens the horizon by a quarter, up to
-                               * this; 0 = fixed at prefetch (default) */
+    uint32_t prefetch_max;    /* adaptive prefetch: a next() that waits, or a batch that
+                               * arrives less than a compute window early (past the first
+                               * horizon, the local arena under half full), doubles the
+                               * horizon, up to this; 0 = fixed at prefetch (default) */
     uint32_t max_inflight;    /* requests in flight; 0 = horizon x fanout */
     uint64_t seed;            /* sample order seed */
     int shuffle;              /* 1 = shuffle each epoch (default), 0 = file order */

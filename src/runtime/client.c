@@ -161,9 +161,11 @@ struct dh_client {
     uint64_t consumed; /* batches returned by next() */
     uint64_t planned;  /* batches requested */
     uint64_t delivered_parts_inflight;
-    part_t *ring;     /* max(prefetch, prefetch_max) x fanout parts */
-    uint32_t horizon; /* batches requested ahead of next(): prefetch, deepened up to
-                       * prefetch_max when next() waits */
+    part_t *ring;      /* max(prefetch, prefetch_max) x fanout parts */
+    uint32_t horizon;  /* batches requested ahead of next(): prefetch, deepened up to
+                        * prefetch_max when next() waits */
+    double arena_used; /* adaptive prefetch: share of the local arena's slabs in use, as
+                        * of the last delivery (the horizon deepens only below half) */
     size_t ring_size;
     int64_t *tokens_of; /* ring of planned batches' tokens */
     size_t tokens_ring;
@@ -790,7 +792,16 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     p.ready = true;
 
     uint32_t parts = c->cfg.fanout;
+    double arena_used = -1;
+    if (c->cfg.prefetch_max > c->cfg.prefetch && p.arena) { /* O(slabs): 512 for 512 MiB */
+        dh_shm_arena_stats_t as;
+        dh_shm_arena_stats(p.arena->arena, &as);
+        if (as.slabs_total)
+            arena_used = (double)(as.slabs_used - as.slabs_reclaimable) / (double)as.slabs_total;
+    }
     pthread_mutex_lock(&c->lock);
+    if (arena_used >= 0)
+        c->arena_used = arena_used;
     uint64_t lo = c->consumed * parts, hi = c->planned * parts;
     part_t *slot = &c->ring[p.seq % c->ring_size];
     bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
@@ -1196,6 +1207,22 @@ void dh_client_batch_release(dh_client_batch_t **pb)
     *pb = NULL;
 }
 
+uint32_t dh__rt_prefetch_horizon(uint32_t horizon, uint32_t max, uint64_t batch, double waited_s,
+                                 double slack_s, double window_s, double arena_used)
+{
+    /* In steady state (past the first horizon's batches, which wait for the pipeline to
+     * fill), a wait of more than 1% of the compute window, or a batch that arrived less than
+     * a window before it was asked for, means batches take longer from request to ready
+     * than the horizon covers: double it. Not when the arena is half full already: then the
+     * batches in flight are what holds the decode back (workers wait for slabs, then
+     * spill), and more would only add to it. */
+    if (max <= horizon || batch < horizon || !(window_s > 0) || !(arena_used < 0.5))
+        return horizon;
+    if (!(waited_s > 0.01 * window_s) && !(slack_s < window_s))
+        return horizon;
+    return horizon <= max - horizon ? 2 * horizon : max;
+}
+
 int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
 {
     *out = NULL;
@@ -1269,23 +1296,16 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
     c->stats.wait_s += waited;
-    /* Adaptive prefetch: in steady state (past the first horizon's batches, which wait for
-     * the pipeline to fill) a wait of more than a tenth of the compute window means the
-     * batches take longer from request to ready than the horizon covers: deepen it. */
-    uint32_t grown = 0;
-    double window_s = c->mean_window_s;
     uint64_t arrived_ns = 0;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].received_ns > arrived_ns)
             arrived_ns = taken[p].received_ns;
+    double window_s = c->mean_window_s;
     double slack_s = arrived_ns && entry > arrived_ns ? dh_clock_elapsed_s(arrived_ns, entry) : 0;
-    if (c->cfg.prefetch_max > c->horizon && b >= c->horizon && window_s > 0 &&
-        (waited > 0.01 * window_s || slack_s < window_s)) {
-        uint32_t step = c->horizon;
-        c->horizon =
-            c->horizon + step < c->cfg.prefetch_max ? c->horizon + step : c->cfg.prefetch_max;
-        grown = c->horizon;
-    }
+    uint32_t was = c->horizon;
+    c->horizon = dh__rt_prefetch_horizon(c->horizon, c->cfg.prefetch_max, b, waited, slack_s,
+                                         window_s, c->arena_used);
+    uint32_t grown = c->horizon != was ? c->horizon : 0;
     pthread_mutex_unlock(&c->lock);
     if (grown)
         dh_log_info("client '%s': batch %llu waited %.3f s (compute window %.3f s): prefetch "

@@ -23,6 +23,7 @@
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/rt.h"
 
 static const char *write_profiles(const char *name, size_t count)
 {
@@ -262,6 +263,25 @@ static void adaptive_prefetch_deepens_when_next_waits(void **state)
     assert_int_equal(horizon_after_epoch(profiles, 8), 8);
     assert_int_equal(horizon_after_epoch(profiles, 0), 1);
     cl_assert_no_leftovers();
+}
+
+/* The adaptive-prefetch rule itself (pure): doubles on a wait or a near miss in steady
+ * state, caps at max, and holds while filling, while the arena is half full, when there is
+ * no window yet, when max is 0 (fixed) and when batches arrive early. */
+static void prefetch_horizon_rule(void **state)
+{
+    const double w = 0.1; /* compute window, s */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, w, 0.1), 8);     /* waited */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0, 0.05, w, 0.1), 8);     /* near miss */
+    assert_int_equal(dh__rt_prefetch_horizon(12, 16, 20, 0.05, 0, w, 0.1), 16);   /* capped */
+    assert_int_equal(dh__rt_prefetch_horizon(16, 16, 20, 0.05, 0, w, 0.1), 16);   /* at max */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 3, 0.05, 0, w, 0.1), 4);      /* filling */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, w, 0.5), 4);     /* arena */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, 0, 0.1), 4);     /* no window */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 0, 10, 0.05, 0, w, 0.1), 4);      /* fixed */
+    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.0005, 0.5, w, 0.1), 4); /* early */
+    assert_int_equal(dh__rt_prefetch_horizon(1u << 31, UINT32_MAX, 1ull << 40, 1, 0, w, 0),
+                     UINT32_MAX); /* no overflow */
 }
 
 static void embedded_full_arena_is_backpressure(void **state)
@@ -688,6 +708,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
+        cmocka_unit_test(prefetch_horizon_rule),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
