@@ -294,6 +294,9 @@ typedef struct cluster {
 
 static void cluster_stop(cluster_t *c)
 {
+    /* every server stopping at once: none waits to forward to one already gone */
+    for (size_t i = 0; i < c->n_servers; i++)
+        dh_dataserver_stop(c->servers[i]);
     for (size_t i = 0; i < c->n_servers; i++)
         dh_dataserver_destroy(&c->servers[i]);
     dh_coordinator_destroy(&c->coord);
