@@ -60,7 +60,7 @@ static void usage(FILE *out)
         "  --native-cores N      total cores of `native` (default N x C of the locals)\n"
         "  --prefetch P          prefetch depth of the deep systems (16)\n"
         "  --prefetch-max Q      how deep their adaptive prefetch may grow when next()\n"
-        "                        waits (default 4 x P; Q = P: fixed)\n"
+        "                        waits (default 2 x P; Q = P: fixed)\n"
         "  --fanout F            their requests per rank's batch, at most --batch (default\n"
         "                        2 where the system has 2 or more cores per rank, counting\n"
         "                        only real cores with --dataset, else 1): the parts decode\n"

@@ -44,7 +44,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->copy_gbps = 5;
     opt->prefetch = 16;
     opt->fanout = 0;       /* auto */
-    opt->prefetch_max = 0; /* 4 x prefetch */
+    opt->prefetch_max = 0; /* 2 x prefetch */
     opt->seed = 1;
     opt->systems = "native,pool,helix";
 }
@@ -524,7 +524,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.next_timeout_ms = 120000;
         if (sp->deep) {
             cfg.prefetch = opt->prefetch;
-            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 4 * opt->prefetch;
+            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
             if (cfg.prefetch_max > 1024)
                 cfg.prefetch_max = 1024;
             cfg.fanout = fanout;
@@ -834,7 +834,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
             o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch,
-            o->prefetch_max ? o->prefetch_max : 4 * o->prefetch, o->fanout,
+            o->prefetch_max ? o->prefetch_max : 2 * o->prefetch, o->fanout,
             (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");

@@ -49,7 +49,7 @@ typedef struct dh_bench_options {
     double bytes_scale;          /* emulated: payload bytes x this (0.001) */
     double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
     uint32_t prefetch;           /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
-    uint32_t prefetch_max;       /* their adaptive prefetch limit (0 = 4 x prefetch; equal to
+    uint32_t prefetch_max;       /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
                                   * prefetch: fixed) */
     uint32_t fanout;             /* their microbatch fanout: requests per rank's batch, at
                                   * most batch; 0 (default) = 2 where the system has at
