@@ -1,4 +1,4 @@
-"""Type stubs of datahelix._C, the CPython binding of the C client and runtime."""
+"""Type annotations of datahelix._C, the CPython binding of the C client and runtime."""
 from typing import Any, Dict, List, Optional, Tuple
 
 class DataHelixError(Exception):

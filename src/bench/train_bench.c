@@ -525,8 +525,6 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         if (sp->deep) {
             cfg.prefetch = opt->prefetch;
             cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
-            if (cfg.prefetch_max > 1024)
-                cfg.prefetch_max = 1024;
             cfg.fanout = fanout;
         } else {
             /* PyTorch's prefetch_factor: 2 batches in flight per worker of the rank; a pool

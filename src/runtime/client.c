@@ -80,22 +80,6 @@ typedef struct part {
     char join_error[256];
 } part_t;
 
-static void part_release(part_t *p)
-{
-    for (size_t i = 0; i < p->n_tensors; i++) {
-        if (p->handles[i].arena_id && p->arena)
-            dh_shm_arena_unref(p->arena->arena, &p->handles[i]);
-        dh_free(p->copies[i]);
-    }
-    arena_ref_drop(p->arena);
-    for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
-        dh_free(p->samples[i].id);
-        dh_free(p->samples[i].error);
-    }
-    dh_free(p->samples);
-    memset(p, 0, sizeof *p);
-}
-
 /* Gives back a part's slabs and copies, keeping its samples (a joined batch's parts). */
 static void part_release_tensors(part_t *p)
 {
@@ -109,6 +93,17 @@ static void part_release_tensors(part_t *p)
     arena_ref_drop(p->arena);
     p->arena = NULL;
     p->n_tensors = 0;
+}
+
+static void part_release(part_t *p)
+{
+    part_release_tensors(p);
+    for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
+        dh_free(p->samples[i].id);
+        dh_free(p->samples[i].error);
+    }
+    dh_free(p->samples);
+    memset(p, 0, sizeof *p);
 }
 
 /* A part is moved by value (into the ring, then into a batch): its tensors' names point
