@@ -8,6 +8,8 @@
 #ifndef DATAHELIX_ALLOC_H
 #define DATAHELIX_ALLOC_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -21,28 +23,28 @@ typedef struct dh_allocator {
 } dh_allocator_t;
 
 /* Installs an allocator (NULL restores the C library's). Not thread-safe: call at start-up. */
-void dh_alloc_set(const dh_allocator_t *allocator);
+DH_EXTERN void dh_alloc_set(const dh_allocator_t *allocator);
 
 /* Fault injection: the next `n` allocations succeed, the one after fails, then all succeed
  * again. n < 0 disables. Returns nothing; read dh_alloc_count() to size a loop. */
-void dh_alloc_fail_after(long n);
+DH_EXTERN void dh_alloc_fail_after(long n);
 
 /* Number of allocations made since the last dh_alloc_reset_count(). */
-long dh_alloc_count(void);
-void dh_alloc_reset_count(void);
+DH_EXTERN long dh_alloc_count(void);
+DH_EXTERN void dh_alloc_reset_count(void);
 
 /* Number of live allocations (malloc minus free) since start-up; a leak check for tests. */
-long dh_alloc_live(void);
+DH_EXTERN long dh_alloc_live(void);
 
 /* malloc/calloc/realloc/free/strdup through the hook. calloc and reallocarray check
  * count x size for overflow and fail with NULL. */
-void *dh_malloc(size_t size);
-void *dh_calloc(size_t count, size_t size);
-void *dh_realloc(void *ptr, size_t size);
-void *dh_reallocarray(void *ptr, size_t count, size_t size);
-void dh_free(void *ptr);
-char *dh_strdup(const char *s);
-char *dh_strndup(const char *s, size_t n);
+DH_EXTERN void *dh_malloc(size_t size);
+DH_EXTERN void *dh_calloc(size_t count, size_t size);
+DH_EXTERN void *dh_realloc(void *ptr, size_t size);
+DH_EXTERN void *dh_reallocarray(void *ptr, size_t count, size_t size);
+DH_EXTERN void dh_free(void *ptr);
+DH_EXTERN char *dh_strdup(const char *s);
+DH_EXTERN char *dh_strndup(const char *s, size_t n);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,8 @@
 #ifndef DATAHELIX_CALIBRATE_H
 #define DATAHELIX_CALIBRATE_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 
 #include "datahelix/probe.h"
@@ -51,41 +53,43 @@ typedef struct dh_calibration {
 
 /* The bucket of a clip: codec and the standard height class of its short side
  * (240p/360p/480p/720p/1080p/2160p). Writes a NUL-terminated key of at most size-1 bytes. */
-void dh_calibration_bucket_key(const dh_media_info_t *info, char *key, size_t size);
+DH_EXTERN void dh_calibration_bucket_key(const dh_media_info_t *info, char *key, size_t size);
 
 /* Predicted CPU seconds of a sample (see the formula above); an unknown bucket has ratio 1.
  * Pure. */
-double dh_calibration_predict(const dh_calibration_t *cal, const char *bucket,
-                              const dh_decode_features_t *features);
+DH_EXTERN double dh_calibration_predict(const dh_calibration_t *cal, const char *bucket,
+                                        const dh_decode_features_t *features);
 
 /* Fits the coefficients to n timed samples (features, bucket keys, measured CPU seconds,
  * all > 0) and sets each bucket's ratio, replacing the buckets of *cal that were timed
  * again and keeping the others. Pure. Returns 0, or DH_EINVAL for n == 0 or a
  * non-positive measurement, or DH_ERANGE when more than DH_CALIBRATION_MAX_BUCKETS buckets
  * would be needed. */
-int dh_calibration_fit(const dh_decode_features_t *features, const char *const *buckets,
-                       const double *measured_s, size_t n, dh_calibration_t *cal);
+DH_EXTERN int dh_calibration_fit(const dh_decode_features_t *features, const char *const *buckets,
+                                 const double *measured_s, size_t n, dh_calibration_t *cal);
 
 /* Adds to *cal the ratios of buckets that were not timed before, keeping its coefficients
  * (used when a cached calibration meets a new resolution class). Pure. Same returns. */
-int dh_calibration_add_buckets(const dh_decode_features_t *features, const char *const *buckets,
-                               const double *measured_s, size_t n, dh_calibration_t *cal);
+DH_EXTERN int dh_calibration_add_buckets(const dh_decode_features_t *features,
+                                         const char *const *buckets, const double *measured_s,
+                                         size_t n, dh_calibration_t *cal);
 
 /* 1 if the calibration has a ratio for bucket. */
-int dh_calibration_has_bucket(const dh_calibration_t *cal, const char *bucket);
+DH_EXTERN int dh_calibration_has_bucket(const dh_calibration_t *cal, const char *bucket);
 
 /* Reads the entry for machine_key from the cache file at path. Returns 0, DH_ENOENT (no
  * file, or no entry for this key), DH_EPARSE (names the file), -errno, DH_ENOMEM. */
-int dh_calibration_load(const char *path, const char *machine_key, dh_calibration_t *cal);
+DH_EXTERN int dh_calibration_load(const char *path, const char *machine_key, dh_calibration_t *cal);
 
 /* Writes (adds or replaces) the entry for machine_key in the cache file at path, creating
  * its folder; other machines' entries are kept. Written to a temporary file then renamed,
  * so a reader never sees half a file. Returns 0, -errno or DH_ENOMEM. */
-int dh_calibration_save(const char *path, const char *machine_key, const dh_calibration_t *cal);
+DH_EXTERN int dh_calibration_save(const char *path, const char *machine_key,
+                                  const dh_calibration_t *cal);
 
 /* The default cache file: $DH_CALIBRATION_CACHE, else $XDG_CACHE_HOME/datahelix/
  * calibration.json, else $HOME/.cache/datahelix/calibration.json. Writes into buf. */
-void dh_calibration_default_path(char *buf, size_t size);
+DH_EXTERN void dh_calibration_default_path(char *buf, size_t size);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,8 @@
 #ifndef DATAHELIX_CLIENT_H
 #define DATAHELIX_CLIENT_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,7 +79,7 @@ typedef struct dh_client_config {
 } dh_client_config_t;
 
 /* Fills *cfg with the defaults above (profiles NULL: must be set). */
-void dh_client_config_default(dh_client_config_t *cfg);
+DH_EXTERN void dh_client_config_default(dh_client_config_t *cfg);
 
 /* A tensor of a batch. `data` points into the local DataServer's shared-memory arena
  * (fanout 1: zero-copy) or into a buffer of the batch (fanout > 1: the parts are joined by
@@ -126,24 +128,25 @@ typedef struct dh_client dh_client_t;
  * message names the file and line), DH_EAGAIN (no coordinator or local DataServer answered
  * within connect_timeout_ms: the message names the endpoint), -errno, DH_ENOMEM.
  * *out is the caller's (dh_client_destroy). */
-int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg);
+DH_EXTERN int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg);
 
 /* The next batch in order. Returns 0 and *out (the caller's: dh_client_batch_release);
  * DH_EEOF after the last batch; DH_EAGAIN when next_timeout_ms passed (call again); with
  * on_error raise, the first failed sample's code (DH_EIO, -ENOENT ...) with dh_last_error()
  * naming the sample and path: that batch is consumed and released, the next call goes on.
  * Measures the compute window since the previous return (the deadline model). */
-int dh_client_next(dh_client_t *c, dh_client_batch_t **out);
+DH_EXTERN int dh_client_next(dh_client_t *c, dh_client_batch_t **out);
 
 /* Whether tensor `t` of a batch lies in a shared-memory arena (zero-copy): returns 1 and
  * this process's mapping of that arena in *base and *size (the tensor's data is inside it), or
  * 0 when the tensor came by copy (fanout > 1 joins parts into a buffer; a spilled tensor),
  * or DH_EINVAL for t out of range. Thread-safe while the batch is held. */
-int dh_client_tensor_arena(const dh_client_batch_t *b, size_t t, const void **base, size_t *size);
+DH_EXTERN int dh_client_tensor_arena(const dh_client_batch_t *b, size_t t, const void **base,
+                                     size_t *size);
 
 /* Releases a batch: its slabs go back to the arena. Safe on NULL; sets *b = NULL.
  * Thread-safe; may be called after dh_client_destroy. */
-void dh_client_batch_release(dh_client_batch_t **b);
+DH_EXTERN void dh_client_batch_release(dh_client_batch_t **b);
 
 typedef struct dh_client_stats {
     uint64_t batches, samples, samples_failed;
@@ -158,24 +161,24 @@ typedef struct dh_client_stats {
     uint64_t prefetch_now;    /* the prefetch horizon now (prefetch, or deeper once grown) */
 } dh_client_stats_t;
 
-void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);
+DH_EXTERN void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);
 
 /* The client id (borrowed). */
-const char *dh_client_id(const dh_client_t *c);
+DH_EXTERN const char *dh_client_id(const dh_client_t *c);
 
 /* The coordinator endpoint used (the embedded one in embedded mode). Borrowed. */
-const char *dh_client_coordinator(const dh_client_t *c);
+DH_EXTERN const char *dh_client_coordinator(const dh_client_t *c);
 
 /* Stops the threads, leaves the coordinator (GOODBYE), stops embedded servers, frees.
  * Batches not yet released stay valid. Sets *c = NULL. Safe on NULL. */
-void dh_client_destroy(dh_client_t **c);
+DH_EXTERN void dh_client_destroy(dh_client_t **c);
 
 /* The sample ids rank `rank` receives at global step `step` under cfg's plan (what
  * dh_client_next will yield), for tests and ledgers: writes up to cap indices into the
  * profile set (row numbers) and returns how many (cfg->batch; with token_plan 2 the count
  * varies), or a negative code. */
-int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
-                             size_t cap);
+DH_EXTERN int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
+                                       size_t cap);
 
 #ifdef __cplusplus
 }

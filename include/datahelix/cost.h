@@ -25,6 +25,8 @@
 #ifndef DATAHELIX_COST_H
 #define DATAHELIX_COST_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,13 +90,13 @@ typedef struct dh_cost_breakdown {
 
 /* Predicts T for the request on snapshot server `server` (< n_servers), with its parts.
  * Pure, O(1). */
-void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req, uint32_t server,
-                     dh_cost_breakdown_t *out);
+DH_EXTERN void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req,
+                               uint32_t server, dh_cost_breakdown_t *out);
 
 /* Bytes the request moves between nodes if run on `server`: out_bytes unless the server is
  * on the consumer's node, else 0. */
-double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req,
-                              uint32_t server);
+DH_EXTERN double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req,
+                                        uint32_t server);
 
 /* ---- Online refinement ------------------------------------------------------------- */
 
@@ -115,34 +117,35 @@ typedef enum {
 } dh_cost_source_t;
 
 /* Fills *cfg with the defaults above. */
-void dh_cost_model_config_default(dh_cost_model_config_t *cfg);
+DH_EXTERN void dh_cost_model_config_default(dh_cost_model_config_t *cfg);
 
 /* Creates a model (cfg NULL = defaults). Returns 0 or DH_ENOMEM. *out is the caller's. */
-int dh_cost_model_new(dh_cost_model_t **out, const dh_cost_model_config_t *cfg);
-void dh_cost_model_destroy(dh_cost_model_t **model);
+DH_EXTERN int dh_cost_model_new(dh_cost_model_t **out, const dh_cost_model_config_t *cfg);
+DH_EXTERN void dh_cost_model_destroy(dh_cost_model_t **model);
 
 /* Predicted CPU seconds (speed factor 1) to produce the sample of `row`; *source (may be
  * NULL) says which evidence was used. O(1) expected (hash of the profile key). */
-double dh_cost_model_predict(const dh_cost_model_t *model, const dh_profile_row_t *row,
-                             dh_cost_source_t *source);
+DH_EXTERN double dh_cost_model_predict(const dh_cost_model_t *model, const dh_profile_row_t *row,
+                                       dh_cost_source_t *source);
 
 /* Learns from one completion: the sample of `row` took measured_cpu_s CPU seconds on a
  * server whose speed factor is server_speed (the measurement is divided by it, so the model
  * stays in "speed 1" units). Returns 0, DH_EINVAL (a negative or non-finite measurement,
  * speed <= 0) or DH_ENOMEM (a new key). */
-int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row_t *row,
-                          double measured_cpu_s, double server_speed);
+DH_EXTERN int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row_t *row,
+                                    double measured_cpu_s, double server_speed);
 
 /* Observations so far (all keys). */
-uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
+DH_EXTERN uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
 
 /* Sums the predicted costs of `n` rows into *req (cpu_s, in_bytes, out_bytes); the other
  * fields of *req are left as they are. */
-void dh_cost_model_request(const dh_cost_model_t *model, const dh_profile_row_t *const *rows,
-                           size_t n, dh_request_cost_t *req);
+DH_EXTERN void dh_cost_model_request(const dh_cost_model_t *model,
+                                     const dh_profile_row_t *const *rows, size_t n,
+                                     dh_request_cost_t *req);
 
 /* One step of an exponentially weighted mean: returns value + alpha x (sample - value). */
-double dh_cost_ewma(double value, double sample, double alpha);
+DH_EXTERN double dh_cost_ewma(double value, double sample, double alpha);
 
 #ifdef __cplusplus
 }

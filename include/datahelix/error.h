@@ -10,6 +10,8 @@
 #ifndef DATAHELIX_ERROR_H
 #define DATAHELIX_ERROR_H
 
+#include "datahelix/export.h"
+
 #include <errno.h>
 
 #ifdef __cplusplus
@@ -42,18 +44,18 @@ typedef enum {
 } dh_errno_t;
 
 /* Message for an error code ("out of memory"). Never NULL; static storage. Thread-safe. */
-const char *dh_strerror(int err);
+DH_EXTERN const char *dh_strerror(int err);
 
 /* Symbolic name of an error code ("DH_ENOMEM"), or "DH_E?" for an unknown one. Thread-safe. */
-const char *dh_err_name(int err);
+DH_EXTERN const char *dh_err_name(int err);
 
 /* The detailed message of the last error recorded on this thread (names the file, line,
  * field, peer or sample at fault), or "" if none. Borrowed; valid until the next error on
  * this thread. Thread-safe (thread-local). */
-const char *dh_last_error(void);
+DH_EXTERN const char *dh_last_error(void);
 
 /* Clears this thread's last error message. */
-void dh_clear_error(void);
+DH_EXTERN void dh_clear_error(void);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,8 @@
 #ifndef DATAHELIX_FAULT_H
 #define DATAHELIX_FAULT_H
 
+#include "datahelix/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -22,17 +24,17 @@ typedef enum {
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
-int dh_fault_enabled(void);
+DH_EXTERN int dh_fault_enabled(void);
 
 /* Arms a site: its next `skip` hits pass, the one after fails, later ones pass again.
  * Process-global; not thread-safe against concurrent arming (tests arm from one thread). */
-void dh_fault_arm(dh_fault_site_t site, long skip);
+DH_EXTERN void dh_fault_arm(dh_fault_site_t site, long skip);
 
 /* Disarms every site. */
-void dh_fault_disarm_all(void);
+DH_EXTERN void dh_fault_disarm_all(void);
 
 /* How many times a site has been hit since start-up (counts only in a faults build). */
-long dh_fault_hits(dh_fault_site_t site);
+DH_EXTERN long dh_fault_hits(dh_fault_site_t site);
 
 #ifdef __cplusplus
 }

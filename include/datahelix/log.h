@@ -7,6 +7,8 @@
 #ifndef DATAHELIX_LOG_H
 #define DATAHELIX_LOG_H
 
+#include "datahelix/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,13 +21,14 @@ typedef enum {
 } dh_log_level_t;
 
 /* Sets the threshold; records above it are dropped. */
-void dh_log_set_level(dh_log_level_t level);
+DH_EXTERN void dh_log_set_level(dh_log_level_t level);
 
 /* The current threshold (read once from DH_LOG_LEVEL on first use). */
-dh_log_level_t dh_log_level(void);
+DH_EXTERN dh_log_level_t dh_log_level(void);
 
 /* Writes one record if level passes the threshold. */
-void dh_log_write(dh_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DH_EXTERN void dh_log_write(dh_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #define dh_log_error(...) dh_log_write(DH_LOG_ERROR, __VA_ARGS__)
 #define dh_log_warn(...) dh_log_write(DH_LOG_WARN, __VA_ARGS__)

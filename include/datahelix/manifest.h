@@ -10,6 +10,8 @@
 #ifndef DATAHELIX_MANIFEST_H
 #define DATAHELIX_MANIFEST_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,15 +32,15 @@ typedef struct dh_manifest dh_manifest_t;
 /* Reads a manifest file. Returns 0, -errno (cannot open or read; the message names the
  * path), DH_EPARSE / DH_ESCHEMA on the first bad line ("PATH:LINE: field 'NAME': ..."), or
  * DH_ENOMEM. *out is the caller's (dh_manifest_destroy). */
-int dh_manifest_load(const char *path, dh_manifest_t **out);
+DH_EXTERN int dh_manifest_load(const char *path, dh_manifest_t **out);
 
 /* Frees the manifest; sets *manifest = NULL. Safe on NULL. */
-void dh_manifest_destroy(dh_manifest_t **manifest);
+DH_EXTERN void dh_manifest_destroy(dh_manifest_t **manifest);
 
-size_t dh_manifest_count(const dh_manifest_t *manifest);
+DH_EXTERN size_t dh_manifest_count(const dh_manifest_t *manifest);
 
 /* Entry i (i < count). Borrowed; valid until the manifest is destroyed. */
-const dh_manifest_entry_t *dh_manifest_entry(const dh_manifest_t *manifest, size_t i);
+DH_EXTERN const dh_manifest_entry_t *dh_manifest_entry(const dh_manifest_t *manifest, size_t i);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,8 @@
 #ifndef DATAHELIX_MIX_H
 #define DATAHELIX_MIX_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,25 +41,26 @@ typedef struct dh_mix {
  * Returns 0, DH_EUNKNOWN (not a built-in name and no such file), DH_EPARSE / DH_ESCHEMA
  * (dh_last_error() names the file, the entry index and the field), DH_ENOMEM.
  * *out is the caller's (dh_mix_destroy). */
-int dh_mix_load(const char *name_or_path, dh_mix_t **out);
+DH_EXTERN int dh_mix_load(const char *name_or_path, dh_mix_t **out);
 
 /* Frees a mix; sets *mix = NULL. Safe on NULL. */
-void dh_mix_destroy(dh_mix_t **mix);
+DH_EXTERN void dh_mix_destroy(dh_mix_t **mix);
 
 /* NULL-terminated list of built-in mix names (static storage). */
-const char *const *dh_mix_builtin_names(void);
+DH_EXTERN const char *const *dh_mix_builtin_names(void);
 
 /* Visual tokens of a clip under the Qwen-VL style formula with the default parameters
  * (spatial patch 14, temporal patch 2, spatial merge 2):
  *   ceil(frames/2) * ceil(height/14) * ceil(width/14) / 4 */
-int64_t dh_tokens_visual(int32_t frames, int32_t height, int32_t width);
+DH_EXTERN int64_t dh_tokens_visual(int32_t frames, int32_t height, int32_t width);
 
 /* Appends `count` rows drawn from the mix with seed `seed` to `out`, with costs from the
  * synthetic model of docs/profiles.md. Ids are "s%07zu" numbered from the number of rows
  * already in `out` (so "s0000000"... for an empty set). Deterministic for a seed: row i
  * depends only on (seed, i), not on `count`. Returns 0, DH_EINVAL (empty mix) or
  * DH_ENOMEM (rows drawn before the failure stay in `out`). */
-int dh_profiles_generate(const dh_mix_t *mix, size_t count, uint64_t seed, dh_profile_set_t *out);
+DH_EXTERN int dh_profiles_generate(const dh_mix_t *mix, size_t count, uint64_t seed,
+                                   dh_profile_set_t *out);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,8 @@
 #ifndef DATAHELIX_PIPELINE_H
 #define DATAHELIX_PIPELINE_H
 
+#include "datahelix/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -68,26 +70,26 @@ typedef struct dh_pipeline_spec {
 /* Fills *spec with the defaults: 16 frames, uniform, window_stride 4, no repeat,
  * short-side+center-crop 224x224, uint8, TCHW, ImageNet mean/std, fps 2.0, frames in
  * [4, 64], pixels in [3136, 200704], patch 14, temporal patch 2, merge 2, seed 0. */
-void dh_pipeline_spec_defaults(dh_pipeline_spec_t *spec);
+DH_EXTERN void dh_pipeline_spec_defaults(dh_pipeline_spec_t *spec);
 
 /* Parses a JSON object (text of `len` bytes, not necessarily NUL-terminated) over the
  * defaults: fields present replace the defaults. `source` names the text in messages (a
  * path, "--spec"). Returns 0, DH_EPARSE (not JSON), DH_ESCHEMA (unknown field or bad value:
  * dh_last_error() names the source and the field), DH_ENOMEM. *spec is written only on
  * success. Thread-safe. */
-int dh_pipeline_spec_parse(const char *json, size_t len, const char *source,
-                           dh_pipeline_spec_t *spec);
+DH_EXTERN int dh_pipeline_spec_parse(const char *json, size_t len, const char *source,
+                                     dh_pipeline_spec_t *spec);
 
 /* dh_pipeline_spec_parse on the contents of a file. Also returns -errno (cannot open). */
-int dh_pipeline_spec_load(const char *path, dh_pipeline_spec_t *spec);
+DH_EXTERN int dh_pipeline_spec_load(const char *path, dh_pipeline_spec_t *spec);
 
 /* Checks the ranges of every field (what parse checks) for a spec built in code. Returns
  * 0 or DH_EINVAL naming the field. */
-int dh_pipeline_spec_check(const dh_pipeline_spec_t *spec);
+DH_EXTERN int dh_pipeline_spec_check(const dh_pipeline_spec_t *spec);
 
 /* The spec as a JSON object (every field), for logs and profile metadata. The string is
  * the caller's (dh_free); NULL when out of memory. */
-char *dh_pipeline_spec_to_json(const dh_pipeline_spec_t *spec);
+DH_EXTERN char *dh_pipeline_spec_to_json(const dh_pipeline_spec_t *spec);
 
 /* ---- planning (pure) ------------------------------------------------------------------ */
 
@@ -120,23 +122,23 @@ typedef struct dh_sample_plan {
  * and !spec->allow_repeat; DH_EINVAL for unusable clip metadata (no frame rate, no size,
  * no frames) or overrides out of range; DH_ENOMEM. Messages name the sample id. On success
  * plan->indices is the caller's (dh_sample_plan_clear); on failure *plan is zeroed. */
-int dh_pipeline_plan(const dh_pipeline_spec_t *spec, const dh_clip_info_t *clip,
-                     const dh_sample_overrides_t *overrides, const char *sample_id,
-                     dh_sample_plan_t *plan);
+DH_EXTERN int dh_pipeline_plan(const dh_pipeline_spec_t *spec, const dh_clip_info_t *clip,
+                               const dh_sample_overrides_t *overrides, const char *sample_id,
+                               dh_sample_plan_t *plan);
 
 /* Frees plan->indices and zeroes the plan. Safe on a zeroed plan. */
-void dh_sample_plan_clear(dh_sample_plan_t *plan);
+DH_EXTERN void dh_sample_plan_clear(dh_sample_plan_t *plan);
 
 /* Output size of a clip of src_width x src_height under the spec's resize mode and the
  * optional overrides (pure). */
-void dh_pipeline_output_size(const dh_pipeline_spec_t *spec, int32_t src_width, int32_t src_height,
-                             const dh_sample_overrides_t *overrides, int32_t *out_height,
-                             int32_t *out_width);
+DH_EXTERN void dh_pipeline_output_size(const dh_pipeline_spec_t *spec, int32_t src_width,
+                                       int32_t src_height, const dh_sample_overrides_t *overrides,
+                                       int32_t *out_height, int32_t *out_width);
 
 /* Visual tokens: ceil(T/tp) * ceil(H/p) * ceil(W/p) / merge^2 with the spec's parameters
  * (equals dh_tokens_visual() for the defaults). */
-int64_t dh_pipeline_tokens(const dh_pipeline_spec_t *spec, int32_t frames, int32_t height,
-                           int32_t width);
+DH_EXTERN int64_t dh_pipeline_tokens(const dh_pipeline_spec_t *spec, int32_t frames, int32_t height,
+                                     int32_t width);
 
 /* ---- tensors -------------------------------------------------------------------------- */
 
@@ -154,10 +156,10 @@ typedef struct dh_tensor {
 } dh_tensor_t;
 
 /* Bytes per element of a dtype (1 or 4). */
-size_t dh_dtype_size(dh_dtype_t dtype);
+DH_EXTERN size_t dh_dtype_size(dh_dtype_t dtype);
 
 /* Frees data and zeroes the tensor. Safe on a zeroed tensor. */
-void dh_tensor_clear(dh_tensor_t *tensor);
+DH_EXTERN void dh_tensor_clear(dh_tensor_t *tensor);
 
 /* ---- decoding ------------------------------------------------------------------------- */
 
@@ -171,7 +173,7 @@ typedef struct dh_sample {
 } dh_sample_t;
 
 /* Frees what a sample holds and zeroes it. Safe on a zeroed sample. */
-void dh_sample_clear(dh_sample_t *sample);
+DH_EXTERN void dh_sample_clear(dh_sample_t *sample);
 
 /* A decoder with its spec and scratch (a scaler context, buffers) reused across samples.
  * One thread at a time; make one per worker thread. */
@@ -179,17 +181,17 @@ typedef struct dh_pipeline dh_pipeline_t;
 
 /* Makes a pipeline for a spec (copied; checked with dh_pipeline_spec_check). Returns 0,
  * DH_EINVAL, DH_ENOMEM. *out is the caller's (dh_pipeline_destroy). */
-int dh_pipeline_new(dh_pipeline_t **out, const dh_pipeline_spec_t *spec);
+DH_EXTERN int dh_pipeline_new(dh_pipeline_t **out, const dh_pipeline_spec_t *spec);
 
 /* Frees; sets *pipeline = NULL. Safe on NULL. */
-void dh_pipeline_destroy(dh_pipeline_t **pipeline);
+DH_EXTERN void dh_pipeline_destroy(dh_pipeline_t **pipeline);
 
 /* The pipeline's spec (borrowed). */
-const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline);
+DH_EXTERN const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline);
 
 /* Reads the clip metadata the decoder plans with (opens the file, reads the header; no
  * decoding unless the header lacks the size). Same errors as dh_pipeline_decode. */
-int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip);
+DH_EXTERN int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip);
 
 /* Decodes one sample: opens `path`, plans (dh_pipeline_plan), seeks/decodes the sampled
  * frames on one thread, resizes and converts them into out->pixels. `overrides` and
@@ -199,9 +201,9 @@ int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip);
  * media file, no video stream, unsupported codec, corrupt or truncated stream: the message
  * names the path and carries FFmpeg's message); DH_ERANGE (fewer frames than asked);
  * DH_ENOMEM. The caller frees with dh_sample_clear. Never crashes on bad input. */
-int dh_pipeline_decode(dh_pipeline_t *pipeline, const char *path,
-                       const dh_sample_overrides_t *overrides, const char *sample_id,
-                       dh_sample_t *out);
+DH_EXTERN int dh_pipeline_decode(dh_pipeline_t *pipeline, const char *path,
+                                 const dh_sample_overrides_t *overrides, const char *sample_id,
+                                 dh_sample_t *out);
 
 /* ---- batches -------------------------------------------------------------------------- */
 
@@ -233,23 +235,23 @@ typedef struct dh_batch {
  * allowed) into a new batch. Pure. Samples are left as they were (copied, not moved).
  * Returns 0 or DH_ENOMEM (nothing is allocated then). *out is the caller's
  * (dh_batch_destroy). */
-int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
-               dh_batch_t **out);
+DH_EXTERN int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype,
+                         dh_layout_t layout, dh_batch_t **out);
 
 /* Decodes `count` requests one after the other on this thread and collates them. A bad
  * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
  * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). */
-int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
-                             size_t count, dh_batch_t **out);
+DH_EXTERN int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                                       size_t count, dh_batch_t **out);
 
 /* Frees the batch; sets *batch = NULL. Safe on NULL. */
-void dh_batch_destroy(dh_batch_t **batch);
+DH_EXTERN void dh_batch_destroy(dh_batch_t **batch);
 
 /* "uniform", "short-side+center-crop", "uint8", "TCHW"...: the JSON names (static). */
-const char *dh_sampling_name(dh_sampling_t sampling);
-const char *dh_resize_name(dh_resize_t resize);
-const char *dh_dtype_name(dh_dtype_t dtype);
-const char *dh_layout_name(dh_layout_t layout);
+DH_EXTERN const char *dh_sampling_name(dh_sampling_t sampling);
+DH_EXTERN const char *dh_resize_name(dh_resize_t resize);
+DH_EXTERN const char *dh_dtype_name(dh_dtype_t dtype);
+DH_EXTERN const char *dh_layout_name(dh_layout_t layout);
 
 #ifdef __cplusplus
 }

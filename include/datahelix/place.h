@@ -21,6 +21,8 @@
 #ifndef DATAHELIX_PLACE_H
 #define DATAHELIX_PLACE_H
 
+#include "datahelix/export.h"
+
 #include <stdint.h>
 
 #include "datahelix/cost.h"
@@ -72,16 +74,16 @@ typedef struct dh_decision {
 } dh_decision_t;
 
 /* Fills *cfg with the defaults: deadline policy, hysteresis 5 ms or 10% of local T. */
-void dh_place_config_default(dh_place_config_t *cfg);
+DH_EXTERN void dh_place_config_default(dh_place_config_t *cfg);
 
 /* Parses "local", "least-request", "deadline". Returns 0 or DH_EUNKNOWN. */
-int dh_policy_from_name(const char *name, dh_policy_t *out);
-const char *dh_policy_name(dh_policy_t policy);
+DH_EXTERN int dh_policy_from_name(const char *name, dh_policy_t *out);
+DH_EXTERN const char *dh_policy_name(dh_policy_t policy);
 
 /* Short text for a reason ("local meets deadline"). Static storage. */
-const char *dh_place_reason_text(dh_place_reason_t reason);
+DH_EXTERN const char *dh_place_reason_text(dh_place_reason_t reason);
 /* Identifier for a reason ("local_meets"), for telemetry. Static storage. */
-const char *dh_place_reason_name(dh_place_reason_t reason);
+DH_EXTERN const char *dh_place_reason_name(dh_place_reason_t reason);
 
 /* Chooses the server for one request under cfg->policy. Fills out->server, out->reason and,
  * if out->candidates is not NULL, one entry per snapshot server (index = server index).
@@ -89,8 +91,8 @@ const char *dh_place_reason_name(dh_place_reason_t reason);
  * local server); DH_EAGAIN when live candidates exist but all are at their cap
  * (backpressure: retry when a completion frees a slot). Cost: O(n_servers), no allocation.
  * Deterministic. Thread-safe on distinct outputs (reads the snapshot only). */
-int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_request_cost_t *req,
-             dh_decision_t *out);
+DH_EXTERN int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap,
+                       const dh_request_cost_t *req, dh_decision_t *out);
 
 #ifdef __cplusplus
 }

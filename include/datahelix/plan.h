@@ -15,6 +15,8 @@
 #ifndef DATAHELIX_PLAN_H
 #define DATAHELIX_PLAN_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,10 +49,10 @@ typedef struct dh_plan_config {
 } dh_plan_config_t;
 
 /* Parses "greedy", "kk", "swap", "exact". Returns 0 or DH_EUNKNOWN. */
-int dh_plan_algo_from_name(const char *name, dh_plan_algo_t *out);
+DH_EXTERN int dh_plan_algo_from_name(const char *name, dh_plan_algo_t *out);
 
 /* Name of an algorithm (static storage). */
-const char *dh_plan_algo_name(dh_plan_algo_t algo);
+DH_EXTERN const char *dh_plan_algo_name(dh_plan_algo_t algo);
 
 /* Plans one step. load[i] is item i's predicted load (tokens), key[i] its profile key index
  * (may be NULL). Writes rank_of[i] (0..ranks-1, or -1 = deferred in token-budget mode) and,
@@ -65,8 +67,8 @@ const char *dh_plan_algo_name(dh_plan_algo_t algo);
  * fixed-batch mode (B = n / R), O(n log n + n R^2) in token-budget mode; swap adds
  * O(iterations x (n + R B^2)); exact is exponential (bounded by the node limit).
  * Thread-safe (no shared state; allocates its scratch through dh_malloc). */
-int dh_plan_step(const dh_plan_config_t *cfg, const double *load, const uint32_t *key, size_t n,
-                 int32_t *rank_of, double *rank_load);
+DH_EXTERN int dh_plan_step(const dh_plan_config_t *cfg, const double *load, const uint32_t *key,
+                           size_t n, int32_t *rank_of, double *rank_load);
 
 /* Token-budget mode with carried-over samples: the same as dh_plan_step, except that the first
  * n_carried items (the previous step's deferred samples, which the caller puts at the front of
@@ -74,17 +76,18 @@ int dh_plan_step(const dh_plan_config_t *cfg, const double *load, const uint32_t
  * thus deferred again only if it does not fit even when placed first, and no sample waits
  * behind newer ones. In fixed-batch mode n_carried must be 0 (else DH_EINVAL): the window is
  * exactly ranks x batch. dh_plan_step(...) is dh_plan_step_carried(..., 0, ...). */
-int dh_plan_step_carried(const dh_plan_config_t *cfg, const double *load, const uint32_t *key,
-                         size_t n, size_t n_carried, int32_t *rank_of, double *rank_load);
+DH_EXTERN int dh_plan_step_carried(const dh_plan_config_t *cfg, const double *load,
+                                   const uint32_t *key, size_t n, size_t n_carried,
+                                   int32_t *rank_of, double *rank_load);
 
 /* Lower bound on the largest rank load of any fixed-batch plan: max(total / ranks, largest
  * item). */
-double dh_plan_lower_bound(const double *load, size_t n, uint32_t ranks);
+DH_EXTERN double dh_plan_lower_bound(const double *load, size_t n, uint32_t ranks);
 
 /* Microbatch fanout: splits one rank's batch of n items into `parts` requests of sizes that
  * differ by at most one, balancing load. Writes part_of[i] in 0..parts-1.
  * Returns 0, DH_EINVAL (parts == 0 or parts > n) or DH_ENOMEM. */
-int dh_plan_fanout(const double *load, size_t n, uint32_t parts, uint32_t *part_of);
+DH_EXTERN int dh_plan_fanout(const double *load, size_t n, uint32_t parts, uint32_t *part_of);
 
 #ifdef __cplusplus
 }

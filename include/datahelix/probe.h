@@ -10,6 +10,8 @@
 #ifndef DATAHELIX_PROBE_H
 #define DATAHELIX_PROBE_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,18 +38,18 @@ typedef struct dh_media_info {
  * -errno (cannot open), DH_EIO (not a media file, no video stream, no decoder for its
  * codec, or a corrupt header: dh_last_error() has the path and FFmpeg's message), or
  * DH_ENOMEM. Free with dh_media_info_clear. Thread-safe. */
-int dh_media_probe(const char *path, dh_media_info_t *info);
+DH_EXTERN int dh_media_probe(const char *path, dh_media_info_t *info);
 
 /* Frees what dh_media_probe allocated; safe on a zeroed or cleared info. */
-void dh_media_info_clear(dh_media_info_t *info);
+DH_EXTERN void dh_media_info_clear(dh_media_info_t *info);
 
 /* Frames a decoder decodes to produce frames `targets` (ascending frame indices) of a clip
  * whose keyframes are `keyframes` (ascending; keyframes[0] is normally 0): for each target,
  * it decodes forward from where it is when no keyframe lies between, else seeks to the
  * keyframe at or before the target and decodes from there. Pure, O(n_targets x
  * log n_keyframes). With no keyframes it counts every target as one decoded frame. */
-int64_t dh_decode_frames_needed(const int64_t *keyframes, size_t n_keyframes,
-                                const int64_t *targets, size_t n_targets);
+DH_EXTERN int64_t dh_decode_frames_needed(const int64_t *keyframes, size_t n_keyframes,
+                                          const int64_t *targets, size_t n_targets);
 
 /* ---- probing a data set ------------------------------------------------------------ */
 
@@ -93,21 +95,23 @@ typedef struct dh_probe_report {
  * in report->skips, never fatal. Returns 0, or DH_ENOMEM, or an error of the calibration
  * cache or of calibration itself (no clip of a bucket could be decoded is not an error:
  * the bucket keeps ratio 1). Free the report with dh_probe_report_clear. */
-int dh_probe_manifest(const struct dh_manifest *manifest, const struct dh_pipeline_spec *spec,
-                      const dh_probe_options_t *options, struct dh_profile_set *out,
-                      dh_probe_report_t *report);
+DH_EXTERN int dh_probe_manifest(const struct dh_manifest *manifest,
+                                const struct dh_pipeline_spec *spec,
+                                const dh_probe_options_t *options, struct dh_profile_set *out,
+                                dh_probe_report_t *report);
 
-void dh_probe_report_clear(dh_probe_report_t *report);
+DH_EXTERN void dh_probe_report_clear(dh_probe_report_t *report);
 
 /* Accuracy check: decodes `count` rows of `rows` (chosen with seed; all when count >= rows),
  * one at a time on this thread, timing each one's CPU, and writes the median and 90th
  * percentile of |cpu_s_est - measured| / measured. entry_of_row maps rows to manifest
  * entries (from the report). Rows whose decode fails are left out. Returns 0, DH_EINVAL
  * (nothing could be decoded) or DH_ENOMEM. */
-int dh_probe_check(const struct dh_manifest *manifest, const struct dh_pipeline_spec *spec,
-                   const struct dh_profile_set *rows, const size_t *entry_of_row, size_t count,
-                   uint64_t seed, dh_probe_progress_fn progress, void *ctx, double *median_rel_err,
-                   double *p90_rel_err, size_t *checked);
+DH_EXTERN int dh_probe_check(const struct dh_manifest *manifest,
+                             const struct dh_pipeline_spec *spec, const struct dh_profile_set *rows,
+                             const size_t *entry_of_row, size_t count, uint64_t seed,
+                             dh_probe_progress_fn progress, void *ctx, double *median_rel_err,
+                             double *p90_rel_err, size_t *checked);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,8 @@
 #ifndef DATAHELIX_PROFILE_H
 #define DATAHELIX_PROFILE_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,10 +47,10 @@ typedef struct dh_profile_row {
 typedef struct dh_profile_set dh_profile_set_t;
 
 /* Creates an empty set. Returns 0 or DH_ENOMEM. *out is the caller's (dh_profile_set_destroy). */
-int dh_profile_set_new(dh_profile_set_t **out);
+DH_EXTERN int dh_profile_set_new(dh_profile_set_t **out);
 
 /* Frees the set, its rows and strings; sets *set = NULL. Safe on NULL. */
-void dh_profile_set_destroy(dh_profile_set_t **set);
+DH_EXTERN void dh_profile_set_destroy(dh_profile_set_t **set);
 
 /* Appends the rows of a JSONL file ("-" reads stdin). Blank lines are skipped. Unknown
  * fields are kept in `extra`, never an error. Returns 0, or on the first bad line
@@ -56,33 +58,33 @@ void dh_profile_set_destroy(dh_profile_set_t **set);
  * wrong type or an impossible value), DH_ENOENT/-errno (cannot open or read), DH_ENOMEM.
  * On error the set holds the rows appended before the bad line, and dh_last_error() says
  * "PATH:LINE: field 'NAME': what is wrong". */
-int dh_profile_set_load(dh_profile_set_t *set, const char *path);
+DH_EXTERN int dh_profile_set_load(dh_profile_set_t *set, const char *path);
 
 /* The same over an in-memory buffer of JSONL text; `name` stands for the path in messages. */
-int dh_profile_set_load_buffer(dh_profile_set_t *set, const char *data, size_t len,
-                               const char *name);
+DH_EXTERN int dh_profile_set_load_buffer(dh_profile_set_t *set, const char *data, size_t len,
+                                         const char *name);
 
 /* Appends a copy of *row (strings copied, key interned, key_index ignored and set).
  * Returns 0, DH_ESCHEMA (a required string is NULL or a count is negative; message says
  * which) or DH_ENOMEM. */
-int dh_profile_set_add(dh_profile_set_t *set, const dh_profile_row_t *row);
+DH_EXTERN int dh_profile_set_add(dh_profile_set_t *set, const dh_profile_row_t *row);
 
 /* Number of rows. */
-size_t dh_profile_set_count(const dh_profile_set_t *set);
+DH_EXTERN size_t dh_profile_set_count(const dh_profile_set_t *set);
 
 /* Row i (i < count). Borrowed; valid until the set is changed or destroyed. */
-const dh_profile_row_t *dh_profile_set_row(const dh_profile_set_t *set, size_t i);
+DH_EXTERN const dh_profile_row_t *dh_profile_set_row(const dh_profile_set_t *set, size_t i);
 
 /* Number of distinct profile keys, and key k (k < key_count). Borrowed. */
-size_t dh_profile_set_key_count(const dh_profile_set_t *set);
-const char *dh_profile_set_key(const dh_profile_set_t *set, size_t k);
+DH_EXTERN size_t dh_profile_set_key_count(const dh_profile_set_t *set);
+DH_EXTERN const char *dh_profile_set_key(const dh_profile_set_t *set, size_t k);
 
 /* Writes every row as JSONL to path ("-" is stdout). Returns 0 or -errno / DH_EIO (the
  * message names the path). */
-int dh_profile_set_write(const dh_profile_set_t *set, const char *path);
+DH_EXTERN int dh_profile_set_write(const dh_profile_set_t *set, const char *path);
 
 /* Writes one row as one JSON line to f. Returns 0 or DH_EIO / DH_ENOMEM. */
-int dh_profile_row_write(FILE *f, const dh_profile_row_t *row);
+DH_EXTERN int dh_profile_row_write(FILE *f, const dh_profile_row_t *row);
 
 #ifdef __cplusplus
 }

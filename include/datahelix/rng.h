@@ -4,6 +4,8 @@
 #ifndef DATAHELIX_RNG_H
 #define DATAHELIX_RNG_H
 
+#include "datahelix/export.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -15,22 +17,22 @@ typedef struct dh_rng {
 } dh_rng_t;
 
 /* Seeds the generator; any seed (0 included) is valid. */
-void dh_rng_seed(dh_rng_t *rng, uint64_t seed);
+DH_EXTERN void dh_rng_seed(dh_rng_t *rng, uint64_t seed);
 
 /* Next 64 random bits. */
-uint64_t dh_rng_next(dh_rng_t *rng);
+DH_EXTERN uint64_t dh_rng_next(dh_rng_t *rng);
 
 /* Uniform integer in [0, bound) without modulo bias; bound > 0. */
-uint64_t dh_rng_below(dh_rng_t *rng, uint64_t bound);
+DH_EXTERN uint64_t dh_rng_below(dh_rng_t *rng, uint64_t bound);
 
 /* Uniform double in [0, 1). */
-double dh_rng_uniform(dh_rng_t *rng);
+DH_EXTERN double dh_rng_uniform(dh_rng_t *rng);
 
 /* Standard normal (Box-Muller). */
-double dh_rng_normal(dh_rng_t *rng);
+DH_EXTERN double dh_rng_normal(dh_rng_t *rng);
 
 /* Mixes several words into one seed (for seed x epoch x step streams). */
-uint64_t dh_rng_mix(uint64_t a, uint64_t b);
+DH_EXTERN uint64_t dh_rng_mix(uint64_t a, uint64_t b);
 
 #ifdef __cplusplus
 }

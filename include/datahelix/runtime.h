@@ -24,6 +24,8 @@
 #ifndef DATAHELIX_RUNTIME_H
 #define DATAHELIX_RUNTIME_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,28 +53,28 @@ typedef struct dh_coordinator_config {
 } dh_coordinator_config_t;
 
 /* Fills *cfg with the defaults above (listen NULL: must be set). */
-void dh_coordinator_config_default(dh_coordinator_config_t *cfg);
+DH_EXTERN void dh_coordinator_config_default(dh_coordinator_config_t *cfg);
 
 /* Makes a coordinator and binds its socket. Returns 0, DH_EINVAL (no endpoint), -errno with
  * a message naming the endpoint (cannot bind: -EADDRINUSE ...), -errno naming the telemetry
  * file, or DH_ENOMEM. *out is the caller's (dh_coordinator_destroy). */
-int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg);
+DH_EXTERN int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg);
 
 /* The endpoint actually bound (a wildcard port resolved). Borrowed. */
-const char *dh_coordinator_endpoint(const dh_coordinator_t *c);
+DH_EXTERN const char *dh_coordinator_endpoint(const dh_coordinator_t *c);
 
 /* Runs the event loop on the calling thread until dh_coordinator_stop. Returns 0 or a
  * negative code for a fatal socket error (logged). */
-int dh_coordinator_run(dh_coordinator_t *c);
+DH_EXTERN int dh_coordinator_run(dh_coordinator_t *c);
 
 /* Runs the loop on a new thread. Returns 0 or -errno (pthread_create). */
-int dh_coordinator_start(dh_coordinator_t *c);
+DH_EXTERN int dh_coordinator_start(dh_coordinator_t *c);
 
 /* Asks the loop to stop (async-signal-safe). */
-void dh_coordinator_stop(dh_coordinator_t *c);
+DH_EXTERN void dh_coordinator_stop(dh_coordinator_t *c);
 
 /* Stops and joins a started thread, closes the sockets, frees; sets *c = NULL. Safe on NULL. */
-void dh_coordinator_destroy(dh_coordinator_t **c);
+DH_EXTERN void dh_coordinator_destroy(dh_coordinator_t **c);
 
 typedef struct dh_coordinator_stats {
     uint64_t requests, dispatches, redispatches, completes, delivered, decisions;
@@ -81,7 +83,7 @@ typedef struct dh_coordinator_stats {
 } dh_coordinator_stats_t;
 
 /* A snapshot of the counters. Thread-safe. */
-void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out);
+DH_EXTERN void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out);
 
 /* ---- DataServer ----------------------------------------------------------------------- */
 
@@ -109,22 +111,22 @@ typedef struct dh_dataserver_config {
                                 * each rank only its share of the machine */
 } dh_dataserver_config_t;
 
-void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
+DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
  * workers. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config or spec: the message
  * names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the caller's. */
-int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
+DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
-const char *dh_dataserver_name(const dh_dataserver_t *s);
+DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);
 /* Local role: the data endpoint actually bound; "" for a sidecar. Borrowed. */
-const char *dh_dataserver_endpoint(const dh_dataserver_t *s);
+DH_EXTERN const char *dh_dataserver_endpoint(const dh_dataserver_t *s);
 
-int dh_dataserver_run(dh_dataserver_t *s);
-int dh_dataserver_start(dh_dataserver_t *s);
-void dh_dataserver_stop(dh_dataserver_t *s);
-void dh_dataserver_destroy(dh_dataserver_t **s);
+DH_EXTERN int dh_dataserver_run(dh_dataserver_t *s);
+DH_EXTERN int dh_dataserver_start(dh_dataserver_t *s);
+DH_EXTERN void dh_dataserver_stop(dh_dataserver_t *s);
+DH_EXTERN void dh_dataserver_destroy(dh_dataserver_t **s);
 
 typedef struct dh_dataserver_stats {
     uint64_t tasks, samples, sample_errors;
@@ -139,13 +141,13 @@ typedef struct dh_dataserver_stats {
                                      docs/shared-memory.md, "Full arena") */
 } dh_dataserver_stats_t;
 
-void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);
+DH_EXTERN void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);
 
 /* Local role: a snapshot of its arena's allocations (dh_shm_arena_stats through a private
  * read-only view, so any thread may call it while the server runs): how many batches are
  * still held by clients. Returns 0, DH_EINVAL (a sidecar has no arena), or what attaching
  * returns (-errno, DH_ENOMEM). */
-int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out);
+DH_EXTERN int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #ifndef DATAHELIX_SAMPLER_H
 #define DATAHELIX_SAMPLER_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,18 +21,19 @@ typedef struct dh_sampler dh_sampler_t;
 
 /* Creates a sampler over n samples (n > 0), `per_step` ids per global step
  * (0 < per_step <= n). Returns 0, DH_EINVAL or DH_ENOMEM. *out is the caller's. */
-int dh_sampler_new(dh_sampler_t **out, size_t n, size_t per_step, uint64_t seed, int shuffle);
-void dh_sampler_destroy(dh_sampler_t **sampler);
+DH_EXTERN int dh_sampler_new(dh_sampler_t **out, size_t n, size_t per_step, uint64_t seed,
+                             int shuffle);
+DH_EXTERN void dh_sampler_destroy(dh_sampler_t **sampler);
 
 /* Steps in one epoch (floor(n / per_step)). */
-size_t dh_sampler_steps_per_epoch(const dh_sampler_t *sampler);
+DH_EXTERN size_t dh_sampler_steps_per_epoch(const dh_sampler_t *sampler);
 
 /* Writes the per_step ids of global step `step` (counted from epoch 0; epoch =
  * step / steps_per_epoch) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
  * permutation; the current implementation allocates its buffer in dh_sampler_new, so it
  * always returns 0). Not const: caches the current epoch's permutation, rebuilt in O(n) when
  * the epoch changes (so steps are best asked in order). One thread at a time. */
-int dh_sampler_step(dh_sampler_t *sampler, uint64_t step, uint32_t *ids);
+DH_EXTERN int dh_sampler_step(dh_sampler_t *sampler, uint64_t step, uint32_t *ids);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,8 @@
 #ifndef DATAHELIX_SHM_H
 #define DATAHELIX_SHM_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -67,7 +69,7 @@ typedef struct dh_shm_arena dh_shm_arena_t;
  * large; the message says which), -errno from memfd_create/ftruncate/fallocate/mmap
  * (-ENOSPC / -ENOMEM: not enough memory to back the arena), or DH_ENOMEM.
  * *out is the caller's (dh_shm_arena_destroy); NULL on failure. Thread-safe. */
-int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size);
+DH_EXTERN int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size);
 
 /* Attaches to an arena made by another process (or this one) from an fd of its memfd.
  * The fd is duplicated (close-on-exec): the caller keeps and closes its own. The header is
@@ -77,22 +79,22 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size);
  * not sealed against shrinking), DH_EPARSE (too small, or a header field is wrong; the
  * message names the field and both values), or DH_ENOMEM.
  * *out is the caller's (dh_shm_arena_destroy); NULL on failure. Thread-safe. */
-int dh_shm_arena_attach(dh_shm_arena_t **out, int fd);
+DH_EXTERN int dh_shm_arena_attach(dh_shm_arena_t **out, int fd);
 
 /* Unmaps the arena and closes its fd; sets *arena = NULL. Safe on NULL. Does not touch
  * reference counts: other processes' mappings stay valid, and the memory is freed by the
  * kernel when the last mapping and fd are gone. Pointers from _resolve become invalid in
  * this process. Owner thread only. */
-void dh_shm_arena_destroy(dh_shm_arena_t **arena);
+DH_EXTERN void dh_shm_arena_destroy(dh_shm_arena_t **arena);
 
 /* The arena's memfd, to send to a client (dh_shm_send_fd). Borrowed: closed by _destroy. */
-int dh_shm_arena_fd(const dh_shm_arena_t *arena);
+DH_EXTERN int dh_shm_arena_fd(const dh_shm_arena_t *arena);
 
 /* The arena's random id (what handles carry in arena_id). Thread-safe. */
-uint64_t dh_shm_arena_id(const dh_shm_arena_t *arena);
+DH_EXTERN uint64_t dh_shm_arena_id(const dh_shm_arena_t *arena);
 
 /* 1 if this object made the arena (may allocate), 0 if it attached. */
-int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
+DH_EXTERN int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
 
 /* Creator only. Allocates ceil(len / slab_size) contiguous slabs, first fit from the start
  * of the arena, after reclaiming released allocations if any are pending. The allocation
@@ -102,8 +104,8 @@ int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
  * Returns 0, DH_EAGAIN (no run of free slabs is long enough now: backpressure; retry after
  * clients unref), DH_ERANGE (len exceeds the whole arena, so waiting cannot help), or
  * DH_EINVAL (len == 0). Never blocks. Owner thread only. Cost: O(slabs) bitmap scan. */
-int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid, dh_shm_handle_t *handle,
-                       void **ptr);
+DH_EXTERN int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid,
+                                 dh_shm_handle_t *handle, void **ptr);
 
 /* Validates a handle (usually received from another process) and returns a pointer to its
  * first byte in this process's mapping. Checks: arena id, offset inside the slab area and
@@ -114,56 +116,57 @@ int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid, dh_s
  * mismatch), DH_ERANGE (offset or length past the end), or -ESTALE (the allocation was
  * released, or the slabs were reused: generation mismatch). The message names the check.
  * Thread-safe, lock-free. */
-int dh_shm_arena_resolve(const dh_shm_arena_t *arena, const dh_shm_handle_t *handle, void **ptr);
+DH_EXTERN int dh_shm_arena_resolve(const dh_shm_arena_t *arena, const dh_shm_handle_t *handle,
+                                   void **ptr);
 
 /* Adds one reference to a live allocation. Fails with -ESTALE once the count has reached 0
  * (a released allocation cannot be revived), DH_ERANGE if the count would exceed
  * INT32_MAX, or as _resolve for a bad handle. Thread-safe, lock-free, any process. */
-int dh_shm_arena_ref(dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
+DH_EXTERN int dh_shm_arena_ref(dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
 
 /* As dh_shm_arena_ref, and makes `pid` the allocation's holder (one holder per allocation:
  * the last _ref_for wins). Use it when a batch is handed to another client. */
-int dh_shm_arena_ref_for(dh_shm_arena_t *arena, const dh_shm_handle_t *handle, pid_t pid);
+DH_EXTERN int dh_shm_arena_ref_for(dh_shm_arena_t *arena, const dh_shm_handle_t *handle, pid_t pid);
 
 /* Drops one reference. When the count reaches 0 the allocation is released: its slabs are
  * reclaimable by the creator's next _alloc or _collect, and the handle goes stale.
  * Returns 0, -ESTALE (count already 0 or slabs reused), or as _resolve for a bad handle.
  * Thread-safe, lock-free, any process. */
-int dh_shm_arena_unref(dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
+DH_EXTERN int dh_shm_arena_unref(dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
 
 /* The allocation's current reference count (>= 1), or a negative code as _resolve (-ESTALE
  * once released). A snapshot: other processes may change it at once. Thread-safe. */
-int dh_shm_arena_refcount(const dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
+DH_EXTERN int dh_shm_arena_refcount(const dh_shm_arena_t *arena, const dh_shm_handle_t *handle);
 
 /* Creator only. Returns the slabs of every released allocation (count 0) to the free map.
  * Returns the bytes reclaimed (slabs x slab_size). Owner thread only. Cost: O(slabs). */
-uint64_t dh_shm_arena_collect(dh_shm_arena_t *arena);
+DH_EXTERN uint64_t dh_shm_arena_collect(dh_shm_arena_t *arena);
 
 /* Creator only. For each live allocation whose holder pid no longer exists
  * (kill(pid, 0) fails with ESRCH), drops all its references, then collects. Returns the
  * number of allocations dropped. Limits: a dead child that is not yet reaped (zombie)
  * still exists; a recycled pid looks alive; the creator itself is never dead.
  * Owner thread only. Cost: O(slabs) plus one kill() per live allocation. */
-size_t dh_shm_arena_reclaim_dead(dh_shm_arena_t *arena);
+DH_EXTERN size_t dh_shm_arena_reclaim_dead(dh_shm_arena_t *arena);
 
 /* Fills *stats from the shared records (atomic snapshots; may be slightly inconsistent
  * while other processes ref/unref). Thread-safe, any process. Cost: O(slabs). */
-void dh_shm_arena_stats(const dh_shm_arena_t *arena, dh_shm_arena_stats_t *stats);
+DH_EXTERN void dh_shm_arena_stats(const dh_shm_arena_t *arena, dh_shm_arena_stats_t *stats);
 
 /* This process's mapping of the whole arena: *base and *size (header included). A pointer
  * from _resolve lies in [base, base + size). Thread-safe. */
-void dh_shm_arena_mapping(const dh_shm_arena_t *arena, const void **base, size_t *size);
+DH_EXTERN void dh_shm_arena_mapping(const dh_shm_arena_t *arena, const void **base, size_t *size);
 
 /* Sends fd over a connected AF_UNIX socket (SCM_RIGHTS, with one data byte). The caller
  * keeps its fd. Returns 0 or -errno (-EPIPE if the peer is gone; no SIGPIPE). Retries on
  * EINTR. Thread-safe. */
-int dh_shm_send_fd(int sock, int fd);
+DH_EXTERN int dh_shm_send_fd(int sock, int fd);
 
 /* Receives one fd sent by dh_shm_send_fd (close-on-exec). *fd is the caller's to close.
  * Returns 0, DH_EEOF (peer closed), DH_EPARSE (a message without exactly one fd; any fds it
  * carried are closed), or -errno. Blocks until a message arrives (use a non-blocking
  * socket to get -EAGAIN). Thread-safe. */
-int dh_shm_recv_fd(int sock, int *fd);
+DH_EXTERN int dh_shm_recv_fd(int sock, int *fd);
 
 #ifdef __cplusplus
 }

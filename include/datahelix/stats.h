@@ -6,6 +6,8 @@
 #ifndef DATAHELIX_STATS_H
 #define DATAHELIX_STATS_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -15,25 +17,25 @@ extern "C" {
 typedef struct dh_stats dh_stats_t;
 
 /* Creates an empty collector. Returns 0 or DH_ENOMEM. *out is the caller's. */
-int dh_stats_new(dh_stats_t **out);
-void dh_stats_destroy(dh_stats_t **stats);
+DH_EXTERN int dh_stats_new(dh_stats_t **out);
+DH_EXTERN void dh_stats_destroy(dh_stats_t **stats);
 
 /* Appends one value. Returns 0 or DH_ENOMEM (the collector is unchanged then). */
-int dh_stats_add(dh_stats_t *stats, double value);
-void dh_stats_clear(dh_stats_t *stats);
+DH_EXTERN int dh_stats_add(dh_stats_t *stats, double value);
+DH_EXTERN void dh_stats_clear(dh_stats_t *stats);
 
-size_t dh_stats_count(const dh_stats_t *stats);
-double dh_stats_mean(const dh_stats_t *stats); /* 0 when empty */
-double dh_stats_min(const dh_stats_t *stats);  /* 0 when empty */
-double dh_stats_max(const dh_stats_t *stats);  /* 0 when empty */
-double dh_stats_sum(const dh_stats_t *stats);
+DH_EXTERN size_t dh_stats_count(const dh_stats_t *stats);
+DH_EXTERN double dh_stats_mean(const dh_stats_t *stats); /* 0 when empty */
+DH_EXTERN double dh_stats_min(const dh_stats_t *stats);  /* 0 when empty */
+DH_EXTERN double dh_stats_max(const dh_stats_t *stats);  /* 0 when empty */
+DH_EXTERN double dh_stats_sum(const dh_stats_t *stats);
 
 /* The p-th percentile (0 <= p <= 100), linear interpolation between closest ranks
  * (numpy's default). 0 when empty. Sorts lazily, hence not const. */
-double dh_stats_percentile(dh_stats_t *stats, double p);
+DH_EXTERN double dh_stats_percentile(dh_stats_t *stats, double p);
 
 /* Percentile of a plain array, which is sorted in place. 0 when n == 0. */
-double dh_percentile_sorted_inplace(double *values, size_t n, double p);
+DH_EXTERN double dh_percentile_sorted_inplace(double *values, size_t n, double p);
 
 #ifdef __cplusplus
 }

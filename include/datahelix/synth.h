@@ -10,6 +10,8 @@
 #ifndef DATAHELIX_SYNTH_H
 #define DATAHELIX_SYNTH_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,7 +34,7 @@ typedef struct dh_synth_clip {
  * encoded before compression. Deterministic for (clip->seed, index); a moving texture
  * plus the frame index drawn as a binary code in the top rows, so tests can tell which
  * frame a decoded image is. */
-void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, uint8_t *rgb);
+DH_EXTERN void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, uint8_t *rgb);
 
 /* Reads back the frame index drawn by dh_synth_frame_rgb from a decoded RGB24 frame of the
  * clip's size (tolerant of compression noise). Returns the index, or -1 if unreadable.
@@ -40,7 +42,7 @@ void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, uint8_t *rgb
  * its complement: one row of 16 cells for widths >= 128, two rows of 8 for widths 64..127,
  * in a band 16 to 32 rows high; frames narrower than 64 or lower than the band carry no
  * code (-1). */
-int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
+DH_EXTERN int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
 
 /* Encodes one clip to `path` (MP4, H.264 via libx264 on one thread, preset ultrafast with
  * CABAC and deblocking, CRF 23, yuv420p, no B-frames, a keyframe exactly every gop frames;
@@ -49,7 +51,7 @@ int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
  * Returns 0, -errno (cannot create the file), DH_EIO (FFmpeg failed: dh_last_error() has the
  * path and FFmpeg's message), DH_EINVAL (bad size or rate; the message names the path) or
  * DH_ENOMEM. Thread-safe. Lowers FFmpeg's log level to warnings if it is at the default. */
-int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip);
+DH_EXTERN int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip);
 
 /* Progress of dh_synth_dataset: called from the calling thread after each clip. */
 typedef void (*dh_synth_progress_fn)(size_t done, size_t total, void *ctx);
@@ -57,8 +59,9 @@ typedef void (*dh_synth_progress_fn)(size_t done, size_t total, void *ctx);
 /* Writes `count` clips drawn from `mix` with `seed` into out_dir (created if missing), with
  * `jobs` encoder threads (0 = number of CPUs), and out_dir/manifest.jsonl. Deterministic for
  * a seed whatever `jobs` is. Returns 0 or the first error (message names the clip). */
-int dh_synth_dataset(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
-                     unsigned jobs, dh_synth_progress_fn progress, void *ctx);
+DH_EXTERN int dh_synth_dataset(const char *out_dir, const dh_mix_t *mix, size_t count,
+                               uint64_t seed, unsigned jobs, dh_synth_progress_fn progress,
+                               void *ctx);
 
 /* What a data set holds, for a closing summary. */
 typedef struct dh_synth_totals {
@@ -76,9 +79,9 @@ typedef struct dh_synth_totals {
  * Returns 0, DH_EINVAL (empty mix or an entry with a size or rate that cannot be encoded),
  * -errno (out_dir cannot be created or written; the message names the path), or the error
  * of the lowest-numbered clip that failed (DH_EIO, DH_ENOMEM...; the message names it). */
-int dh_synth_dataset_write(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
-                           unsigned jobs, dh_synth_progress_fn progress, void *ctx,
-                           dh_synth_totals_t *totals);
+DH_EXTERN int dh_synth_dataset_write(const char *out_dir, const dh_mix_t *mix, size_t count,
+                                     uint64_t seed, unsigned jobs, dh_synth_progress_fn progress,
+                                     void *ctx, dh_synth_totals_t *totals);
 
 #ifdef __cplusplus
 }

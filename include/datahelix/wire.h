@@ -28,6 +28,8 @@
 #ifndef DATAHELIX_WIRE_H
 #define DATAHELIX_WIRE_H
 
+#include "datahelix/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -226,34 +228,35 @@ typedef struct dh_wire_frame {
 } dh_wire_frame_t;
 
 /* "HELLO", "HEARTBEAT", ... or "type?" for an unknown value. Static storage. */
-const char *dh_msg_type_name(unsigned type);
+DH_EXTERN const char *dh_msg_type_name(unsigned type);
 
 /* Bytes of one element of a dtype, or 0 for an unknown dtype. */
-size_t dh_wire_dtype_size(unsigned dtype);
+DH_EXTERN size_t dh_wire_dtype_size(unsigned dtype);
 
 /* Frees what a decoded message owns (strings, arrays) and zeroes it. Safe on a zeroed or
  * partly decoded message. Only for messages whose members came from dh_malloc (a decoded
  * message does); never for a message the caller built from its own storage. */
-void dh_msg_clear(dh_msg_t *msg);
+DH_EXTERN void dh_msg_clear(dh_msg_t *msg);
 
 /* Encodes msg: fills header[] and returns the body in *body (the caller's, dh_free) and its
  * size in *body_len. NULL strings encode as "". Payload frames are not part of the encoding;
  * dh_wire_send sends them. Returns 0, DH_ENOMEM, or DH_ERANGE if the body would exceed
  * UINT32_MAX bytes. Misuse (unknown type, ndim > 6) is an assertion. Reentrant. */
-int dh_wire_encode(const dh_msg_t *msg, uint8_t header[DH_WIRE_HEADER_SIZE], uint8_t **body,
-                   size_t *body_len);
+DH_EXTERN int dh_wire_encode(const dh_msg_t *msg, uint8_t header[DH_WIRE_HEADER_SIZE],
+                             uint8_t **body, size_t *body_len);
 
 /* Decodes and validates a header frame. Returns 0 or DH_EPARSE (wrong size, bad magic, another
  * version - the message names both -, unknown type). */
-int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out);
+DH_EXTERN int dh_wire_decode_header(const void *data, size_t size, dh_wire_header_t *out);
 
 /* Decodes a whole message from its frames: header, body, and the payload frames (n_payloads
  * may be 0; payloads may be NULL then). Validates everything (see the top and
  * docs/wire-protocol.md). On success *out owns its strings and arrays (dh_msg_clear) and the
  * DELIVER tensors' data point into payloads[]. On failure *out is zeroed and nothing is owned.
  * Returns 0, DH_EPARSE (message names the type and field), or DH_ENOMEM. Reentrant. */
-int dh_wire_decode(const void *header, size_t header_size, const void *body, size_t body_size,
-                   const dh_wire_frame_t *payloads, size_t n_payloads, dh_msg_t *out);
+DH_EXTERN int dh_wire_decode(const void *header, size_t header_size, const void *body,
+                             size_t body_size, const dh_wire_frame_t *payloads, size_t n_payloads,
+                             dh_msg_t *out);
 
 /* Packet form, for a local SOCK_SEQPACKET channel (the DataServer's notice of a batch in the
  * arena to a client on its node): one buffer holding the 20-byte header then the body, and no
@@ -261,8 +264,8 @@ int dh_wire_decode(const void *header, size_t header_size, const void *body, siz
  * dh_wire_encode_packet allocates *buf (dh_free it); returns 0, DH_EINVAL (a FRAME tensor),
  * DH_ERANGE or DH_ENOMEM. dh_wire_decode_packet validates like dh_wire_decode (a short buffer
  * or a body length that disagrees with the packet is DH_EPARSE); *out owns what it holds. */
-int dh_wire_encode_packet(const dh_msg_t *msg, uint8_t **buf, size_t *len);
-int dh_wire_decode_packet(const void *buf, size_t len, dh_msg_t *out);
+DH_EXTERN int dh_wire_encode_packet(const dh_msg_t *msg, uint8_t **buf, size_t *len);
+DH_EXTERN int dh_wire_decode_packet(const void *buf, size_t len, dh_msg_t *out);
 
 /* ---- ZeroMQ helpers (src/wire/zmq.c) ---- */
 
@@ -278,23 +281,23 @@ typedef struct dh_wire_socket_opts {
  * ROUTER ZMQ_ROUTER_MANDATORY (so a send to an unknown peer fails instead of vanishing).
  * Returns 0, DH_ENOMEM, or a negative errno with a message. *out is the caller's
  * (dh_wire_socket_destroy, before the context is terminated). */
-int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_type,
-                       const dh_wire_socket_opts_t *opts);
+DH_EXTERN int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_type,
+                                 const dh_wire_socket_opts_t *opts);
 
 /* Closes the socket (pending messages are dropped: linger 0), frees it, sets *s = NULL. */
-void dh_wire_socket_destroy(dh_wire_socket_t **s);
+DH_EXTERN void dh_wire_socket_destroy(dh_wire_socket_t **s);
 
 /* Bind / connect to an endpoint ("inproc://x", "ipc:///path", "tcp://host:port"). The last
  * endpoint is remembered to name the socket in error messages. Returns 0 or a negative errno
  * with a message naming the endpoint. */
-int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint);
-int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint);
+DH_EXTERN int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint);
+DH_EXTERN int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint);
 
 /* The underlying ZeroMQ socket (borrowed), for zmq_poll or extra options. */
-void *dh_wire_socket_handle(dh_wire_socket_t *s);
+DH_EXTERN void *dh_wire_socket_handle(dh_wire_socket_t *s);
 
 /* The messages sent on this socket so far (the next sender_seq is this + 1). */
-uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s);
+DH_EXTERN uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s);
 
 /* Same signature as zmq_free_fn: releases a payload once ZeroMQ is done with it (possibly on a
  * ZeroMQ I/O thread, so it must be thread-safe). */
@@ -316,9 +319,9 @@ typedef struct dh_wire_payload {
  * exactly once, by ZeroMQ after the send or here on failure. Returns 0, DH_EAGAIN (timed out),
  * DH_EINVAL, DH_ENOMEM, DH_ERANGE, -EHOSTUNREACH (ROUTER: no such peer) or another negative
  * errno, with a message naming the endpoint and peer. */
-int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_size,
-                 const dh_msg_t *msg, dh_wire_payload_t *payloads, size_t n_payloads,
-                 int timeout_ms);
+DH_EXTERN int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_size,
+                           const dh_msg_t *msg, dh_wire_payload_t *payloads, size_t n_payloads,
+                           int timeout_ms);
 
 /* A received message: the decoded message, the ROUTER routing id, and the ZeroMQ frames it
  * borrows from (the DELIVER tensors' data). Zero it before first use; release it with
@@ -337,11 +340,11 @@ typedef struct dh_wire_received {
  * message is consumed whole, so the next call starts at the next message. Returns 0,
  * DH_EAGAIN (timed out), DH_EPARSE (message names the endpoint, the type and the field),
  * DH_ENOMEM, or another negative errno. On error *out holds nothing. */
-int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out);
+DH_EXTERN int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out);
 
 /* Frees the decoded message and closes the frames it borrowed from; zeroes *r. Safe on a
  * zeroed struct. */
-void dh_wire_received_release(dh_wire_received_t *r);
+DH_EXTERN void dh_wire_received_release(dh_wire_received_t *r);
 
 #ifdef __cplusplus
 }
