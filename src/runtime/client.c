@@ -33,8 +33,10 @@
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
+#include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
@@ -185,7 +187,7 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->shuffle = 1;
     cfg->epochs = 1;
     cfg->plan_algo = DH_PLAN_ALGO_DEFAULT;
-    cfg->token_plan = 1;
+    cfg->token_plan = DH_SHARE_TOKEN_BALANCED;
     cfg->on_error = DH_ON_ERROR_RAISE;
     cfg->next_timeout_ms = -1;
     cfg->connect_timeout_ms = 30000;
@@ -215,90 +217,17 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 
 /* ---- planning (pure calls) ---- */
 
-/* Packing may leave a rank fewer rows than its `fanout` requests: give it the lightest row
- * of the rank with the most rows until none is short (deterministic). */
-static void min_rows_per_rank(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
-                              uint32_t min_rows)
-{
-    size_t count[ranks];
-    for (;;) {
-        memset(count, 0, sizeof count);
-        for (size_t i = 0; i < n; i++)
-            if (rank_of[i] >= 0)
-                count[rank_of[i]]++;
-        uint32_t short_r = ranks, most = 0;
-        for (uint32_t r = 0; r < ranks; r++) {
-            if (count[r] < min_rows && short_r == ranks)
-                short_r = r;
-            if (count[r] > count[most])
-                most = r;
-        }
-        if (short_r == ranks || count[most] <= min_rows)
-            return;
-        size_t lightest = n;
-        for (size_t i = 0; i < n; i++)
-            if (rank_of[i] == (int32_t)most && (lightest == n || load[i] < load[lightest]))
-                lightest = i;
-        rank_of[lightest] = (int32_t)short_r;
-    }
-}
-
-/* The profile rows `rank` gets at `step`, in window order. Returns the count or < 0. */
+/* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
+ * client's config). Returns the count or < 0. */
 static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
                           uint32_t *rows, size_t cap)
 {
-    size_t per_step = (size_t)c->cfg.ranks * c->cfg.batch;
-    uint32_t *ids = dh_malloc(per_step * sizeof *ids);
-    double *load = dh_malloc(per_step * sizeof *load);
-    uint32_t *key = dh_malloc(per_step * sizeof *key);
-    int32_t *rank_of = dh_malloc(per_step * sizeof *rank_of);
-    int rc = 0;
-    if (!ids || !load || !key || !rank_of) {
-        rc = dh__set_error(DH_ENOMEM, "out of memory planning a step");
-        goto done;
-    }
-    if ((rc = dh_sampler_step(sampler, step, ids)))
-        goto done;
-    for (size_t i = 0; i < per_step; i++) {
-        const dh_profile_row_t *row = dh_profile_set_row(c->profiles, ids[i]);
-        load[i] = (double)row->tokens_est;
-        key[i] = row->key_index;
-    }
-    dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
-                           .algo = c->cfg.plan_algo,
-                           .ranks = c->cfg.ranks,
-                           .batch = c->cfg.batch};
-    if (c->cfg.token_plan == 2) {
-        /* packing: the token-budget planner with a budget nothing exceeds (no deferral) */
-        double total = 0;
-        for (size_t i = 0; i < per_step; i++)
-            total += load[i];
-        pc.mode = DH_PLAN_TOKEN_BUDGET;
-        pc.token_budget = total + 1;
-        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
-        if (rc == 0)
-            min_rows_per_rank(rank_of, load, per_step, c->cfg.ranks, c->cfg.fanout);
-    } else if (c->cfg.token_plan) {
-        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
-    } else {
-        for (size_t i = 0; i < per_step; i++)
-            rank_of[i] = (int32_t)(i / c->cfg.batch);
-    }
-    if (rc == DH_ETOOBIG)
-        rc = 0; /* exact gave up: rank_of holds the best plan found */
-    if (rc)
-        goto done;
-    size_t n = 0;
-    for (size_t i = 0; i < per_step; i++)
-        if (rank_of[i] == (int32_t)rank && n < cap)
-            rows[n++] = ids[i];
-    rc = (int)n;
-done:
-    dh_free(ids);
-    dh_free(load);
-    dh_free(key);
-    dh_free(rank_of);
-    return rc;
+    dh_share_config_t sc = {.mode = c->cfg.token_plan,
+                            .algo = c->cfg.plan_algo,
+                            .ranks = c->cfg.ranks,
+                            .batch = c->cfg.batch,
+                            .min_rows = c->cfg.fanout};
+    return dh_plan_rank_share(&sc, sampler, c->profiles, step, rank, rows, cap);
 }
 
 int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
@@ -314,34 +243,22 @@ int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint3
 
 /* ---- the sender ---- */
 
-/* Predicted compute seconds of batch b (needs lock). */
-static double predicted_compute(const dh_client_t *c, uint64_t b)
-{
-    int64_t tokens = c->tokens_of[b % c->tokens_ring];
-    if (c->s_per_token > 0 && tokens > 0)
-        return c->s_per_token * (double)tokens;
-    return c->mean_window_s;
-}
-
-/* DESIGN §4.2: D(b) = the time until the rank calls next() for batch b: what is left of the
- * current compute window plus the predicted windows of the batches before b. (lock held) */
+/* DESIGN §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
 static double deadline_s(const dh_client_t *c, uint64_t b)
 {
-    if (c->consumed == 0 || b < c->consumed)
-        return 0;
-    double elapsed = dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns());
-    double d = predicted_compute(c, c->consumed - 1) - elapsed;
-    if (d < 0)
-        d = 0;
-    for (uint64_t j = c->consumed; j < b; j++)
-        d += predicted_compute(c, j);
-    return d;
+    dh_deadline_model_t m = {.s_per_token = c->s_per_token,
+                             .mean_window_s = c->mean_window_s,
+                             .tokens = c->tokens_of,
+                             .n_tokens = c->tokens_ring};
+    double elapsed = c->consumed ? dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns()) : 0;
+    return dh_deadline_s(&m, b, c->consumed, elapsed);
 }
 
 static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
 {
     /* a rank gets up to the whole window in packing mode: scratch on the heap */
-    size_t cap = c->cfg.token_plan == 2 ? (size_t)c->cfg.ranks * c->cfg.batch : c->cfg.batch;
+    size_t cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED ? (size_t)c->cfg.ranks * c->cfg.batch
+                                                            : c->cfg.batch;
     uint32_t *rows = dh_malloc(cap * sizeof *rows), *part_of = dh_malloc(cap * sizeof *part_of);
     double *load = dh_malloc(cap * sizeof *load);
     dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
@@ -1038,11 +955,11 @@ static int check_config(const dh_client_config_t *cfg)
                              cfg->ranks);
     if (cfg->batch == 0 || cfg->batch > 4096)
         return dh__set_error(DH_EINVAL, "client: batch must be in [1, 4096], got %u", cfg->batch);
-    if (cfg->token_plan < 0 || cfg->token_plan > 2)
+    if ((unsigned)cfg->token_plan >= DH_SHARE_MODE_COUNT)
         return dh__set_error(DH_EINVAL,
                              "client: token_plan must be 0 (sample count), 1 (token-balanced, "
                              "fixed batch) or 2 (token-balanced packing), got %d",
-                             cfg->token_plan);
+                             (int)cfg->token_plan);
     if (cfg->fanout == 0 || cfg->fanout > cfg->batch)
         return dh__set_error(DH_EINVAL, "client: fanout must be in [1, batch=%u], got %u",
                              cfg->batch, cfg->fanout);
@@ -1202,22 +1119,6 @@ void dh_client_batch_release(dh_client_batch_t **pb)
     *pb = NULL;
 }
 
-uint32_t dh__rt_prefetch_horizon(uint32_t horizon, uint32_t max, uint64_t batch, double waited_s,
-                                 double slack_s, double window_s, double arena_used)
-{
-    /* In steady state (past the first horizon's batches, which wait for the pipeline to
-     * fill), a wait of more than 1% of the compute window, or a batch that arrived less than
-     * a window before it was asked for, means batches take longer from request to ready
-     * than the horizon covers: double it. Not when the arena is half full already: then the
-     * batches in flight are what holds the decode back (workers wait for slabs, then
-     * spill), and more would only add to it. */
-    if (max <= horizon || batch < horizon || !(window_s > 0) || !(arena_used < 0.5))
-        return horizon;
-    if (!(waited_s > 0.01 * window_s) && !(slack_s < window_s))
-        return horizon;
-    return horizon <= max - horizon ? 2 * horizon : max;
-}
-
 int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
 {
     *out = NULL;
@@ -1298,8 +1199,8 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     double window_s = c->mean_window_s;
     double slack_s = arrived_ns && entry > arrived_ns ? dh_clock_elapsed_s(arrived_ns, entry) : 0;
     uint32_t was = c->horizon;
-    c->horizon = dh__rt_prefetch_horizon(c->horizon, c->cfg.prefetch_max, b, waited, slack_s,
-                                         window_s, c->arena_used);
+    c->horizon = dh_deadline_prefetch_horizon(c->horizon, c->cfg.prefetch_max, b, waited, slack_s,
+                                              window_s, c->arena_used);
     uint32_t grown = c->horizon != was ? c->horizon : 0;
     pthread_mutex_unlock(&c->lock);
     if (grown)

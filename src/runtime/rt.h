@@ -89,12 +89,4 @@ int dh__rt_last_endpoint(void *zmq_socket, char *buf, size_t cap);
 /* "host" of this machine, or "localhost". */
 void dh__rt_hostname(char *buf, size_t cap);
 
-/* Adaptive prefetch (client.c): the horizon after batch `batch` came back from next()
- * having waited waited_s, having arrived slack_s before next() asked for it, with a
- * compute window of window_s and the local arena arena_used (0..1) full. Doubles it, up to
- * max, on a wait or a near miss in steady state while the arena is less than half full;
- * else returns it unchanged. Pure. */
-uint32_t dh__rt_prefetch_horizon(uint32_t horizon, uint32_t max, uint64_t batch, double waited_s,
-                                 double slack_s, double window_s, double arena_used);
-
 #endif
