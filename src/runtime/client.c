@@ -470,7 +470,7 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
     }
     dh_wire_socket_t *sock = NULL;
     if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(sock), c->id)) ||
+        (rc = dh__wire_set_routing_id(sock, c->id)) ||
         (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
         dh_wire_socket_destroy(&sock);
         if (conn >= 0)
@@ -871,7 +871,7 @@ static int register_with_coordinator(dh_client_t *c)
      * left open would keep zmq_ctx_term, and so dh_client_destroy, waiting forever. */
     dh_wire_socket_destroy(&c->coord);
     if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(c->coord), c->id)) ||
+        (rc = dh__wire_set_routing_id(c->coord, c->id)) ||
         (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
         return rc;
     uint64_t start = dh_clock_now_ns();
@@ -990,7 +990,7 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     if (cfg->node && cfg->node[0])
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
-        dh__rt_hostname(c->node, sizeof c->node);
+        dh__wire_hostname(c->node, sizeof c->node);
     if (cfg->client_id && cfg->client_id[0])
         snprintf(c->id, sizeof c->id, "%s", cfg->client_id);
     else

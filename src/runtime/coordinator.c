@@ -174,12 +174,10 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
         goto fail;
     if ((rc = dh_wire_socket_new(&c->sock, c->ctx, ZMQ_ROUTER, NULL)))
         goto fail;
-    int handover = 1;
-    zmq_setsockopt(dh_wire_socket_handle(c->sock), ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
-    if ((rc = dh_wire_socket_bind(c->sock, cfg->listen)))
+    if ((rc = dh__wire_router_handover(c->sock)) ||
+        (rc = dh_wire_socket_bind(c->sock, cfg->listen)))
         goto fail;
-    if ((rc =
-             dh__rt_last_endpoint(dh_wire_socket_handle(c->sock), c->endpoint, sizeof c->endpoint)))
+    if ((rc = dh__wire_last_endpoint(c->sock, c->endpoint, sizeof c->endpoint)))
         goto fail;
     if (cfg->telemetry_path && cfg->telemetry_path[0]) {
         c->telemetry = fopen(cfg->telemetry_path, "w");

@@ -406,26 +406,3 @@ void dh__rt_result_wire_tensors(const dh__rt_result_t *r, dh_wire_tensor_t *wire
         }
     }
 }
-
-int dh__rt_set_routing_id(void *sock, const char *id)
-{
-    if (zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, strlen(id)) != 0)
-        return dh__set_error(-zmq_errno(), "ZMQ_ROUTING_ID '%s': %s", id,
-                             zmq_strerror(zmq_errno()));
-    return 0;
-}
-
-int dh__rt_last_endpoint(void *sock, char *buf, size_t cap)
-{
-    size_t len = cap;
-    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, &len) != 0)
-        return dh__set_error(-zmq_errno(), "ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
-    return 0;
-}
-
-void dh__rt_hostname(char *buf, size_t cap)
-{
-    if (gethostname(buf, cap) != 0 || !buf[0])
-        snprintf(buf, cap, "localhost");
-    buf[cap - 1] = '\0';
-}
