@@ -171,6 +171,10 @@ struct dh_client {
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;
     dh_client_stats_t stats;
+    /* A request the coordinator dropped: its ERROR's code (0: none) and message, with which
+     * next() fails rather than wait for a batch that will not come. */
+    int refused;
+    char refused_msg[2 * NAME_CAP];
 
     atomic_int stop;
     pthread_t sender, fetcher;
@@ -348,6 +352,18 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
     } else if (r->msg.type == DH_MSG_ERROR) {
         dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
                     r->msg.error.message);
+        /* After registration every ERROR but "no local DataServer" (a late answer to a
+         * repeated HELLO) refuses a request, whose batch will not come: next() says so. */
+        if (r->msg.error.code != DH_ENOSERVER) {
+            pthread_mutex_lock(&c->lock);
+            if (!c->refused) {
+                c->refused = r->msg.error.code < 0 ? r->msg.error.code : DH_EIO;
+                snprintf(c->refused_msg, sizeof c->refused_msg, "%s",
+                         r->msg.error.message ? r->msg.error.message : "");
+            }
+            pthread_cond_broadcast(&c->cond);
+            pthread_mutex_unlock(&c->lock);
+        }
     }
 }
 
@@ -1149,6 +1165,11 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
         }
         if (all)
             break;
+        if (c->refused) {
+            pthread_mutex_unlock(&c->lock);
+            return dh__set_error(c->refused, "client '%s': batch %llu will not come: %s", c->id,
+                                 (unsigned long long)b, c->refused_msg);
+        }
         if (c->cfg.next_timeout_ms >= 0) {
             if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
                 pthread_mutex_unlock(&c->lock);

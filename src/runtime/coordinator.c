@@ -263,6 +263,16 @@ static void send_error(dh_coordinator_t *c, const char *peer, int code, const ch
     send_to(c, peer, &m);
 }
 
+/* A message the coordinator could not take in (no memory for its book, or to register its
+ * sender): logged, and failed back to the sender with the error, so nothing waits for it. */
+static void refuse(dh_coordinator_t *c, const char *peer, int rc, const char *what)
+{
+    char text[512];
+    snprintf(text, sizeof text, "%s from '%s' dropped: %s", what, peer, dh_last_error());
+    dh_log_error("%s", text);
+    send_error(c, peer, rc, text);
+}
+
 /* Tells a client which local DataServer serves its node. */
 static void tell_client(dh_coordinator_t *c, client_t *cl, int32_t ds)
 {
@@ -293,8 +303,12 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
         int32_t idx;
         client_t *cl = find_client(c, peer, &idx);
         if (!cl) {
-            if (grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients))
+            int rc =
+                grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients);
+            if (rc) {
+                refuse(c, peer, rc, "client HELLO");
                 return;
+            }
             cl = &c->clients[c->n_clients++];
             snprintf(cl->name, NAME_CAP, "%s", peer);
             STAT_ADD(c, clients, 1);
@@ -320,8 +334,11 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     server_t *s = find_server(c, peer, &idx);
     bool known = s != NULL;
     if (!s) {
-        if (grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers))
+        int rc = grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers);
+        if (rc) {
+            refuse(c, peer, rc, "DataServer HELLO");
             return;
+        }
         idx = (int32_t)c->n_servers;
         s = &c->servers[c->n_servers++];
         snprintf(s->name, NAME_CAP, "%s", peer);
@@ -483,8 +500,15 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     }
     if (find_entry(c, q->client_id, q->seq, NULL))
         return; /* a repeated request: already in the book */
-    if (grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book))
+    int rc = DH_FAULT(DH_FAULT_COORD_BOOK)
+                 ? dh__set_error(DH_ENOMEM, "coordinator: out of memory (injected)")
+                 : grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book);
+    if (rc) {
+        char what[64];
+        snprintf(what, sizeof what, "request %llu", (unsigned long long)q->seq);
+        refuse(c, peer, rc, what);
         return;
+    }
     entry_t *e = &c->book[c->n_book++];
     memset(e, 0, sizeof *e);
     e->msg = r->msg; /* ownership moves to the book */

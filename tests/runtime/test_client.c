@@ -19,6 +19,7 @@
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/mix.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
@@ -358,6 +359,31 @@ static void packing_plans_every_row_once_and_balances_tokens(void **state)
     assert_true(packed < fixed);
 }
 
+/* A request the coordinator cannot book (out of memory; DH_FAULT_COORD_BOOK) is failed back
+ * to the client, whose next() returns the error instead of waiting for the batch. */
+static void coordinator_refused_request_fails_next(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    const char *profiles = write_profiles("refused.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    long hits = dh_fault_hits(DH_FAULT_COORD_BOOK);
+    dh_fault_arm(DH_FAULT_COORD_BOOK, 0); /* the first request */
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    assert_int_equal(dh_client_next(c, &b), DH_ENOMEM);
+    assert_null(b);
+    assert_non_null(strstr(dh_last_error(), "batch 0 will not come"));
+    assert_non_null(strstr(dh_last_error(), "request 0 from"));
+    assert_non_null(strstr(dh_last_error(), "out of memory"));
+    assert_true(dh_fault_hits(DH_FAULT_COORD_BOOK) > hits);
+    dh_fault_disarm_all();
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
 static void client_config_errors_name_the_field(void **state)
 {
     const char *profiles = write_profiles("p.jsonl", 16);
@@ -692,6 +718,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
+        cmocka_unit_test(coordinator_refused_request_fails_next),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),
         cmocka_unit_test(dataserver_drops_a_departed_clients_batches_quietly),
