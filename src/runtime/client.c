@@ -42,6 +42,7 @@
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
 #define NAME_CAP 128
@@ -294,19 +295,7 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
                 continue;
-            const dh_profile_row_t *row = dh_profile_set_row(c->profiles, rows[i]);
-            dh_wire_sample_t *s = &samples[k++];
-            memset(s, 0, sizeof *s);
-            s->id = (char *)row->id;
-            s->uri = (char *)row->uri;
-            s->key = (char *)row->profile_key;
-            s->frames = (uint32_t)row->frames;
-            s->height = (uint32_t)row->height;
-            s->width = (uint32_t)row->width;
-            s->cpu_s = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
-            s->in_bytes = (uint64_t)(row->in_bytes > 0 ? row->in_bytes : 0);
-            s->out_bytes = (uint64_t)(row->out_bytes > 0 ? row->out_bytes : 0);
-            s->tokens = row->tokens_est > 0 ? row->tokens_est : 0;
+            dh__rt_sample_of_row(dh_profile_set_row(c->profiles, rows[i]), &samples[k++]);
         }
         dh_msg_t m = {.type = DH_MSG_REQUEST};
         m.request.client_id = c->id;

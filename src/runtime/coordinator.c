@@ -29,9 +29,11 @@
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
 #define MAX_NODES 64
@@ -475,21 +477,6 @@ static void remove_entry(dh_coordinator_t *c, size_t pos)
     c->n_book--;
 }
 
-static void row_of_sample(const dh_wire_sample_t *s, dh_profile_row_t *row)
-{
-    memset(row, 0, sizeof *row);
-    row->id = s->id;
-    row->uri = s->uri;
-    row->profile_key = s->key && s->key[0] ? s->key : "?";
-    row->frames = (int32_t)s->frames;
-    row->height = (int32_t)s->height;
-    row->width = (int32_t)s->width;
-    row->tokens_est = s->tokens;
-    row->cpu_s_est = s->cpu_s;
-    row->in_bytes = (int64_t)s->in_bytes;
-    row->out_bytes = (int64_t)s->out_bytes;
-}
-
 static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t *r)
 {
     dh_msg_request_t *q = &r->msg.request;
@@ -518,7 +505,7 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     e->arrival_ns = dh_clock_now_ns();
     for (uint32_t i = 0; i < e->msg.request.n_samples; i++) {
         dh_profile_row_t row;
-        row_of_sample(&e->msg.request.samples[i], &row);
+        dh__rt_row_of_sample(&e->msg.request.samples[i], &row);
         e->pred_cpu_s += dh_cost_model_predict(c->model, &row, NULL);
         e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
         e->out_bytes += (double)e->msg.request.samples[i].out_bytes;

@@ -24,6 +24,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
 struct dh__rt_worker {
@@ -307,8 +308,7 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
         return dh__set_error(DH_ENOMEM, "out of memory for a video task");
     int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
-        dh_sample_overrides_t ov = {(int32_t)samples[i].frames, (int32_t)samples[i].height,
-                                    (int32_t)samples[i].width};
+        dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
         int drc = dh_pipeline_decode(w->pipeline, samples[i].uri ? samples[i].uri : "", &ov,
                                      samples[i].id, &decoded[i]);
         if (drc == DH_ENOMEM) {
