@@ -271,7 +271,7 @@ static void refuse(dh_coordinator_t *c, const char *peer, int rc, const char *wh
 {
     char text[512];
     snprintf(text, sizeof text, "%s from '%s' dropped: %s", what, peer, dh_last_error());
-    dh_log_error("%s", text);
+    dh_log_error("coordinator: %s", text);
     send_error(c, peer, rc, text);
 }
 
