@@ -83,8 +83,8 @@ test-asan: $(VENV_PY)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 	LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-	    UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(ASAN_BUILD)/datahelix \
-	    DH_PYTHON_PATH=$(CURDIR)/$(ASAN_BUILD)/python $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
+	    UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 DH_CLI=$(abspath $(ASAN_BUILD))/datahelix \
+	    DH_PYTHON_PATH=$(abspath $(ASAN_BUILD))/python $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
 # ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
 # process and as real processes built with TSan too).
@@ -97,7 +97,7 @@ test-tsan:
 # The Python package (build/python/datahelix) under pytest in the venv: the DataLoader
 # against real servers, the error classes, and examples/train_ddp.py under torchrun.
 test-python: build $(VENV_PY)
-	OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(CLI) DH_PYTHON_PATH=$(CURDIR)/$(BUILD)/python \
+	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
 	    $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
 # README's two commands: set-up first (make deps), then the rest in a second make, so the
