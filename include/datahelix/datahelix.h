@@ -10,6 +10,7 @@
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
+#include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/log.h"
