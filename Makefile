@@ -88,9 +88,12 @@ test-asan: $(VENV_PY)
 
 # ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
 # process and as real processes built with TSan too).
+# Every tests/runtime/test_*.c executable (runtime_test_*), so a new runtime test file is
+# built here as well as run by the -R filter below.
+TSAN_TESTS := $(patsubst tests/runtime/%.c,runtime_%,$(wildcard tests/runtime/test_*.c))
 test-tsan:
 	$(call configure,$(TSAN_BUILD),$(TSAN_FLAGS))
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli runtime_test_client runtime_test_cluster
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
