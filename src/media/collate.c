@@ -1,10 +1,11 @@
-/* collate.c: tensors, samples and batches (pipeline.h, docs/pipeline.md "Collate").
+/* collate.c: collation of decoded samples into batches (pipeline.h, docs/pipeline.md "Collate").
  *
  * dh_collate is pure: it copies decoded samples into one B x T x ... tensor padded with
  * zeros to the batch's largest T (and H, W when sizes differ), with a B x T valid-frame
  * mask and per-sample metadata. A failed sample keeps its slot (all padding) and carries
  * its error, so one bad clip never fails a batch. Cost: one pass over the output bytes
- * (memcpy per sample when sizes match, per row when they do not).
+ * (memcpy per sample when sizes match, per row when they do not). It only reads samples:
+ * decoding them (decode.c) comes first and calls in here, never the other way round.
  */
 #include <assert.h>
 #include <string.h>
@@ -13,30 +14,6 @@
 #include "datahelix/error.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
-
-size_t dh_dtype_size(dh_dtype_t dtype)
-{
-    return dtype == DH_DTYPE_FLOAT32 ? 4 : 1;
-}
-
-void dh_tensor_clear(dh_tensor_t *tensor)
-{
-    if (!tensor)
-        return;
-    dh_free(tensor->data);
-    memset(tensor, 0, sizeof *tensor);
-}
-
-void dh_sample_clear(dh_sample_t *sample)
-{
-    if (!sample)
-        return;
-    dh_free(sample->id);
-    dh_free(sample->error_message);
-    dh_sample_plan_clear(&sample->plan);
-    dh_tensor_clear(&sample->pixels);
-    memset(sample, 0, sizeof *sample);
-}
 
 void dh_batch_destroy(dh_batch_t **pbatch)
 {
@@ -49,9 +26,9 @@ void dh_batch_destroy(dh_batch_t **pbatch)
         if (b->error_messages)
             dh_free(b->error_messages[i]);
     }
-    dh_tensor_clear(&b->pixels);
+    dh_tensor_clear(&b->frames);
     dh_tensor_clear(&b->mask);
-    dh_free(b->frames);
+    dh_free(b->frame_counts);
     dh_free(b->heights);
     dh_free(b->widths);
     dh_free(b->tokens);
@@ -62,26 +39,16 @@ void dh_batch_destroy(dh_batch_t **pbatch)
     *pbatch = NULL;
 }
 
-/* Row-major element strides for a shape. */
-static void set_strides(dh_tensor_t *t)
-{
-    int64_t stride = 1;
-    for (int32_t d = t->ndim - 1; d >= 0; d--) {
-        t->strides[d] = stride;
-        stride *= t->shape[d];
-    }
-}
-
-/* T, H, W of a decoded sample's pixels; all 0 for a failed or empty one. */
+/* T, H, W of a decoded sample's frames; all 0 for a failed or empty one. */
 static void sample_dims(const dh_sample_t *s, dh_layout_t layout, int64_t *t, int64_t *h,
                         int64_t *w)
 {
     *t = *h = *w = 0;
-    if (s->error != 0 || s->pixels.ndim != 4 || !s->pixels.data)
+    if (s->error != 0 || s->frames.ndim != 4 || !s->frames.data)
         return;
-    *t = s->pixels.shape[0];
-    *h = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 2 : 1];
-    *w = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
+    *t = s->frames.shape[0];
+    *h = s->frames.shape[layout == DH_LAYOUT_TCHW ? 2 : 1];
+    *w = s->frames.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
 }
 
 /* Copies sample s (T x ... of its own H, W) into its slot of the batch tensor. */
@@ -90,7 +57,7 @@ static void copy_sample(const dh_sample_t *s, dh_layout_t layout, size_t esize, 
 {
     int64_t t, h, w;
     sample_dims(s, layout, &t, &h, &w);
-    const uint8_t *src = s->pixels.data;
+    const uint8_t *src = s->frames.data;
     if (h == bh && w == bw) {
         memcpy(slot, src, (size_t)(t * 3 * h * w) * esize);
         return;
@@ -120,7 +87,7 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     for (size_t i = 0; i < count; i++) {
         int64_t t, h, w;
         sample_dims(&samples[i], layout, &t, &h, &w);
-        assert(t == 0 || samples[i].pixels.dtype == dtype); /* one spec per batch */
+        assert(t == 0 || samples[i].frames.dtype == dtype); /* one spec per batch */
         bt = t > bt ? t : bt;
         bh = h > bh ? h : bh;
         bw = w > bw ? w : bw;
@@ -129,36 +96,36 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     if (!b)
         return dh__set_error(DH_ENOMEM, "collate: out of memory");
     size_t n = count ? count : 1;
-    b->frames = dh_calloc(n, sizeof *b->frames);
+    b->frame_counts = dh_calloc(n, sizeof *b->frame_counts);
     b->heights = dh_calloc(n, sizeof *b->heights);
     b->widths = dh_calloc(n, sizeof *b->widths);
     b->tokens = dh_calloc(n, sizeof *b->tokens);
     b->ids = dh_calloc(n, sizeof *b->ids);
     b->errors = dh_calloc(n, sizeof *b->errors);
     b->error_messages = dh_calloc(n, sizeof *b->error_messages);
-    if (!b->frames || !b->heights || !b->widths || !b->tokens || !b->ids || !b->errors ||
+    if (!b->frame_counts || !b->heights || !b->widths || !b->tokens || !b->ids || !b->errors ||
         !b->error_messages)
         goto nomem;
     b->count = count; /* from here dh_batch_destroy frees ids[i] and error_messages[i] */
 
-    dh_tensor_t *px = &b->pixels;
+    dh_tensor_t *px = &b->frames;
+    dh_tensor_set_name(px, "frames");
     px->dtype = dtype;
     px->ndim = 5;
     int64_t shape_tchw[5] = {(int64_t)count, bt, 3, bh, bw};
     int64_t shape_thwc[5] = {(int64_t)count, bt, bh, bw, 3};
     memcpy(px->shape, layout == DH_LAYOUT_TCHW ? shape_tchw : shape_thwc, sizeof shape_tchw);
-    set_strides(px);
-    px->nbytes = (size_t)count * (size_t)(bt * 3 * bh * bw) * esize;
+    dh_tensor_set_contiguous(px); /* nbytes: count x (bt x 3 x bh x bw) x esize */
     if (px->nbytes && !(px->data = dh_calloc(px->nbytes, 1)))
         goto nomem;
 
     dh_tensor_t *mask = &b->mask;
+    dh_tensor_set_name(mask, "mask");
     mask->dtype = DH_DTYPE_UINT8;
     mask->ndim = 2;
     mask->shape[0] = (int64_t)count;
     mask->shape[1] = bt;
-    set_strides(mask);
-    mask->nbytes = (size_t)count * (size_t)bt;
+    dh_tensor_set_contiguous(mask);
     if (mask->nbytes && !(mask->data = dh_calloc(mask->nbytes, 1)))
         goto nomem;
 
@@ -176,7 +143,7 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
             b->failed++;
             continue;
         }
-        b->frames[i] = (int32_t)t;
+        b->frame_counts[i] = (int32_t)t;
         b->heights[i] = (int32_t)h;
         b->widths[i] = (int32_t)w;
         b->tokens[i] = s->plan.tokens;
@@ -190,22 +157,4 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
 nomem:
     dh_batch_destroy(&b);
     return dh__set_error(DH_ENOMEM, "collate: out of memory for a batch of %zu samples", count);
-}
-
-int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
-                             size_t count, dh_batch_t **out)
-{
-    *out = NULL;
-    dh_sample_t *samples = dh_calloc(count ? count : 1, sizeof *samples);
-    if (!samples)
-        return dh__set_error(DH_ENOMEM, "decode batch: out of memory for %zu samples", count);
-    for (size_t i = 0; i < count; i++)
-        (void)dh_pipeline_decode(pipeline, requests[i].path, &requests[i].overrides, requests[i].id,
-                                 &samples[i]);
-    const dh_pipeline_spec_t *spec = dh_pipeline_spec(pipeline);
-    int rc = dh_collate(samples, count, spec->dtype, spec->layout, out);
-    for (size_t i = 0; i < count; i++)
-        dh_sample_clear(&samples[i]);
-    dh_free(samples);
-    return rc;
 }

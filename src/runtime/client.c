@@ -64,8 +64,7 @@ typedef struct part {
     bool ready;
     uint64_t seq;
     size_t n_tensors;
-    dh_client_tensor_t tensors[DH__RT_MAX_TENSORS];
-    char names[DH__RT_MAX_TENSORS][16];
+    dh_tensor_t tensors[DH__RT_MAX_TENSORS];
     dh_shm_handle_t handles[DH__RT_MAX_TENSORS];
     void *copies[DH__RT_MAX_TENSORS]; /* tensors that came as payload frames (spilled) */
     arena_ref_t *arena;
@@ -104,14 +103,6 @@ static void part_release(part_t *p)
     }
     dh_free(p->samples);
     memset(p, 0, sizeof *p);
-}
-
-/* A part is moved by value (into the ring, then into a batch): its tensors' names point
- * into its own names[], so they are set again after each move. */
-static void part_moved(part_t *p)
-{
-    for (size_t i = 0; i < p->n_tensors; i++)
-        p->tensors[i].name = p->names[i];
 }
 
 /* What the user gets: the public batch first, then what it owns. */
@@ -607,7 +598,7 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
  * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1).
  * A part whose samples all failed comes with no tensors (nothing to map): it keeps its
  * samples' slots as zero rows of every per-sample tensor (dimension 0 = the samples, as
- * pixels and mask; a tensor like the synthetic payload gets no rows from it). On failure
+ * frames and mask; a tensor like the synthetic payload gets no rows from it). On failure
  * the parts are left as they were and the message is returned in *why. */
 static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
 {
@@ -615,20 +606,18 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
     size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
     while (ref < n_parts && parts[ref].n_tensors == 0)
         ref++;
-    dh_client_tensor_t out[DH__RT_MAX_TENSORS];
+    dh_tensor_t out[DH__RT_MAX_TENSORS];
     void *buf[DH__RT_MAX_TENSORS] = {0};
     int rc = 0;
     size_t n_tensors = ref < n_parts ? parts[ref].n_tensors : 0;
-    char names[DH__RT_MAX_TENSORS][sizeof p0->names[0]];
     for (size_t t = 0; t < n_tensors; t++) {
         const part_t *pr = &parts[ref];
-        dh_client_tensor_t *o = &out[t];
+        dh_tensor_t *o = &out[t];
         *o = pr->tensors[t];
-        snprintf(names[t], sizeof names[t], "%s", pr->names[t]);
         bool per_sample = pr->tensors[t].shape[0] == (int64_t)pr->n_samples;
         int64_t rows = 0;
         for (size_t k = 0; k < n_parts; k++) {
-            const dh_client_tensor_t *x = &parts[k].tensors[t];
+            const dh_tensor_t *x = &parts[k].tensors[t];
             if (parts[k].n_tensors == 0) {
                 rows += per_sample ? (int64_t)parts[k].n_samples : 0;
                 continue;
@@ -637,23 +626,18 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
                 x->ndim == 0 || strcmp(x->name, o->name) != 0) {
                 rc = DH_EPARSE;
                 snprintf(why, why_cap,
-                         "batch %llu: part %zu's tensor '%s' does not match part %zu's",
+                         "batch %llu: part %zu's tensor '%.31s' does not match part %zu's",
                          (unsigned long long)batch, k, o->name, ref);
                 goto fail;
             }
             rows += x->shape[0];
-            for (uint32_t d = 1; d < o->ndim; d++)
+            for (int32_t d = 1; d < o->ndim; d++)
                 if (x->shape[d] > o->shape[d])
                     o->shape[d] = x->shape[d];
         }
         o->shape[0] = rows;
-        size_t elem = dh_wire_dtype_size(o->dtype);
-        int64_t stride = (int64_t)elem;
-        for (int d = (int)o->ndim - 1; d >= 0; d--) {
-            o->strides[d] = stride;
-            stride *= o->shape[d];
-        }
-        o->nbytes = (size_t)stride;
+        size_t elem = dh_dtype_size(o->dtype);
+        dh_tensor_set_contiguous(o);
         buf[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
         if (!buf[t]) {
             rc = DH_ENOMEM;
@@ -664,7 +648,7 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
         o->data = buf[t];
         int64_t row0 = 0;
         for (size_t k = 0; k < n_parts; k++) {
-            const dh_client_tensor_t *x = &parts[k].tensors[t];
+            const dh_tensor_t *x = &parts[k].tensors[t];
             if (parts[k].n_tensors == 0) { /* all failed: zero rows (calloc) */
                 row0 += per_sample ? (int64_t)parts[k].n_samples : 0;
                 continue;
@@ -673,15 +657,15 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
              * innermost dimension is copied as one run. */
             size_t inner = elem * (size_t)x->shape[x->ndim - 1];
             size_t outer = 1;
-            for (uint32_t d = 0; d + 1 < x->ndim; d++)
+            for (int32_t d = 0; d + 1 < x->ndim; d++)
                 outer *= (size_t)x->shape[d];
             for (size_t i = 0; i < outer; i++) {
-                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0];
+                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0] * elem;
                 for (int d = (int)x->ndim - 2; d >= 0; d--) {
                     size_t idx = rem % (size_t)x->shape[d];
                     rem /= (size_t)x->shape[d];
-                    src_off += idx * (size_t)x->strides[d];
-                    dst_off += idx * (size_t)o->strides[d];
+                    src_off += idx * (size_t)x->strides[d] * elem;
+                    dst_off += idx * (size_t)o->strides[d] * elem;
                 }
                 memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
             }
@@ -691,9 +675,7 @@ static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, 
     for (size_t k = 0; k < n_parts; k++)
         part_release_tensors(&parts[k]);
     for (size_t t = 0; t < n_tensors; t++) {
-        snprintf(p0->names[t], sizeof p0->names[t], "%s", names[t]);
         p0->tensors[t] = out[t];
-        p0->tensors[t].name = p0->names[t];
         p0->copies[t] = buf[t];
     }
     p0->n_tensors = n_tensors;
@@ -723,15 +705,16 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
         dh_shm_handle_t h = {0};
         if (t->location == DH_WIRE_LOC_FRAME) {
             /* spilled by a DataServer whose arena stayed full: keep a copy of the frame */
-            ptr = dh_malloc(t->size ? t->size : 1);
+            size_t size = t->tensor.nbytes;
+            ptr = dh_malloc(size ? size : 1);
             if (!ptr) {
                 dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
-                            c->id, (unsigned long long)m->seq, t->name);
+                            c->id, (unsigned long long)m->seq, t->tensor.name);
                 part_release(&p);
                 return;
             }
-            if (t->size)
-                memcpy(ptr, t->data, t->size);
+            if (size)
+                memcpy(ptr, t->tensor.data, size);
             p.copies[i] = ptr;
             copied++;
         } else {
@@ -740,7 +723,7 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
             if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
                 dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a "
                             "mapped arena (%s); dropped",
-                            c->id, (unsigned long long)m->seq, t->name,
+                            c->id, (unsigned long long)m->seq, t->tensor.name,
                             a ? dh_last_error() : "unknown arena");
                 for (uint32_t k = i + 1; k < m->n_tensors; k++) {
                     const dh_wire_tensor_t *u = &m->tensors[k];
@@ -761,20 +744,8 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
             }
         }
         p.handles[i] = h;
-        snprintf(p.names[i], sizeof p.names[i], "%s", t->name);
-        dh_client_tensor_t *o = &p.tensors[i];
-        o->name = p.names[i];
-        o->dtype = t->dtype;
-        o->ndim = t->ndim;
-        for (unsigned d = 0; d < t->ndim; d++) {
-            o->shape[d] = (int64_t)t->shape[d];
-            o->strides[d] = t->strides[d];
-        }
-        o->data = ptr;
-        size_t nbytes = dh_wire_dtype_size(t->dtype);
-        for (unsigned d = 0; d < t->ndim; d++)
-            nbytes *= (size_t)t->shape[d];
-        o->nbytes = nbytes;
+        p.tensors[i] = t->tensor; /* the decoded tensor as it is, its data resolved */
+        p.tensors[i].data = ptr;
         p.n_tensors++;
     }
     p.n_samples = m->n_samples;
@@ -802,7 +773,6 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
     if (!dup) {
         *slot = p;
-        part_moved(slot);
         c->stats.deliveries++;
         c->stats.copied_tensors += copied;
     } else {
@@ -830,7 +800,6 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
              * these requests is still seen as one, and next() waits for `joined` */
             part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
             held[k] = *q;
-            part_moved(&held[k]);
             memset(q, 0, sizeof *q);
             q->ready = true;
             q->seq = batch * parts + k;
@@ -843,7 +812,6 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
         for (uint32_t k = 0; k < parts; k++) {
             part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
             *q = held[k];
-            part_moved(q);
         }
         part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
         q0->joined = true;
@@ -1176,7 +1144,6 @@ static void batch_free(batch_impl_t *b)
         part_release(&b->parts[i]);
     dh_free(b->parts);
     dh_free(b->pub.samples);
-    dh_free(b->pub.tensors);
     dh_free(b);
 }
 
@@ -1271,7 +1238,6 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     for (uint32_t p = 0; p < parts; p++) {
         part_t *s = &c->ring[(b * parts + p) % c->ring_size];
         taken[p] = *s;
-        part_moved(&taken[p]);
         memset(s, 0, sizeof *s);
     }
     /* The compute window just measured: from the previous return to this call. */
@@ -1322,10 +1288,9 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     size_t n_samples = 0;
     for (uint32_t p = 0; p < parts; p++)
         n_samples += taken[p].n_samples;
-    bi->pub.tensors = dh_calloc(DH__RT_MAX_TENSORS, sizeof *bi->pub.tensors);
     bi->pub.samples = dh_calloc(n_samples ? n_samples : 1, sizeof *bi->pub.samples);
     int rc = 0;
-    if (!bi->pub.tensors || !bi->pub.samples) {
+    if (!bi->pub.samples) {
         rc = dh__set_error(DH_ENOMEM, "out of memory for a batch");
         goto fail;
     }
@@ -1347,7 +1312,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     }
     /* one part, or parts[0] holds the joined batch (the others only their samples) */
     bi->pub.n_tensors = taken[0].n_tensors;
-    memcpy(bi->pub.tensors, taken[0].tensors, taken[0].n_tensors * sizeof *bi->pub.tensors);
+    bi->pub.tensors = taken[0].tensors; /* the batch owns its parts: no copy */
     size_t bytes = 0;
     for (size_t t = 0; t < bi->pub.n_tensors; t++)
         bytes += bi->pub.tensors[t].nbytes;

@@ -584,27 +584,25 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
             if (tensors[i].handle.arena_id &&
                 dh_shm_arena_ref_for(s->arena, &tensors[i].handle, (pid_t)kc->pid) == 0)
                 dh_shm_arena_unref(s->arena, &tensors[i].handle);
-    dh__rt_result_t tmp = {0};
-    tmp.n_tensors = n_tensors;
-    memcpy(tmp.tensors, tensors, n_tensors * sizeof *tensors);
     dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
-    dh__rt_result_wire_tensors(&tmp, wire);
+    dh__rt_wire_tensors(tensors, n_tensors, wire);
     dh_wire_payload_t frames[DH__RT_MAX_TENSORS];
     size_t n_frames = 0;
     for (size_t i = 0; i < n_tensors; i++) {
         if (tensors[i].handle.arena_id)
             continue;
         /* a spilled tensor: a copy goes as a payload frame (the caller keeps its buffer) */
-        void *copy = dh_malloc(tensors[i].nbytes ? tensors[i].nbytes : 1);
+        const dh_tensor_t *t = &tensors[i].tensor;
+        void *copy = dh_malloc(t->nbytes ? t->nbytes : 1);
         if (!copy) {
             for (size_t k = 0; k < n_frames; k++)
                 dh_free(frames[k].data);
             return dh__set_error(DH_ENOMEM, "out of memory for a %zu-byte payload frame",
-                                 tensors[i].nbytes);
+                                 t->nbytes);
         }
-        if (tensors[i].nbytes)
-            memcpy(copy, tensors[i].data, tensors[i].nbytes);
-        frames[n_frames++] = (dh_wire_payload_t){copy, tensors[i].nbytes, free_payload, NULL};
+        if (t->nbytes)
+            memcpy(copy, t->data, t->nbytes);
+        frames[n_frames++] = (dh_wire_payload_t){copy, t->nbytes, free_payload, NULL};
     }
     dh_msg_t m = {.type = DH_MSG_DELIVER};
     m.deliver.client_id = (char *)client_id;
@@ -627,7 +625,7 @@ static void free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
         if (t[i].handle.arena_id)
             dh_shm_arena_unref(s->arena, &t[i].handle);
         else
-            dh_free(t[i].data);
+            dh_free(t[i].tensor.data);
     }
 }
 
@@ -671,16 +669,16 @@ static void forward_result(dh_dataserver_t *s, task_t *t)
     link_t *l = link_for(s, d->target_endpoint);
     dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
     dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
-    dh__rt_result_wire_tensors(r, wire);
+    dh__rt_wire_tensors(r->tensors, r->n_tensors, wire);
     size_t np = 0;
     uint64_t bytes = 0;
     for (size_t i = 0; i < r->n_tensors; i++) {
-        payloads[np].data = r->tensors[i].data;
-        payloads[np].size = r->tensors[i].nbytes;
+        payloads[np].data = r->tensors[i].tensor.data;
+        payloads[np].size = r->tensors[i].tensor.nbytes;
         payloads[np].free_fn = free_payload;
         payloads[np].hint = NULL;
-        bytes += r->tensors[i].nbytes;
-        r->tensors[i].data = NULL; /* the socket owns it now */
+        bytes += r->tensors[i].tensor.nbytes;
+        r->tensors[i].tensor.data = NULL; /* the socket owns it now */
         np++;
     }
     if (!l) {
@@ -759,8 +757,8 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
     } else {
         for (size_t i = 0; i < r->n_tensors; i++)
             if (!r->tensors[i].handle.arena_id) { /* spilled: the frame was a copy */
-                dh_free(r->tensors[i].data);
-                r->tensors[i].data = NULL;
+                dh_free(r->tensors[i].tensor.data);
+                r->tensors[i].tensor.data = NULL;
             }
         pthread_mutex_lock(&s->lock);
         s->stats.delivered_local++;
@@ -799,24 +797,21 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const dh_wire_tensor_t *w = &m->tensors[i];
+        const size_t size = w->tensor.nbytes;
         dh__rt_tensor_t *t = &tensors[n];
         memset(t, 0, sizeof *t);
         if (w->location != DH_WIRE_LOC_FRAME) {
             dh_log_warn("DataServer '%s': refused a DELIVER from '%s': tensor '%s' is not a "
                         "payload frame",
-                        s->name, sidecar, w->name);
+                        s->name, sidecar, w->tensor.name);
             unref_tensors(s, tensors, n);
             return true;
         }
-        snprintf(t->name, sizeof t->name, "%s", w->name);
-        t->dtype = w->dtype;
-        t->ndim = w->ndim;
-        memcpy(t->shape, w->shape, sizeof t->shape);
-        memcpy(t->strides, w->strides, sizeof t->strides);
-        t->nbytes = w->size;
-        if (w->size) {
+        t->tensor = w->tensor;
+        t->tensor.data = NULL;
+        if (size) {
             pthread_mutex_lock(&s->arena_lock);
-            int rc = dh_shm_arena_alloc(s->arena, w->size, 0, &t->handle, &t->data);
+            int rc = dh_shm_arena_alloc(s->arena, size, 0, &t->handle, &t->tensor.data);
             pthread_mutex_unlock(&s->arena_lock);
             if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
                 unref_tensors(s, tensors, n);
@@ -830,20 +825,20 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
             if (rc == DH_EAGAIN && !stopping) {
                 /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
                 memset(&t->handle, 0, sizeof t->handle);
-                t->data = (void *)w->data; /* read only: deliver_to_client copies it */
+                t->tensor.data = w->tensor.data; /* read only: deliver_to_client copies it */
                 count_spill(s);
-                bytes += w->size;
+                bytes += size;
                 n++;
                 continue;
             }
             if (rc) {
-                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name,
-                            w->size, sidecar, dh_last_error());
+                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name, size,
+                            sidecar, dh_last_error());
                 unref_tensors(s, tensors, n);
                 return true;
             }
-            memcpy(t->data, w->data, w->size);
-            bytes += w->size;
+            memcpy(t->tensor.data, w->tensor.data, size);
+            bytes += size;
         }
         n++;
     }
@@ -1318,7 +1313,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
             free_outputs(s, t->result.tensors, t->result.n_tensors);
         else
             for (size_t i = 0; i < t->result.n_tensors; i++)
-                dh_free(t->result.tensors[i].data);
+                dh_free(t->result.tensors[i].tensor.data);
         task_free(t);
     }
     while (s->pending) {

@@ -40,7 +40,7 @@ static const char *write_profiles(const char *name, size_t count)
     return path;
 }
 
-static const dh_client_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
+static const dh_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
 {
     for (size_t i = 0; i < b->n_tensors; i++)
         if (strcmp(b->tensors[i].name, name) == 0)
@@ -51,8 +51,8 @@ static const dh_client_tensor_t *tensor(const dh_client_batch_t *b, const char *
 /* Each synthetic sample's bytes start with its id. */
 static void check_synthetic(const dh_client_batch_t *b)
 {
-    const dh_client_tensor_t *sizes = tensor(b, "sizes");
-    const dh_client_tensor_t *payload = tensor(b, "payload");
+    const dh_tensor_t *sizes = tensor(b, "sizes");
+    const dh_tensor_t *payload = tensor(b, "payload");
     if (!sizes || !payload) {
         print_error("batch %llu from '%s' has %zu tensors:", (unsigned long long)b->index,
                     b->server ? b->server : "?", b->n_tensors);
@@ -62,7 +62,7 @@ static void check_synthetic(const dh_client_batch_t *b)
     }
     assert_non_null(sizes);
     assert_non_null(payload);
-    assert_int_equal(sizes->dtype, DH_WIRE_DTYPE_I64);
+    assert_int_equal(sizes->dtype, DH_DTYPE_INT64);
     assert_int_equal(sizes->shape[0], (int64_t)b->n_samples);
     const int64_t *sz = sizes->data;
     size_t at = 0;
@@ -303,7 +303,7 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
     dh_client_batch_t *b = NULL;
     assert_int_equal(dh_client_next(c, &b), 0);
     /* the payload lies in the arena mapping (a memfd), not on the heap */
-    const dh_client_tensor_t *payload = tensor(b, "payload");
+    const dh_tensor_t *payload = tensor(b, "payload");
     assert_non_null(payload);
     char line[512];
     int in_arena = 0;
@@ -660,7 +660,7 @@ static void embedded_video_with_corrupt_clip(void **state)
                 size_t bad = b->samples[0].error ? 0 : 1;
                 assert_int_equal(b->failed, 1);
                 assert_non_null(strstr(b->samples[bad].error_message, broken));
-                const dh_client_tensor_t *px = tensor(b, "pixels"), *mask = tensor(b, "mask");
+                const dh_tensor_t *px = tensor(b, "frames"), *mask = tensor(b, "mask");
                 assert_non_null(px);
                 assert_non_null(mask);
                 assert_int_equal(px->shape[0], 2);
@@ -680,9 +680,9 @@ static void embedded_video_with_corrupt_clip(void **state)
                 assert_non_null(strstr(b->samples[0].error_message, broken));
                 failed++;
             } else {
-                const dh_client_tensor_t *px = tensor(b, "pixels");
+                const dh_tensor_t *px = tensor(b, "frames");
                 assert_non_null(px);
-                assert_int_equal(px->dtype, DH_WIRE_DTYPE_U8);
+                assert_int_equal(px->dtype, DH_DTYPE_UINT8);
                 assert_int_equal(px->ndim, 5); /* B x T x 3 x H x W */
                 assert_int_equal(px->shape[0], mode == 2 ? 2 : 1);
                 assert_int_equal(px->shape[2], 3);
