@@ -213,6 +213,19 @@ typedef struct dh_batch {
 DH_EXTERN int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype,
                          dh_layout_t layout, dh_batch_t **out);
 
+/* Joins tensors along dimension 0, the collation of microbatches into one batch: out gets
+ * the rows of parts[0], then of parts[1], ..., every other dimension padded with zeros at
+ * its end to the largest extent among the parts. A NULL part stands for gap_rows[k] rows of
+ * zeros (a microbatch with no tensors: its samples all failed); gap_rows may be NULL when no
+ * part is. The parts may be strided (element strides); out is contiguous, with the first
+ * non-NULL part's name and dtype. Pure. Returns 0; DH_EINVAL when a part's name, dtype or
+ * ndim differs from the first non-NULL part's, or ndim is 0, or every part is NULL (*bad, if
+ * not NULL, is the index of the part at fault; the message names it); DH_ENOMEM (out keeps
+ * the shape and nbytes asked for, data NULL). On success out->data is a new zero-filled
+ * buffer the caller owns (dh_tensor_clear). Cost: one memcpy per innermost row. */
+DH_EXTERN int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,
+                              dh_tensor_t *out, size_t *bad);
+
 /* Decodes `count` requests one after the other on this thread and collates them. A bad
  * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
  * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). */

@@ -4,7 +4,9 @@
  * zeros to the batch's largest T (and H, W when sizes differ), with a B x T valid-frame
  * mask and per-sample metadata. A failed sample keeps its slot (all padding) and carries
  * its error, so one bad clip never fails a batch. Cost: one pass over the output bytes
- * (memcpy per sample when sizes match, per row when they do not). It only reads samples:
+ * (memcpy per sample when sizes match, per row when they do not). dh_collate_rows joins
+ * already collated microbatches the same way along their first dimension (the client's
+ * fanout > 1). It only reads samples:
  * decoding them (decode.c) comes first and calls in here, never the other way round.
  */
 #include <assert.h>
@@ -157,4 +159,75 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
 nomem:
     dh_batch_destroy(&b);
     return dh__set_error(DH_ENOMEM, "collate: out of memory for a batch of %zu samples", count);
+}
+
+int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,
+                    dh_tensor_t *out, size_t *bad)
+{
+    memset(out, 0, sizeof *out);
+    size_t ref = 0; /* the first part with a tensor: the name, dtype and rank */
+    while (ref < n && !parts[ref])
+        ref++;
+    if (ref == n || parts[ref]->ndim < 1) {
+        if (bad)
+            *bad = ref;
+        return dh__set_error(DH_EINVAL, "collate rows: %s",
+                             ref == n ? "no part has a tensor" : "a tensor of rank 0 has no rows");
+    }
+    *out = *parts[ref];
+    out->data = NULL;
+    int64_t rows = 0;
+    for (size_t k = 0; k < n; k++) {
+        const dh_tensor_t *x = parts[k];
+        if (!x) {
+            rows += gap_rows ? gap_rows[k] : 0;
+            continue;
+        }
+        if (x->dtype != out->dtype || x->ndim != out->ndim || strcmp(x->name, out->name) != 0) {
+            if (bad)
+                *bad = k;
+            return dh__set_error(DH_EINVAL,
+                                 "collate rows: part %zu's tensor '%s' does not match "
+                                 "part %zu's",
+                                 k, out->name, ref);
+        }
+        rows += x->shape[0];
+        for (int32_t d = 1; d < out->ndim; d++)
+            if (x->shape[d] > out->shape[d])
+                out->shape[d] = x->shape[d];
+    }
+    out->shape[0] = rows;
+    dh_tensor_set_contiguous(out);
+    void *buf = dh_calloc(1, out->nbytes ? out->nbytes : 1);
+    if (!buf)
+        return dh__set_error(DH_ENOMEM, "collate rows: out of memory joining %zu parts (%zu bytes)",
+                             n, out->nbytes);
+    out->data = buf;
+    size_t elem = dh_dtype_size(out->dtype);
+    int64_t row0 = 0;
+    for (size_t k = 0; k < n; k++) {
+        const dh_tensor_t *x = parts[k];
+        if (!x) { /* zero rows (calloc) */
+            row0 += gap_rows ? gap_rows[k] : 0;
+            continue;
+        }
+        /* Copy x's elements into out at row offset row0, dimension by dimension: the
+         * innermost dimension is copied as one run. */
+        size_t inner = elem * (size_t)x->shape[x->ndim - 1];
+        size_t outer = 1;
+        for (int32_t d = 0; d + 1 < x->ndim; d++)
+            outer *= (size_t)x->shape[d];
+        for (size_t i = 0; i < outer; i++) {
+            size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)out->strides[0] * elem;
+            for (int d = (int)x->ndim - 2; d >= 0; d--) {
+                size_t idx = rem % (size_t)x->shape[d];
+                rem /= (size_t)x->shape[d];
+                src_off += idx * (size_t)x->strides[d] * elem;
+                dst_off += idx * (size_t)out->strides[d] * elem;
+            }
+            memcpy((char *)out->data + dst_off, (const char *)x->data + src_off, inner);
+        }
+        row0 += x->shape[0];
+    }
+    return 0;
 }

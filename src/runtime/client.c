@@ -592,97 +592,64 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
     }
 }
 
-/* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest,
- * into heap copies that replace parts[0]'s tensors; every part's slabs are given back at
- * once (the copies hold the data), the parts keep their samples. Runs on the fetcher thread
- * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1).
- * A part whose samples all failed comes with no tensors (nothing to map): it keeps its
- * samples' slots as zero rows of every per-sample tensor (dimension 0 = the samples, as
- * frames and mask; a tensor like the synthetic payload gets no rows from it). On failure
- * the parts are left as they were and the message is returned in *why. */
+/* Joins the parts' tensors along dimension 0 (dh_collate_rows: the other dimensions padded
+ * to the largest) into heap copies that replace parts[0]'s tensors; every part's slabs are
+ * given back at once (the copies hold the data), the parts keep their samples. Runs on the
+ * fetcher thread when the batch's last part arrives, so next() does not pay for the copy
+ * (fanout > 1). A part whose samples all failed comes with no tensors (nothing to map): it
+ * keeps its samples' slots as zero rows of every per-sample tensor (dimension 0 = the
+ * samples, as frames and mask; a tensor like the synthetic payload gets no rows from it).
+ * On failure the parts are left as they were and the message is returned in *why. */
 static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
 {
     part_t *p0 = &parts[0];
     size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
     while (ref < n_parts && parts[ref].n_tensors == 0)
         ref++;
-    dh_tensor_t out[DH__RT_MAX_TENSORS];
-    void *buf[DH__RT_MAX_TENSORS] = {0};
+    dh_tensor_t out[DH__RT_MAX_TENSORS] = {0};
     int rc = 0;
     size_t n_tensors = ref < n_parts ? parts[ref].n_tensors : 0;
+    const dh_tensor_t *column[n_parts ? n_parts : 1]; /* n_parts = fanout <= batch */
+    int64_t gap_rows[n_parts ? n_parts : 1];
     for (size_t t = 0; t < n_tensors; t++) {
-        const part_t *pr = &parts[ref];
-        dh_tensor_t *o = &out[t];
-        *o = pr->tensors[t];
-        bool per_sample = pr->tensors[t].shape[0] == (int64_t)pr->n_samples;
-        int64_t rows = 0;
+        const dh_tensor_t *o = &parts[ref].tensors[t];
+        bool per_sample = o->shape[0] == (int64_t)parts[ref].n_samples;
+        size_t bad = ref;
         for (size_t k = 0; k < n_parts; k++) {
-            const dh_tensor_t *x = &parts[k].tensors[t];
-            if (parts[k].n_tensors == 0) {
-                rows += per_sample ? (int64_t)parts[k].n_samples : 0;
-                continue;
+            column[k] = parts[k].n_tensors ? &parts[k].tensors[t] : NULL;
+            gap_rows[k] = per_sample && !column[k] ? (int64_t)parts[k].n_samples : 0;
+            if (parts[k].n_tensors && parts[k].n_tensors != n_tensors) {
+                rc = DH_EINVAL;
+                bad = k;
+                break;
             }
-            if (parts[k].n_tensors != n_tensors || x->dtype != o->dtype || x->ndim != o->ndim ||
-                x->ndim == 0 || strcmp(x->name, o->name) != 0) {
-                rc = DH_EPARSE;
-                snprintf(why, why_cap,
-                         "batch %llu: part %zu's tensor '%.31s' does not match part %zu's",
-                         (unsigned long long)batch, k, o->name, ref);
-                goto fail;
-            }
-            rows += x->shape[0];
-            for (int32_t d = 1; d < o->ndim; d++)
-                if (x->shape[d] > o->shape[d])
-                    o->shape[d] = x->shape[d];
         }
-        o->shape[0] = rows;
-        size_t elem = dh_dtype_size(o->dtype);
-        dh_tensor_set_contiguous(o);
-        buf[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
-        if (!buf[t]) {
-            rc = DH_ENOMEM;
-            snprintf(why, why_cap, "batch %llu: out of memory joining %zu parts (%zu bytes)",
-                     (unsigned long long)batch, n_parts, o->nbytes);
+        if (rc == 0)
+            rc = dh_collate_rows(column, gap_rows, n_parts, &out[t], &bad);
+        if (rc == DH_EINVAL) {
+            rc = DH_EPARSE;
+            snprintf(why, why_cap,
+                     "batch %llu: part %zu's tensor '%.31s' does not match part %zu's",
+                     (unsigned long long)batch, bad, o->name, ref);
             goto fail;
         }
-        o->data = buf[t];
-        int64_t row0 = 0;
-        for (size_t k = 0; k < n_parts; k++) {
-            const dh_tensor_t *x = &parts[k].tensors[t];
-            if (parts[k].n_tensors == 0) { /* all failed: zero rows (calloc) */
-                row0 += per_sample ? (int64_t)parts[k].n_samples : 0;
-                continue;
-            }
-            /* Copy x's elements into o at row offset row0, dimension by dimension: the
-             * innermost dimension is copied as one run. */
-            size_t inner = elem * (size_t)x->shape[x->ndim - 1];
-            size_t outer = 1;
-            for (int32_t d = 0; d + 1 < x->ndim; d++)
-                outer *= (size_t)x->shape[d];
-            for (size_t i = 0; i < outer; i++) {
-                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0] * elem;
-                for (int d = (int)x->ndim - 2; d >= 0; d--) {
-                    size_t idx = rem % (size_t)x->shape[d];
-                    rem /= (size_t)x->shape[d];
-                    src_off += idx * (size_t)x->strides[d] * elem;
-                    dst_off += idx * (size_t)o->strides[d] * elem;
-                }
-                memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
-            }
-            row0 += x->shape[0];
+        if (rc) {
+            snprintf(why, why_cap, "batch %llu: out of memory joining %zu parts (%zu bytes)",
+                     (unsigned long long)batch, n_parts, out[t].nbytes);
+            goto fail;
         }
     }
     for (size_t k = 0; k < n_parts; k++)
         part_release_tensors(&parts[k]);
     for (size_t t = 0; t < n_tensors; t++) {
         p0->tensors[t] = out[t];
-        p0->copies[t] = buf[t];
+        p0->copies[t] = out[t].data;
     }
     p0->n_tensors = n_tensors;
     return 0;
 fail:
     for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
-        dh_free(buf[t]);
+        dh_tensor_clear(&out[t]);
     return rc;
 }
 

@@ -224,6 +224,98 @@ static void clears_are_safe_on_zeroed_values(void **state)
     assert_int_equal(dh_dtype_size(DH_DTYPE_FLOAT32), 4);
 }
 
+/* A contiguous int16 tensor named `name` of rows x cols whose element (r, c) is base + 10r + c. */
+static dh_tensor_t grid(const char *name, int64_t rows, int64_t cols, int base)
+{
+    dh_tensor_t t = {.dtype = DH_DTYPE_INT16, .ndim = 2, .shape = {rows, cols}};
+    dh_tensor_set_name(&t, name);
+    dh_tensor_set_contiguous(&t);
+    t.data = dh_malloc(t.nbytes ? t.nbytes : 1);
+    assert_non_null(t.data);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            ((int16_t *)t.data)[r * cols + c] = (int16_t)(base + 10 * r + c);
+    return t;
+}
+
+static int16_t at(const dh_tensor_t *t, int64_t r, int64_t c)
+{
+    return ((const int16_t *)t->data)[r * t->strides[0] + c * t->strides[1]];
+}
+
+static void rows_join_parts_padding_the_other_dims(void **state)
+{
+    dh_tensor_t a = grid("mask", 2, 3, 100), b = grid("mask", 1, 5, 500), out;
+    const dh_tensor_t *parts[] = {&a, &b};
+    assert_int_equal(dh_collate_rows(parts, NULL, 2, &out, NULL), 0);
+    assert_string_equal(out.name, "mask");
+    assert_int_equal(out.dtype, DH_DTYPE_INT16);
+    assert_int_equal(out.shape[0], 3);
+    assert_int_equal(out.shape[1], 5);
+    assert_int_equal(out.strides[0], 5);
+    assert_int_equal(out.strides[1], 1);
+    assert_int_equal(out.nbytes, 3 * 5 * 2);
+    for (int64_t c = 0; c < 5; c++) {
+        assert_int_equal(at(&out, 0, c), c < 3 ? 100 + c : 0); /* padded on the right */
+        assert_int_equal(at(&out, 1, c), c < 3 ? 110 + c : 0);
+        assert_int_equal(at(&out, 2, c), 500 + c);
+    }
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&b);
+}
+
+static void rows_of_a_missing_part_are_zeros(void **state)
+{
+    dh_tensor_t a = grid("frames", 1, 2, 1), c = grid("frames", 1, 2, 7), out;
+    const dh_tensor_t *parts[] = {NULL, &a, NULL, &c};
+    const int64_t gaps[] = {2, 0, 1, 0};
+    assert_int_equal(dh_collate_rows(parts, gaps, 4, &out, NULL), 0);
+    assert_int_equal(out.shape[0], 5);
+    const int16_t want[5][2] = {{0, 0}, {0, 0}, {1, 2}, {0, 0}, {7, 8}};
+    for (int64_t r = 0; r < 5; r++)
+        for (int64_t k = 0; k < 2; k++)
+            assert_int_equal(at(&out, r, k), want[r][k]);
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&c);
+}
+
+static void rows_read_strided_parts(void **state)
+{
+    /* A view of columns 0..1 of a 2 x 4 grid: strides {4, 1}, shape {2, 2}. */
+    dh_tensor_t full = grid("x", 2, 4, 10), view = full, out;
+    view.shape[1] = 2;
+    const dh_tensor_t *parts[] = {&view};
+    assert_int_equal(dh_collate_rows(parts, NULL, 1, &out, NULL), 0);
+    assert_int_equal(out.strides[0], 2);
+    assert_int_equal(at(&out, 0, 1), 11);
+    assert_int_equal(at(&out, 1, 0), 20);
+    assert_int_equal(at(&out, 1, 1), 21);
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&full);
+}
+
+static void rows_refuse_parts_that_disagree(void **state)
+{
+    dh_tensor_t a = grid("mask", 1, 2, 0), b = grid("frames", 1, 2, 0), out;
+    const dh_tensor_t *parts[] = {NULL, &a, &b};
+    size_t bad = 99;
+    assert_int_equal(dh_collate_rows(parts, NULL, 3, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    assert_non_null(strstr(dh_last_error(), "part 2's tensor 'mask' does not match part 1's"));
+    assert_null(out.data);
+    b.dtype = DH_DTYPE_UINT16; /* the same name, another dtype */
+    dh_tensor_set_name(&b, "mask");
+    assert_int_equal(dh_collate_rows(parts, NULL, 3, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    const dh_tensor_t *none[] = {NULL, NULL};
+    assert_int_equal(dh_collate_rows(none, NULL, 2, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&b);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(frames_are_padded_to_the_longest_with_masks),
     cmocka_unit_test(different_sizes_are_padded_bottom_right),
@@ -231,5 +323,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(all_failed_or_empty_batches_have_no_pixels),
     cmocka_unit_test(collate_survives_allocation_failure),
     cmocka_unit_test(clears_are_safe_on_zeroed_values),
+    cmocka_unit_test(rows_join_parts_padding_the_other_dims),
+    cmocka_unit_test(rows_of_a_missing_part_are_zeros),
+    cmocka_unit_test(rows_read_strided_parts),
+    cmocka_unit_test(rows_refuse_parts_that_disagree),
 };
 DH_TEST_MAIN(tests)
