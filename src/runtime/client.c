@@ -1004,7 +1004,13 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->notice_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->plan_lock, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    /* next() waits with a deadline on CLOCK_MONOTONIC: a wall-clock step (NTP, a suspended
+     * VM) neither ends the wait early nor stretches it. */
+    pthread_condattr_t cond_attr;
+    pthread_condattr_init(&cond_attr);
+    pthread_condattr_setclock(&cond_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &cond_attr);
+    pthread_condattr_destroy(&cond_attr);
     if (cfg->node && cfg->node[0])
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
@@ -1164,7 +1170,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     }
     uint64_t b = c->consumed;
     struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
+    clock_gettime(CLOCK_MONOTONIC, &deadline); /* the condvar's clock (dh_client_new) */
     if (c->cfg.next_timeout_ms >= 0) {
         deadline.tv_sec += c->cfg.next_timeout_ms / 1000;
         deadline.tv_nsec += (long)(c->cfg.next_timeout_ms % 1000) * 1000000L;
