@@ -124,6 +124,32 @@ static void embedded_epoch_in_order_exactly_once(void **state)
     cl_assert_no_leftovers();
 }
 
+/* next() gives up after next_timeout_ms, measured on the monotonic clock, with DH_EAGAIN
+ * naming the batch. Each synthetic sample sleeps its profile's cpu_s (about 1 s a batch here),
+ * so batch 0 cannot be ready within 50 ms. */
+static void next_times_out_with_eagain(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"sleep\"}");
+    cfg.next_timeout_ms = 50;
+    cfg.prefetch = 1;
+    cfg.max_steps = 1;
+    cfg.workers = 1;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t t0 = dh_clock_now_ns();
+    int rc = dh_client_next(c, &b);
+    double waited = dh_clock_elapsed_s(t0, dh_clock_now_ns());
+    assert_int_equal(rc, DH_EAGAIN);
+    assert_null(b);
+    assert_non_null(strstr(dh_last_error(), "batch 0 not ready within 50 ms"));
+    assert_true(waited >= 0.05);
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
 /* The profile set of a file, and its row count. */
 static dh_profile_set_t *load_rows(const char *profiles, size_t *n)
 {
@@ -704,6 +730,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(embedded_epoch_in_order_exactly_once),
+        cmocka_unit_test(next_times_out_with_eagain),
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
