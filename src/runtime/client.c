@@ -23,8 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -40,6 +38,7 @@
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/notice.h"
 #include "runtime/rt.h"
 
 #define NAME_CAP 128
@@ -464,41 +463,12 @@ static void *sender_main(void *arg)
 
 /* ---- the fetcher ---- */
 
-static int connect_fd_socket(const char *name, int *fd_out, int *conn_out)
-{
-    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return dh__set_error(-errno, "socket(AF_UNIX): %s", strerror(errno));
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    size_t len = strlen(name);
-    if (len + 1 > sizeof addr.sun_path) {
-        close(sock);
-        return dh__set_error(DH_EINVAL, "arena socket name '%s' too long", name);
-    }
-    memcpy(addr.sun_path + 1, name, len);
-    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    if (connect(sock, (struct sockaddr *)&addr, alen) != 0) {
-        int e = errno;
-        close(sock);
-        return dh__set_error(-e, "cannot connect to the DataServer's arena socket @%s: %s", name,
-                             strerror(e));
-    }
-    int rc = dh_shm_recv_fd(sock, fd_out);
-    if (rc) {
-        close(sock);
-        return dh__set_error(rc, "no arena fd from the DataServer's socket @%s: %s", name,
-                             dh_strerror(rc));
-    }
-    *conn_out = sock; /* kept as the notice channel */
-    return 0;
-}
-
 /* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
  * it under the lock into `ds`). */
 static int connect_local(dh_client_t *c, const ds_info_t *ds)
 {
     int fd = -1, conn = -1;
-    int rc = connect_fd_socket(ds->shm_socket, &fd, &conn);
+    int rc = dh__notice_connect(ds->shm_socket, &fd, &conn);
     if (rc)
         return rc;
     dh_shm_arena_t *arena = NULL;
@@ -509,11 +479,7 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
         return rc;
     }
     /* Name ourselves on the notice channel; without it DELIVERs come over ZeroMQ only. */
-    ssize_t sent;
-    do {
-        sent = send(conn, c->id, strlen(c->id), MSG_NOSIGNAL);
-    } while (sent < 0 && errno == EINTR);
-    if (sent != (ssize_t)strlen(c->id)) {
+    if (dh__notice_name(conn, c->id) != 0) {
         close(conn);
         conn = -1;
     }
@@ -801,31 +767,14 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
  * stopped; the coordinator will name its successor). */
 static void notice_receive(dh_client_t *c)
 {
-    ssize_t size;
-    do {
-        size = recv(c->notice_fd, NULL, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
-    } while (size < 0 && errno == EINTR);
-    if (size < 0 && errno == EAGAIN)
-        return;
-    uint8_t *buf = size > 0 ? dh_malloc((size_t)size) : NULL;
-    ssize_t n = buf ? recv(c->notice_fd, buf, (size_t)size, MSG_DONTWAIT) : -1;
-    if (size <= 0 || n != size) {
-        if (size > 0 && !buf)
-            dh_log_warn("client '%s': out of memory for a %zd-byte notice", c->id, size);
-        dh_free(buf);
+    dh_wire_received_t r = {0};
+    int got = dh__notice_receive(c->notice_fd, c->id, &r.msg);
+    if (got < 0) {
         close(c->notice_fd);
         c->notice_fd = -1;
         return;
     }
-    dh_wire_received_t r = {0};
-    int rc = dh_wire_decode_packet(buf, (size_t)n, &r.msg);
-    dh_free(buf);
-    if (rc) {
-        dh_log_warn("client '%s': dropped a malformed notice from the local DataServer: %s", c->id,
-                    dh_last_error());
-        return;
-    }
-    if (r.msg.type == DH_MSG_DELIVER) {
+    if (got == 1 && r.msg.type == DH_MSG_DELIVER) {
         pthread_mutex_lock(&c->lock);
         c->stats.notices++;
         pthread_mutex_unlock(&c->lock);

@@ -10,12 +10,12 @@
  *   coord    DEALER -> the coordinator (HELLO, HEARTBEAT, COMPLETE; receives DISPATCH)
  *   data     ROUTER, local role: clients (HELLO, then DELIVER of handles to them) and
  *            sidecars (DELIVER with tensor frames from them, COMPLETE acks back)
- *   fdsock   AF_UNIX abstract SOCK_SEQPACKET listening socket, local role: hands the
- *            arena's memfd to a client that connects (SCM_RIGHTS); the connection stays open
- *            as that client's notice channel: the client names itself on it, and a DELIVER
- *            of arena handles goes to it as one packet (dh_wire_encode_packet), two thread
- *            hops instead of ZeroMQ's four; anything else (spilled frames, a full channel)
- *            goes over `data`
+ *   notice   AF_UNIX abstract SOCK_SEQPACKET listening socket, local role (notice.c): hands
+ *            the arena's memfd to a client that connects (SCM_RIGHTS); the connection stays
+ *            open as that client's notice channel: the client names itself on it, and a
+ *            DELIVER of arena handles goes to it as one packet (dh_wire_encode_packet), two
+ *            thread hops instead of ZeroMQ's four; anything else (spilled frames, a full
+ *            channel) goes over `data`
  *   links    DEALERs, remote role: one per target local DataServer
  * The arena is allocated by workers and by the loop; a mutex around alloc / collect /
  * reclaim makes them one logical owner (shm.h's "creator's owner thread" rule). A full arena
@@ -30,11 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -47,6 +43,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/notice.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
 
@@ -54,7 +51,6 @@
 #define ENDPOINT_CAP 256
 #define MAX_LINKS 32
 #define MAX_CLIENTS 256
-#define MAX_NOTICE 64 /* open notice channels; more clients get DELIVERs over ZeroMQ */
 #define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
 #define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
 
@@ -91,13 +87,6 @@ typedef struct known_client {
     uint64_t since_ns;
 } known_client_t;
 
-/* A client's notice channel: the accepted arena-socket connection, named once the client
- * has written its id on it. */
-typedef struct notice_conn {
-    int fd;
-    char name[NAME_CAP];
-} notice_conn_t;
-
 /* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
  * arena was full. */
 typedef struct pending {
@@ -114,15 +103,12 @@ struct dh_dataserver {
     char node[NAME_CAP];
     char coord_endpoint[ENDPOINT_CAP];
     char data_endpoint[ENDPOINT_CAP];
-    char shm_socket[NAME_CAP];
     dh__rt_pipeline_t pipeline;
     void *ctx;
     bool own_ctx;
     dh_wire_socket_t *coord;
     dh_wire_socket_t *data;
-    int fdsock;
-    notice_conn_t notice[MAX_NOTICE];
-    size_t n_notice;
+    dh__notice_server_t notice; /* local role: the arena socket and the notice channels */
     int wake_fd;
     dh_shm_arena_t *arena;
     pthread_mutex_t arena_lock;
@@ -421,7 +407,7 @@ static void send_hello(dh_dataserver_t *s)
     m.hello.arena_bytes = s->arena ? s->cfg.arena_bytes : 0;
     m.hello.name = s->name;
     m.hello.endpoint = s->data_endpoint;
-    m.hello.shm_socket = s->shm_socket;
+    m.hello.shm_socket = s->notice.name;
     m.hello.pid = (uint32_t)getpid();
     send_coord(s, &m);
 }
@@ -508,63 +494,6 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
     return NULL;
 }
 
-/* Sends a DELIVER of arena handles on the client's notice channel. Returns true when the
- * whole packet went out; false sends it over ZeroMQ instead (no channel, full, or gone). */
-static bool notice_send(dh_dataserver_t *s, const char *client_id, const dh_msg_t *m)
-{
-    int fd = -1;
-    for (size_t i = s->n_notice; i-- > 0;) /* the newest connection of that client */
-        if (strcmp(s->notice[i].name, client_id) == 0) {
-            fd = s->notice[i].fd;
-            break;
-        }
-    if (fd < 0)
-        return false;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (dh_wire_encode_packet(m, &buf, &len))
-        return false;
-    ssize_t n;
-    do {
-        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    dh_free(buf);
-    if (n != (ssize_t)len) {
-        dh_log_debug("DataServer '%s': notice channel of client '%s': %s; using ZeroMQ", s->name,
-                     client_id, n < 0 ? strerror(errno) : "short send");
-        return false;
-    }
-    return true;
-}
-
-static void notice_close(dh_dataserver_t *s, size_t i)
-{
-    close(s->notice[i].fd);
-    s->notice[i] = s->notice[--s->n_notice];
-}
-
-/* A notice channel is readable: the client's id (its first packet), or its end. */
-static void notice_read(dh_dataserver_t *s, size_t i)
-{
-    char buf[NAME_CAP];
-    ssize_t n = recv(s->notice[i].fd, buf, sizeof buf - 1, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return;
-    if (n <= 0 || s->notice[i].name[0]) {
-        notice_close(s, i); /* closed, failed, or a second packet (not in the protocol) */
-        return;
-    }
-    buf[n] = '\0';
-    if (strlen(buf) != (size_t)n) {
-        dh_log_warn("DataServer '%s': a client named itself with a malformed id on the arena "
-                    "socket @%s; using ZeroMQ for it",
-                    s->name, s->shm_socket);
-        notice_close(s, i);
-        return;
-    }
-    memcpy(s->notice[i].name, buf, (size_t)n + 1);
-}
-
 static void free_payload(void *data, void *hint)
 {
     dh__wire_tsan_acquire(); /* maybe on a ZeroMQ I/O thread */
@@ -613,7 +542,7 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
     m.deliver.samples = (dh_wire_sample_result_t *)samples;
     m.deliver.ready_ns = ready_ns;
     m.deliver.server = (char *)executor;
-    if (n_frames == 0 && notice_send(s, client_id, &m))
+    if (n_frames == 0 && dh__notice_server_send(&s->notice, client_id, &m))
         return 0;
     return dh_wire_send(s->data, client_id, strlen(client_id), &m, frames, n_frames, 0);
 }
@@ -1031,23 +960,6 @@ static void on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r
     }
 }
 
-static void accept_fd_client(dh_dataserver_t *s)
-{
-    int conn = accept4(s->fdsock, NULL, NULL, SOCK_CLOEXEC);
-    if (conn < 0)
-        return;
-    int rc = dh_shm_send_fd(conn, dh_shm_arena_fd(s->arena));
-    if (rc == 0 && s->n_notice < MAX_NOTICE &&
-        fcntl(conn, F_SETFL, fcntl(conn, F_GETFL) | O_NONBLOCK) == 0) {
-        s->notice[s->n_notice++] = (notice_conn_t){.fd = conn};
-        return;
-    }
-    if (rc)
-        dh_log_warn("DataServer '%s': cannot hand the arena to a client: %s", s->name,
-                    dh_strerror(rc));
-    close(conn);
-}
-
 int dh_dataserver_run(dh_dataserver_t *s)
 {
     dh_log_info("DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s, coordinator %s",
@@ -1059,7 +971,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
     dh_wire_received_t r = {0};
     int rc = 0;
     while (!atomic_load(&s->stop)) {
-        zmq_pollitem_t items[4 + MAX_LINKS + MAX_NOTICE];
+        zmq_pollitem_t items[4 + MAX_LINKS + DH__NOTICE_MAX];
         int n = 0;
         items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->coord), 0, ZMQ_POLLIN, 0};
         items[n++] = (zmq_pollitem_t){NULL, s->wake_fd, ZMQ_POLLIN, 0};
@@ -1068,16 +980,16 @@ int dh_dataserver_run(dh_dataserver_t *s)
             data_at = n;
             items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->data), 0, ZMQ_POLLIN, 0};
             fd_at = n;
-            items[n++] = (zmq_pollitem_t){NULL, s->fdsock, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){NULL, s->notice.listen_fd, ZMQ_POLLIN, 0};
         }
         links_at = n;
         for (size_t i = 0; i < s->n_links; i++)
             items[n++] =
                 (zmq_pollitem_t){dh_wire_socket_handle(s->links[i].sock), 0, ZMQ_POLLIN, 0};
         int notice_at = n;
-        size_t n_notice = s->n_notice;
+        size_t n_notice = s->notice.n_conns;
         for (size_t i = 0; i < n_notice; i++)
-            items[n++] = (zmq_pollitem_t){NULL, s->notice[i].fd, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){NULL, s->notice.conns[i].fd, ZMQ_POLLIN, 0};
         long timeout = s->pending ? 1 : (long)s->cfg.heartbeat_ms;
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             rc = -zmq_errno();
@@ -1106,9 +1018,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
             }
         for (size_t i = n_notice; i-- > 0;) /* backwards: a close moves the last one here */
             if (items[notice_at + (int)i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
-                notice_read(s, i);
+                dh__notice_server_read(&s->notice, i);
         if (fd_at >= 0 && (items[fd_at].revents & ZMQ_POLLIN))
-            accept_fd_client(s);
+            dh__notice_server_accept(&s->notice, dh_shm_arena_fd(s->arena));
         for (size_t i = 0; i < s->n_links; i++)
             if (items[links_at + (int)i].revents & ZMQ_POLLIN)
                 while (dh_wire_recv(s->links[i].sock, 0, &r) == 0) {
@@ -1168,25 +1080,6 @@ void dh_dataserver_stop(dh_dataserver_t *s)
     atomic_store(&s->stop, 1);
 }
 
-static int open_fd_socket(dh_dataserver_t *s)
-{
-    static atomic_uint counter;
-    snprintf(s->shm_socket, sizeof s->shm_socket, "datahelix-%d-%u", (int)getpid(),
-             atomic_fetch_add(&counter, 1));
-    s->fdsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (s->fdsock < 0)
-        return dh__set_error(-errno, "DataServer: socket(AF_UNIX): %s", strerror(errno));
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    /* Abstract namespace (leading NUL): nothing in the file system to leave behind. */
-    size_t len = strlen(s->shm_socket);
-    memcpy(addr.sun_path + 1, s->shm_socket, len);
-    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    if (bind(s->fdsock, (struct sockaddr *)&addr, alen) != 0 || listen(s->fdsock, 64) != 0)
-        return dh__set_error(-errno, "DataServer: cannot listen on @%s: %s", s->shm_socket,
-                             strerror(errno));
-    return 0;
-}
-
 int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
 {
     *out = NULL;
@@ -1203,7 +1096,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     if (!s)
         return dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
     s->cfg = *cfg;
-    s->fdsock = -1;
+    dh__notice_server_init(&s->notice, s->name);
     s->wake_fd = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->arena_lock, NULL);
@@ -1256,7 +1149,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         if ((rc = dh__rt_last_endpoint(dh_wire_socket_handle(s->data), s->data_endpoint,
                                        sizeof s->data_endpoint)))
             goto fail;
-        if ((rc = open_fd_socket(s)))
+        if ((rc = dh__notice_server_listen(&s->notice)))
             goto fail;
     }
     if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, NULL)) ||
@@ -1330,10 +1223,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         dh_wire_socket_destroy(&s->links[i].sock);
     dh_wire_socket_destroy(&s->coord);
     dh_wire_socket_destroy(&s->data);
-    if (s->fdsock >= 0)
-        close(s->fdsock);
-    while (s->n_notice)
-        notice_close(s, s->n_notice - 1);
+    dh__notice_server_close(&s->notice);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     dh_shm_arena_destroy(&s->arena);
