@@ -59,13 +59,13 @@ typedef struct dh_client_config {
                                * first_epoch x steps-per-epoch (a loader's set_epoch) */
     uint64_t max_steps;       /* 0 = no limit besides epochs */
     dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
-    int token_plan;           /* tier-1 planning of each step's window of ranks x batch rows:
-                               * 1 = token-balanced, exactly `batch` rows per rank (default);
-                               * 2 = token-balanced with per-rank counts free (packing: the
-                               *     window is split by tokens alone, every rank getting at
-                               *     least `fanout` rows; batches vary in size);
-                               * 0 = sample-count batching, as rank-local loaders do: rank r
-                               *     takes rows [r x batch, (r+1) x batch) in sampler order */
+    /* Tier-1 planning of each step's window of ranks x batch rows (plan.h):
+     * DH_SHARE_TOKEN_BALANCED (1): exactly `batch` rows per rank, by tokens (default);
+     * DH_SHARE_TOKEN_PACKED (2): per-rank counts free (packing: the window is split by
+     *   tokens alone, every rank getting at least `fanout` rows; batches vary in size);
+     * DH_SHARE_SAMPLE_COUNT (0): as rank-local loaders do, rank r takes rows
+     *   [r x batch, (r+1) x batch) in sampler order. */
+    dh_share_mode_t token_plan;
     dh_on_error_t on_error;
     int next_timeout_ms;    /* next() gives up with DH_EAGAIN after this (-1 = never) */
     int connect_timeout_ms; /* creation waits this long for the coordinator (30000) */
@@ -167,8 +167,9 @@ DH_EXTERN void dh_client_destroy(dh_client_t **c);
 
 /* The sample ids rank `rank` receives at global step `step` under cfg's plan (what
  * dh_client_next will yield), for tests and ledgers: writes up to cap indices into the
- * profile set (row numbers) and returns how many (cfg->batch; with token_plan 2 the count
- * varies), or a negative code. */
+ * profile set (row numbers) and returns how many (cfg->batch; with DH_SHARE_TOKEN_PACKED the
+ * count varies), or a negative code. dh_plan_rank_share (plan.h) is the same rule without a
+ * client. */
 DH_EXTERN int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
                                        size_t cap);
 

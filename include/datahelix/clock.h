@@ -17,9 +17,6 @@ DH_EXTERN uint64_t dh_clock_now_ns(void);
  * benchmark on a shared machine divides by, so other processes do not count against it. */
 DH_EXTERN uint64_t dh_clock_thread_cpu_ns(void);
 
-/* The same in seconds, as a double. */
-DH_EXTERN double dh_clock_now_s(void);
-
 /* Seconds between two dh_clock_now_ns() readings (end - start; negative if end < start). */
 DH_EXTERN double dh_clock_elapsed_s(uint64_t start_ns, uint64_t end_ns);
 

@@ -20,7 +20,8 @@ extern "C" {
 typedef enum {
     DH_FAULT_PROFILE_READ = 1,  /* reading a profile JSONL file fails (EIO) */
     DH_FAULT_PROFILE_WRITE = 2, /* writing a profile JSONL file fails (ENOSPC) */
-    DH_FAULT_SITE_COUNT = 3,
+    DH_FAULT_COORD_BOOK = 3,    /* the coordinator cannot grow its book for a request (ENOMEM) */
+    DH_FAULT_SITE_COUNT = 4,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */

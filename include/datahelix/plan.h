@@ -16,6 +16,8 @@
 #define DATAHELIX_PLAN_H
 
 #include "datahelix/export.h"
+#include "datahelix/profile.h"
+#include "datahelix/sampler.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -88,6 +90,44 @@ DH_EXTERN double dh_plan_lower_bound(const double *load, size_t n, uint32_t rank
  * differ by at most one, balancing load. Writes part_of[i] in 0..parts-1.
  * Returns 0, DH_EINVAL (parts == 0 or parts > n) or DH_ENOMEM. */
 DH_EXTERN int dh_plan_fanout(const double *load, size_t n, uint32_t parts, uint32_t *part_of);
+
+/* How a step's window of ranks x batch rows is shared among the ranks (the client's
+ * `token_plan`). */
+typedef enum {
+    DH_SHARE_SAMPLE_COUNT = 0,   /* sample-count batching, as rank-local loaders do: rank r
+                                  * takes rows [r x batch, (r+1) x batch) in sampler order */
+    DH_SHARE_TOKEN_BALANCED = 1, /* token-balanced, exactly `batch` rows per rank (default) */
+    DH_SHARE_TOKEN_PACKED = 2,   /* packing: the window is split by tokens alone (per-rank
+                                  * counts free, every rank at least `min_rows` rows) */
+} dh_share_mode_t;
+
+#define DH_SHARE_MODE_COUNT 3
+
+typedef struct dh_share_config {
+    dh_share_mode_t mode;
+    dh_plan_algo_t algo; /* the balanced and packed modes' algorithm */
+    uint32_t ranks;      /* > 0 */
+    uint32_t batch;      /* rows per rank per step (> 0); the window is ranks x batch */
+    uint32_t min_rows;   /* packed mode: the fewest rows a rank gets (the client's fanout) */
+} dh_share_config_t;
+
+/* The profile rows (indices into `profiles`) that `rank` gets at global step `step`, in
+ * window order: the sampler draws the step's window (it must have per_step = ranks x batch),
+ * the rows' tokens_est are the loads, their key_index the keys, and the window is shared by
+ * cfg->mode. Writes up to cap rows and returns how many (batch, except in packed mode), or
+ * DH_EINVAL (rank >= ranks, ranks or batch 0, an unknown mode), DH_ENOMEM, or the sampler's
+ * or planner's error. The exact algorithm's DH_ETOOBIG is not an error: its best plan is
+ * used. Deterministic; not thread-safe on one sampler (dh_sampler_step caches an epoch). */
+DH_EXTERN int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                                 const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
+                                 uint32_t *rows, size_t cap);
+
+/* Packing may leave a rank fewer than min_rows rows: gives it the lightest row of the rank
+ * with the most rows (the lowest such rank) until none is short or no rank has more than
+ * min_rows. rank_of[i] is item i's rank (or -1, left alone). Deterministic.
+ * Returns 0, DH_EINVAL (ranks 0) or DH_ENOMEM (rank_of unchanged). */
+DH_EXTERN int dh_plan_min_rows(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
+                               uint32_t min_rows);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,6 @@ DH_EXTERN size_t dh_stats_count(const dh_stats_t *stats);
 DH_EXTERN double dh_stats_mean(const dh_stats_t *stats); /* 0 when empty */
 DH_EXTERN double dh_stats_min(const dh_stats_t *stats);  /* 0 when empty */
 DH_EXTERN double dh_stats_max(const dh_stats_t *stats);  /* 0 when empty */
-DH_EXTERN double dh_stats_sum(const dh_stats_t *stats);
 
 /* The p-th percentile (0 <= p <= 100), linear interpolation between closest ranks
  * (numpy's default). 0 when empty. Sorts lazily, hence not const. */

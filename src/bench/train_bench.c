@@ -55,7 +55,7 @@ typedef struct spec {
     const char *name;
     dh_policy_t policy;
     int rank_local; /* one local DataServer per rank (native) */
-    int token_plan;
+    dh_share_mode_t token_plan;
     int copy;       /* copy every batch out of the arena (object-store hop) */
     int deep;       /* prefetch opt->prefetch and microbatch fanout (else PyTorch-like) */
     uint32_t cores; /* native-N: N; 0 = the default budget */
@@ -91,13 +91,13 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
     }
     if (strcmp(name, "prefetch-token") == 0) {
         out->policy = DH_POLICY_LEAST_REQUEST;
-        out->token_plan = 2;
+        out->token_plan = DH_SHARE_TOKEN_PACKED;
         out->deep = 1;
         return 0;
     }
     if (strcmp(name, "cost-ddl") == 0 || strcmp(name, "helix") == 0) {
         out->policy = DH_POLICY_DEADLINE;
-        out->token_plan = 2;
+        out->token_plan = DH_SHARE_TOKEN_PACKED;
         out->deep = 1;
         return 0;
     }

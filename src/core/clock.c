@@ -18,11 +18,6 @@ uint64_t dh_clock_thread_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-double dh_clock_now_s(void)
-{
-    return (double)dh_clock_now_ns() * 1e-9;
-}
-
 double dh_clock_elapsed_s(uint64_t start_ns, uint64_t end_ns)
 {
     if (end_ns >= start_ns)

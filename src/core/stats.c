@@ -74,11 +74,6 @@ double dh_stats_max(const dh_stats_t *stats)
     return stats->count ? stats->max : 0.0;
 }
 
-double dh_stats_sum(const dh_stats_t *stats)
-{
-    return stats->sum;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

@@ -31,13 +31,16 @@
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
+#include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/descriptor.h"
 #include "runtime/notice.h"
 #include "runtime/rt.h"
 
@@ -159,6 +162,10 @@ struct dh_client {
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;
     dh_client_stats_t stats;
+    /* A request the coordinator dropped: its ERROR's code (0: none) and message, with which
+     * next() fails rather than wait for a batch that will not come. */
+    int refused;
+    char refused_msg[2 * NAME_CAP];
 
     atomic_int stop;
     pthread_t sender, fetcher;
@@ -175,7 +182,7 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->shuffle = 1;
     cfg->epochs = 1;
     cfg->plan_algo = DH_PLAN_ALGO_DEFAULT;
-    cfg->token_plan = 1;
+    cfg->token_plan = DH_SHARE_TOKEN_BALANCED;
     cfg->on_error = DH_ON_ERROR_RAISE;
     cfg->next_timeout_ms = -1;
     cfg->connect_timeout_ms = 30000;
@@ -205,90 +212,17 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 
 /* ---- planning (pure calls) ---- */
 
-/* Packing may leave a rank fewer rows than its `fanout` requests: give it the lightest row
- * of the rank with the most rows until none is short (deterministic). */
-static void min_rows_per_rank(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
-                              uint32_t min_rows)
-{
-    size_t count[ranks];
-    for (;;) {
-        memset(count, 0, sizeof count);
-        for (size_t i = 0; i < n; i++)
-            if (rank_of[i] >= 0)
-                count[rank_of[i]]++;
-        uint32_t short_r = ranks, most = 0;
-        for (uint32_t r = 0; r < ranks; r++) {
-            if (count[r] < min_rows && short_r == ranks)
-                short_r = r;
-            if (count[r] > count[most])
-                most = r;
-        }
-        if (short_r == ranks || count[most] <= min_rows)
-            return;
-        size_t lightest = n;
-        for (size_t i = 0; i < n; i++)
-            if (rank_of[i] == (int32_t)most && (lightest == n || load[i] < load[lightest]))
-                lightest = i;
-        rank_of[lightest] = (int32_t)short_r;
-    }
-}
-
-/* The profile rows `rank` gets at `step`, in window order. Returns the count or < 0. */
+/* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
+ * client's config). Returns the count or < 0. */
 static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
                           uint32_t *rows, size_t cap)
 {
-    size_t per_step = (size_t)c->cfg.ranks * c->cfg.batch;
-    uint32_t *ids = dh_malloc(per_step * sizeof *ids);
-    double *load = dh_malloc(per_step * sizeof *load);
-    uint32_t *key = dh_malloc(per_step * sizeof *key);
-    int32_t *rank_of = dh_malloc(per_step * sizeof *rank_of);
-    int rc = 0;
-    if (!ids || !load || !key || !rank_of) {
-        rc = dh__set_error(DH_ENOMEM, "out of memory planning a step");
-        goto done;
-    }
-    if ((rc = dh_sampler_step(sampler, step, ids)))
-        goto done;
-    for (size_t i = 0; i < per_step; i++) {
-        const dh_profile_row_t *row = dh_profile_set_row(c->profiles, ids[i]);
-        load[i] = (double)row->tokens_est;
-        key[i] = row->key_index;
-    }
-    dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
-                           .algo = c->cfg.plan_algo,
-                           .ranks = c->cfg.ranks,
-                           .batch = c->cfg.batch};
-    if (c->cfg.token_plan == 2) {
-        /* packing: the token-budget planner with a budget nothing exceeds (no deferral) */
-        double total = 0;
-        for (size_t i = 0; i < per_step; i++)
-            total += load[i];
-        pc.mode = DH_PLAN_TOKEN_BUDGET;
-        pc.token_budget = total + 1;
-        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
-        if (rc == 0)
-            min_rows_per_rank(rank_of, load, per_step, c->cfg.ranks, c->cfg.fanout);
-    } else if (c->cfg.token_plan) {
-        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
-    } else {
-        for (size_t i = 0; i < per_step; i++)
-            rank_of[i] = (int32_t)(i / c->cfg.batch);
-    }
-    if (rc == DH_ETOOBIG)
-        rc = 0; /* exact gave up: rank_of holds the best plan found */
-    if (rc)
-        goto done;
-    size_t n = 0;
-    for (size_t i = 0; i < per_step; i++)
-        if (rank_of[i] == (int32_t)rank && n < cap)
-            rows[n++] = ids[i];
-    rc = (int)n;
-done:
-    dh_free(ids);
-    dh_free(load);
-    dh_free(key);
-    dh_free(rank_of);
-    return rc;
+    dh_share_config_t sc = {.mode = c->cfg.token_plan,
+                            .algo = c->cfg.plan_algo,
+                            .ranks = c->cfg.ranks,
+                            .batch = c->cfg.batch,
+                            .min_rows = c->cfg.fanout};
+    return dh_plan_rank_share(&sc, sampler, c->profiles, step, rank, rows, cap);
 }
 
 int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
@@ -304,34 +238,22 @@ int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint3
 
 /* ---- the sender ---- */
 
-/* Predicted compute seconds of batch b (needs lock). */
-static double predicted_compute(const dh_client_t *c, uint64_t b)
-{
-    int64_t tokens = c->tokens_of[b % c->tokens_ring];
-    if (c->s_per_token > 0 && tokens > 0)
-        return c->s_per_token * (double)tokens;
-    return c->mean_window_s;
-}
-
-/* DESIGN §4.2: D(b) = the time until the rank calls next() for batch b: what is left of the
- * current compute window plus the predicted windows of the batches before b. (lock held) */
+/* DESIGN §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
 static double deadline_s(const dh_client_t *c, uint64_t b)
 {
-    if (c->consumed == 0 || b < c->consumed)
-        return 0;
-    double elapsed = dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns());
-    double d = predicted_compute(c, c->consumed - 1) - elapsed;
-    if (d < 0)
-        d = 0;
-    for (uint64_t j = c->consumed; j < b; j++)
-        d += predicted_compute(c, j);
-    return d;
+    dh_deadline_model_t m = {.s_per_token = c->s_per_token,
+                             .mean_window_s = c->mean_window_s,
+                             .tokens = c->tokens_of,
+                             .n_tokens = c->tokens_ring};
+    double elapsed = c->consumed ? dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns()) : 0;
+    return dh_deadline_s(&m, b, c->consumed, elapsed);
 }
 
 static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
 {
     /* a rank gets up to the whole window in packing mode: scratch on the heap */
-    size_t cap = c->cfg.token_plan == 2 ? (size_t)c->cfg.ranks * c->cfg.batch : c->cfg.batch;
+    size_t cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED ? (size_t)c->cfg.ranks * c->cfg.batch
+                                                            : c->cfg.batch;
     uint32_t *rows = dh_malloc(cap * sizeof *rows), *part_of = dh_malloc(cap * sizeof *part_of);
     double *load = dh_malloc(cap * sizeof *load);
     dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
@@ -363,19 +285,7 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
                 continue;
-            const dh_profile_row_t *row = dh_profile_set_row(c->profiles, rows[i]);
-            dh_wire_sample_t *s = &samples[k++];
-            memset(s, 0, sizeof *s);
-            s->id = (char *)row->id;
-            s->uri = (char *)row->uri;
-            s->key = (char *)row->profile_key;
-            s->frames = (uint32_t)row->frames;
-            s->height = (uint32_t)row->height;
-            s->width = (uint32_t)row->width;
-            s->cpu_s = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
-            s->in_bytes = (uint64_t)(row->in_bytes > 0 ? row->in_bytes : 0);
-            s->out_bytes = (uint64_t)(row->out_bytes > 0 ? row->out_bytes : 0);
-            s->tokens = row->tokens_est > 0 ? row->tokens_est : 0;
+            dh__rt_sample_of_row(dh_profile_set_row(c->profiles, rows[i]), &samples[k++]);
         }
         dh_msg_t m = {.type = DH_MSG_REQUEST};
         m.request.client_id = c->id;
@@ -421,6 +331,18 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
     } else if (r->msg.type == DH_MSG_ERROR) {
         dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
                     r->msg.error.message);
+        /* After registration every ERROR but "no local DataServer" (a late answer to a
+         * repeated HELLO) refuses a request, whose batch will not come: next() says so. */
+        if (r->msg.error.code != DH_ENOSERVER) {
+            pthread_mutex_lock(&c->lock);
+            if (!c->refused) {
+                c->refused = r->msg.error.code < 0 ? r->msg.error.code : DH_EIO;
+                snprintf(c->refused_msg, sizeof c->refused_msg, "%s",
+                         r->msg.error.message ? r->msg.error.message : "");
+            }
+            pthread_cond_broadcast(&c->cond);
+            pthread_mutex_unlock(&c->lock);
+        }
     }
 }
 
@@ -510,7 +432,7 @@ static int connect_local(dh_client_t *c, const ds_info_t *ds)
     }
     dh_wire_socket_t *sock = NULL;
     if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(sock), c->id)) ||
+        (rc = dh__wire_set_routing_id(sock, c->id)) ||
         (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
         dh_wire_socket_destroy(&sock);
         if (conn >= 0)
@@ -838,7 +760,7 @@ static int register_with_coordinator(dh_client_t *c)
      * left open would keep zmq_ctx_term, and so dh_client_destroy, waiting forever. */
     dh_wire_socket_destroy(&c->coord);
     if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(c->coord), c->id)) ||
+        (rc = dh__wire_set_routing_id(c->coord, c->id)) ||
         (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
         return rc;
     uint64_t start = dh_clock_now_ns();
@@ -922,11 +844,11 @@ static int check_config(const dh_client_config_t *cfg)
                              cfg->ranks);
     if (cfg->batch == 0 || cfg->batch > 4096)
         return dh__set_error(DH_EINVAL, "client: batch must be in [1, 4096], got %u", cfg->batch);
-    if (cfg->token_plan < 0 || cfg->token_plan > 2)
+    if ((unsigned)cfg->token_plan >= DH_SHARE_MODE_COUNT)
         return dh__set_error(DH_EINVAL,
                              "client: token_plan must be 0 (sample count), 1 (token-balanced, "
                              "fixed batch) or 2 (token-balanced packing), got %d",
-                             cfg->token_plan);
+                             (int)cfg->token_plan);
     if (cfg->fanout == 0 || cfg->fanout > cfg->batch)
         return dh__set_error(DH_EINVAL, "client: fanout must be in [1, batch=%u], got %u",
                              cfg->batch, cfg->fanout);
@@ -963,7 +885,7 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     if (cfg->node && cfg->node[0])
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
-        dh__rt_hostname(c->node, sizeof c->node);
+        dh__wire_hostname(c->node, sizeof c->node);
     if (cfg->client_id && cfg->client_id[0])
         snprintf(c->id, sizeof c->id, "%s", cfg->client_id);
     else
@@ -1091,22 +1013,6 @@ void dh_client_batch_release(dh_client_batch_t **pb)
     *pb = NULL;
 }
 
-uint32_t dh__rt_prefetch_horizon(uint32_t horizon, uint32_t max, uint64_t batch, double waited_s,
-                                 double slack_s, double window_s, double arena_used)
-{
-    /* In steady state (past the first horizon's batches, which wait for the pipeline to
-     * fill), a wait of more than 1% of the compute window, or a batch that arrived less than
-     * a window before it was asked for, means batches take longer from request to ready
-     * than the horizon covers: double it. Not when the arena is half full already: then the
-     * batches in flight are what holds the decode back (workers wait for slabs, then
-     * spill), and more would only add to it. */
-    if (max <= horizon || batch < horizon || !(window_s > 0) || !(arena_used < 0.5))
-        return horizon;
-    if (!(waited_s > 0.01 * window_s) && !(slack_s < window_s))
-        return horizon;
-    return horizon <= max - horizon ? 2 * horizon : max;
-}
-
 int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
 {
     *out = NULL;
@@ -1137,6 +1043,11 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
         }
         if (all)
             break;
+        if (c->refused) {
+            pthread_mutex_unlock(&c->lock);
+            return dh__set_error(c->refused, "client '%s': batch %llu will not come: %s", c->id,
+                                 (unsigned long long)b, c->refused_msg);
+        }
         if (c->cfg.next_timeout_ms >= 0) {
             if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
                 pthread_mutex_unlock(&c->lock);
@@ -1186,8 +1097,8 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     double window_s = c->mean_window_s;
     double slack_s = arrived_ns && entry > arrived_ns ? dh_clock_elapsed_s(arrived_ns, entry) : 0;
     uint32_t was = c->horizon;
-    c->horizon = dh__rt_prefetch_horizon(c->horizon, c->cfg.prefetch_max, b, waited, slack_s,
-                                         window_s, c->arena_used);
+    c->horizon = dh_deadline_prefetch_horizon(c->horizon, c->cfg.prefetch_max, b, waited, slack_s,
+                                              window_s, c->arena_used);
     uint32_t grown = c->horizon != was ? c->horizon : 0;
     pthread_mutex_unlock(&c->lock);
     if (grown)

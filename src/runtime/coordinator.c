@@ -29,9 +29,11 @@
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
 #define MAX_NODES 64
@@ -174,12 +176,10 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
         goto fail;
     if ((rc = dh_wire_socket_new(&c->sock, c->ctx, ZMQ_ROUTER, NULL)))
         goto fail;
-    int handover = 1;
-    zmq_setsockopt(dh_wire_socket_handle(c->sock), ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
-    if ((rc = dh_wire_socket_bind(c->sock, cfg->listen)))
+    if ((rc = dh__wire_router_handover(c->sock)) ||
+        (rc = dh_wire_socket_bind(c->sock, cfg->listen)))
         goto fail;
-    if ((rc =
-             dh__rt_last_endpoint(dh_wire_socket_handle(c->sock), c->endpoint, sizeof c->endpoint)))
+    if ((rc = dh__wire_last_endpoint(c->sock, c->endpoint, sizeof c->endpoint)))
         goto fail;
     if (cfg->telemetry_path && cfg->telemetry_path[0]) {
         c->telemetry = fopen(cfg->telemetry_path, "w");
@@ -265,6 +265,16 @@ static void send_error(dh_coordinator_t *c, const char *peer, int code, const ch
     send_to(c, peer, &m);
 }
 
+/* A message the coordinator could not take in (no memory for its book, or to register its
+ * sender): logged, and failed back to the sender with the error, so nothing waits for it. */
+static void refuse(dh_coordinator_t *c, const char *peer, int rc, const char *what)
+{
+    char text[512];
+    snprintf(text, sizeof text, "%s from '%s' dropped: %s", what, peer, dh_last_error());
+    dh_log_error("coordinator: %s", text);
+    send_error(c, peer, rc, text);
+}
+
 /* Tells a client which local DataServer serves its node. */
 static void tell_client(dh_coordinator_t *c, client_t *cl, int32_t ds)
 {
@@ -295,8 +305,12 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
         int32_t idx;
         client_t *cl = find_client(c, peer, &idx);
         if (!cl) {
-            if (grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients))
+            int rc =
+                grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients);
+            if (rc) {
+                refuse(c, peer, rc, "client HELLO");
                 return;
+            }
             cl = &c->clients[c->n_clients++];
             snprintf(cl->name, NAME_CAP, "%s", peer);
             STAT_ADD(c, clients, 1);
@@ -322,8 +336,11 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     server_t *s = find_server(c, peer, &idx);
     bool known = s != NULL;
     if (!s) {
-        if (grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers))
+        int rc = grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers);
+        if (rc) {
+            refuse(c, peer, rc, "DataServer HELLO");
             return;
+        }
         idx = (int32_t)c->n_servers;
         s = &c->servers[c->n_servers++];
         snprintf(s->name, NAME_CAP, "%s", peer);
@@ -460,21 +477,6 @@ static void remove_entry(dh_coordinator_t *c, size_t pos)
     c->n_book--;
 }
 
-static void row_of_sample(const dh_wire_sample_t *s, dh_profile_row_t *row)
-{
-    memset(row, 0, sizeof *row);
-    row->id = s->id;
-    row->uri = s->uri;
-    row->profile_key = s->key && s->key[0] ? s->key : "?";
-    row->frames = (int32_t)s->frames;
-    row->height = (int32_t)s->height;
-    row->width = (int32_t)s->width;
-    row->tokens_est = s->tokens;
-    row->cpu_s_est = s->cpu_s;
-    row->in_bytes = (int64_t)s->in_bytes;
-    row->out_bytes = (int64_t)s->out_bytes;
-}
-
 static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t *r)
 {
     dh_msg_request_t *q = &r->msg.request;
@@ -485,8 +487,15 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     }
     if (find_entry(c, q->client_id, q->seq, NULL))
         return; /* a repeated request: already in the book */
-    if (grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book))
+    int rc = DH_FAULT(DH_FAULT_COORD_BOOK)
+                 ? dh__set_error(DH_ENOMEM, "coordinator: out of memory (injected)")
+                 : grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book);
+    if (rc) {
+        char what[64];
+        snprintf(what, sizeof what, "request %llu", (unsigned long long)q->seq);
+        refuse(c, peer, rc, what);
         return;
+    }
     entry_t *e = &c->book[c->n_book++];
     memset(e, 0, sizeof *e);
     e->msg = r->msg; /* ownership moves to the book */
@@ -496,7 +505,7 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     e->arrival_ns = dh_clock_now_ns();
     for (uint32_t i = 0; i < e->msg.request.n_samples; i++) {
         dh_profile_row_t row;
-        row_of_sample(&e->msg.request.samples[i], &row);
+        dh__rt_row_of_sample(&e->msg.request.samples[i], &row);
         e->pred_cpu_s += dh_cost_model_predict(c->model, &row, NULL);
         e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
         e->out_bytes += (double)e->msg.request.samples[i].out_bytes;

@@ -579,8 +579,7 @@ static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
     memset(l, 0, sizeof *l);
     snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
     if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
-        dh__rt_set_routing_id(dh_wire_socket_handle(l->sock), s->name) ||
-        dh_wire_socket_connect(l->sock, endpoint)) {
+        dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
         dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
                      dh_last_error());
         dh_wire_socket_destroy(&l->sock);
@@ -1139,21 +1138,19 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         s->cfg.arena_bytes = bytes;
         if ((rc = dh_wire_socket_new(&s->data, s->ctx, ZMQ_ROUTER, NULL)))
             goto fail;
-        int handover = 1;
-        zmq_setsockopt(dh_wire_socket_handle(s->data), ZMQ_ROUTER_HANDOVER, &handover,
-                       sizeof handover);
+        if ((rc = dh__wire_router_handover(s->data)))
+            goto fail;
         const char *listen =
             cfg->data_listen && cfg->data_listen[0] ? cfg->data_listen : "tcp://127.0.0.1:*";
         if ((rc = dh_wire_socket_bind(s->data, listen)))
             goto fail;
-        if ((rc = dh__rt_last_endpoint(dh_wire_socket_handle(s->data), s->data_endpoint,
-                                       sizeof s->data_endpoint)))
+        if ((rc = dh__wire_last_endpoint(s->data, s->data_endpoint, sizeof s->data_endpoint)))
             goto fail;
         if ((rc = dh__notice_server_listen(&s->notice)))
             goto fail;
     }
     if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__rt_set_routing_id(dh_wire_socket_handle(s->coord), s->name)) ||
+        (rc = dh__wire_set_routing_id(s->coord, s->name)) ||
         (rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
         goto fail;
     s->threads = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->threads);

@@ -14,6 +14,7 @@
 #include "datahelix/pipeline.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "wire/internal.h"
 
 #define DH__RT_MAX_TENSORS 4
 
@@ -74,22 +75,5 @@ void dh__rt_result_clear(dh__rt_result_t *r);
 /* Fills a DELIVER's tensor array from a result's tensors (location SHM when the handle names
  * an arena, else FRAME). `wire` has n entries. */
 void dh__rt_wire_tensors(const dh__rt_tensor_t *tensors, size_t n, dh_wire_tensor_t *wire);
-
-/* Sets the routing id of a DEALER socket (before connect). Returns 0 or a negative errno. */
-int dh__rt_set_routing_id(void *zmq_socket, const char *id);
-
-/* A socket's bound endpoint with a wildcard resolved (ZMQ_LAST_ENDPOINT) into buf. */
-int dh__rt_last_endpoint(void *zmq_socket, char *buf, size_t cap);
-
-/* "host" of this machine, or "localhost". */
-void dh__rt_hostname(char *buf, size_t cap);
-
-/* Adaptive prefetch (client.c): the horizon after batch `batch` came back from next()
- * having waited waited_s, having arrived slack_s before next() asked for it, with a
- * compute window of window_s and the local arena arena_used (0..1) full. Doubles it, up to
- * max, on a wait or a near miss in steady state while the arena is less than half full;
- * else returns it unchanged. Pure. */
-uint32_t dh__rt_prefetch_horizon(uint32_t horizon, uint32_t max, uint64_t batch, double waited_s,
-                                 double slack_s, double window_s, double arena_used);
 
 #endif

@@ -24,6 +24,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
 struct dh__rt_worker {
@@ -287,8 +288,7 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
         return dh__set_error(DH_ENOMEM, "out of memory for a video task");
     int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
-        dh_sample_overrides_t ov = {(int32_t)samples[i].frames, (int32_t)samples[i].height,
-                                    (int32_t)samples[i].width};
+        dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
         int drc = dh_pipeline_decode(w->pipeline, samples[i].uri ? samples[i].uri : "", &ov,
                                      samples[i].id, &decoded[i]);
         if (drc == DH_ENOMEM) {
@@ -378,27 +378,4 @@ void dh__rt_wire_tensors(const dh__rt_tensor_t *tensors, size_t n, dh_wire_tenso
             wire[i].location = DH_WIRE_LOC_FRAME;
         }
     }
-}
-
-int dh__rt_set_routing_id(void *sock, const char *id)
-{
-    if (zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, strlen(id)) != 0)
-        return dh__set_error(-zmq_errno(), "ZMQ_ROUTING_ID '%s': %s", id,
-                             zmq_strerror(zmq_errno()));
-    return 0;
-}
-
-int dh__rt_last_endpoint(void *sock, char *buf, size_t cap)
-{
-    size_t len = cap;
-    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, &len) != 0)
-        return dh__set_error(-zmq_errno(), "ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
-    return 0;
-}
-
-void dh__rt_hostname(char *buf, size_t cap)
-{
-    if (gethostname(buf, cap) != 0 || !buf[0])
-        snprintf(buf, cap, "localhost");
-    buf[cap - 1] = '\0';
 }

@@ -9,6 +9,7 @@
  * Everything is deterministic: sorts break ties by item index, rank choices by rank index,
  * and no random numbers are used. Pure: no I/O, clocks or threads; scratch memory comes from
  * dh_malloc and is freed before returning, so every allocation failure is a clean DH_ENOMEM.
+ * dh_plan_rank_share applies a planner to a sampler's window: the rows one rank gets.
  */
 #include <assert.h>
 #include <math.h>
@@ -1004,4 +1005,101 @@ int dh_plan_fanout(const double *load, size_t n, uint32_t parts, uint32_t *part_
     dh_free(loads);
     dh_free(rank_of);
     return 0;
+}
+
+/* ---- a rank's share of a step ---- */
+
+int dh_plan_min_rows(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
+                     uint32_t min_rows)
+{
+    if (ranks == 0)
+        return dh__set_error(DH_EINVAL, "plan min rows: ranks must be > 0");
+    size_t *count = dh_malloc(ranks * sizeof *count);
+    if (!count)
+        return dh__set_error(DH_ENOMEM, "out of memory balancing row counts");
+    for (;;) {
+        memset(count, 0, ranks * sizeof *count);
+        for (size_t i = 0; i < n; i++)
+            if (rank_of[i] >= 0 && (uint32_t)rank_of[i] < ranks)
+                count[rank_of[i]]++;
+        uint32_t short_r = ranks, most = 0;
+        for (uint32_t r = 0; r < ranks; r++) {
+            if (count[r] < min_rows && short_r == ranks)
+                short_r = r;
+            if (count[r] > count[most])
+                most = r;
+        }
+        if (short_r == ranks || count[most] <= min_rows)
+            break;
+        size_t lightest = n;
+        for (size_t i = 0; i < n; i++)
+            if (rank_of[i] == (int32_t)most && (lightest == n || load[i] < load[lightest]))
+                lightest = i;
+        rank_of[lightest] = (int32_t)short_r;
+    }
+    dh_free(count);
+    return 0;
+}
+
+int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                       const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
+                       uint32_t *rows, size_t cap)
+{
+    if (cfg->ranks == 0 || cfg->batch == 0)
+        return dh__set_error(DH_EINVAL, "plan share: ranks %u and batch %u must be > 0", cfg->ranks,
+                             cfg->batch);
+    if (rank >= cfg->ranks)
+        return dh__set_error(DH_EINVAL, "rank %u >= ranks %u", rank, cfg->ranks);
+    if ((unsigned)cfg->mode >= DH_SHARE_MODE_COUNT)
+        return dh__set_error(DH_EINVAL, "plan share: unknown mode %d", (int)cfg->mode);
+    size_t per_step = (size_t)cfg->ranks * cfg->batch;
+    uint32_t *ids = dh_malloc(per_step * sizeof *ids);
+    double *load = dh_malloc(per_step * sizeof *load);
+    uint32_t *key = dh_malloc(per_step * sizeof *key);
+    int32_t *rank_of = dh_malloc(per_step * sizeof *rank_of);
+    int rc = 0;
+    if (!ids || !load || !key || !rank_of) {
+        rc = dh__set_error(DH_ENOMEM, "out of memory planning a step");
+        goto done;
+    }
+    if ((rc = dh_sampler_step(sampler, step, ids)))
+        goto done;
+    for (size_t i = 0; i < per_step; i++) {
+        const dh_profile_row_t *row = dh_profile_set_row(profiles, ids[i]);
+        load[i] = (double)row->tokens_est;
+        key[i] = row->key_index;
+    }
+    dh_plan_config_t pc = {
+        .mode = DH_PLAN_FIXED_BATCH, .algo = cfg->algo, .ranks = cfg->ranks, .batch = cfg->batch};
+    if (cfg->mode == DH_SHARE_TOKEN_PACKED) {
+        /* packing: the token-budget planner with a budget nothing exceeds (no deferral) */
+        double total = 0;
+        for (size_t i = 0; i < per_step; i++)
+            total += load[i];
+        pc.mode = DH_PLAN_TOKEN_BUDGET;
+        pc.token_budget = total + 1;
+        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+        if (rc == 0)
+            rc = dh_plan_min_rows(rank_of, load, per_step, cfg->ranks, cfg->min_rows);
+    } else if (cfg->mode == DH_SHARE_TOKEN_BALANCED) {
+        rc = dh_plan_step(&pc, load, key, per_step, rank_of, NULL);
+    } else {
+        for (size_t i = 0; i < per_step; i++)
+            rank_of[i] = (int32_t)(i / cfg->batch);
+    }
+    if (rc == DH_ETOOBIG)
+        rc = 0; /* exact gave up: rank_of holds the best plan found */
+    if (rc)
+        goto done;
+    size_t n = 0;
+    for (size_t i = 0; i < per_step; i++)
+        if (rank_of[i] == (int32_t)rank && n < cap)
+            rows[n++] = ids[i];
+    rc = (int)n;
+done:
+    dh_free(ids);
+    dh_free(load);
+    dh_free(key);
+    dh_free(rank_of);
+    return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef DH_WIRE_INTERNAL_H
 #define DH_WIRE_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "datahelix/wire.h"
@@ -11,6 +12,24 @@
  * shared-memory slab). Returns NULL when valid, else a static description of the fault
  * ("dtype", "ndim", "shape", "strides"). Cost: O(ndim). */
 const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t *nbytes);
+
+/* ---- socket set-up helpers of the runtime (zmq.c) ---- */
+
+/* Sets the routing id of a DEALER socket (before connect). Returns 0 or a negative code with
+ * a message naming the id. */
+int dh__wire_set_routing_id(dh_wire_socket_t *s, const char *id);
+
+/* Turns on ZMQ_ROUTER_HANDOVER on a ROUTER (before bind): a peer that reconnects with the
+ * routing id of one still known (a restarted DataServer or client) takes it over instead of
+ * being refused. Returns 0 or a negative code with a message (not a ROUTER: -EINVAL). */
+int dh__wire_router_handover(dh_wire_socket_t *s);
+
+/* A socket's bound endpoint with a wildcard resolved (ZMQ_LAST_ENDPOINT) into buf. Returns 0
+ * or a negative code with a message. */
+int dh__wire_last_endpoint(dh_wire_socket_t *s, char *buf, size_t cap);
+
+/* The name of this machine (gethostname), or "localhost"; always terminated. */
+void dh__wire_hostname(char *buf, size_t cap);
 
 /* ThreadSanitizer cannot see the synchronisation inside libzmq (not instrumented): a buffer
  * written before zmq_msg_send and read after zmq_msg_recv on another thread, or freed by a

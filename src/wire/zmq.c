@@ -1,6 +1,7 @@
 /* zmq.c: ZeroMQ helpers that carry the wire format (wire.h): sockets made with our limits,
  * sending a message with its payload frames zero-copy, receiving one with a timeout and
- * decoding it.
+ * decoding it; and the socket options the runtime sets up (routing id, router handover, the
+ * resolved endpoint) with the host name it names nodes by.
  *
  * The runtime (coordinator, DataServer, client) is the only user; it owns the ZeroMQ context
  * and keeps each socket on one thread. ZeroMQ errors map to our codes here: -errno where the
@@ -10,6 +11,7 @@
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "datahelix/alloc.h"
@@ -144,6 +146,46 @@ void *dh_wire_socket_handle(dh_wire_socket_t *s)
 uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s)
 {
     return s->sent;
+}
+
+int dh__wire_set_routing_id(dh_wire_socket_t *s, const char *id)
+{
+    if (zmq_setsockopt(s->sock, ZMQ_ROUTING_ID, id, strlen(id)) != 0) {
+        int e = zmq_errno();
+        return dh__set_error(map_errno(e), "ZMQ_ROUTING_ID '%s': %s", id, zmq_strerror(e));
+    }
+    return 0;
+}
+
+int dh__wire_router_handover(dh_wire_socket_t *s)
+{
+    int on = 1;
+    if (zmq_setsockopt(s->sock, ZMQ_ROUTER_HANDOVER, &on, sizeof on) != 0) {
+        int e = zmq_errno();
+        return dh__set_error(map_errno(e),
+                             "cannot turn on ZMQ_ROUTER_HANDOVER (a reconnecting peer could "
+                             "not take its routing id back): %s",
+                             zmq_strerror(e));
+    }
+    return 0;
+}
+
+int dh__wire_last_endpoint(dh_wire_socket_t *s, char *buf, size_t cap)
+{
+    size_t len = cap;
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, buf, &len) != 0) {
+        int e = zmq_errno();
+        return dh__set_error(map_errno(e), "ZMQ_LAST_ENDPOINT of %s: %s", endpoint_of(s),
+                             zmq_strerror(e));
+    }
+    return 0;
+}
+
+void dh__wire_hostname(char *buf, size_t cap)
+{
+    if (gethostname(buf, cap) != 0 || !buf[0])
+        snprintf(buf, cap, "localhost");
+    buf[cap - 1] = '\0';
 }
 
 /* Waits until the socket has `events` ready or the deadline passes (deadline 0: forever).

@@ -19,6 +19,7 @@
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/mix.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
@@ -291,25 +292,6 @@ static void adaptive_prefetch_deepens_when_next_waits(void **state)
     cl_assert_no_leftovers();
 }
 
-/* The adaptive-prefetch rule itself (pure): doubles on a wait or a near miss in steady
- * state, caps at max, and holds while filling, while the arena is half full, when there is
- * no window yet, when max is 0 (fixed) and when batches arrive early. */
-static void prefetch_horizon_rule(void **state)
-{
-    const double w = 0.1; /* compute window, s */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, w, 0.1), 8);     /* waited */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0, 0.05, w, 0.1), 8);     /* near miss */
-    assert_int_equal(dh__rt_prefetch_horizon(12, 16, 20, 0.05, 0, w, 0.1), 16);   /* capped */
-    assert_int_equal(dh__rt_prefetch_horizon(16, 16, 20, 0.05, 0, w, 0.1), 16);   /* at max */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 3, 0.05, 0, w, 0.1), 4);      /* filling */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, w, 0.5), 4);     /* arena */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.05, 0, 0, 0.1), 4);     /* no window */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 0, 10, 0.05, 0, w, 0.1), 4);      /* fixed */
-    assert_int_equal(dh__rt_prefetch_horizon(4, 16, 10, 0.0005, 0.5, w, 0.1), 4); /* early */
-    assert_int_equal(dh__rt_prefetch_horizon(1u << 31, UINT32_MAX, 1ull << 40, 1, 0, w, 0),
-                     UINT32_MAX); /* no overflow */
-}
-
 static void embedded_full_arena_is_backpressure(void **state)
 {
     /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
@@ -350,10 +332,10 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
     cl_assert_no_leftovers();
 }
 
-/* Packing (token_plan 2): over an epoch every row goes to exactly one rank, every rank gets
- * at least `fanout` rows a step, and the largest rank's tokens summed over steps are below
+/* Packing (DH_SHARE_TOKEN_PACKED): over an epoch every row goes to exactly one rank, every rank
+ * gets at least `fanout` rows a step, and the largest rank's tokens summed over steps are below
  * sample-count batching's and fixed-batch planning's. */
-static long long packed_epoch(const char *profiles, int token_plan, uint32_t fanout)
+static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, uint32_t fanout)
 {
     size_t n = 0;
     dh_profile_set_t *set = load_rows(profiles, &n);
@@ -372,7 +354,7 @@ static long long packed_epoch(const char *profiles, int token_plan, uint32_t fan
         for (uint32_t r = 0; r < 4; r++) {
             int k = dh_client_plan_rank_step(c, step, r, rows, 64);
             assert_true(k >= (int)fanout);
-            if (token_plan != 2)
+            if (token_plan != DH_SHARE_TOKEN_PACKED)
                 assert_int_equal(k, 4);
             long long tokens = 0;
             for (int i = 0; i < k; i++) {
@@ -396,11 +378,36 @@ static long long packed_epoch(const char *profiles, int token_plan, uint32_t fan
 static void packing_plans_every_row_once_and_balances_tokens(void **state)
 {
     const char *profiles = write_profiles("packing.jsonl", 256);
-    long long none = packed_epoch(profiles, 0, 1);
-    long long fixed = packed_epoch(profiles, 1, 1);
-    long long packed = packed_epoch(profiles, 2, 2);
+    long long none = packed_epoch(profiles, DH_SHARE_SAMPLE_COUNT, 1);
+    long long fixed = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1);
+    long long packed = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2);
     assert_true(fixed < none);
     assert_true(packed < fixed);
+}
+
+/* A request the coordinator cannot book (out of memory; DH_FAULT_COORD_BOOK) is failed back
+ * to the client, whose next() returns the error instead of waiting for the batch. */
+static void coordinator_refused_request_fails_next(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    const char *profiles = write_profiles("refused.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    long hits = dh_fault_hits(DH_FAULT_COORD_BOOK);
+    dh_fault_arm(DH_FAULT_COORD_BOOK, 0); /* the first request */
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    assert_int_equal(dh_client_next(c, &b), DH_ENOMEM);
+    assert_null(b);
+    assert_non_null(strstr(dh_last_error(), "batch 0 will not come"));
+    assert_non_null(strstr(dh_last_error(), "request 0 from"));
+    assert_non_null(strstr(dh_last_error(), "out of memory"));
+    assert_true(dh_fault_hits(DH_FAULT_COORD_BOOK) > hits);
+    dh_fault_disarm_all();
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
 }
 
 static void client_config_errors_name_the_field(void **state)
@@ -735,10 +742,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
-        cmocka_unit_test(prefetch_horizon_rule),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
+        cmocka_unit_test(coordinator_refused_request_fails_next),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),
         cmocka_unit_test(dataserver_drops_a_departed_clients_batches_quietly),

@@ -1,9 +1,11 @@
 /* Tests of the ZeroMQ helpers over real sockets: a DEALER/ROUTER exchange of REQUEST and
  * DELIVER with two zero-copy payload frames (inproc and ipc), timeouts, the ZMQ_MAXMSGSIZE
- * limit, malformed messages, payload ownership on failure, and an allocation-failure run.
+ * limit, malformed messages, payload ownership on failure, an allocation-failure run, and the
+ * runtime's set-up helpers (routing id, router handover, resolved endpoint, host name).
  * Endpoints are unique per test (pid and test name); every wait is a poll with a timeout. */
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -12,6 +14,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/wire.h"
+#include "wire/internal.h"
 
 #define TIMEOUT_MS 5000
 
@@ -374,6 +377,60 @@ static void zmq_reports_bind_errors_with_endpoint(void **state)
     assert_int_equal(zmq_ctx_term(ctx), 0);
 }
 
+/* A DEALER's routing id is what the ROUTER sees; a wildcard tcp bind resolves to a port. */
+static void zmq_routing_id_and_resolved_endpoint(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *router = NULL, *dealer = NULL;
+    assert_int_equal(dh_wire_socket_new(&router, ctx, ZMQ_ROUTER, NULL), 0);
+    assert_int_equal(dh_wire_socket_new(&dealer, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(dh__wire_router_handover(router), 0);
+    assert_int_equal(dh_wire_socket_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    assert_int_equal(dh__wire_last_endpoint(router, ep, sizeof ep), 0);
+    assert_int_equal(strncmp(ep, "tcp://127.0.0.1:", 16), 0);
+    assert_null(strchr(ep, '*'));
+    assert_true(atoi(ep + 16) > 0);
+    assert_int_equal(dh__wire_set_routing_id(dealer, "rank-7"), 0);
+    assert_int_equal(dh_wire_socket_connect(dealer, ep), 0);
+    dh_msg_t req = request_msg();
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &req, NULL, 0, TIMEOUT_MS), 0);
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(router, TIMEOUT_MS, &got), 0);
+    assert_int_equal(got.routing_id_size, 6);
+    assert_memory_equal(got.routing_id, "rank-7", 6);
+    dh_wire_received_release(&got);
+    dh_wire_socket_destroy(&dealer);
+    dh_wire_socket_destroy(&router);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+/* Router handover is a ROUTER option: on another socket type it fails with a message that
+ * names it, instead of being ignored; an empty routing id is refused the same way. */
+static void zmq_setup_helpers_report_failures(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *dealer = NULL;
+    assert_int_equal(dh_wire_socket_new(&dealer, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(dh__wire_router_handover(dealer), -EINVAL);
+    assert_non_null(strstr(dh_last_error(), "ZMQ_ROUTER_HANDOVER"));
+    assert_true(dh__wire_set_routing_id(dealer, "") < 0);
+    assert_non_null(strstr(dh_last_error(), "ZMQ_ROUTING_ID ''"));
+    dh_wire_socket_destroy(&dealer);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+/* The host name is never empty, and always terminated even in a tiny buffer. */
+static void zmq_hostname_is_terminated(void **state)
+{
+    char name[256], tiny[4];
+    dh__wire_hostname(name, sizeof name);
+    assert_true(name[0] != '\0');
+    memset(tiny, 'x', sizeof tiny);
+    dh__wire_hostname(tiny, sizeof tiny);
+    assert_true(strlen(tiny) < sizeof tiny);
+}
+
 typedef struct pair {
     dh_wire_socket_t *router, *dealer;
 } pair_t;
@@ -432,5 +489,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(zmq_maxmsgsize_drops_oversized_message),
     cmocka_unit_test(zmq_reports_bind_errors_with_endpoint),
     cmocka_unit_test(zmq_survives_each_allocation_failure),
+    cmocka_unit_test(zmq_routing_id_and_resolved_endpoint),
+    cmocka_unit_test(zmq_setup_helpers_report_failures),
+    cmocka_unit_test(zmq_hostname_is_terminated),
 };
 DH_TEST_MAIN(tests)
