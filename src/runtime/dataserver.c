@@ -43,101 +43,10 @@
 #include "datahelix/runtime.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/dataserver_internal.h"
 #include "runtime/notice.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
-
-#define NAME_CAP 128
-#define ENDPOINT_CAP 256
-#define MAX_LINKS 32
-#define MAX_CLIENTS 256
-#define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
-#define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
-
-typedef struct task {
-    struct task *next;
-    dh_msg_t msg; /* DISPATCH, owned */
-    uint64_t enqueued_ns;
-    /* filled by the worker */
-    int rc;
-    dh__rt_result_t result;
-    double queue_s;
-    uint64_t ready_ns;
-    bool local_target;
-} task_t;
-
-typedef struct queue {
-    task_t *head, *tail;
-    size_t len;
-} queue_t;
-
-typedef struct link {
-    char endpoint[ENDPOINT_CAP];
-    char node[NAME_CAP];
-    dh_wire_socket_t *sock;
-    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
-    uint64_t sent_at_ns[64];
-    uint64_t sent_seq[64];
-    uint64_t sent_bytes[64];
-} link_t;
-
-typedef struct known_client {
-    char name[NAME_CAP];
-    uint32_t pid;
-    uint64_t since_ns;
-} known_client_t;
-
-/* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
- * arena was full. */
-typedef struct pending {
-    struct pending *next;
-    task_t *task;                 /* own worker's result waiting for its client, or NULL */
-    dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
-    char sidecar[NAME_CAP];
-    uint64_t since_ns;
-} pending_t;
-
-struct dh_dataserver {
-    dh_dataserver_config_t cfg;
-    char name[NAME_CAP];
-    char node[NAME_CAP];
-    char coord_endpoint[ENDPOINT_CAP];
-    char data_endpoint[ENDPOINT_CAP];
-    dh__rt_pipeline_t pipeline;
-    void *ctx;
-    bool own_ctx;
-    dh_wire_socket_t *coord;
-    dh_wire_socket_t *data;
-    dh__notice_server_t notice; /* local role: the arena socket and the notice channels */
-    int wake_fd;
-    dh_shm_arena_t *arena;
-    pthread_mutex_t arena_lock;
-
-    pthread_mutex_t lock; /* tasks, results, clients, stats */
-    pthread_cond_t task_cond;
-    queue_t tasks, results;
-    uint32_t running;
-    double queued_cpu_s;
-    known_client_t clients[MAX_CLIENTS];
-    size_t n_clients;
-    /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
-     * for one of them is dropped at once and quietly, not held UNREACHABLE_GRACE_NS and
-     * reported as a loss. */
-    char left[LEFT_CAP][NAME_CAP];
-    size_t n_left;
-    dh_dataserver_stats_t stats;
-
-    pthread_t *threads;
-    uint32_t n_threads;
-    atomic_int stop;
-    pthread_t loop_thread;
-    bool started;
-
-    link_t links[MAX_LINKS];
-    size_t n_links;
-    pending_t *pending;
-    double latency_ewma_s;
-};
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
 {
@@ -180,211 +89,6 @@ int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *ou
     dh_shm_arena_stats(view, out);
     dh_shm_arena_destroy(&view);
     return 0;
-}
-
-static void push(queue_t *q, task_t *t)
-{
-    t->next = NULL;
-    if (q->tail)
-        q->tail->next = t;
-    else
-        q->head = t;
-    q->tail = t;
-    q->len++;
-}
-
-static task_t *pop(queue_t *q)
-{
-    task_t *t = q->head;
-    if (t) {
-        q->head = t->next;
-        if (!q->head)
-            q->tail = NULL;
-        q->len--;
-    }
-    return t;
-}
-
-static void task_free(task_t *t)
-{
-    if (!t)
-        return;
-    dh_msg_clear(&t->msg);
-    dh__rt_result_clear(&t->result);
-    dh_free(t);
-}
-
-static void wake_loop(dh_dataserver_t *s)
-{
-    uint64_t one = 1;
-    ssize_t n = write(s->wake_fd, &one, sizeof one);
-    (void)n;
-}
-
-/* ---- output allocation (workers and loop) ---- */
-
-/* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
- * full arena may all belong to batches the client holds ahead of the one it waits for, so
- * waiting forever could deadlock the in-order fetcher; a spilled tensor goes to the client as
- * a payload frame. Spills stay bounded by the client's prefetch and the coordinator's queue
- * cap, which are the real backpressure. */
-#define SPILL_AFTER_NS 50000000ull
-
-static void count_spill(dh_dataserver_t *s)
-{
-    pthread_mutex_lock(&s->lock);
-    s->stats.arena_spills++;
-    pthread_mutex_unlock(&s->lock);
-}
-
-static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
-{
-    dh_dataserver_t *s = ctx;
-    bool waited = false;
-    uint64_t since = dh_clock_now_ns();
-    for (;;) {
-        pthread_mutex_lock(&s->arena_lock);
-        int rc = dh_shm_arena_alloc(s->arena, nbytes, 0, handle, data);
-        pthread_mutex_unlock(&s->arena_lock);
-        if (rc != DH_EAGAIN)
-            return rc;
-        if (atomic_load(&s->stop))
-            return dh__set_error(DH_EAGAIN, "DataServer '%s' stopping", s->name);
-        if (!waited) {
-            waited = true;
-            pthread_mutex_lock(&s->lock);
-            s->stats.arena_waits++;
-            pthread_mutex_unlock(&s->lock);
-        }
-        if (dh_clock_now_ns() - since > SPILL_AFTER_NS) {
-            memset(handle, 0, sizeof *handle);
-            *data = dh_malloc(nbytes);
-            if (!*data)
-                return dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
-            count_spill(s);
-            return 0;
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static void arena_release(void *ctx, void *data, const dh_shm_handle_t *handle)
-{
-    dh_dataserver_t *s = ctx;
-    if (handle->arena_id)
-        dh_shm_arena_unref(s->arena, handle);
-    else
-        dh_free(data);
-}
-
-static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
-{
-    memset(handle, 0, sizeof *handle);
-    *data = dh_malloc(nbytes);
-    return *data ? 0 : dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
-}
-
-static void heap_release(void *ctx, void *data, const dh_shm_handle_t *handle)
-{
-    dh_free(data);
-}
-
-/* ---- workers ---- */
-
-typedef struct worker_arg {
-    dh_dataserver_t *s;
-    uint32_t index;
-} worker_arg_t;
-
-static void fail_all_samples(task_t *t, int rc)
-{
-    const dh_msg_request_t *q = &t->msg.dispatch.request;
-    dh__rt_result_t *r = &t->result;
-    memset(r, 0, sizeof *r);
-    r->samples = dh_calloc(q->n_samples ? q->n_samples : 1, sizeof *r->samples);
-    if (!r->samples)
-        return;
-    r->n_samples = q->n_samples;
-    for (uint32_t i = 0; i < q->n_samples; i++) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "sample '%s': task failed: %s", q->samples[i].id,
-                 dh_last_error()[0] ? dh_last_error() : dh_strerror(rc));
-        r->samples[i].id = dh_strdup(q->samples[i].id);
-        r->samples[i].status = rc;
-        r->samples[i].error = dh_strdup(msg);
-    }
-    r->failed = q->n_samples;
-}
-
-static void *worker_main(void *arg)
-{
-    dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
-    dh_free(arg);
-    if (s->cfg.worker_cpus) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int i = 0; i < 64 && i < CPU_SETSIZE; i++)
-            if (s->cfg.worker_cpus >> i & 1)
-                CPU_SET(i, &set);
-        int e = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-        if (e)
-            dh_log_warn("DataServer '%s': cannot pin a worker to CPUs 0x%llx: %s", s->name,
-                        (unsigned long long)s->cfg.worker_cpus, strerror(e));
-    }
-    dh__rt_worker_t *w = NULL;
-    int wrc = dh__rt_worker_new(&w, &s->pipeline);
-    if (wrc)
-        dh_log_error("DataServer '%s': worker cannot start: %s", s->name, dh_last_error());
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        while (!s->tasks.head && !atomic_load(&s->stop))
-            pthread_cond_wait(&s->task_cond, &s->lock);
-        if (atomic_load(&s->stop)) {
-            pthread_mutex_unlock(&s->lock);
-            break;
-        }
-        task_t *t = pop(&s->tasks);
-        s->running++;
-        pthread_mutex_unlock(&s->lock);
-
-        uint64_t start = dh_clock_now_ns();
-        t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
-        const dh_msg_dispatch_t *d = &t->msg.dispatch;
-        t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
-        if (!w) {
-            t->rc = wrc;
-        } else if (t->local_target) {
-            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, arena_alloc,
-                                   arena_release, s, &t->result);
-        } else {
-            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, heap_alloc,
-                                   heap_release, s, &t->result);
-        }
-        if (t->rc)
-            fail_all_samples(t, t->rc);
-        t->ready_ns = dh_clock_now_ns();
-
-        pthread_mutex_lock(&s->lock);
-        s->running--;
-        s->stats.tasks++;
-        s->stats.samples += t->result.n_samples;
-        s->stats.sample_errors += t->result.failed;
-        double cpu_pred = 0;
-        for (uint32_t i = 0; i < d->request.n_samples; i++)
-            cpu_pred += d->request.samples[i].cpu_s;
-        s->queued_cpu_s -= cpu_pred;
-        if (s->queued_cpu_s < 0)
-            s->queued_cpu_s = 0;
-        double latency = dh_clock_elapsed_s(t->enqueued_ns, t->ready_ns);
-        s->latency_ewma_s =
-            s->latency_ewma_s ? dh_cost_ewma(s->latency_ewma_s, latency, 0.2) : latency;
-        push(&s->results, t);
-        pthread_mutex_unlock(&s->lock);
-        wake_loop(s);
-    }
-    dh__rt_worker_destroy(&w);
-    return NULL;
 }
 
 /* ---- the loop ---- */
@@ -754,7 +458,7 @@ static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                 /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
                 memset(&t->handle, 0, sizeof t->handle);
                 t->tensor.data = w->tensor.data; /* read only: deliver_to_client copies it */
-                count_spill(s);
+                dh__ds_count_spill(s);
                 bytes += size;
                 n++;
                 continue;
@@ -818,7 +522,7 @@ static void retry_pending(dh_dataserver_t *s)
         }
         *pp = p->next;
         if (p->task)
-            task_free(p->task);
+            dh__ds_task_free(p->task);
         dh_wire_received_release(&p->forwarded);
         dh_free(p);
     }
@@ -831,7 +535,7 @@ static void drain_results(dh_dataserver_t *s)
     (void)n;
     for (;;) {
         pthread_mutex_lock(&s->lock);
-        task_t *t = pop(&s->results);
+        task_t *t = dh__ds_pop(&s->results);
         pthread_mutex_unlock(&s->lock);
         if (!t)
             break;
@@ -852,7 +556,7 @@ static void drain_results(dh_dataserver_t *s)
             send_complete(s, d->request.client_id, d->request.seq, &t->result, t->result.cpu_s,
                           t->queue_s, 0, NULL, NULL);
         }
-        task_free(t);
+        dh__ds_task_free(t);
     }
 }
 
@@ -872,7 +576,7 @@ static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
             cpu += t->msg.dispatch.request.samples[i].cpu_s;
         pthread_mutex_lock(&s->lock);
         s->queued_cpu_s += cpu;
-        push(&s->tasks, t);
+        dh__ds_push(&s->tasks, t);
         pthread_cond_signal(&s->task_cond);
         pthread_mutex_unlock(&s->lock);
     } else if (r->msg.type == DH_MSG_ERROR) {
@@ -1166,7 +870,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         }
         a->s = s;
         a->index = i;
-        int e = pthread_create(&s->threads[i], NULL, worker_main, a);
+        int e = pthread_create(&s->threads[i], NULL, dh__ds_worker_main, a);
         if (e) {
             dh_free(a);
             rc = dh__set_error(-e, "DataServer: pthread_create: %s", strerror(e));
@@ -1196,22 +900,22 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         pthread_join(s->threads[i], NULL);
     dh_free(s->threads);
     task_t *t;
-    while ((t = pop(&s->tasks)))
-        task_free(t);
-    while ((t = pop(&s->results))) {
+    while ((t = dh__ds_pop(&s->tasks)))
+        dh__ds_task_free(t);
+    while ((t = dh__ds_pop(&s->results))) {
         if (t->local_target)
             free_outputs(s, t->result.tensors, t->result.n_tensors);
         else
             for (size_t i = 0; i < t->result.n_tensors; i++)
                 dh_free(t->result.tensors[i].tensor.data);
-        task_free(t);
+        dh__ds_task_free(t);
     }
     while (s->pending) {
         pending_t *p = s->pending;
         s->pending = p->next;
         if (p->task) {
             free_outputs(s, p->task->result.tensors, p->task->result.n_tensors);
-            task_free(p->task);
+            dh__ds_task_free(p->task);
         }
         dh_wire_received_release(&p->forwarded);
         dh_free(p);

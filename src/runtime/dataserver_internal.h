@@ -1,0 +1,139 @@
+/* runtime/dataserver_internal.h: the DataServer's state and the internals its files share:
+ * dataserver.c (the event loop, registration, local delivery), dataserver_work.c (the task
+ * queue, the worker threads and their output buffers) and forward.c (links to other
+ * DataServers, forwarding, pending deliveries). Threads: see dataserver.c.
+ */
+#ifndef DH_RUNTIME_DATASERVER_INTERNAL_H
+#define DH_RUNTIME_DATASERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/notice.h"
+#include "runtime/rt.h"
+
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+#define MAX_LINKS 32
+#define MAX_CLIENTS 256
+#define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
+#define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
+
+typedef struct task {
+    struct task *next;
+    dh_msg_t msg; /* DISPATCH, owned */
+    uint64_t enqueued_ns;
+    /* filled by the worker */
+    int rc;
+    dh__rt_result_t result;
+    double queue_s;
+    uint64_t ready_ns;
+    bool local_target;
+} task_t;
+
+typedef struct queue {
+    task_t *head, *tail;
+    size_t len;
+} queue_t;
+
+typedef struct link {
+    char endpoint[ENDPOINT_CAP];
+    char node[NAME_CAP];
+    dh_wire_socket_t *sock;
+    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
+    uint64_t sent_at_ns[64];
+    uint64_t sent_seq[64];
+    uint64_t sent_bytes[64];
+} link_t;
+
+typedef struct known_client {
+    char name[NAME_CAP];
+    uint32_t pid;
+    uint64_t since_ns;
+} known_client_t;
+
+/* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
+ * arena was full. */
+typedef struct pending {
+    struct pending *next;
+    task_t *task;                 /* own worker's result waiting for its client, or NULL */
+    dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
+    char sidecar[NAME_CAP];
+    uint64_t since_ns;
+} pending_t;
+
+struct dh_dataserver {
+    dh_dataserver_config_t cfg;
+    char name[NAME_CAP];
+    char node[NAME_CAP];
+    char coord_endpoint[ENDPOINT_CAP];
+    char data_endpoint[ENDPOINT_CAP];
+    dh__rt_pipeline_t pipeline;
+    void *ctx;
+    bool own_ctx;
+    dh_wire_socket_t *coord;
+    dh_wire_socket_t *data;
+    dh__notice_server_t notice; /* local role: the arena socket and the notice channels */
+    int wake_fd;
+    dh_shm_arena_t *arena;
+    pthread_mutex_t arena_lock;
+
+    pthread_mutex_t lock; /* tasks, results, clients, stats */
+    pthread_cond_t task_cond;
+    queue_t tasks, results;
+    uint32_t running;
+    double queued_cpu_s;
+    known_client_t clients[MAX_CLIENTS];
+    size_t n_clients;
+    /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
+     * for one of them is dropped at once and quietly, not held UNREACHABLE_GRACE_NS and
+     * reported as a loss. */
+    char left[LEFT_CAP][NAME_CAP];
+    size_t n_left;
+    dh_dataserver_stats_t stats;
+
+    pthread_t *threads;
+    uint32_t n_threads;
+    atomic_int stop;
+    pthread_t loop_thread;
+    bool started;
+
+    link_t links[MAX_LINKS];
+    size_t n_links;
+    pending_t *pending;
+    double latency_ewma_s;
+};
+
+/* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
+ * full arena may all belong to batches the client holds ahead of the one it waits for, so
+ * waiting forever could deadlock the in-order fetcher; a spilled tensor goes to the client as
+ * a payload frame. Spills stay bounded by the client's prefetch and the coordinator's queue
+ * cap, which are the real backpressure. */
+#define SPILL_AFTER_NS 50000000ull
+
+/* ---- dataserver_work.c ---- */
+
+/* The task and result FIFOs: append, and take the oldest (NULL when empty). Under s->lock. */
+void dh__ds_push(queue_t *q, task_t *t);
+task_t *dh__ds_pop(queue_t *q);
+
+/* Frees a task: its message and its result's strings (not its output buffers). Safe on NULL. */
+void dh__ds_task_free(task_t *t);
+
+/* Counts one tensor sent by copy because the arena stayed full (arena_spills). */
+void dh__ds_count_spill(dh_dataserver_t *s);
+
+/* A worker thread (pthread_create's start routine): takes its worker_arg_t (and frees it),
+ * runs tasks until the server stops. */
+typedef struct worker_arg {
+    dh_dataserver_t *s;
+    uint32_t index;
+} worker_arg_t;
+void *dh__ds_worker_main(void *arg);
+
+#endif
