@@ -20,6 +20,10 @@
  * The arena is allocated by workers and by the loop; a mutex around alloc / collect /
  * reclaim makes them one logical owner (shm.h's "creator's owner thread" rule). A full arena
  * blocks the worker (it retries every millisecond): backpressure, never a crash.
+ *
+ * This file is the event loop and the DataServer's life cycle: registration and heartbeats,
+ * the clients it serves and local delivery. The queues and workers are dataserver_work.c,
+ * links to other DataServers and forwarding forward.c, the notice channel notice.c.
  */
 #include <assert.h>
 #include <errno.h>
@@ -139,7 +143,7 @@ static void send_heartbeat(dh_dataserver_t *s)
     send_coord(s, &m);
 }
 
-static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
                           const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
                           dh_wire_socket_t *to, const char *routing_id)
 {
@@ -165,7 +169,7 @@ static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
         send_coord(s, &m);
 }
 
-static bool client_left(const dh_dataserver_t *s, const char *name)
+bool dh__ds_client_left(const dh_dataserver_t *s, const char *name)
 {
     for (size_t i = 0; i < s->n_left; i++)
         if (strcmp(s->left[i], name) == 0)
@@ -190,7 +194,7 @@ static void set_left(dh_dataserver_t *s, const char *name, bool left)
     snprintf(s->left[s->n_left++], NAME_CAP, "%s", name);
 }
 
-static known_client_t *find_client(dh_dataserver_t *s, const char *name)
+known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name)
 {
     for (size_t i = 0; i < s->n_clients; i++)
         if (strcmp(s->clients[i].name, name) == 0)
@@ -198,7 +202,7 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
     return NULL;
 }
 
-static void free_payload(void *data, void *hint)
+void dh__ds_free_payload(void *data, void *hint)
 {
     dh__wire_tsan_acquire(); /* maybe on a ZeroMQ I/O thread */
     dh_free(data);
@@ -206,12 +210,12 @@ static void free_payload(void *data, void *hint)
 
 /* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
  * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
-static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
                              const dh__rt_tensor_t *tensors, size_t n_tensors,
                              const dh_wire_sample_result_t *samples, uint32_t n_samples,
                              uint64_t ready_ns, const char *executor)
 {
-    known_client_t *kc = find_client(s, client_id);
+    known_client_t *kc = dh__ds_find_client(s, client_id);
     if (kc && kc->pid)
         for (size_t i = 0; i < n_tensors; i++)
             if (tensors[i].handle.arena_id &&
@@ -235,7 +239,7 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
         }
         if (t->nbytes)
             memcpy(copy, t->data, t->nbytes);
-        frames[n_frames++] = (dh_wire_payload_t){copy, t->nbytes, free_payload, NULL};
+        frames[n_frames++] = (dh_wire_payload_t){copy, t->nbytes, dh__ds_free_payload, NULL};
     }
     dh_msg_t m = {.type = DH_MSG_DELIVER};
     m.deliver.client_id = (char *)client_id;
@@ -262,112 +266,23 @@ static void free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
     }
 }
 
-static void unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
+void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (t[i].handle.arena_id)
             dh_shm_arena_unref(s->arena, &t[i].handle);
 }
 
-static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
-{
-    for (size_t i = 0; i < s->n_links; i++)
-        if (strcmp(s->links[i].endpoint, endpoint) == 0)
-            return &s->links[i];
-    if (s->n_links == MAX_LINKS) {
-        dh_log_error("DataServer '%s': more than %d target DataServers; cannot reach %s", s->name,
-                     MAX_LINKS, endpoint);
-        return NULL;
-    }
-    link_t *l = &s->links[s->n_links];
-    memset(l, 0, sizeof *l);
-    snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
-    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
-        dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
-        dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
-                     dh_last_error());
-        dh_wire_socket_destroy(&l->sock);
-        return NULL;
-    }
-    s->n_links++;
-    return l;
-}
-
-/* A sidecar's finished task: the frames go to the target's DataServer. */
-static void forward_result(dh_dataserver_t *s, task_t *t)
-{
-    const dh_msg_dispatch_t *d = &t->msg.dispatch;
-    dh__rt_result_t *r = &t->result;
-    link_t *l = link_for(s, d->target_endpoint);
-    dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
-    dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
-    dh__rt_wire_tensors(r->tensors, r->n_tensors, wire);
-    size_t np = 0;
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < r->n_tensors; i++) {
-        payloads[np].data = r->tensors[i].tensor.data;
-        payloads[np].size = r->tensors[i].tensor.nbytes;
-        payloads[np].free_fn = free_payload;
-        payloads[np].hint = NULL;
-        bytes += r->tensors[i].tensor.nbytes;
-        r->tensors[i].tensor.data = NULL; /* the socket owns it now */
-        np++;
-    }
-    if (!l) {
-        for (size_t i = 0; i < np; i++)
-            dh_free(payloads[i].data);
-        return;
-    }
-    snprintf(l->node, NAME_CAP, "%s", d->target);
-    dh_msg_t m = {.type = DH_MSG_DELIVER};
-    m.deliver.client_id = d->request.client_id;
-    m.deliver.seq = d->request.seq;
-    m.deliver.n_tensors = (uint32_t)r->n_tensors;
-    m.deliver.tensors = wire;
-    m.deliver.n_samples = r->n_samples;
-    m.deliver.samples = r->samples;
-    m.deliver.ready_ns = t->ready_ns;
-    m.deliver.server = s->name;
-    uint64_t now = dh_clock_now_ns();
-    /* Stopping: one try, no wait (the target may have stopped first; a 1 s wait per
-     * finished task made the stop slow and printed a WARN for each); the stop line counts
-     * what was not forwarded as undeliverable. */
-    bool stopping = atomic_load(&s->stop) != 0;
-    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
-    if (rc) {
-        if (stopping) {
-            pthread_mutex_lock(&s->lock);
-            s->stats.undeliverable++;
-            pthread_mutex_unlock(&s->lock);
-            dh_log_debug("DataServer '%s': stopping: request %s/%llu not forwarded to %s: %s",
-                         s->name, d->request.client_id, (unsigned long long)d->request.seq,
-                         d->target_endpoint, dh_last_error());
-        } else {
-            dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
-                        d->request.client_id, (unsigned long long)d->request.seq,
-                        d->target_endpoint, dh_last_error());
-        }
-        return;
-    }
-    size_t slot = d->request.seq % 64;
-    l->sent_at_ns[slot] = now;
-    l->sent_seq[slot] = d->request.seq;
-    l->sent_bytes[slot] = bytes;
-    pthread_mutex_lock(&s->lock);
-    s->stats.forwarded++;
-    s->stats.bytes_forwarded += bytes;
-    pthread_mutex_unlock(&s->lock);
-}
-
 /* Returns true when the task is done with (delivered or dropped), false to keep it pending. */
-static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
+bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
 {
     const dh_msg_dispatch_t *d = &t->msg.dispatch;
     dh__rt_result_t *r = &t->result;
-    bool left = client_left(s, d->request.client_id);
+    bool left = dh__ds_client_left(s, d->request.client_id);
     int rc = left ? -EHOSTUNREACH
-                  : deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
-                                      r->n_tensors, r->samples, r->n_samples, t->ready_ns, s->name);
+                  : dh__ds_deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
+                                             r->n_tensors, r->samples, r->n_samples, t->ready_ns,
+                                             s->name);
     bool stopping = atomic_load(&s->stop) != 0;
     if (rc == -EHOSTUNREACH && !left && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
         !stopping)
@@ -396,136 +311,9 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
         s->stats.delivered_local++;
         pthread_mutex_unlock(&s->lock);
     }
-    send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL, NULL);
+    dh__ds_send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL,
+                         NULL);
     return true;
-}
-
-/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
- * Returns true when done with (delivered, dropped or refused), false to retry later (the
- * arena is full, or the client has not connected yet). */
-static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
-                            uint64_t since_ns)
-{
-    dh_msg_deliver_t *m = &r->msg.deliver;
-    dh__rt_tensor_t tensors[DH__RT_MAX_TENSORS];
-    if (m->n_tensors > DH__RT_MAX_TENSORS) {
-        dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
-                    s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
-        return true;
-    }
-    bool stopping = atomic_load(&s->stop) != 0;
-    if (client_left(s, m->client_id)) { /* gone: nothing to place, nobody to tell */
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
-        dh_log_debug("DataServer '%s': dropped batch %s/%llu from '%s': the client has left",
-                     s->name, m->client_id, (unsigned long long)m->seq, sidecar);
-        return true;
-    }
-    if (!find_client(s, m->client_id) && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
-        !stopping)
-        return false;
-    size_t n = 0;
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        const dh_wire_tensor_t *w = &m->tensors[i];
-        const size_t size = w->tensor.nbytes;
-        dh__rt_tensor_t *t = &tensors[n];
-        memset(t, 0, sizeof *t);
-        if (w->location != DH_WIRE_LOC_FRAME) {
-            dh_log_warn("DataServer '%s': refused a DELIVER from '%s': tensor '%s' is not a "
-                        "payload frame",
-                        s->name, sidecar, w->tensor.name);
-            unref_tensors(s, tensors, n);
-            return true;
-        }
-        t->tensor = w->tensor;
-        t->tensor.data = NULL;
-        if (size) {
-            pthread_mutex_lock(&s->arena_lock);
-            int rc = dh_shm_arena_alloc(s->arena, size, 0, &t->handle, &t->tensor.data);
-            pthread_mutex_unlock(&s->arena_lock);
-            if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
-                unref_tensors(s, tensors, n);
-                if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
-                    pthread_mutex_lock(&s->lock);
-                    s->stats.arena_waits++;
-                    pthread_mutex_unlock(&s->lock);
-                }
-                return false;
-            }
-            if (rc == DH_EAGAIN && !stopping) {
-                /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
-                memset(&t->handle, 0, sizeof t->handle);
-                t->tensor.data = w->tensor.data; /* read only: deliver_to_client copies it */
-                dh__ds_count_spill(s);
-                bytes += size;
-                n++;
-                continue;
-            }
-            if (rc) {
-                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name, size,
-                            sidecar, dh_last_error());
-                unref_tensors(s, tensors, n);
-                return true;
-            }
-            memcpy(t->tensor.data, w->tensor.data, size);
-            bytes += size;
-        }
-        n++;
-    }
-    uint64_t ready = dh_clock_now_ns();
-    int rc = deliver_to_client(s, m->client_id, m->seq, tensors, n, m->samples, m->n_samples, ready,
-                               m->server);
-    if (rc) {
-        unref_tensors(s, tensors, n);
-        if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
-            return false;
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
-    } else {
-        pthread_mutex_lock(&s->lock);
-        s->stats.delivered_forwarded++;
-        s->stats.bytes_received += bytes;
-        pthread_mutex_unlock(&s->lock);
-    }
-    dh__rt_result_t res = {0};
-    res.n_samples = m->n_samples;
-    res.samples = m->samples;
-    res.bytes = bytes;
-    /* The ack lets the sidecar measure the link; the coordinator ends the request. */
-    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, s->data, sidecar);
-    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, NULL, NULL);
-    return true;
-}
-
-static void add_pending(dh_dataserver_t *s, pending_t *p)
-{
-    p->next = NULL;
-    pending_t **pp = &s->pending;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = p;
-}
-
-static void retry_pending(dh_dataserver_t *s)
-{
-    pending_t **pp = &s->pending;
-    while (*pp) {
-        pending_t *p = *pp;
-        bool done = p->task ? finish_local(s, p->task, p->since_ns)
-                            : place_forwarded(s, &p->forwarded, p->sidecar, p->since_ns);
-        if (!done) {
-            pp = &p->next;
-            continue;
-        }
-        *pp = p->next;
-        if (p->task)
-            dh__ds_task_free(p->task);
-        dh_wire_received_release(&p->forwarded);
-        dh_free(p);
-    }
 }
 
 static void drain_results(dh_dataserver_t *s)
@@ -541,20 +329,20 @@ static void drain_results(dh_dataserver_t *s)
             break;
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
         if (t->local_target) {
-            if (!finish_local(s, t, dh_clock_now_ns())) {
+            if (!dh__ds_finish_local(s, t, dh_clock_now_ns())) {
                 pending_t *p = dh_calloc(1, sizeof *p);
                 if (p) {
                     p->task = t;
                     p->since_ns = dh_clock_now_ns();
-                    add_pending(s, p);
+                    dh__ds_add_pending(s, p);
                     continue;
                 }
                 free_outputs(s, t->result.tensors, t->result.n_tensors);
             }
         } else {
-            forward_result(s, t);
-            send_complete(s, d->request.client_id, d->request.seq, &t->result, t->result.cpu_s,
-                          t->queue_s, 0, NULL, NULL);
+            dh__ds_forward_result(s, t);
+            dh__ds_send_complete(s, d->request.client_id, d->request.seq, &t->result,
+                                 t->result.cpu_s, t->queue_s, 0, NULL, NULL);
         }
         dh__ds_task_free(t);
     }
@@ -603,7 +391,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
     switch (r->msg.type) {
     case DH_MSG_HELLO: {
         pthread_mutex_lock(&s->lock);
-        known_client_t *kc = find_client(s, peer);
+        known_client_t *kc = dh__ds_find_client(s, peer);
         if (!kc && s->n_clients < MAX_CLIENTS)
             kc = &s->clients[s->n_clients++];
         if (kc) {
@@ -615,11 +403,11 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
         set_left(s, peer, false);
         dh_log_info("DataServer '%s': client '%s' (pid %u) connected", s->name, peer,
                     r->msg.hello.pid);
-        retry_pending(s);
+        dh__ds_retry_pending(s);
         break;
     }
     case DH_MSG_DELIVER:
-        if (!place_forwarded(s, r, peer, dh_clock_now_ns())) {
+        if (!dh__ds_place_forwarded(s, r, peer, dh_clock_now_ns())) {
             pending_t *p = dh_calloc(1, sizeof *p);
             if (!p)
                 break;
@@ -627,7 +415,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
             memset(r, 0, sizeof *r);
             snprintf(p->sidecar, NAME_CAP, "%s", peer);
             p->since_ns = dh_clock_now_ns();
-            add_pending(s, p);
+            dh__ds_add_pending(s, p);
         }
         break;
     case DH_MSG_GOODBYE: {
@@ -645,21 +433,6 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
     default:
         dh_log_warn("DataServer '%s': unexpected %s from '%s' ignored", s->name,
                     dh_msg_type_name(r->msg.type), peer);
-    }
-}
-
-static void on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r)
-{
-    if (r->msg.type != DH_MSG_COMPLETE)
-        return;
-    size_t slot = r->msg.complete.seq % 64;
-    if (l->sent_seq[slot] != r->msg.complete.seq || !l->sent_at_ns[slot])
-        return;
-    double dt = dh_clock_elapsed_s(l->sent_at_ns[slot], dh_clock_now_ns());
-    l->sent_at_ns[slot] = 0;
-    if (dt > 0 && l->sent_bytes[slot] > (1u << 16)) {
-        double bw = (double)l->sent_bytes[slot] / dt;
-        l->bytes_per_s = l->bytes_per_s > 0 ? dh_cost_ewma(l->bytes_per_s, bw, 0.2) : bw;
     }
 }
 
@@ -727,11 +500,11 @@ int dh_dataserver_run(dh_dataserver_t *s)
         for (size_t i = 0; i < s->n_links; i++)
             if (items[links_at + (int)i].revents & ZMQ_POLLIN)
                 while (dh_wire_recv(s->links[i].sock, 0, &r) == 0) {
-                    on_link_message(s, &s->links[i], &r);
+                    dh__ds_on_link_message(s, &s->links[i], &r);
                     dh_wire_received_release(&r);
                 }
         if (s->pending)
-            retry_pending(s);
+            dh__ds_retry_pending(s);
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;

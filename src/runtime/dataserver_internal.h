@@ -136,4 +136,53 @@ typedef struct worker_arg {
 } worker_arg_t;
 void *dh__ds_worker_main(void *arg);
 
+/* ---- dataserver.c ---- */
+
+/* COMPLETE of a request (r may be NULL: no samples): to `to` with routing_id (a sidecar's
+ * ack on the data socket), or to the coordinator when `to` is NULL. */
+void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                          const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
+                          dh_wire_socket_t *to, const char *routing_id);
+
+/* Whether the client said GOODBYE (the loop thread's list). */
+bool dh__ds_client_left(const dh_dataserver_t *s, const char *name);
+
+/* The connected client of that name, or NULL. Under s->lock, or on the loop thread. */
+known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name);
+
+/* A payload's free function (dh_wire_free_fn): dh_free, on whichever thread ZeroMQ calls it. */
+void dh__ds_free_payload(void *data, void *hint);
+
+/* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
+ * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
+int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                             const dh__rt_tensor_t *tensors, size_t n_tensors,
+                             const dh_wire_sample_result_t *samples, uint32_t n_samples,
+                             uint64_t ready_ns, const char *executor);
+
+/* Unreferences the arena slabs of n output tensors (spilled ones are left alone). */
+void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
+
+/* A local task's result to its client. Returns true when the task is done with (delivered
+ * or dropped), false to keep it pending. */
+bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns);
+
+/* ---- forward.c ---- */
+
+/* A sidecar's finished task: the frames go to the target's DataServer over its link. */
+void dh__ds_forward_result(dh_dataserver_t *s, task_t *t);
+
+/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
+ * Returns true when done with (delivered, dropped or refused), false to retry later (the
+ * arena is full, or the client has not connected yet). */
+bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
+                            uint64_t since_ns);
+
+/* Appends a delivery that must wait; dh__ds_retry_pending tries every waiting one again. */
+void dh__ds_add_pending(dh_dataserver_t *s, pending_t *p);
+void dh__ds_retry_pending(dh_dataserver_t *s);
+
+/* A message on link l (a target's COMPLETE ack): updates the link's bandwidth estimate. */
+void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r);
+
 #endif
