@@ -25,17 +25,12 @@
  * the clients it serves and local delivery. The queues and workers are dataserver_work.c,
  * links to other DataServers and forwarding forward.c, the notice channel notice.c.
  */
-#include <assert.h>
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 

@@ -3,7 +3,6 @@
  * and where a task's output goes: arena slabs for a local target (waiting for space, then
  * spilling to the heap), heap buffers for a sidecar's. Threads: see dataserver.c.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -18,7 +17,11 @@
 #include "datahelix/cost.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
+#include "runtime/rt.h"
 
 /* ---- the queues (under s->lock) ---- */
 

@@ -9,6 +9,7 @@
  * in the pending list, retried by the loop. Threads: the loop's (see dataserver.c).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +20,11 @@
 #include "datahelix/cost.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
+#include "runtime/rt.h"
 #include "wire/internal.h"
 
 static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
