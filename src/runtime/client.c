@@ -118,8 +118,11 @@ const char *dh_client_coordinator(const dh_client_t *c)
 
 void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 {
+    memset(out, 0, sizeof *out);
+    const dh__client_counters_t *in = &c->counters;
+    DH__CLIENT_COUNTERS(DH__COUNTER_READ)
+    out->wait_s = (double)dh__counter_get(&in->wait_ns) * 1e-9;
     pthread_mutex_lock((pthread_mutex_t *)&c->lock);
-    *out = c->stats;
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
     out->prefetch_now = c->horizon;
@@ -490,7 +493,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     uint64_t now = dh_clock_now_ns();
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
-    c->stats.wait_s += waited;
+    dh__count(&c->counters.wait_ns, now - entry);
     uint64_t arrived_ns = 0;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].received_ns > arrived_ns)
@@ -550,12 +553,10 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     size_t bytes = 0;
     for (size_t t = 0; t < bi->pub.n_tensors; t++)
         bytes += bi->pub.tensors[t].nbytes;
-    pthread_mutex_lock(&c->lock);
-    c->stats.batches++;
-    c->stats.samples += bi->pub.n_samples;
-    c->stats.samples_failed += bi->pub.failed;
-    c->stats.bytes_delivered += bytes;
-    pthread_mutex_unlock(&c->lock);
+    dh__count(&c->counters.batches, 1);
+    dh__count(&c->counters.samples, bi->pub.n_samples);
+    dh__count(&c->counters.samples_failed, bi->pub.failed);
+    dh__count(&c->counters.bytes_delivered, bytes);
     if (bi->pub.failed && c->cfg.on_error == DH_ON_ERROR_RAISE) {
         for (size_t i = 0; i < bi->pub.n_samples; i++)
             if (bi->pub.samples[i].error) {

@@ -272,10 +272,10 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
     if (!dup) {
         *slot = p;
-        c->stats.deliveries++;
-        c->stats.copied_tensors += copied;
+        dh__count(&c->counters.deliveries, 1);
+        dh__count(&c->counters.copied_tensors, copied);
     } else {
-        c->stats.duplicates_dropped++;
+        dh__count(&c->counters.duplicates_dropped, 1);
     }
     /* fanout > 1: the batch's last part joins the batch, here rather than in next() */
     part_t *held = NULL;
@@ -341,9 +341,7 @@ static void notice_receive(dh_client_t *c)
         return;
     }
     if (got == 1 && r.msg.type == DH_MSG_DELIVER) {
-        pthread_mutex_lock(&c->lock);
-        c->stats.notices++;
-        pthread_mutex_unlock(&c->lock);
+        dh__count(&c->counters.notices, 1);
         on_deliver(c, &r);
     }
     dh_wire_received_release(&r);

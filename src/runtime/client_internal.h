@@ -16,11 +16,29 @@
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/counters.h"
 #include "runtime/rt.h"
 
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
 #define MAX_ARENAS 8
+
+/* The client's counters (counters.h), named as in dh_client_stats_t; wait_ns is its wait_s. */
+#define DH__CLIENT_COUNTERS(XX)                                                                    \
+    XX(batches)                                                                                    \
+    XX(samples)                                                                                    \
+    XX(samples_failed)                                                                             \
+    XX(requests_sent)                                                                              \
+    XX(deliveries)                                                                                 \
+    XX(duplicates_dropped)                                                                         \
+    XX(bytes_delivered)                                                                            \
+    XX(copied_tensors)                                                                             \
+    XX(notices)
+
+typedef struct dh__client_counters {
+    DH__CLIENT_COUNTERS(DH__COUNTER_FIELD)
+    dh__counter_t wait_ns; /* time next() blocked */
+} dh__client_counters_t;
 
 typedef struct arena_ref {
     dh_shm_arena_t *arena;
@@ -93,7 +111,7 @@ struct dh_client {
     ds_info_t ds;           /* the local DataServer, from the coordinator */
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;
-    dh_client_stats_t stats;
+    dh__client_counters_t counters; /* any thread (counters.h) */
     /* A request the coordinator dropped: its ERROR's code (0: none) and message, with which
      * next() fails rather than wait for a batch that will not come. */
     int refused;

@@ -87,9 +87,7 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
                         (unsigned long long)m.request.seq, c->coord_endpoint, dh_last_error());
             goto done;
         }
-        pthread_mutex_lock(&c->lock);
-        c->stats.requests_sent++;
-        pthread_mutex_unlock(&c->lock);
+        dh__count(&c->counters.requests_sent, 1);
     }
 done:
     dh_free(rows);

@@ -33,6 +33,7 @@
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/counters.h"
 #include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
@@ -74,6 +75,24 @@ typedef struct entry {
     uint32_t placements;
 } entry_t;
 
+/* The coordinator's counters (counters.h), named as in dh_coordinator_stats_t (servers_alive
+ * is a gauge); sched_ns is its sched_s. */
+#define DH__COORD_COUNTERS(XX)                                                                     \
+    XX(requests)                                                                                   \
+    XX(dispatches)                                                                                 \
+    XX(redispatches)                                                                               \
+    XX(completes)                                                                                  \
+    XX(delivered)                                                                                  \
+    XX(decisions)                                                                                  \
+    XX(servers_alive)                                                                              \
+    XX(servers_dead_declared)                                                                      \
+    XX(clients)
+
+typedef struct dh__coord_counters {
+    DH__COORD_COUNTERS(DH__COUNTER_FIELD)
+    dh__counter_t sched_ns; /* time in dh_place, total */
+} dh__coord_counters_t;
+
 struct dh_coordinator {
     dh_coordinator_config_t cfg;
     void *ctx;
@@ -103,8 +122,7 @@ struct dh_coordinator {
     uint64_t start_ns;
     bool pending_work; /* entries to place exist */
 
-    pthread_mutex_t stats_lock;
-    dh_coordinator_stats_t stats;
+    dh__coord_counters_t counters; /* any thread (counters.h) */
 };
 
 void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
@@ -158,7 +176,6 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
     c->cfg = *cfg;
     c->cfg.listen = NULL;
     c->cfg.telemetry_path = NULL;
-    pthread_mutex_init(&c->stats_lock, NULL);
     int rc = 0;
     c->ctx = cfg->zmq_ctx;
     if (!c->ctx) {
@@ -205,17 +222,11 @@ const char *dh_coordinator_endpoint(const dh_coordinator_t *c)
 
 void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out)
 {
-    pthread_mutex_lock((pthread_mutex_t *)&c->stats_lock);
-    *out = c->stats;
-    pthread_mutex_unlock((pthread_mutex_t *)&c->stats_lock);
+    memset(out, 0, sizeof *out);
+    const dh__coord_counters_t *in = &c->counters;
+    DH__COORD_COUNTERS(DH__COUNTER_READ)
+    out->sched_s = (double)dh__counter_get(&in->sched_ns) * 1e-9;
 }
-
-#define STAT_ADD(c, field, v)                                                                      \
-    do {                                                                                           \
-        pthread_mutex_lock(&(c)->stats_lock);                                                      \
-        (c)->stats.field += (v);                                                                   \
-        pthread_mutex_unlock(&(c)->stats_lock);                                                    \
-    } while (0)
 
 static server_t *find_server(dh_coordinator_t *c, const char *name, int32_t *idx)
 {
@@ -313,7 +324,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
             }
             cl = &c->clients[c->n_clients++];
             snprintf(cl->name, NAME_CAP, "%s", peer);
-            STAT_ADD(c, clients, 1);
+            dh__count(&c->counters.clients, 1);
         }
         cl->node = node_index(c, h->node);
         cl->rank = h->rank;
@@ -355,7 +366,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     s->last_seen_ns = now;
     s->storage_s_per_B = 1.0 / 2e9;
     if (!s->alive)
-        STAT_ADD(c, servers_alive, 1);
+        dh__count(&c->counters.servers_alive, 1);
     s->alive = true;
     /* A (re)registered server starts with an empty queue: what it had was placed again. */
     s->queue_len = 0;
@@ -401,11 +412,9 @@ static void declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
             replaced++;
         }
     }
-    pthread_mutex_lock(&c->stats_lock);
-    c->stats.servers_alive--;
-    c->stats.servers_dead_declared++;
-    c->stats.redispatches += replaced;
-    pthread_mutex_unlock(&c->stats_lock);
+    dh__count(&c->counters.servers_alive, (uint64_t)-1); /* a gauge: wraps back */
+    dh__count(&c->counters.servers_dead_declared, 1);
+    dh__count(&c->counters.redispatches, replaced);
     if (strcmp(why, "it said GOODBYE") == 0)
         dh_log_info("coordinator: DataServer '%s' left (GOODBYE); %zu undelivered requests to "
                     "place again",
@@ -437,7 +446,7 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
         s->alive = true;
         s->queue_len = 0;
         s->queued_cpu_s = 0;
-        STAT_ADD(c, servers_alive, 1);
+        dh__count(&c->counters.servers_alive, 1);
         dh_log_info("coordinator: DataServer '%s' is back (heartbeat after being declared dead)",
                     s->name);
         if (s->role == DH_WIRE_ROLE_LOCAL)
@@ -510,7 +519,7 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
         e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
         e->out_bytes += (double)e->msg.request.samples[i].out_bytes;
     }
-    STAT_ADD(c, requests, 1);
+    dh__count(&c->counters.requests, 1);
     c->pending_work = true;
 }
 
@@ -581,11 +590,8 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     dh_decision_t d = {.candidates = c->cand};
     uint64_t t0 = dh_clock_now_ns();
     int rc = dh_place(&c->cfg.place, &snap, &req, &d);
-    double spent = dh_clock_elapsed_s(t0, dh_clock_now_ns());
-    pthread_mutex_lock(&c->stats_lock);
-    c->stats.decisions++;
-    c->stats.sched_s += spent;
-    pthread_mutex_unlock(&c->stats_lock);
+    dh__count(&c->counters.decisions, 1);
+    dh__count(&c->counters.sched_ns, dh_clock_now_ns() - t0);
     if (c->telemetry && (rc == 0 || e->placements == 0))
         write_telemetry(c, e, &req, &d, rc);
     if (rc)
@@ -607,7 +613,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     e->placements++;
     s->queue_len++;
     s->queued_cpu_s += e->pred_cpu_s;
-    STAT_ADD(c, dispatches, 1);
+    dh__count(&c->counters.dispatches, 1);
     return 0;
 }
 
@@ -637,7 +643,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
     server_t *s = find_server(c, peer, &si);
     if (s)
         s->last_seen_ns = dh_clock_now_ns();
-    STAT_ADD(c, completes, 1);
+    dh__count(&c->counters.completes, 1);
     size_t pos;
     entry_t *e = find_entry(c, m->client_id, m->seq, &pos);
     if (!e)
@@ -672,7 +678,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
                 x->queued_cpu_s = 0;
         }
         remove_entry(c, pos);
-        STAT_ADD(c, delivered, 1);
+        dh__count(&c->counters.delivered, 1);
     }
     c->pending_work = true;
 }
@@ -834,7 +840,6 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     dh_free(c->telemetry_path);
     if (c->own_ctx && c->ctx)
         zmq_ctx_term(c->ctx);
-    pthread_mutex_destroy(&c->stats_lock);
     dh_free(c);
     *pc = NULL;
 }

@@ -69,9 +69,9 @@ const char *dh_dataserver_endpoint(const dh_dataserver_t *s)
 
 void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out)
 {
-    pthread_mutex_lock((pthread_mutex_t *)&s->lock);
-    *out = s->stats;
-    pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
+    memset(out, 0, sizeof *out);
+    const dh__ds_counters_t *in = &s->counters;
+    DH__DS_COUNTERS(DH__COUNTER_READ)
 }
 
 int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out)
@@ -284,9 +284,7 @@ bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
         return false;
     if (rc) {
         free_outputs(s, r->tensors, r->n_tensors);
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.undeliverable, 1);
         /* prefetched past what the client consumed, or unsent as we stop (the stop line
          * counts them as undeliverable): expected, not a loss */
         if (left || (stopping && rc == -EHOSTUNREACH))
@@ -302,9 +300,7 @@ bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
                 dh_free(r->tensors[i].tensor.data);
                 r->tensors[i].tensor.data = NULL;
             }
-        pthread_mutex_lock(&s->lock);
-        s->stats.delivered_local++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.delivered_local, 1);
     }
     dh__ds_send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL,
                          NULL);

@@ -14,6 +14,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/counters.h"
 #include "runtime/notice.h"
 #include "runtime/rt.h"
 
@@ -23,6 +24,24 @@
 #define MAX_CLIENTS 256
 #define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
 #define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
+
+/* The DataServer's counters (counters.h), named as in dh_dataserver_stats_t. */
+#define DH__DS_COUNTERS(XX)                                                                        \
+    XX(tasks)                                                                                      \
+    XX(samples)                                                                                    \
+    XX(sample_errors)                                                                              \
+    XX(delivered_local)                                                                            \
+    XX(delivered_forwarded)                                                                        \
+    XX(forwarded)                                                                                  \
+    XX(bytes_forwarded)                                                                            \
+    XX(bytes_received)                                                                             \
+    XX(arena_waits)                                                                                \
+    XX(undeliverable)                                                                              \
+    XX(arena_spills)
+
+typedef struct dh__ds_counters {
+    DH__DS_COUNTERS(DH__COUNTER_FIELD)
+} dh__ds_counters_t;
 
 typedef struct task {
     struct task *next;
@@ -83,7 +102,7 @@ struct dh_dataserver {
     dh_shm_arena_t *arena;
     pthread_mutex_t arena_lock;
 
-    pthread_mutex_t lock; /* tasks, results, clients, stats */
+    pthread_mutex_t lock; /* tasks, results, clients */
     pthread_cond_t task_cond;
     queue_t tasks, results;
     uint32_t running;
@@ -95,7 +114,7 @@ struct dh_dataserver {
      * reported as a loss. */
     char left[LEFT_CAP][NAME_CAP];
     size_t n_left;
-    dh_dataserver_stats_t stats;
+    dh__ds_counters_t counters; /* any thread (counters.h) */
 
     pthread_t *threads;
     uint32_t n_threads;

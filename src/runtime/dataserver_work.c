@@ -68,9 +68,7 @@ static void wake_loop(dh_dataserver_t *s)
 
 void dh__ds_count_spill(dh_dataserver_t *s)
 {
-    pthread_mutex_lock(&s->lock);
-    s->stats.arena_spills++;
-    pthread_mutex_unlock(&s->lock);
+    dh__count(&s->counters.arena_spills, 1);
 }
 
 static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
@@ -88,9 +86,7 @@ static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *h
             return dh__set_error(DH_EAGAIN, "DataServer '%s' stopping", s->name);
         if (!waited) {
             waited = true;
-            pthread_mutex_lock(&s->lock);
-            s->stats.arena_waits++;
-            pthread_mutex_unlock(&s->lock);
+            dh__count(&s->counters.arena_waits, 1);
         }
         if (dh_clock_now_ns() - since > SPILL_AFTER_NS) {
             memset(handle, 0, sizeof *handle);
@@ -198,9 +194,9 @@ void *dh__ds_worker_main(void *arg)
 
         pthread_mutex_lock(&s->lock);
         s->running--;
-        s->stats.tasks++;
-        s->stats.samples += t->result.n_samples;
-        s->stats.sample_errors += t->result.failed;
+        dh__count(&s->counters.tasks, 1);
+        dh__count(&s->counters.samples, t->result.n_samples);
+        dh__count(&s->counters.sample_errors, t->result.failed);
         double cpu_pred = 0;
         for (uint32_t i = 0; i < d->request.n_samples; i++)
             cpu_pred += d->request.samples[i].cpu_s;

@@ -94,9 +94,7 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
     int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
     if (rc) {
         if (stopping) {
-            pthread_mutex_lock(&s->lock);
-            s->stats.undeliverable++;
-            pthread_mutex_unlock(&s->lock);
+            dh__count(&s->counters.undeliverable, 1);
             dh_log_debug("DataServer '%s': stopping: request %s/%llu not forwarded to %s: %s",
                          s->name, d->request.client_id, (unsigned long long)d->request.seq,
                          d->target_endpoint, dh_last_error());
@@ -111,10 +109,8 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
     l->sent_at_ns[slot] = now;
     l->sent_seq[slot] = d->request.seq;
     l->sent_bytes[slot] = bytes;
-    pthread_mutex_lock(&s->lock);
-    s->stats.forwarded++;
-    s->stats.bytes_forwarded += bytes;
-    pthread_mutex_unlock(&s->lock);
+    dh__count(&s->counters.forwarded, 1);
+    dh__count(&s->counters.bytes_forwarded, bytes);
 }
 
 /* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
@@ -132,9 +128,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
     }
     bool stopping = atomic_load(&s->stop) != 0;
     if (dh__ds_client_left(s, m->client_id)) { /* gone: nothing to place, nobody to tell */
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.undeliverable, 1);
         dh_log_debug("DataServer '%s': dropped batch %s/%llu from '%s': the client has left",
                      s->name, m->client_id, (unsigned long long)m->seq, sidecar);
         return true;
@@ -165,9 +159,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
             if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
                 dh__ds_unref_tensors(s, tensors, n);
                 if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
-                    pthread_mutex_lock(&s->lock);
-                    s->stats.arena_waits++;
-                    pthread_mutex_unlock(&s->lock);
+                    dh__count(&s->counters.arena_waits, 1);
                 }
                 return false;
             }
@@ -198,14 +190,10 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
         dh__ds_unref_tensors(s, tensors, n);
         if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
             return false;
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.undeliverable, 1);
     } else {
-        pthread_mutex_lock(&s->lock);
-        s->stats.delivered_forwarded++;
-        s->stats.bytes_received += bytes;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.delivered_forwarded, 1);
+        dh__count(&s->counters.bytes_received, bytes);
     }
     dh__rt_result_t res = {0};
     res.n_samples = m->n_samples;
