@@ -37,6 +37,7 @@
 #include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/place.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"

@@ -23,7 +23,6 @@
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
 #include "runtime/descriptor.h"
-#include "runtime/rt.h"
 
 /* DESIGN §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
 static double deadline_s(const dh_client_t *c, uint64_t b)
