@@ -1,9 +1,14 @@
 # DataHelix top-level Makefile: the two commands of README.md, and the pieces under them.
-#   make demo   install what is missing, build, run the demo
-#   make test   install what is missing, build, run the unit tests and the Python tests,
-#               then both again under AddressSanitizer + UndefinedBehaviorSanitizer, then
-#               the runtime tests under ThreadSanitizer
+#   make demo   install what is missing (make deps), build, run the demo
+#   make test   install what is missing (make deps), build, run the unit tests and the
+#               Python tests, then both again under AddressSanitizer +
+#               UndefinedBehaviorSanitizer, then the runtime tests under ThreadSanitizer
+#   make        build only; installs nothing (a missing dependency: cmake says which, and
+#               to run `make deps`)
 # Build folders: build/ (RelWithDebInfo), build-asan/ (ASan+UBSan), build-tsan/ (TSan).
+# Python: the project's virtual environment .venv (made by `make deps` from requirements.txt);
+# every target that runs Python uses $(VENV)/bin/python, builds configure the extension for
+# it (-DPython3_EXECUTABLE), and the CLI's Python steps get it as DH_PYTHON_EXE.
 # Outputs: out/.
 
 BUILD      ?= build
@@ -14,79 +19,112 @@ GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
 DEMO_DIR   ?= out/demo
 
+# The project's virtual environment and its interpreter (make deps creates it).
+VENV       ?= .venv
+VENV_PY    := $(abspath $(VENV))/bin/python
+ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
+TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
+
 .PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers format format-check clean help
 
 all: build
 
 help:
-	@echo "make deps       install missing Debian/PyPI packages (idempotent)"
-	@echo "make / build    configure and build the library, the CLI and the tests"
+	@echo "make / build    configure and build the library, the CLI, the Python extension and the tests (installs nothing)"
+	@echo "make deps       install missing Debian packages, and requirements.txt into .venv (idempotent)"
 	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan"
-	@echo "make test-python  the pytest suite of the datahelix package (tests/python)"
+	@echo "make test-unit  the C tests (ctest)    make test-python  the pytest suite (tests/python, in .venv)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
-	@bash scripts/deps.sh
+	@DH_VENV=$(abspath $(VENV)) bash scripts/deps.sh
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# $(call configure,DIR,CMAKE_ARGS): configures DIR when it has no cache yet, with the venv's
+# interpreter when there is a venv; and again when a venv appeared since (e.g. `make` ran
+# before the first `make deps`), so the extension is built for the interpreter that imports it.
+# Tools missing before cmake can say anything: point at `make deps`.
+define configure
+	@set -e; py=""; \
+	if [ -x "$(VENV_PY)" ]; then py="-DPython3_EXECUTABLE=$(VENV_PY)"; fi; \
+	if [ ! -f $(1)/CMakeCache.txt ]; then \
+	    for tool in cmake cc pkg-config; do command -v $$tool >/dev/null 2>&1 || { \
+	        echo "make: $$tool not found; run 'make deps' to install what is missing (README: Dependencies)" >&2; \
+	        exit 1; }; done; \
+	    echo "cmake -S . -B $(1) $(GENERATOR) $(2) $$py"; \
+	    cmake -S . -B $(1) $(GENERATOR) $(2) $$py; \
+	elif [ -n "$$py" ] && ! grep -qx "Python3_EXECUTABLE:[A-Z]*=$(VENV_PY)" $(1)/CMakeCache.txt; then \
+	    echo "cmake -S . -B $(1) $$py"; \
+	    cmake -S . -B $(1) $$py; \
+	fi
+endef
 
-build: deps $(BUILD)/CMakeCache.txt
+build:
+	$(call configure,$(BUILD),-DCMAKE_BUILD_TYPE=RelWithDebInfo)
 	cmake --build $(BUILD) -j $(JOBS)
 
+# A target that runs Python needs the venv; without it, say how to make it.
+$(VENV_PY):
+	@echo "make: no $(VENV)/bin/python; run 'make deps' (creates $(VENV) from requirements.txt)" >&2; exit 1
+
+# The C tests; the two that run Python (decode-bench's PyAV side, bench --plot) use the
+# interpreter the build was configured with (DH_PYTHON_EXE, set by ctest: the venv's).
 test-unit: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
-
-$(ASAN_BUILD)/CMakeCache.txt:
-	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug \
-	    -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 
 # Then the pytest suite again with the extension (and the CLI it runs) built with ASan+UBSan:
 # the interpreter is not instrumented, so the runtime is preloaded, and leak checking is off
 # (CPython keeps objects alive at exit by design); memory errors and UB still abort.
 ASAN_RT    = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
-test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+test-asan: $(VENV_PY)
+	$(call configure,$(ASAN_BUILD),$(ASAN_FLAGS))
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 	LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-	    UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(ASAN_BUILD)/datahelix \
-	    DH_PYTHON_PATH=$(CURDIR)/$(ASAN_BUILD)/python python3 -m pytest -q -p no:cacheprovider tests/python
+	    UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 DH_CLI=$(abspath $(ASAN_BUILD))/datahelix \
+	    DH_PYTHON_PATH=$(abspath $(ASAN_BUILD))/python $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
 # ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
 # process and as real processes built with TSan too).
-$(TSAN_BUILD)/CMakeCache.txt:
-	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
-
-test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
+test-tsan:
+	$(call configure,$(TSAN_BUILD),$(TSAN_FLAGS))
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli runtime_test_client runtime_test_cluster
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
-# The Python package (build/python/datahelix) under pytest: the DataLoader against real
-# servers, the error classes, and examples/train_ddp.py under torchrun (tests/python).
-test-python: build
-	OMP_NUM_THREADS=1 DH_CLI=$(CURDIR)/$(CLI) DH_PYTHON_PATH=$(CURDIR)/$(BUILD)/python \
-	    python3 -m pytest -q -p no:cacheprovider tests/python
+# The Python package (build/python/datahelix) under pytest in the venv: the DataLoader
+# against real servers, the error classes, and examples/train_ddp.py under torchrun.
+test-python: build $(VENV_PY)
+	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
+	    $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
-test: test-unit test-python test-asan test-tsan
+# README's two commands: set-up first (make deps), then the rest in a second make, so the
+# order holds under -j too.
+test: deps
+	@$(MAKE) --no-print-directory test-unit test-python test-asan test-tsan
 
-demo: build
-	@bash scripts/demo.sh $(CLI) $(DEMO_DIR)
+demo: deps
+	@$(MAKE) --no-print-directory build
+	@DH_PYTHON_EXE=$(VENV_PY) bash scripts/demo.sh $(CLI) $(DEMO_DIR)
 
 # The same emulated training loop fed by torch's DataLoader (PyAV), a Ray actor pool and
 # datahelix.DataLoader, 3 runs, medians (bench/peers/README.md, docs/benchmarks.md).
 PEERS_ARGS ?= --runs 3
-bench-peers: build
-	python3 bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
+bench-peers: build $(VENV_PY)
+	$(VENV_PY) bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
 
+# clang-format is installed by `make deps` as optional; without it these fail, saying so
+# (CI runs format-check, so there it is required).
+CLANG_FORMAT ?= clang-format
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	@command -v $(CLANG_FORMAT) >/dev/null 2>&1 || { echo "make format: $(CLANG_FORMAT) not found (Debian: clang-format; make deps installs it)" >&2; exit 1; }
+	$(CLANG_FORMAT) -i $$(git ls-files '*.c' '*.h')
 
 format-check:
-	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+	@command -v $(CLANG_FORMAT) >/dev/null 2>&1 || { echo "make format-check: $(CLANG_FORMAT) not found (Debian: clang-format; make deps installs it)" >&2; exit 1; }
+	$(CLANG_FORMAT) --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) out

@@ -6,11 +6,17 @@
 # coordinator, a local DataServer and a remote sidecar, two ranks) and measures the
 # transport, then runs the training loop: native vs pool vs helix with real decoding on this
 # machine's cores, and at the paper's emulated scale (docs/benchmarks.md).
+# The Python steps (decode-bench's PyAV side, the plots) run $DH_PYTHON_EXE: `make demo`
+# sets it to the project's .venv; by hand it defaults to .venv/bin/python when there is one.
 #   usage: scripts/demo.sh CLI OUT_DIR
 set -euo pipefail
 cli=${1:?usage: demo.sh CLI OUT_DIR}
 out=${2:?usage: demo.sh CLI OUT_DIR}
 mkdir -p "$out"
+venv_python="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
+if [ -z "${DH_PYTHON_EXE:-}" ] && [ -x "$venv_python" ]; then
+    export DH_PYTHON_EXE="$venv_python"
+fi
 
 step() { printf '\n== %s\n' "$*"; }
 

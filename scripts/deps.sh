@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Installs what DataHelix needs to build and test, and nothing that is already there.
-# Idempotent: a second run checks, prints one line, and installs nothing.
-# Used by `make deps`, which `make`, `make test` and `make demo` call first.
+# Installs what DataHelix needs to build and test, and nothing that is already there:
+# Debian packages through apt, Python packages into the project's virtual environment
+# (.venv, never the system interpreter's site-packages, so Debian's own python3 under
+# PEP 668 works too). Idempotent: a second run checks, prints one line, and installs nothing.
+# Used by `make deps`, which `make test` and `make demo` run first; `make` / `make build`
+# never run it.
+#
+#   scripts/deps.sh           install what is missing
+#   scripts/deps.sh --check   only say what is missing (exit status 1 if anything is)
+#
+# Root (or sudo) is needed only when a Debian package is missing. DH_VENV overrides where
+# the virtual environment goes (default: .venv at the repository root).
 #
 # Why each package is here (README.md "Dependencies" says the same):
 #   build-essential, pkg-config, cmake  the C toolchain and the build system
@@ -12,36 +21,77 @@
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
 #   libdlpack-dev                       dlpack.h: the tensor exchange ABI of the Python binding
 #                                       (torch.from_dlpack of arena slabs, no copy)
-#   clang-format                        `make format` with the checked-in .clang-format
+#   python3-dev                         Python.h: the CPython extension datahelix._C
+#   python3-venv                        `python3 -m venv` on Debian's python3 (ensurepip);
+#                                       only when the interpreter lacks it
+#   clang-format                        `make format` / `make format-check` with the checked-in
+#                                       .clang-format (optional here; CI needs it)
 set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${DH_VENV:-$root/.venv}
+PY_REQUIREMENTS=$root/requirements.txt
+check_only=0
+case "${1:-}" in
+    --check) check_only=1 ;;
+    "") ;;
+    *) echo "usage: scripts/deps.sh [--check]" >&2; exit 2 ;;
+esac
 
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
               libzmq3-dev libdlpack-dev)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
-PY_REQUIREMENTS="$(dirname "$0")/../requirements.txt"
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-        echo "deps: not root and no sudo; install by hand: ${DEB_PACKAGES[*]}" >&2
-        exit 1
-    fi
-fi
+deb_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+venv_ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' 2>/dev/null; }
 
 missing=()
 for pkg in "${DEB_PACKAGES[@]}" "${DEB_OPTIONAL[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-        missing+=("$pkg")
-    fi
+    deb_installed "$pkg" || missing+=("$pkg")
 done
-if ! command -v cmake >/dev/null 2>&1; then missing+=(cmake); fi
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+# The interpreter the venv is made from needs its headers (python3-dev brings python3 too)
+# and, while there is no venv yet, ensurepip (python3-venv on Debian).
+if ! python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+        2>/dev/null; then
+    missing+=(python3-dev)
+fi
+if ! venv_ok && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    missing+=(python3-venv)
+fi
+
+requirements_done() { [ -f "$VENV/.dh-requirements" ] && cmp -s "$PY_REQUIREMENTS" "$VENV/.dh-requirements"; }
+
+if [ "$check_only" = 1 ]; then
+    rc=0
+    if [ "${#missing[@]}" -gt 0 ]; then echo "deps: missing Debian packages: ${missing[*]}"; rc=1; fi
+    if ! venv_ok; then echo "deps: missing the virtual environment $VENV"; rc=1
+    elif ! requirements_done; then echo "deps: $VENV does not have requirements.txt installed"; rc=1; fi
+    [ "$rc" = 0 ] && echo "deps: all system and Python packages present"
+    exit "$rc"
+fi
+
+# apt-get, as root or through sudo; asked for only when something is missing.
+SUDO=""
+need_root() {
+    [ "$(id -u)" = 0 ] && return 0
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; return 0; fi
+    echo "deps: not root and no sudo; install by hand (apt-get install): $*" >&2
+    exit 1
+}
+apt_updated=0
+apt_install() { # PACKAGE...: installs them, quietly
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$apt_updated" = 0 ]; then $SUDO apt-get update -qq; apt_updated=1; fi
+    $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 if [ "${#missing[@]}" -gt 0 ]; then
+    need_root "${missing[@]}"
     echo "deps: installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
     # Required ones must install; optional ones are tried one by one.
     req=()
     for pkg in "${missing[@]}"; do
@@ -50,22 +100,36 @@ if [ "${#missing[@]}" -gt 0 ]; then
             *) req+=("$pkg") ;;
         esac
     done
-    if [ "${#req[@]}" -gt 0 ]; then
-        $SUDO apt-get install -y -qq --no-install-recommends "${req[@]}" >/dev/null
-    fi
+    if [ "${#req[@]}" -gt 0 ]; then apt_install "${req[@]}"; fi
     for pkg in "${DEB_OPTIONAL[@]}"; do
         case " ${missing[*]} " in
-            *" $pkg "*) $SUDO apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null ||
-                echo "deps: optional package $pkg could not be installed (only 'make format' needs it)" ;;
+            *" $pkg "*) apt_install "$pkg" ||
+                echo "deps: optional package $pkg could not be installed (make format and make format-check need it)" ;;
         esac
     done
 fi
 
-# Python packages, pinned by exact version in requirements.txt (empty lines and comments skipped).
-if [ -f "$PY_REQUIREMENTS" ] && grep -qvE '^\s*(#|$)' "$PY_REQUIREMENTS"; then
-    if ! python3 -m pip install -q --disable-pip-version-check -r "$PY_REQUIREMENTS" >/tmp/dh-pip.log 2>&1; then
-        echo "deps: pip install -r requirements.txt failed; see /tmp/dh-pip.log" >&2
-        exit 1
+# The virtual environment, made from python3 (on Debian, ensurepip comes with python3-venv:
+# installed above when missing, and once more here if making the venv still fails).
+if ! venv_ok; then
+    echo "deps: creating the virtual environment $VENV"
+    if ! python3 -m venv --clear "$VENV" >/dev/null 2>&1; then
+        need_root python3-venv
+        apt_install python3-venv
+        python3 -m venv --clear "$VENV"
     fi
 fi
-echo "deps: all system and Python packages present"
+
+# Python packages, pinned by exact version in requirements.txt, into the venv; skipped when
+# the venv already has this requirements.txt (a copy is kept as $VENV/.dh-requirements).
+if ! requirements_done; then
+    echo "deps: installing requirements.txt into $VENV (torch and ray: a few minutes)"
+    log=$VENV/pip-install.log
+    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$PY_REQUIREMENTS" \
+            >"$log" 2>&1; then
+        echo "deps: pip install -r requirements.txt into $VENV failed; see $log" >&2
+        exit 1
+    fi
+    cp "$PY_REQUIREMENTS" "$VENV/.dh-requirements"
+fi
+echo "deps: all system and Python packages present (Python: $VENV)"

@@ -87,8 +87,9 @@ static void usage(FILE *out)
         "                        \"balance\",...}}}\n"
         "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
         "                        barrier; per DataServer each batch from request to ready\n"
-        "  --plot DIR            PNG plots in DIR (python3 scripts/bench_plots.py, with\n"
-        "                        matplotlib): step_time_p95.png (per rank, per system) and\n"
+        "  --plot DIR            PNG plots in DIR (scripts/bench_plots.py, with matplotlib,\n"
+        "                        run by $DH_PYTHON_EXE, default python3):\n"
+        "                        step_time_p95.png (per rank, per system) and\n"
         "                        systems.png (throughput, input-wait p95, miss rate); the\n"
         "                        report goes to DIR/bench.json unless --json is given\n"
         "  -h, --help            show this help\n"
@@ -115,9 +116,14 @@ static int parse_double(const char *opt, const char *text, double min, double *o
     return 0;
 }
 
-/* Runs scripts/bench_plots.py (DH_PLOT_SCRIPT overrides the path) on the report. */
+/* Runs scripts/bench_plots.py (DH_PLOT_SCRIPT overrides the path) on the report, with the
+ * interpreter $DH_PYTHON_EXE names (make and ctest set it to the project's .venv), else
+ * python3 from PATH. */
 static int run_plots(const char *json, const char *dir)
 {
+    const char *python = getenv("DH_PYTHON_EXE");
+    if (!python || !*python)
+        python = "python3";
     const char *script = getenv("DH_PLOT_SCRIPT");
     char path[4096];
     if (!script) {
@@ -131,8 +137,8 @@ static int run_plots(const char *json, const char *dir)
         return -1;
     }
     if (pid == 0) {
-        execlp("python3", "python3", script, json, dir, (char *)NULL);
-        fprintf(stderr, "datahelix bench: --plot: cannot run python3: %s\n", strerror(errno));
+        execlp(python, python, script, json, dir, (char *)NULL);
+        fprintf(stderr, "datahelix bench: --plot: cannot run %s: %s\n", python, strerror(errno));
         _exit(127);
     }
     int status = 0;

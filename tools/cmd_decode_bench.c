@@ -2,6 +2,7 @@
  * ffmpeg CLI and PyAV, per core, side by side (src/bench/decode_bench.c). */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "datahelix/error.h"
@@ -35,7 +36,7 @@ static void usage(FILE *out)
         "  -s, --seed S        data set seed (default 1)\n"
         "  -d, --dir DIR       where data sets are made (default out/decode-bench)\n"
         "      --pyav-script F the PyAV side (default %s/bench/decode/pyav_decode.py)\n"
-        "      --python EXE    interpreter for it (default python3)\n"
+        "      --python EXE    interpreter for it (default $DH_PYTHON_EXE, else python3)\n"
         "      --json          with --mix, one object {\"mix\", \"datahelix_clips_per_s\",\n"
         "                      \"ffmpeg_clips_per_s\", \"pyav_clips_per_s\", \"ratio_vs_ffmpeg\",\n"
         "                      \"ratio_vs_pyav\"}; without, a JSON list of them\n"
@@ -66,8 +67,10 @@ int dh_cmd_decode_bench(int argc, char **argv)
                                     .seed = 1,
                                     .work_dir = "out/decode-bench",
                                     .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
-                                    .python = "python3",
+                                    .python = getenv("DH_PYTHON_EXE"),
                                     .verbose = 1};
+    if (!cfg.python || !*cfg.python)
+        cfg.python = "python3";
     const char *one_mix = NULL;
     unsigned long long v;
     int json = 0, c;

@@ -6,6 +6,10 @@
  * line per sample: {"id", "path" (relative to DIR), "caption", "frames", "height",
  * "width"}, where frames/height/width are the clip's sampling plan from the mix (they
  * override the pipeline spec's defaults, docs/pipeline.md).
+ *
+ * Not part of libdatahelix: this is the header of the datahelix_synth static library
+ * (src/synth/), which the tests, the benchmarks and `datahelix synth` link; it is not
+ * installed and datahelix.h does not include it.
  */
 #ifndef DATAHELIX_SYNTH_H
 #define DATAHELIX_SYNTH_H

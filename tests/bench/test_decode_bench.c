@@ -2,6 +2,7 @@
  * decoders on the same plan (ffmpeg's and PyAV's outputs are checked frame for frame count
  * inside the harness), and reports throughput for each. Timings are not asserted. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dh_test.h"
@@ -22,7 +23,9 @@ static void decode_bench_runs_all_three_on_the_same_plan(void **state)
                                     .seed = 1,
                                     .work_dir = work,
                                     .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
-                                    .python = "python3"};
+                                    .python = getenv("DH_PYTHON_EXE")};
+    if (!cfg.python || !*cfg.python)
+        cfg.python = "python3"; /* ctest sets DH_PYTHON_EXE when configured with a venv */
     dh_decode_bench_result_t r;
     int rc = dh_decode_bench_run(&cfg, &r);
     if (rc != 0)
