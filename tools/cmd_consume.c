@@ -85,7 +85,7 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static const dh_client_tensor_t *tensor_named(const dh_client_batch_t *b, const char *name)
+static const dh_tensor_t *tensor_named(const dh_client_batch_t *b, const char *name)
 {
     for (size_t i = 0; i < b->n_tensors; i++)
         if (strcmp(b->tensors[i].name, name) == 0)
@@ -97,9 +97,9 @@ static const dh_client_tensor_t *tensor_named(const dh_client_batch_t *b, const 
  * back), each sample's bytes starting with its id (src/runtime/task.c). */
 static int check_payload(const dh_client_batch_t *b)
 {
-    const dh_client_tensor_t *sizes = tensor_named(b, "sizes");
-    const dh_client_tensor_t *pay = tensor_named(b, "payload");
-    if (!sizes || sizes->dtype != DH_WIRE_DTYPE_I64 || (size_t)sizes->shape[0] != b->n_samples) {
+    const dh_tensor_t *sizes = tensor_named(b, "sizes");
+    const dh_tensor_t *pay = tensor_named(b, "payload");
+    if (!sizes || sizes->dtype != DH_DTYPE_INT64 || (size_t)sizes->shape[0] != b->n_samples) {
         fprintf(stderr,
                 "datahelix consume: batch %llu (from '%s', %zu tensors, %zu samples) has no "
                 "valid 'sizes' tensor\n",

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "datahelix/plan.h"
+#include "datahelix/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,20 +82,6 @@ typedef struct dh_client_config {
 /* Fills *cfg with the defaults above (profiles NULL: must be set). */
 DH_EXTERN void dh_client_config_default(dh_client_config_t *cfg);
 
-/* A tensor of a batch. `data` points into the local DataServer's shared-memory arena
- * (fanout 1: zero-copy) or into a buffer of the batch (fanout > 1: the parts are joined by
- * one copy, made by the client's fetcher thread as the last part arrives, not in next()).
- * Strides are in bytes. Valid until the batch is released. */
-typedef struct dh_client_tensor {
-    const char *name; /* "pixels", "mask" (video); "sizes", "payload" (synthetic) */
-    uint8_t dtype;    /* dh_wire_dtype_t */
-    uint32_t ndim;
-    int64_t shape[6];
-    int64_t strides[6];
-    void *data;
-    size_t nbytes;
-} dh_client_tensor_t;
-
 typedef struct dh_client_sample {
     const char *id;
     int64_t tokens;            /* tokens the pipeline produced (0 for a failed sample) */
@@ -106,8 +93,13 @@ typedef struct dh_client_batch {
     uint64_t index; /* batch number of this client, from 0 */
     uint64_t step;  /* global step (index + first_epoch x steps per epoch) */
     uint32_t epoch;
+    /* The batch's tensors (tensor.h: element strides): "frames" and "mask" (video), "sizes"
+     * and "payload" (synthetic). `data` points into the local DataServer's shared-memory
+     * arena (fanout 1: zero-copy) or into a buffer of the batch (fanout > 1: the parts are
+     * joined by one copy, made by the client's fetcher thread as the last part arrives, not
+     * in next()). Valid until the batch is released. */
     size_t n_tensors;
-    dh_client_tensor_t *tensors;
+    dh_tensor_t *tensors;
     size_t n_samples;
     dh_client_sample_t *samples; /* in the batch's row order */
     size_t failed;               /* samples with an error */

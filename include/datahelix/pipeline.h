@@ -10,12 +10,13 @@
  *    metadata, per-sample overrides and the sample id, which frames are sampled, the output
  *    size and the visual tokens. `probe` uses it without decoding;
  *  - decoding (dh_pipeline_t, one per thread) and collation (dh_collate, pure).
- * FFmpeg types never cross this header: tensors are plain (dtype, shape, strides, data).
+ * FFmpeg types never cross this header: tensors are plain dh_tensor_t (tensor.h).
  */
 #ifndef DATAHELIX_PIPELINE_H
 #define DATAHELIX_PIPELINE_H
 
 #include "datahelix/export.h"
+#include "datahelix/tensor.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -40,11 +41,6 @@ typedef enum {
 } dh_resize_t;
 
 typedef enum {
-    DH_DTYPE_UINT8,
-    DH_DTYPE_FLOAT32,
-} dh_dtype_t;
-
-typedef enum {
     DH_LAYOUT_TCHW,
     DH_LAYOUT_THWC,
 } dh_layout_t;
@@ -56,8 +52,8 @@ typedef struct dh_pipeline_spec {
     int32_t window_stride; /* random-window: the window spans frames x stride source frames */
     bool allow_repeat;     /* a clip with fewer frames than asked repeats frames (else error) */
     dh_resize_t resize;
-    int32_t height, width; /* output size (short-side+center-crop, fixed) */
-    dh_dtype_t dtype;
+    int32_t height, width;          /* output size (short-side+center-crop, fixed) */
+    dh_dtype_t dtype;               /* DH_DTYPE_UINT8 or DH_DTYPE_FLOAT32 */
     dh_layout_t layout;             /* channels are always RGB */
     float mean[3], std[3];          /* float32: (x/255 - mean[c]) / std[c] */
     double fps;                     /* fps sampling: sampled frames per second of video */
@@ -140,27 +136,6 @@ DH_EXTERN void dh_pipeline_output_size(const dh_pipeline_spec_t *spec, int32_t s
 DH_EXTERN int64_t dh_pipeline_tokens(const dh_pipeline_spec_t *spec, int32_t frames, int32_t height,
                                      int32_t width);
 
-/* ---- tensors -------------------------------------------------------------------------- */
-
-#define DH_TENSOR_MAX_DIMS 6
-
-/* A dense tensor. Strides count elements (as DLPack does), row-major. `data` is owned by
- * whoever owns the struct holding the tensor (dh_tensor_clear frees it). */
-typedef struct dh_tensor {
-    dh_dtype_t dtype;
-    int32_t ndim;
-    int64_t shape[DH_TENSOR_MAX_DIMS];
-    int64_t strides[DH_TENSOR_MAX_DIMS];
-    void *data; /* NULL when nbytes == 0 */
-    size_t nbytes;
-} dh_tensor_t;
-
-/* Bytes per element of a dtype (1 or 4). */
-DH_EXTERN size_t dh_dtype_size(dh_dtype_t dtype);
-
-/* Frees data and zeroes the tensor. Safe on a zeroed tensor. */
-DH_EXTERN void dh_tensor_clear(dh_tensor_t *tensor);
-
 /* ---- decoding ------------------------------------------------------------------------- */
 
 /* One decoded sample, or one sample's error. */
@@ -169,7 +144,7 @@ typedef struct dh_sample {
     int error;             /* 0, or the negative DH_E* / -errno code */
     char *error_message;   /* NULL when ok; else names the path and cause */
     dh_sample_plan_t plan; /* zeroed when the error came before planning */
-    dh_tensor_t pixels;    /* T x 3 x H x W (TCHW) or T x H x W x 3 (THWC), RGB */
+    dh_tensor_t frames;    /* "frames": T x 3 x H x W (TCHW) or T x H x W x 3 (THWC), RGB */
 } dh_sample_t;
 
 /* Frees what a sample holds and zeroes it. Safe on a zeroed sample. */
@@ -194,7 +169,7 @@ DH_EXTERN const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeli
 DH_EXTERN int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip);
 
 /* Decodes one sample: opens `path`, plans (dh_pipeline_plan), seeks/decodes the sampled
- * frames on one thread, resizes and converts them into out->pixels. `overrides` and
+ * frames on one thread, resizes and converts them into out->frames. `overrides` and
  * `sample_id` as for dh_pipeline_plan. *out is zeroed first and always filled: on error
  * out->error / out->error_message say why (also returned, and in dh_last_error()).
  * Returns 0; -ENOENT / -EACCES (cannot open: the message names the path); DH_EIO (not a
@@ -213,15 +188,15 @@ typedef struct dh_sample_request {
     dh_sample_overrides_t overrides;
 } dh_sample_request_t;
 
-/* A collated batch. Failed samples keep their slot: zero pixels, zero mask, 0 tokens, and
+/* A collated batch. Failed samples keep their slot: zero frames, zero mask, 0 tokens, and
  * their error. Frames are padded at the end to the batch's max T; when sizes differ,
  * frames are padded at the bottom and right to the batch's max H and max W (heights[b] and
  * widths[b] give each sample's valid region). All memory is the batch's. */
 typedef struct dh_batch {
     size_t count;          /* B */
-    dh_tensor_t pixels;    /* B x T x 3 x H x W (TCHW) or B x T x H x W x 3 (THWC) */
-    dh_tensor_t mask;      /* B x T uint8: 1 for a real frame, 0 for padding */
-    int32_t *frames;       /* B: valid frames per sample */
+    dh_tensor_t frames;    /* "frames": B x T x 3 x H x W (TCHW) or B x T x H x W x 3 (THWC) */
+    dh_tensor_t mask;      /* "mask": B x T uint8: 1 for a real frame, 0 for padding */
+    int32_t *frame_counts; /* B: valid frames per sample */
     int32_t *heights;      /* B: valid rows */
     int32_t *widths;       /* B: valid columns */
     int64_t *tokens;       /* B: visual tokens per sample (0 for a failed one) */
@@ -238,6 +213,19 @@ typedef struct dh_batch {
 DH_EXTERN int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype,
                          dh_layout_t layout, dh_batch_t **out);
 
+/* Joins tensors along dimension 0, the collation of microbatches into one batch: out gets
+ * the rows of parts[0], then of parts[1], ..., every other dimension padded with zeros at
+ * its end to the largest extent among the parts. A NULL part stands for gap_rows[k] rows of
+ * zeros (a microbatch with no tensors: its samples all failed); gap_rows may be NULL when no
+ * part is. The parts may be strided (element strides); out is contiguous, with the first
+ * non-NULL part's name and dtype. Pure. Returns 0; DH_EINVAL when a part's name, dtype or
+ * ndim differs from the first non-NULL part's, or ndim is 0, or every part is NULL (*bad, if
+ * not NULL, is the index of the part at fault; the message names it); DH_ENOMEM (out keeps
+ * the shape and nbytes asked for, data NULL). On success out->data is a new zero-filled
+ * buffer the caller owns (dh_tensor_clear). Cost: one memcpy per innermost row. */
+DH_EXTERN int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,
+                              dh_tensor_t *out, size_t *bad);
+
 /* Decodes `count` requests one after the other on this thread and collates them. A bad
  * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
  * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). */
@@ -247,10 +235,10 @@ DH_EXTERN int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_
 /* Frees the batch; sets *batch = NULL. Safe on NULL. */
 DH_EXTERN void dh_batch_destroy(dh_batch_t **batch);
 
-/* "uniform", "short-side+center-crop", "uint8", "TCHW"...: the JSON names (static). */
+/* "uniform", "short-side+center-crop", "TCHW"...: the JSON names (static); dtype names are
+ * dh_dtype_name() (tensor.h). */
 DH_EXTERN const char *dh_sampling_name(dh_sampling_t sampling);
 DH_EXTERN const char *dh_resize_name(dh_resize_t resize);
-DH_EXTERN const char *dh_dtype_name(dh_dtype_t dtype);
 DH_EXTERN const char *dh_layout_name(dh_layout_t layout);
 
 #ifdef __cplusplus

@@ -18,9 +18,9 @@
  * type and the field at fault.
  *
  * Ownership: a decoded dh_msg_t owns its strings and arrays (dh_malloc; release with
- * dh_msg_clear). The one exception is dh_wire_tensor_t.data of a decoded DELIVER, which is
- * borrowed from the payload frame it was decoded from (the caller's buffer, or the frames held
- * by a dh_wire_received_t) and is valid as long as that is.
+ * dh_msg_clear). The one exception is dh_wire_tensor_t.tensor.data of a decoded DELIVER, which
+ * is borrowed (read-only) from the payload frame it was decoded from (the caller's buffer, or
+ * the frames held by a dh_wire_received_t) and is valid as long as that is.
  *
  * Threads: the codec is pure and reentrant. A dh_wire_socket_t belongs to one thread, like the
  * ZeroMQ socket inside it.
@@ -29,6 +29,7 @@
 #define DATAHELIX_WIRE_H
 
 #include "datahelix/export.h"
+#include "datahelix/tensor.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +41,7 @@ extern "C" {
 #define DH_WIRE_MAGIC "DHX1"
 #define DH_WIRE_VERSION 1
 #define DH_WIRE_HEADER_SIZE 20
-#define DH_WIRE_MAX_NDIM 6
+#define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
 #define DH_WIRE_MAX_PAYLOADS 1024
 /* Default ZMQ_MAXMSGSIZE of the sockets made here (per frame; see docs/wire-protocol.md). */
@@ -64,24 +65,6 @@ typedef enum {
     DH_WIRE_ROLE_REMOTE = 1, /* a remote sidecar DataServer */
     DH_WIRE_ROLE_CLIENT = 2, /* a client (one per training rank) */
 } dh_wire_role_t;
-
-/* Element types on the wire. Separate from pipeline.h's dh_dtype_t (wire depends on core only);
- * the runtime maps DH_DTYPE_UINT8 -> DH_WIRE_DTYPE_U8, DH_DTYPE_FLOAT32 -> DH_WIRE_DTYPE_F32. */
-typedef enum {
-    DH_WIRE_DTYPE_U8 = 1,
-    DH_WIRE_DTYPE_I8 = 2,
-    DH_WIRE_DTYPE_U16 = 3,
-    DH_WIRE_DTYPE_I16 = 4,
-    DH_WIRE_DTYPE_U32 = 5,
-    DH_WIRE_DTYPE_I32 = 6,
-    DH_WIRE_DTYPE_U64 = 7,
-    DH_WIRE_DTYPE_I64 = 8,
-    DH_WIRE_DTYPE_F16 = 9,
-    DH_WIRE_DTYPE_BF16 = 10,
-    DH_WIRE_DTYPE_F32 = 11,
-    DH_WIRE_DTYPE_F64 = 12,
-    DH_WIRE_DTYPE_BOOL = 13,
-} dh_wire_dtype_t;
 
 typedef enum {
     DH_WIRE_LOC_FRAME = 0, /* the bytes are the next payload frame of the message */
@@ -168,18 +151,16 @@ typedef struct dh_msg_complete {
                         * 0: from the executor (measurements only) */
 } dh_msg_complete_t;
 
+/* A tensor of a DELIVER: the shared tensor (tensor.h) and where its bytes are. On the wire a
+ * tensor is its name, dtype (the dh_dtype_t code), ndim, shape and strides IN BYTES (the
+ * codec converts to and from the struct's element strides), and its location. */
 typedef struct dh_wire_tensor {
-    char *name;
-    uint8_t dtype;    /* dh_wire_dtype_t */
-    uint8_t ndim;     /* <= DH_WIRE_MAX_NDIM */
+    /* Decoded: name, dtype, ndim, shape, strides (elements) and nbytes (the shape's bytes);
+     * data is borrowed from the payload frame for FRAME (see the top), NULL for SHM. */
+    dh_tensor_t tensor;
     uint8_t location; /* dh_wire_location_t */
-    uint64_t shape[DH_WIRE_MAX_NDIM];
-    int64_t strides[DH_WIRE_MAX_NDIM]; /* in bytes, >= 0 */
     /* DH_WIRE_LOC_SHM: the handle; length >= the tensor's bytes. */
     uint64_t arena_id, offset, length, generation;
-    /* DH_WIRE_LOC_FRAME, decoded only: borrowed from the payload frame (see the top). */
-    const void *data;
-    size_t size;
 } dh_wire_tensor_t;
 
 /* One sample's outcome in a DELIVER, in request order. */
@@ -230,9 +211,6 @@ typedef struct dh_wire_frame {
 /* "HELLO", "HEARTBEAT", ... or "type?" for an unknown value. Static storage. */
 DH_EXTERN const char *dh_msg_type_name(unsigned type);
 
-/* Bytes of one element of a dtype, or 0 for an unknown dtype. */
-DH_EXTERN size_t dh_wire_dtype_size(unsigned dtype);
-
 /* Frees what a decoded message owns (strings, arrays) and zeroes it. Safe on a zeroed or
  * partly decoded message. Only for messages whose members came from dh_malloc (a decoded
  * message does); never for a message the caller built from its own storage. */
@@ -241,7 +219,7 @@ DH_EXTERN void dh_msg_clear(dh_msg_t *msg);
 /* Encodes msg: fills header[] and returns the body in *body (the caller's, dh_free) and its
  * size in *body_len. NULL strings encode as "". Payload frames are not part of the encoding;
  * dh_wire_send sends them. Returns 0, DH_ENOMEM, or DH_ERANGE if the body would exceed
- * UINT32_MAX bytes. Misuse (unknown type, ndim > 6) is an assertion. Reentrant. */
+ * UINT32_MAX bytes. Misuse (unknown type, ndim outside 0..6) is an assertion. Reentrant. */
 DH_EXTERN int dh_wire_encode(const dh_msg_t *msg, uint8_t header[DH_WIRE_HEADER_SIZE],
                              uint8_t **body, size_t *body_len);
 

@@ -465,8 +465,8 @@ class DataLoader:
         info = batch.info
         for name, tensor in batch.tensors().items():
             t = torch.from_dlpack(tensor)
-            out["frames" if name == "pixels" else name] = t
-            if name == "pixels":
+            out[name] = t
+            if name == "frames":
                 # (base, bytes) of the shared-memory arena holding the frames; None when
                 # they came by copy (a spilled batch)
                 info["arena"] = tensor.arena()

@@ -1,10 +1,13 @@
-/* collate.c: tensors, samples and batches (pipeline.h, docs/pipeline.md "Collate").
+/* collate.c: collation of decoded samples into batches (pipeline.h, docs/pipeline.md "Collate").
  *
  * dh_collate is pure: it copies decoded samples into one B x T x ... tensor padded with
  * zeros to the batch's largest T (and H, W when sizes differ), with a B x T valid-frame
  * mask and per-sample metadata. A failed sample keeps its slot (all padding) and carries
  * its error, so one bad clip never fails a batch. Cost: one pass over the output bytes
- * (memcpy per sample when sizes match, per row when they do not).
+ * (memcpy per sample when sizes match, per row when they do not). dh_collate_rows joins
+ * already collated microbatches the same way along their first dimension (the client's
+ * fanout > 1). It only reads samples:
+ * decoding them (decode.c) comes first and calls in here, never the other way round.
  */
 #include <assert.h>
 #include <string.h>
@@ -13,30 +16,6 @@
 #include "datahelix/error.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
-
-size_t dh_dtype_size(dh_dtype_t dtype)
-{
-    return dtype == DH_DTYPE_FLOAT32 ? 4 : 1;
-}
-
-void dh_tensor_clear(dh_tensor_t *tensor)
-{
-    if (!tensor)
-        return;
-    dh_free(tensor->data);
-    memset(tensor, 0, sizeof *tensor);
-}
-
-void dh_sample_clear(dh_sample_t *sample)
-{
-    if (!sample)
-        return;
-    dh_free(sample->id);
-    dh_free(sample->error_message);
-    dh_sample_plan_clear(&sample->plan);
-    dh_tensor_clear(&sample->pixels);
-    memset(sample, 0, sizeof *sample);
-}
 
 void dh_batch_destroy(dh_batch_t **pbatch)
 {
@@ -49,9 +28,9 @@ void dh_batch_destroy(dh_batch_t **pbatch)
         if (b->error_messages)
             dh_free(b->error_messages[i]);
     }
-    dh_tensor_clear(&b->pixels);
+    dh_tensor_clear(&b->frames);
     dh_tensor_clear(&b->mask);
-    dh_free(b->frames);
+    dh_free(b->frame_counts);
     dh_free(b->heights);
     dh_free(b->widths);
     dh_free(b->tokens);
@@ -62,26 +41,16 @@ void dh_batch_destroy(dh_batch_t **pbatch)
     *pbatch = NULL;
 }
 
-/* Row-major element strides for a shape. */
-static void set_strides(dh_tensor_t *t)
-{
-    int64_t stride = 1;
-    for (int32_t d = t->ndim - 1; d >= 0; d--) {
-        t->strides[d] = stride;
-        stride *= t->shape[d];
-    }
-}
-
-/* T, H, W of a decoded sample's pixels; all 0 for a failed or empty one. */
+/* T, H, W of a decoded sample's frames; all 0 for a failed or empty one. */
 static void sample_dims(const dh_sample_t *s, dh_layout_t layout, int64_t *t, int64_t *h,
                         int64_t *w)
 {
     *t = *h = *w = 0;
-    if (s->error != 0 || s->pixels.ndim != 4 || !s->pixels.data)
+    if (s->error != 0 || s->frames.ndim != 4 || !s->frames.data)
         return;
-    *t = s->pixels.shape[0];
-    *h = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 2 : 1];
-    *w = s->pixels.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
+    *t = s->frames.shape[0];
+    *h = s->frames.shape[layout == DH_LAYOUT_TCHW ? 2 : 1];
+    *w = s->frames.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
 }
 
 /* Copies sample s (T x ... of its own H, W) into its slot of the batch tensor. */
@@ -90,7 +59,7 @@ static void copy_sample(const dh_sample_t *s, dh_layout_t layout, size_t esize, 
 {
     int64_t t, h, w;
     sample_dims(s, layout, &t, &h, &w);
-    const uint8_t *src = s->pixels.data;
+    const uint8_t *src = s->frames.data;
     if (h == bh && w == bw) {
         memcpy(slot, src, (size_t)(t * 3 * h * w) * esize);
         return;
@@ -120,7 +89,7 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     for (size_t i = 0; i < count; i++) {
         int64_t t, h, w;
         sample_dims(&samples[i], layout, &t, &h, &w);
-        assert(t == 0 || samples[i].pixels.dtype == dtype); /* one spec per batch */
+        assert(t == 0 || samples[i].frames.dtype == dtype); /* one spec per batch */
         bt = t > bt ? t : bt;
         bh = h > bh ? h : bh;
         bw = w > bw ? w : bw;
@@ -129,36 +98,36 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     if (!b)
         return dh__set_error(DH_ENOMEM, "collate: out of memory");
     size_t n = count ? count : 1;
-    b->frames = dh_calloc(n, sizeof *b->frames);
+    b->frame_counts = dh_calloc(n, sizeof *b->frame_counts);
     b->heights = dh_calloc(n, sizeof *b->heights);
     b->widths = dh_calloc(n, sizeof *b->widths);
     b->tokens = dh_calloc(n, sizeof *b->tokens);
     b->ids = dh_calloc(n, sizeof *b->ids);
     b->errors = dh_calloc(n, sizeof *b->errors);
     b->error_messages = dh_calloc(n, sizeof *b->error_messages);
-    if (!b->frames || !b->heights || !b->widths || !b->tokens || !b->ids || !b->errors ||
+    if (!b->frame_counts || !b->heights || !b->widths || !b->tokens || !b->ids || !b->errors ||
         !b->error_messages)
         goto nomem;
     b->count = count; /* from here dh_batch_destroy frees ids[i] and error_messages[i] */
 
-    dh_tensor_t *px = &b->pixels;
+    dh_tensor_t *px = &b->frames;
+    dh_tensor_set_name(px, "frames");
     px->dtype = dtype;
     px->ndim = 5;
     int64_t shape_tchw[5] = {(int64_t)count, bt, 3, bh, bw};
     int64_t shape_thwc[5] = {(int64_t)count, bt, bh, bw, 3};
     memcpy(px->shape, layout == DH_LAYOUT_TCHW ? shape_tchw : shape_thwc, sizeof shape_tchw);
-    set_strides(px);
-    px->nbytes = (size_t)count * (size_t)(bt * 3 * bh * bw) * esize;
+    dh_tensor_set_contiguous(px); /* nbytes: count x (bt x 3 x bh x bw) x esize */
     if (px->nbytes && !(px->data = dh_calloc(px->nbytes, 1)))
         goto nomem;
 
     dh_tensor_t *mask = &b->mask;
+    dh_tensor_set_name(mask, "mask");
     mask->dtype = DH_DTYPE_UINT8;
     mask->ndim = 2;
     mask->shape[0] = (int64_t)count;
     mask->shape[1] = bt;
-    set_strides(mask);
-    mask->nbytes = (size_t)count * (size_t)bt;
+    dh_tensor_set_contiguous(mask);
     if (mask->nbytes && !(mask->data = dh_calloc(mask->nbytes, 1)))
         goto nomem;
 
@@ -176,7 +145,7 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
             b->failed++;
             continue;
         }
-        b->frames[i] = (int32_t)t;
+        b->frame_counts[i] = (int32_t)t;
         b->heights[i] = (int32_t)h;
         b->widths[i] = (int32_t)w;
         b->tokens[i] = s->plan.tokens;
@@ -192,20 +161,73 @@ nomem:
     return dh__set_error(DH_ENOMEM, "collate: out of memory for a batch of %zu samples", count);
 }
 
-int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
-                             size_t count, dh_batch_t **out)
+int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,
+                    dh_tensor_t *out, size_t *bad)
 {
-    *out = NULL;
-    dh_sample_t *samples = dh_calloc(count ? count : 1, sizeof *samples);
-    if (!samples)
-        return dh__set_error(DH_ENOMEM, "decode batch: out of memory for %zu samples", count);
-    for (size_t i = 0; i < count; i++)
-        (void)dh_pipeline_decode(pipeline, requests[i].path, &requests[i].overrides, requests[i].id,
-                                 &samples[i]);
-    const dh_pipeline_spec_t *spec = dh_pipeline_spec(pipeline);
-    int rc = dh_collate(samples, count, spec->dtype, spec->layout, out);
-    for (size_t i = 0; i < count; i++)
-        dh_sample_clear(&samples[i]);
-    dh_free(samples);
-    return rc;
+    memset(out, 0, sizeof *out);
+    size_t ref = 0; /* the first part with a tensor: the name, dtype and rank */
+    while (ref < n && !parts[ref])
+        ref++;
+    if (ref == n || parts[ref]->ndim < 1) {
+        if (bad)
+            *bad = ref;
+        return dh__set_error(DH_EINVAL, "collate rows: %s",
+                             ref == n ? "no part has a tensor" : "a tensor of rank 0 has no rows");
+    }
+    *out = *parts[ref];
+    out->data = NULL;
+    int64_t rows = 0;
+    for (size_t k = 0; k < n; k++) {
+        const dh_tensor_t *x = parts[k];
+        if (!x) {
+            rows += gap_rows ? gap_rows[k] : 0;
+            continue;
+        }
+        if (x->dtype != out->dtype || x->ndim != out->ndim || strcmp(x->name, out->name) != 0) {
+            if (bad)
+                *bad = k;
+            return dh__set_error(DH_EINVAL,
+                                 "collate rows: part %zu's tensor '%s' does not match "
+                                 "part %zu's",
+                                 k, out->name, ref);
+        }
+        rows += x->shape[0];
+        for (int32_t d = 1; d < out->ndim; d++)
+            if (x->shape[d] > out->shape[d])
+                out->shape[d] = x->shape[d];
+    }
+    out->shape[0] = rows;
+    dh_tensor_set_contiguous(out);
+    void *buf = dh_calloc(1, out->nbytes ? out->nbytes : 1);
+    if (!buf)
+        return dh__set_error(DH_ENOMEM, "collate rows: out of memory joining %zu parts (%zu bytes)",
+                             n, out->nbytes);
+    out->data = buf;
+    size_t elem = dh_dtype_size(out->dtype);
+    int64_t row0 = 0;
+    for (size_t k = 0; k < n; k++) {
+        const dh_tensor_t *x = parts[k];
+        if (!x) { /* zero rows (calloc) */
+            row0 += gap_rows ? gap_rows[k] : 0;
+            continue;
+        }
+        /* Copy x's elements into out at row offset row0, dimension by dimension: the
+         * innermost dimension is copied as one run. */
+        size_t inner = elem * (size_t)x->shape[x->ndim - 1];
+        size_t outer = 1;
+        for (int32_t d = 0; d + 1 < x->ndim; d++)
+            outer *= (size_t)x->shape[d];
+        for (size_t i = 0; i < outer; i++) {
+            size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)out->strides[0] * elem;
+            for (int d = (int)x->ndim - 2; d >= 0; d--) {
+                size_t idx = rem % (size_t)x->shape[d];
+                rem /= (size_t)x->shape[d];
+                src_off += idx * (size_t)x->strides[d] * elem;
+                dst_off += idx * (size_t)out->strides[d] * elem;
+            }
+            memcpy((char *)out->data + dst_off, (const char *)x->data + src_off, inner);
+        }
+        row0 += x->shape[0];
+    }
+    return 0;
 }

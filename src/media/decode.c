@@ -14,6 +14,8 @@
  * parallel, which scales better than threads inside one decoder. Frame index <-> pts uses
  * the stream's time base and average frame rate: constant frame rate is assumed (synthetic
  * clips are; a variable-rate clip gets the nearest following frame for each index).
+ * dh_pipeline_decode_batch decodes a request list and hands the samples to dh_collate
+ * (collate.c), which depends on nothing here.
  */
 #include <assert.h>
 #include <errno.h>
@@ -437,7 +439,7 @@ static int convert_frame(dh_pipeline_t *p, AVFrame *f, dh_sample_t *s, int32_t s
     if (averr < 0)
         return averr;
     bool direct = spec->dtype == DH_DTYPE_UINT8 && spec->layout == DH_LAYOUT_TCHW;
-    uint8_t *rgb = direct ? (uint8_t *)s->pixels.data + (size_t)slot * plane * 3 : p->scratch;
+    uint8_t *rgb = direct ? (uint8_t *)s->frames.data + (size_t)slot * plane * 3 : p->scratch;
     /* GBRP's planes are G, B, R; pointing them into R, G, B order gives RGB planes. */
     uint8_t *dst[4] = {rgb + plane, rgb + 2 * plane, rgb, NULL};
     int dst_stride[4] = {w, w, w, 0};
@@ -449,7 +451,7 @@ static int convert_frame(dh_pipeline_t *p, AVFrame *f, dh_sample_t *s, int32_t s
         return 0;
     const uint8_t *r = rgb, *g = rgb + plane, *b = rgb + 2 * plane;
     if (spec->dtype == DH_DTYPE_UINT8) { /* THWC */
-        uint8_t *out = (uint8_t *)s->pixels.data + (size_t)slot * plane * 3;
+        uint8_t *out = (uint8_t *)s->frames.data + (size_t)slot * plane * 3;
         for (size_t i = 0; i < plane; i++) {
             out[3 * i] = r[i];
             out[3 * i + 1] = g[i];
@@ -457,7 +459,7 @@ static int convert_frame(dh_pipeline_t *p, AVFrame *f, dh_sample_t *s, int32_t s
         }
         return 0;
     }
-    float *out = (float *)s->pixels.data + (size_t)slot * plane * 3;
+    float *out = (float *)s->frames.data + (size_t)slot * plane * 3;
     const float *lr = p->lut[0], *lg = p->lut[1], *lb = p->lut[2];
     if (spec->layout == DH_LAYOUT_TCHW) {
         for (size_t i = 0; i < plane; i++)
@@ -478,26 +480,22 @@ static int convert_frame(dh_pipeline_t *p, AVFrame *f, dh_sample_t *s, int32_t s
 
 static void copy_slot(dh_sample_t *s, int32_t from, int32_t to)
 {
-    size_t bytes = s->pixels.nbytes / (size_t)s->plan.frames;
-    memcpy((uint8_t *)s->pixels.data + (size_t)to * bytes,
-           (uint8_t *)s->pixels.data + (size_t)from * bytes, bytes);
+    size_t bytes = s->frames.nbytes / (size_t)s->plan.frames;
+    memcpy((uint8_t *)s->frames.data + (size_t)to * bytes,
+           (uint8_t *)s->frames.data + (size_t)from * bytes, bytes);
 }
 
 static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path)
 {
     const dh_pipeline_spec_t *spec = &p->spec;
-    dh_tensor_t *t = &s->pixels;
+    dh_tensor_t *t = &s->frames;
     int64_t T = s->plan.frames, H = s->plan.height, W = s->plan.width;
+    dh_tensor_set_name(t, "frames");
     t->dtype = spec->dtype;
     t->ndim = 4;
     int64_t tchw[4] = {T, 3, H, W}, thwc[4] = {T, H, W, 3};
     memcpy(t->shape, spec->layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
-    int64_t stride = 1;
-    for (int d = 3; d >= 0; d--) {
-        t->strides[d] = stride;
-        stride *= t->shape[d];
-    }
-    t->nbytes = (size_t)(T * 3 * H * W) * dh_dtype_size(spec->dtype);
+    dh_tensor_set_contiguous(t); /* nbytes: T x 3 x H x W x dtype size */
     if (!(t->data = dh_malloc(t->nbytes)))
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu output bytes", path, t->nbytes);
     size_t need = (size_t)(3 * H * W) + SCRATCH_SLACK;
@@ -513,7 +511,7 @@ static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path)
     return 0;
 }
 
-/* Decodes the planned frames of an open clip into s->pixels. */
+/* Decodes the planned frames of an open clip into s->frames. */
 static int decode_planned(dh_pipeline_t *p, decoder_t *d, dh_sample_t *s)
 {
     char msg[AV_ERROR_MAX_STRING_SIZE];
@@ -645,9 +643,38 @@ int dh_pipeline_decode(dh_pipeline_t *pipeline, const char *path,
     if (rc == 0)
         rc = decode_sample(pipeline, path, overrides, sample_id, out);
     if (rc < 0) {
-        dh_tensor_clear(&out->pixels); /* the plan stays when decoding failed after it */
+        dh_tensor_clear(&out->frames); /* the plan stays when decoding failed after it */
         out->error = rc;
         out->error_message = dh_strdup(dh_last_error()); /* NULL if memory is that short */
     }
+    return rc;
+}
+
+void dh_sample_clear(dh_sample_t *sample)
+{
+    if (!sample)
+        return;
+    dh_free(sample->id);
+    dh_free(sample->error_message);
+    dh_sample_plan_clear(&sample->plan);
+    dh_tensor_clear(&sample->frames);
+    memset(sample, 0, sizeof *sample);
+}
+
+int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                             size_t count, dh_batch_t **out)
+{
+    *out = NULL;
+    dh_sample_t *samples = dh_calloc(count ? count : 1, sizeof *samples);
+    if (!samples)
+        return dh__set_error(DH_ENOMEM, "decode batch: out of memory for %zu samples", count);
+    for (size_t i = 0; i < count; i++)
+        (void)dh_pipeline_decode(pipeline, requests[i].path, &requests[i].overrides, requests[i].id,
+                                 &samples[i]);
+    const dh_pipeline_spec_t *spec = dh_pipeline_spec(pipeline);
+    int rc = dh_collate(samples, count, spec->dtype, spec->layout, out);
+    for (size_t i = 0; i < count; i++)
+        dh_sample_clear(&samples[i]);
+    dh_free(samples);
     return rc;
 }

@@ -24,7 +24,9 @@
 
 static const char *const sampling_names[] = {"uniform", "random-window", "fps"};
 static const char *const resize_names[] = {"short-side+center-crop", "fixed", "native"};
+/* The dtypes a spec may ask for (a subset of DH_DTYPE_MAP), in the order of their names. */
 static const char *const dtype_names[] = {"uint8", "float32"};
+static const dh_dtype_t spec_dtypes[] = {DH_DTYPE_UINT8, DH_DTYPE_FLOAT32};
 static const char *const layout_names[] = {"TCHW", "THWC"};
 
 const char *dh_sampling_name(dh_sampling_t sampling)
@@ -35,11 +37,6 @@ const char *dh_sampling_name(dh_sampling_t sampling)
 const char *dh_resize_name(dh_resize_t resize)
 {
     return (unsigned)resize < DH_ARRAY_LEN(resize_names) ? resize_names[resize] : "?";
-}
-
-const char *dh_dtype_name(dh_dtype_t dtype)
-{
-    return (unsigned)dtype < DH_ARRAY_LEN(dtype_names) ? dtype_names[dtype] : "?";
 }
 
 const char *dh_layout_name(dh_layout_t layout)
@@ -97,7 +94,7 @@ static int check_ranges(const dh_pipeline_spec_t *s, const char *source, int cod
         return dh__set_error(code, "%s: field 'sampling': unknown value %d", source, s->sampling);
     if ((unsigned)s->resize >= DH_ARRAY_LEN(resize_names))
         return dh__set_error(code, "%s: field 'resize': unknown value %d", source, s->resize);
-    if ((unsigned)s->dtype >= DH_ARRAY_LEN(dtype_names))
+    if (s->dtype != DH_DTYPE_UINT8 && s->dtype != DH_DTYPE_FLOAT32)
         return dh__set_error(code, "%s: field 'dtype': unknown value %d", source, s->dtype);
     if ((unsigned)s->layout >= DH_ARRAY_LEN(layout_names))
         return dh__set_error(code, "%s: field 'layout': unknown value %d", source, s->layout);
@@ -207,7 +204,11 @@ static int parse_field(const char *source, const char *key, json_t *v, dh_pipeli
     }
     ENUM_FIELD(sampling, sampling_names)
     ENUM_FIELD(resize, resize_names)
-    ENUM_FIELD(dtype, dtype_names)
+    if (strcmp(key, "dtype") == 0) {
+        if ((rc = get_enum(v, source, key, dtype_names, DH_ARRAY_LEN(dtype_names), &e)) == 0)
+            s->dtype = spec_dtypes[e];
+        return rc;
+    }
     ENUM_FIELD(layout, layout_names)
 #undef ENUM_FIELD
     if (strcmp(key, "mean") == 0)

@@ -122,44 +122,6 @@ static int dict_set_steal(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
-/* Format character and DLPack type of a wire dtype; 0 when Python has no format for it. */
-static int dtype_info(uint8_t dtype, const char **fmt, DLDataType *dl, const char **name)
-{
-    static const struct {
-        uint8_t dtype;
-        const char *fmt, *name;
-        uint8_t code, bits;
-    } table[] = {
-        {DH_WIRE_DTYPE_U8, "B", "uint8", kDLUInt, 8},
-        {DH_WIRE_DTYPE_I8, "b", "int8", kDLInt, 8},
-        {DH_WIRE_DTYPE_U16, "H", "uint16", kDLUInt, 16},
-        {DH_WIRE_DTYPE_I16, "h", "int16", kDLInt, 16},
-        {DH_WIRE_DTYPE_U32, "I", "uint32", kDLUInt, 32},
-        {DH_WIRE_DTYPE_I32, "i", "int32", kDLInt, 32},
-        {DH_WIRE_DTYPE_U64, "Q", "uint64", kDLUInt, 64},
-        {DH_WIRE_DTYPE_I64, "q", "int64", kDLInt, 64},
-        {DH_WIRE_DTYPE_F16, "e", "float16", kDLFloat, 16},
-        {DH_WIRE_DTYPE_BF16, NULL, "bfloat16", kDLBfloat, 16},
-        {DH_WIRE_DTYPE_F32, "f", "float32", kDLFloat, 32},
-        {DH_WIRE_DTYPE_F64, "d", "float64", kDLFloat, 64},
-        {DH_WIRE_DTYPE_BOOL, "?", "bool", kDLUInt, 8},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if (table[i].dtype == dtype) {
-            if (fmt)
-                *fmt = table[i].fmt;
-            if (dl) {
-                dl->code = table[i].code;
-                dl->bits = table[i].bits;
-                dl->lanes = 1;
-            }
-            if (name)
-                *name = table[i].name;
-            return 1;
-        }
-    return 0;
-}
-
 /* ---- Batch -------------------------------------------------------------------------- */
 
 static _Atomic long g_live_batches; /* batches not yet released (tests: nothing leaks) */
@@ -181,7 +143,10 @@ typedef struct {
     PyObject_HEAD BatchObject
         *owner; /* strong reference: the batch stays held while this tensor lives */
     size_t index;
-    Py_ssize_t shape[6], strides[6];
+    /* The buffer protocol's view of the tensor: Py_ssize_t shape and BYTE strides, and the
+     * format string (DLPack reads the dh_tensor_t itself). */
+    Py_ssize_t shape[DH_TENSOR_MAX_DIMS], strides[DH_TENSOR_MAX_DIMS];
+    char format[2];
 } TensorObject;
 
 static PyTypeObject TensorType;
@@ -192,7 +157,7 @@ static PyObject *Batch_tensors(BatchObject *self, PyObject *unused)
     if (!d)
         return NULL;
     for (size_t i = 0; i < self->batch->n_tensors; i++) {
-        const dh_client_tensor_t *t = &self->batch->tensors[i];
+        const dh_tensor_t *t = &self->batch->tensors[i];
         TensorObject *o = PyObject_New(TensorObject, &TensorType);
         if (!o) {
             Py_DECREF(d);
@@ -201,10 +166,13 @@ static PyObject *Batch_tensors(BatchObject *self, PyObject *unused)
         Py_INCREF(self);
         o->owner = self;
         o->index = i;
-        for (uint32_t k = 0; k < t->ndim && k < 6; k++) {
+        Py_ssize_t elem = (Py_ssize_t)dh_dtype_size(t->dtype);
+        for (int32_t k = 0; k < t->ndim && k < DH_TENSOR_MAX_DIMS; k++) {
             o->shape[k] = (Py_ssize_t)t->shape[k];
-            o->strides[k] = (Py_ssize_t)t->strides[k];
+            o->strides[k] = (Py_ssize_t)t->strides[k] * elem;
         }
+        o->format[0] = dh_dtype_format(t->dtype);
+        o->format[1] = '\0';
         if (dict_set_steal(d, t->name, (PyObject *)o) < 0) {
             Py_DECREF(d);
             return NULL;
@@ -271,7 +239,7 @@ static PyTypeObject BatchType = {
 
 /* ---- Tensor ------------------------------------------------------------------------- */
 
-static const dh_client_tensor_t *tensor_of(const TensorObject *self)
+static const dh_tensor_t *tensor_of(const TensorObject *self)
 {
     return &self->owner->batch->tensors[self->index];
 }
@@ -284,13 +252,12 @@ static void Tensor_dealloc(TensorObject *self)
 
 static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 {
-    const dh_client_tensor_t *t = tensor_of(self);
-    const char *fmt = NULL;
-    if (!dtype_info(t->dtype, &fmt, NULL, NULL) || !fmt) {
+    const dh_tensor_t *t = tensor_of(self);
+    if (!self->format[0]) {
         PyErr_Format(PyExc_BufferError,
-                     "tensor '%s': dtype %u has no buffer format (use "
+                     "tensor '%s': dtype %s has no buffer format (use "
                      "__dlpack__)",
-                     t->name, (unsigned)t->dtype);
+                     t->name, dh_dtype_name(t->dtype));
         return -1;
     }
     view->buf = t->data;
@@ -298,8 +265,8 @@ static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
     Py_INCREF(self);
     view->len = (Py_ssize_t)t->nbytes;
     view->readonly = 0;
-    view->itemsize = (Py_ssize_t)dh_wire_dtype_size(t->dtype);
-    view->format = (flags & PyBUF_FORMAT) ? (char *)fmt : NULL;
+    view->itemsize = (Py_ssize_t)dh_dtype_size(t->dtype);
+    view->format = (flags & PyBUF_FORMAT) ? self->format : NULL;
     view->ndim = (int)t->ndim;
     view->shape = (flags & PyBUF_ND) ? self->shape : NULL;
     view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? self->strides : NULL;
@@ -311,10 +278,11 @@ static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 static PyBufferProcs Tensor_as_buffer = {(getbufferproc)Tensor_getbuffer, NULL};
 
 /* DLPack: the managed tensor owns a reference to the TensorObject (hence to the batch); its
- * deleter, called by whoever consumed the capsule (torch.from_dlpack), drops it. */
+ * deleter, called by whoever consumed the capsule (torch.from_dlpack), drops it. Its shape
+ * and strides are the batch's dh_tensor_t's own (element strides, as DLPack's), which the
+ * reference keeps alive. */
 typedef struct {
     DLManagedTensor managed;
-    int64_t shape[6], strides[6];
 } dl_holder_t;
 
 static void dl_deleter(DLManagedTensor *m)
@@ -355,9 +323,9 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
                                            "of shared memory; copy=True is not supported");
         return NULL;
     }
-    const dh_client_tensor_t *t = tensor_of(self);
-    DLDataType dt;
-    if (!dtype_info(t->dtype, NULL, &dt, NULL)) {
+    const dh_tensor_t *t = tensor_of(self);
+    DLDataType dt = {.lanes = 1};
+    if (!dh_dtype_dlpack(t->dtype, &dt.code, &dt.bits)) {
         PyErr_Format(PyExc_BufferError, "tensor '%s': unknown dtype %u", t->name,
                      (unsigned)t->dtype);
         return NULL;
@@ -365,19 +333,14 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
     dl_holder_t *h = PyMem_RawCalloc(1, sizeof *h);
     if (!h)
         return PyErr_NoMemory();
-    size_t elem = dh_wire_dtype_size(t->dtype);
-    for (uint32_t k = 0; k < t->ndim && k < 6; k++) {
-        h->shape[k] = t->shape[k];
-        h->strides[k] = elem ? t->strides[k] / (int64_t)elem : t->strides[k];
-    }
     DLTensor *dl = &h->managed.dl_tensor;
     dl->data = t->data;
     dl->device.device_type = kDLCPU;
     dl->device.device_id = 0;
-    dl->ndim = (int32_t)t->ndim;
+    dl->ndim = t->ndim;
     dl->dtype = dt;
-    dl->shape = h->shape;
-    dl->strides = h->strides;
+    dl->shape = (int64_t *)t->shape;
+    dl->strides = (int64_t *)t->strides;
     dl->byte_offset = 0;
     Py_INCREF(self);
     h->managed.manager_ctx = self;
@@ -416,16 +379,14 @@ static PyObject *Tensor_get_name(TensorObject *self, void *unused)
 
 static PyObject *Tensor_get_dtype(TensorObject *self, void *unused)
 {
-    const char *name = "unknown";
-    dtype_info(tensor_of(self)->dtype, NULL, NULL, &name);
-    return PyUnicode_FromString(name);
+    return PyUnicode_FromString(dh_dtype_name(tensor_of(self)->dtype));
 }
 
 static PyObject *Tensor_get_shape(TensorObject *self, void *unused)
 {
-    const dh_client_tensor_t *t = tensor_of(self);
+    const dh_tensor_t *t = tensor_of(self);
     PyObject *tup = PyTuple_New(t->ndim);
-    for (uint32_t k = 0; tup && k < t->ndim; k++)
+    for (int32_t k = 0; tup && k < t->ndim; k++)
         PyTuple_SET_ITEM(tup, k, PyLong_FromLongLong(t->shape[k]));
     return tup;
 }
@@ -451,7 +412,7 @@ static PyMethodDef Tensor_methods[] = {
 };
 
 static PyGetSetDef Tensor_getset[] = {
-    {"name", (getter)Tensor_get_name, NULL, "tensor name ('pixels', 'mask')", NULL},
+    {"name", (getter)Tensor_get_name, NULL, "tensor name ('frames', 'mask')", NULL},
     {"dtype", (getter)Tensor_get_dtype, NULL, "element type ('uint8', 'float32')", NULL},
     {"shape", (getter)Tensor_get_shape, NULL, "shape tuple", NULL},
     {"data_ptr", (getter)Tensor_get_data_ptr, NULL, "address of the first element", NULL},

@@ -15,16 +15,17 @@
  * Arena mappings are reference counted (arena_ref_t): the client holds one per attached
  * arena, each delivered part one more; a batch released after the client is gone unmaps the
  * arena when its last part goes.
+ *
+ * This file is the client's life cycle (config, creation, embedded servers, destroy), its
+ * planning calls, next() and the batches it returns; the sender thread is client_send.c,
+ * the fetcher thread client_fetch.c.
  */
-#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -36,26 +37,17 @@
 #include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
+#include "datahelix/place.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
-#include "runtime/descriptor.h"
-#include "runtime/rt.h"
+#include "runtime/client_internal.h"
+#include "wire/internal.h"
 
-#define NAME_CAP 128
-#define ENDPOINT_CAP 256
-#define MAX_ARENAS 8
-
-typedef struct arena_ref {
-    dh_shm_arena_t *arena;
-    uint64_t id;
-    atomic_int refs;
-} arena_ref_t;
-
-static void arena_ref_drop(arena_ref_t *a)
+void dh__client_arena_ref_drop(arena_ref_t *a)
 {
     if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
         dh_shm_arena_destroy(&a->arena);
@@ -63,28 +55,8 @@ static void arena_ref_drop(arena_ref_t *a)
     }
 }
 
-typedef struct part {
-    bool ready;
-    uint64_t seq;
-    size_t n_tensors;
-    dh_client_tensor_t tensors[DH__RT_MAX_TENSORS];
-    char names[DH__RT_MAX_TENSORS][16];
-    dh_shm_handle_t handles[DH__RT_MAX_TENSORS];
-    void *copies[DH__RT_MAX_TENSORS]; /* tensors that came as payload frames (spilled) */
-    arena_ref_t *arena;
-    uint32_t n_samples;
-    dh_wire_sample_result_t *samples; /* owned (moved from the decoded message) */
-    char server[NAME_CAP];
-    uint64_t ready_ns, received_ns;
-    /* fanout > 1, in the batch's first part: its tensors are the joined batch (copies in
-     * copies[]; the other parts keep only their samples), or join_rc says why not */
-    bool joined;
-    int join_rc;
-    char join_error[256];
-} part_t;
-
 /* Gives back a part's slabs and copies, keeping its samples (a joined batch's parts). */
-static void part_release_tensors(part_t *p)
+void dh__client_part_release_tensors(part_t *p)
 {
     for (size_t i = 0; i < p->n_tensors; i++) {
         if (p->handles[i].arena_id && p->arena)
@@ -93,28 +65,20 @@ static void part_release_tensors(part_t *p)
         p->copies[i] = NULL;
         p->handles[i] = (dh_shm_handle_t){0};
     }
-    arena_ref_drop(p->arena);
+    dh__client_arena_ref_drop(p->arena);
     p->arena = NULL;
     p->n_tensors = 0;
 }
 
-static void part_release(part_t *p)
+void dh__client_part_release(part_t *p)
 {
-    part_release_tensors(p);
+    dh__client_part_release_tensors(p);
     for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
         dh_free(p->samples[i].id);
         dh_free(p->samples[i].error);
     }
     dh_free(p->samples);
     memset(p, 0, sizeof *p);
-}
-
-/* A part is moved by value (into the ring, then into a batch): its tensors' names point
- * into its own names[], so they are set again after each move. */
-static void part_moved(part_t *p)
-{
-    for (size_t i = 0; i < p->n_tensors; i++)
-        p->tensors[i].name = p->names[i];
 }
 
 /* What the user gets: the public batch first, then what it owns. */
@@ -124,63 +88,6 @@ typedef struct batch_impl {
     part_t *parts;
     char server[NAME_CAP];
 } batch_impl_t;
-
-typedef struct ds_info {
-    char name[NAME_CAP];
-    char endpoint[ENDPOINT_CAP];
-    char shm_socket[NAME_CAP];
-    uint64_t generation;
-} ds_info_t;
-
-struct dh_client {
-    dh_client_config_t cfg;
-    char id[NAME_CAP];
-    char node[NAME_CAP];
-    char coord_endpoint[ENDPOINT_CAP];
-    dh_profile_set_t *profiles;
-    dh_sampler_t *sampler;      /* sender thread */
-    dh_sampler_t *plan_sampler; /* dh_client_plan_rank_step */
-    pthread_mutex_t plan_lock;
-    size_t steps_per_epoch;
-    uint64_t step0; /* global step of batch 0: first_epoch x steps_per_epoch */
-    uint64_t total;
-
-    void *ctx;
-    dh_coordinator_t *embedded_coord;
-    dh_dataserver_t *embedded_ds;
-    dh_wire_socket_t *coord; /* sender thread after start */
-    dh_wire_socket_t *data;  /* fetcher thread after start */
-    int notice_fd;           /* fetcher thread after start; -1: none */
-    arena_ref_t *arenas[MAX_ARENAS];
-    size_t n_arenas; /* fetcher thread after start */
-
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    uint64_t consumed; /* batches returned by next() */
-    uint64_t planned;  /* batches requested */
-    uint64_t delivered_parts_inflight;
-    part_t *ring;      /* max(prefetch, prefetch_max) x fanout parts */
-    uint32_t horizon;  /* batches requested ahead of next(): prefetch, deepened up to
-                        * prefetch_max when next() waits */
-    double arena_used; /* adaptive prefetch: share of the local arena's slabs in use, as
-                        * of the last delivery (the horizon deepens only below half) */
-    size_t ring_size;
-    int64_t *tokens_of; /* ring of planned batches' tokens */
-    size_t tokens_ring;
-    uint64_t *requested_of; /* send time of each batch's requests, ring like tokens_of */
-    ds_info_t ds;           /* the local DataServer, from the coordinator */
-    double s_per_token, mean_window_s;
-    uint64_t last_return_ns;
-    dh_client_stats_t stats;
-    /* A request the coordinator dropped: its ERROR's code (0: none) and message, with which
-     * next() fails rather than wait for a batch that will not come. */
-    int refused;
-    char refused_msg[2 * NAME_CAP];
-
-    atomic_int stop;
-    pthread_t sender, fetcher;
-    bool threads_started;
-};
 
 void dh_client_config_default(dh_client_config_t *cfg)
 {
@@ -212,8 +119,11 @@ const char *dh_client_coordinator(const dh_client_t *c)
 
 void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 {
+    memset(out, 0, sizeof *out);
+    const dh__client_counters_t *in = &c->counters;
+    DH__CLIENT_COUNTERS(DH__COUNTER_READ)
+    out->wait_s = (double)dh__counter_get(&in->wait_ns) * 1e-9;
     pthread_mutex_lock((pthread_mutex_t *)&c->lock);
-    *out = c->stats;
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
     out->prefetch_now = c->horizon;
@@ -224,8 +134,8 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 
 /* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
  * client's config). Returns the count or < 0. */
-static int plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
-                          uint32_t *rows, size_t cap)
+int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
+                              uint32_t *rows, size_t cap)
 {
     dh_share_config_t sc = {.mode = c->cfg.token_plan,
                             .algo = c->cfg.plan_algo,
@@ -241,630 +151,9 @@ int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint3
     if (rank >= c->cfg.ranks)
         return dh__set_error(DH_EINVAL, "rank %u >= ranks %u", rank, c->cfg.ranks);
     pthread_mutex_lock(&c->plan_lock);
-    int rc = plan_rank_step(c, c->plan_sampler, step, rank, rows, cap);
+    int rc = dh__client_plan_rank_step(c, c->plan_sampler, step, rank, rows, cap);
     pthread_mutex_unlock(&c->plan_lock);
     return rc;
-}
-
-/* ---- the sender ---- */
-
-/* DESIGN §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
-static double deadline_s(const dh_client_t *c, uint64_t b)
-{
-    dh_deadline_model_t m = {.s_per_token = c->s_per_token,
-                             .mean_window_s = c->mean_window_s,
-                             .tokens = c->tokens_of,
-                             .n_tokens = c->tokens_ring};
-    double elapsed = c->consumed ? dh_clock_elapsed_s(c->last_return_ns, dh_clock_now_ns()) : 0;
-    return dh_deadline_s(&m, b, c->consumed, elapsed);
-}
-
-static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
-{
-    /* a rank gets up to the whole window in packing mode: scratch on the heap */
-    size_t cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED ? (size_t)c->cfg.ranks * c->cfg.batch
-                                                            : c->cfg.batch;
-    uint32_t *rows = dh_malloc(cap * sizeof *rows), *part_of = dh_malloc(cap * sizeof *part_of);
-    double *load = dh_malloc(cap * sizeof *load);
-    dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
-    int n = rows && part_of && load && samples
-                ? plan_rank_step(c, c->sampler, c->step0 + b, c->cfg.rank, rows, cap)
-                : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
-    int rc = n < 0 ? n : 0;
-    if (rc)
-        goto done;
-    uint32_t parts = c->cfg.fanout;
-    if (parts > 1) {
-        for (int i = 0; i < n; i++)
-            load[i] = (double)dh_profile_set_row(c->profiles, rows[i])->tokens_est;
-        if ((rc = dh_plan_fanout(load, (size_t)n, parts, part_of)))
-            goto done;
-    } else {
-        for (int i = 0; i < n; i++)
-            part_of[i] = 0;
-    }
-    int64_t tokens = 0;
-    for (int i = 0; i < n; i++)
-        tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
-    pthread_mutex_lock(&c->lock);
-    c->tokens_of[b % c->tokens_ring] = tokens;
-    c->requested_of[b % c->tokens_ring] = dh_clock_now_ns();
-    pthread_mutex_unlock(&c->lock);
-    for (uint32_t p = 0; p < parts; p++) {
-        uint32_t k = 0;
-        for (int i = 0; i < n; i++) {
-            if (part_of[i] != p)
-                continue;
-            dh__rt_sample_of_row(dh_profile_set_row(c->profiles, rows[i]), &samples[k++]);
-        }
-        dh_msg_t m = {.type = DH_MSG_REQUEST};
-        m.request.client_id = c->id;
-        m.request.seq = b * parts + p;
-        m.request.rank = c->cfg.rank;
-        m.request.deadline_ns = (int64_t)(deadline * 1e9);
-        m.request.delivery_node = c->node;
-        m.request.n_samples = k;
-        m.request.samples = samples;
-        if ((rc = dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 1000))) {
-            dh_log_warn("client '%s': cannot send request %llu to the coordinator %s: %s", c->id,
-                        (unsigned long long)m.request.seq, c->coord_endpoint, dh_last_error());
-            goto done;
-        }
-        pthread_mutex_lock(&c->lock);
-        c->stats.requests_sent++;
-        pthread_mutex_unlock(&c->lock);
-    }
-done:
-    dh_free(rows);
-    dh_free(part_of);
-    dh_free(load);
-    dh_free(samples);
-    return rc;
-}
-
-static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
-{
-    if (r->msg.type == DH_MSG_HELLO) {
-        pthread_mutex_lock(&c->lock);
-        bool changed = strcmp(c->ds.endpoint, r->msg.hello.endpoint) != 0 ||
-                       strcmp(c->ds.shm_socket, r->msg.hello.shm_socket) != 0;
-        if (changed) {
-            snprintf(c->ds.name, NAME_CAP, "%s", r->msg.hello.name);
-            snprintf(c->ds.endpoint, ENDPOINT_CAP, "%s", r->msg.hello.endpoint);
-            snprintf(c->ds.shm_socket, NAME_CAP, "%s", r->msg.hello.shm_socket);
-            c->ds.generation++;
-        }
-        pthread_mutex_unlock(&c->lock);
-        if (changed)
-            dh_log_info("client '%s': local DataServer is now '%s' (%s)", c->id, r->msg.hello.name,
-                        r->msg.hello.endpoint);
-    } else if (r->msg.type == DH_MSG_ERROR) {
-        dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
-                    r->msg.error.message);
-        /* After registration every ERROR but "no local DataServer" (a late answer to a
-         * repeated HELLO) refuses a request, whose batch will not come: next() says so. */
-        if (r->msg.error.code != DH_ENOSERVER) {
-            pthread_mutex_lock(&c->lock);
-            if (!c->refused) {
-                c->refused = r->msg.error.code < 0 ? r->msg.error.code : DH_EIO;
-                snprintf(c->refused_msg, sizeof c->refused_msg, "%s",
-                         r->msg.error.message ? r->msg.error.message : "");
-            }
-            pthread_cond_broadcast(&c->cond);
-            pthread_mutex_unlock(&c->lock);
-        }
-    }
-}
-
-static void *sender_main(void *arg)
-{
-    dh_client_t *c = arg;
-    dh_wire_received_t r = {0};
-    uint32_t per_batch = c->cfg.fanout;
-    while (!atomic_load(&c->stop)) {
-        if (dh_wire_recv(c->coord, 2, &r) == 0) {
-            on_coord_message(c, &r);
-            dh_wire_received_release(&r);
-        }
-        for (;;) {
-            pthread_mutex_lock(&c->lock);
-            uint64_t b = c->planned;
-            /* Requests of batches not yet consumed, counting this one's. */
-            uint64_t inflight = (b - c->consumed + 1) * per_batch;
-            uint64_t max_inflight =
-                c->cfg.max_inflight ? c->cfg.max_inflight : (uint64_t)c->horizon * per_batch;
-            bool go = b < c->total && b < c->consumed + c->horizon &&
-                      (inflight <= max_inflight || b == c->consumed);
-            double d = go ? deadline_s(c, b) : 0;
-            pthread_mutex_unlock(&c->lock);
-            if (!go || atomic_load(&c->stop))
-                break;
-            /* The horizon moves before the requests go out, so that a delivery racing the
-             * send is inside the fetcher's window. */
-            pthread_mutex_lock(&c->lock);
-            c->planned++;
-            pthread_mutex_unlock(&c->lock);
-            while (send_batch_requests(c, b, d) != 0 && !atomic_load(&c->stop))
-                dh_wire_recv(c->coord, 100, &r) == 0
-                    ? (on_coord_message(c, &r), dh_wire_received_release(&r))
-                    : (void)0;
-        }
-    }
-    return NULL;
-}
-
-/* ---- the fetcher ---- */
-
-static int connect_fd_socket(const char *name, int *fd_out, int *conn_out)
-{
-    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return dh__set_error(-errno, "socket(AF_UNIX): %s", strerror(errno));
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    size_t len = strlen(name);
-    if (len + 1 > sizeof addr.sun_path) {
-        close(sock);
-        return dh__set_error(DH_EINVAL, "arena socket name '%s' too long", name);
-    }
-    memcpy(addr.sun_path + 1, name, len);
-    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    if (connect(sock, (struct sockaddr *)&addr, alen) != 0) {
-        int e = errno;
-        close(sock);
-        return dh__set_error(-e, "cannot connect to the DataServer's arena socket @%s: %s", name,
-                             strerror(e));
-    }
-    int rc = dh_shm_recv_fd(sock, fd_out);
-    if (rc) {
-        close(sock);
-        return dh__set_error(rc, "no arena fd from the DataServer's socket @%s: %s", name,
-                             dh_strerror(rc));
-    }
-    *conn_out = sock; /* kept as the notice channel */
-    return 0;
-}
-
-/* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
- * it under the lock into `ds`). */
-static int connect_local(dh_client_t *c, const ds_info_t *ds)
-{
-    int fd = -1, conn = -1;
-    int rc = connect_fd_socket(ds->shm_socket, &fd, &conn);
-    if (rc)
-        return rc;
-    dh_shm_arena_t *arena = NULL;
-    rc = dh_shm_arena_attach(&arena, fd);
-    close(fd);
-    if (rc) {
-        close(conn);
-        return rc;
-    }
-    /* Name ourselves on the notice channel; without it DELIVERs come over ZeroMQ only. */
-    ssize_t sent;
-    do {
-        sent = send(conn, c->id, strlen(c->id), MSG_NOSIGNAL);
-    } while (sent < 0 && errno == EINTR);
-    if (sent != (ssize_t)strlen(c->id)) {
-        close(conn);
-        conn = -1;
-    }
-    uint64_t id = dh_shm_arena_id(arena);
-    bool have = false;
-    for (size_t i = 0; i < c->n_arenas; i++)
-        if (c->arenas[i]->id == id)
-            have = true;
-    if (have) {
-        dh_shm_arena_destroy(&arena);
-    } else {
-        if (c->n_arenas == MAX_ARENAS) {
-            arena_ref_drop(c->arenas[0]);
-            memmove(&c->arenas[0], &c->arenas[1], (MAX_ARENAS - 1) * sizeof c->arenas[0]);
-            c->n_arenas--;
-        }
-        arena_ref_t *a = dh_calloc(1, sizeof *a);
-        if (!a) {
-            dh_shm_arena_destroy(&arena);
-            if (conn >= 0)
-                close(conn);
-            return dh__set_error(DH_ENOMEM, "out of memory for an arena mapping");
-        }
-        a->arena = arena;
-        a->id = id;
-        atomic_init(&a->refs, 1);
-        c->arenas[c->n_arenas++] = a;
-    }
-    dh_wire_socket_t *sock = NULL;
-    if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
-        (rc = dh__wire_set_routing_id(sock, c->id)) ||
-        (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
-        dh_wire_socket_destroy(&sock);
-        if (conn >= 0)
-            close(conn);
-        return rc;
-    }
-    dh_msg_t m = {.type = DH_MSG_HELLO};
-    m.hello.role = DH_WIRE_ROLE_CLIENT;
-    m.hello.node = c->node;
-    m.hello.name = c->id;
-    m.hello.pid = (uint32_t)getpid();
-    m.hello.rank = c->cfg.rank;
-    if ((rc = dh_wire_send(sock, NULL, 0, &m, NULL, 0, 1000))) {
-        dh_wire_socket_destroy(&sock);
-        if (conn >= 0)
-            close(conn);
-        return rc;
-    }
-    dh_wire_socket_destroy(&c->data);
-    c->data = sock;
-    if (c->notice_fd >= 0)
-        close(c->notice_fd);
-    c->notice_fd = conn;
-    return 0;
-}
-
-static arena_ref_t *arena_by_id(dh_client_t *c, uint64_t id)
-{
-    for (size_t i = 0; i < c->n_arenas; i++)
-        if (c->arenas[i]->id == id)
-            return c->arenas[i];
-    return NULL;
-}
-
-/* Releases the slabs of a DELIVER that will not be used. */
-static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
-{
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        const dh_wire_tensor_t *t = &m->tensors[i];
-        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
-        if (a) {
-            dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
-            dh_shm_arena_unref(a->arena, &h);
-        }
-    }
-}
-
-/* Joins the parts' tensors along dimension 0, padding the other dimensions to the largest,
- * into heap copies that replace parts[0]'s tensors; every part's slabs are given back at
- * once (the copies hold the data), the parts keep their samples. Runs on the fetcher thread
- * when the batch's last part arrives, so next() does not pay for the copy (fanout > 1).
- * A part whose samples all failed comes with no tensors (nothing to map): it keeps its
- * samples' slots as zero rows of every per-sample tensor (dimension 0 = the samples, as
- * pixels and mask; a tensor like the synthetic payload gets no rows from it). On failure
- * the parts are left as they were and the message is returned in *why. */
-static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
-{
-    part_t *p0 = &parts[0];
-    size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
-    while (ref < n_parts && parts[ref].n_tensors == 0)
-        ref++;
-    dh_client_tensor_t out[DH__RT_MAX_TENSORS];
-    void *buf[DH__RT_MAX_TENSORS] = {0};
-    int rc = 0;
-    size_t n_tensors = ref < n_parts ? parts[ref].n_tensors : 0;
-    char names[DH__RT_MAX_TENSORS][sizeof p0->names[0]];
-    for (size_t t = 0; t < n_tensors; t++) {
-        const part_t *pr = &parts[ref];
-        dh_client_tensor_t *o = &out[t];
-        *o = pr->tensors[t];
-        snprintf(names[t], sizeof names[t], "%s", pr->names[t]);
-        bool per_sample = pr->tensors[t].shape[0] == (int64_t)pr->n_samples;
-        int64_t rows = 0;
-        for (size_t k = 0; k < n_parts; k++) {
-            const dh_client_tensor_t *x = &parts[k].tensors[t];
-            if (parts[k].n_tensors == 0) {
-                rows += per_sample ? (int64_t)parts[k].n_samples : 0;
-                continue;
-            }
-            if (parts[k].n_tensors != n_tensors || x->dtype != o->dtype || x->ndim != o->ndim ||
-                x->ndim == 0 || strcmp(x->name, o->name) != 0) {
-                rc = DH_EPARSE;
-                snprintf(why, why_cap,
-                         "batch %llu: part %zu's tensor '%s' does not match part %zu's",
-                         (unsigned long long)batch, k, o->name, ref);
-                goto fail;
-            }
-            rows += x->shape[0];
-            for (uint32_t d = 1; d < o->ndim; d++)
-                if (x->shape[d] > o->shape[d])
-                    o->shape[d] = x->shape[d];
-        }
-        o->shape[0] = rows;
-        size_t elem = dh_wire_dtype_size(o->dtype);
-        int64_t stride = (int64_t)elem;
-        for (int d = (int)o->ndim - 1; d >= 0; d--) {
-            o->strides[d] = stride;
-            stride *= o->shape[d];
-        }
-        o->nbytes = (size_t)stride;
-        buf[t] = dh_calloc(1, o->nbytes ? o->nbytes : 1);
-        if (!buf[t]) {
-            rc = DH_ENOMEM;
-            snprintf(why, why_cap, "batch %llu: out of memory joining %zu parts (%zu bytes)",
-                     (unsigned long long)batch, n_parts, o->nbytes);
-            goto fail;
-        }
-        o->data = buf[t];
-        int64_t row0 = 0;
-        for (size_t k = 0; k < n_parts; k++) {
-            const dh_client_tensor_t *x = &parts[k].tensors[t];
-            if (parts[k].n_tensors == 0) { /* all failed: zero rows (calloc) */
-                row0 += per_sample ? (int64_t)parts[k].n_samples : 0;
-                continue;
-            }
-            /* Copy x's elements into o at row offset row0, dimension by dimension: the
-             * innermost dimension is copied as one run. */
-            size_t inner = elem * (size_t)x->shape[x->ndim - 1];
-            size_t outer = 1;
-            for (uint32_t d = 0; d + 1 < x->ndim; d++)
-                outer *= (size_t)x->shape[d];
-            for (size_t i = 0; i < outer; i++) {
-                size_t rem = i, src_off = 0, dst_off = (size_t)row0 * (size_t)o->strides[0];
-                for (int d = (int)x->ndim - 2; d >= 0; d--) {
-                    size_t idx = rem % (size_t)x->shape[d];
-                    rem /= (size_t)x->shape[d];
-                    src_off += idx * (size_t)x->strides[d];
-                    dst_off += idx * (size_t)o->strides[d];
-                }
-                memcpy((char *)o->data + dst_off, (const char *)x->data + src_off, inner);
-            }
-            row0 += x->shape[0];
-        }
-    }
-    for (size_t k = 0; k < n_parts; k++)
-        part_release_tensors(&parts[k]);
-    for (size_t t = 0; t < n_tensors; t++) {
-        snprintf(p0->names[t], sizeof p0->names[t], "%s", names[t]);
-        p0->tensors[t] = out[t];
-        p0->tensors[t].name = p0->names[t];
-        p0->copies[t] = buf[t];
-    }
-    p0->n_tensors = n_tensors;
-    return 0;
-fail:
-    for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
-        dh_free(buf[t]);
-    return rc;
-}
-
-static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
-{
-    dh_msg_deliver_t *m = &r->msg.deliver;
-    uint64_t now = dh_clock_now_ns();
-    if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
-        dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
-                    m->n_tensors);
-        drop_deliver(c, m);
-        return;
-    }
-    part_t p = {0};
-    p.seq = m->seq;
-    uint64_t copied = 0;
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        const dh_wire_tensor_t *t = &m->tensors[i];
-        void *ptr = NULL;
-        dh_shm_handle_t h = {0};
-        if (t->location == DH_WIRE_LOC_FRAME) {
-            /* spilled by a DataServer whose arena stayed full: keep a copy of the frame */
-            ptr = dh_malloc(t->size ? t->size : 1);
-            if (!ptr) {
-                dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
-                            c->id, (unsigned long long)m->seq, t->name);
-                part_release(&p);
-                return;
-            }
-            if (t->size)
-                memcpy(ptr, t->data, t->size);
-            p.copies[i] = ptr;
-            copied++;
-        } else {
-            arena_ref_t *a = arena_by_id(c, t->arena_id);
-            h = (dh_shm_handle_t){t->arena_id, t->offset, t->length, t->generation};
-            if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
-                dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a "
-                            "mapped arena (%s); dropped",
-                            c->id, (unsigned long long)m->seq, t->name,
-                            a ? dh_last_error() : "unknown arena");
-                for (uint32_t k = i + 1; k < m->n_tensors; k++) {
-                    const dh_wire_tensor_t *u = &m->tensors[k];
-                    arena_ref_t *ua =
-                        u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id) : NULL;
-                    dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
-                    if (ua)
-                        dh_shm_arena_unref(ua->arena, &uh);
-                }
-                if (a && !(p.arena && p.arena != a))
-                    dh_shm_arena_unref(a->arena, &h);
-                part_release(&p);
-                return;
-            }
-            if (!p.arena) {
-                p.arena = a;
-                atomic_fetch_add(&a->refs, 1);
-            }
-        }
-        p.handles[i] = h;
-        snprintf(p.names[i], sizeof p.names[i], "%s", t->name);
-        dh_client_tensor_t *o = &p.tensors[i];
-        o->name = p.names[i];
-        o->dtype = t->dtype;
-        o->ndim = t->ndim;
-        for (unsigned d = 0; d < t->ndim; d++) {
-            o->shape[d] = (int64_t)t->shape[d];
-            o->strides[d] = t->strides[d];
-        }
-        o->data = ptr;
-        size_t nbytes = dh_wire_dtype_size(t->dtype);
-        for (unsigned d = 0; d < t->ndim; d++)
-            nbytes *= (size_t)t->shape[d];
-        o->nbytes = nbytes;
-        p.n_tensors++;
-    }
-    p.n_samples = m->n_samples;
-    p.samples = m->samples; /* moved */
-    m->samples = NULL;
-    m->n_samples = 0;
-    snprintf(p.server, NAME_CAP, "%s", m->server ? m->server : "");
-    p.ready_ns = m->ready_ns;
-    p.received_ns = now;
-    p.ready = true;
-
-    uint32_t parts = c->cfg.fanout;
-    double arena_used = -1;
-    if (c->cfg.prefetch_max > c->cfg.prefetch && p.arena) { /* O(slabs): 512 for 512 MiB */
-        dh_shm_arena_stats_t as;
-        dh_shm_arena_stats(p.arena->arena, &as);
-        if (as.slabs_total)
-            arena_used = (double)(as.slabs_used - as.slabs_reclaimable) / (double)as.slabs_total;
-    }
-    pthread_mutex_lock(&c->lock);
-    if (arena_used >= 0)
-        c->arena_used = arena_used;
-    uint64_t lo = c->consumed * parts, hi = c->planned * parts;
-    part_t *slot = &c->ring[p.seq % c->ring_size];
-    bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
-    if (!dup) {
-        *slot = p;
-        part_moved(slot);
-        c->stats.deliveries++;
-        c->stats.copied_tensors += copied;
-    } else {
-        c->stats.duplicates_dropped++;
-    }
-    /* fanout > 1: the batch's last part joins the batch, here rather than in next() */
-    part_t *held = NULL;
-    uint64_t batch = p.seq / parts;
-    bool join = !dup && parts > 1;
-    for (uint32_t k = 0; join && k < parts; k++) {
-        part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
-        join = q->ready && q->seq == batch * parts + k && !q->joined;
-    }
-    if (join && !(held = dh_calloc(parts, sizeof *held))) {
-        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
-        q0->joined = true;
-        q0->join_rc = DH_ENOMEM;
-        snprintf(q0->join_error, sizeof q0->join_error,
-                 "batch %llu: out of memory joining %u parts", (unsigned long long)batch, parts);
-        join = false;
-    }
-    if (join)
-        for (uint32_t k = 0; k < parts; k++) {
-            /* moved out; the slots stay ready with their seq, so a duplicate of one of
-             * these requests is still seen as one, and next() waits for `joined` */
-            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
-            held[k] = *q;
-            part_moved(&held[k]);
-            memset(q, 0, sizeof *q);
-            q->ready = true;
-            q->seq = batch * parts + k;
-        }
-    pthread_mutex_unlock(&c->lock);
-    if (join) {
-        char why[sizeof held->join_error] = "";
-        int rc = join_parts(held, parts, batch, why, sizeof why);
-        pthread_mutex_lock(&c->lock);
-        for (uint32_t k = 0; k < parts; k++) {
-            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
-            *q = held[k];
-            part_moved(q);
-        }
-        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
-        q0->joined = true;
-        q0->join_rc = rc;
-        snprintf(q0->join_error, sizeof q0->join_error, "%s", why);
-        pthread_mutex_unlock(&c->lock);
-        dh_free(held);
-    }
-    /* after the unlock: a waiter woken under the lock would only block on it again */
-    if (!dup)
-        pthread_cond_broadcast(&c->cond);
-    if (dup) {
-        dh_log_debug("client '%s': duplicate delivery of request %llu dropped", c->id,
-                     (unsigned long long)p.seq);
-        part_release(&p);
-    }
-}
-
-/* The notice channel is readable: one DELIVER packet, or the DataServer's end (it died or
- * stopped; the coordinator will name its successor). */
-static void notice_receive(dh_client_t *c)
-{
-    ssize_t size;
-    do {
-        size = recv(c->notice_fd, NULL, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
-    } while (size < 0 && errno == EINTR);
-    if (size < 0 && errno == EAGAIN)
-        return;
-    uint8_t *buf = size > 0 ? dh_malloc((size_t)size) : NULL;
-    ssize_t n = buf ? recv(c->notice_fd, buf, (size_t)size, MSG_DONTWAIT) : -1;
-    if (size <= 0 || n != size) {
-        if (size > 0 && !buf)
-            dh_log_warn("client '%s': out of memory for a %zd-byte notice", c->id, size);
-        dh_free(buf);
-        close(c->notice_fd);
-        c->notice_fd = -1;
-        return;
-    }
-    dh_wire_received_t r = {0};
-    int rc = dh_wire_decode_packet(buf, (size_t)n, &r.msg);
-    dh_free(buf);
-    if (rc) {
-        dh_log_warn("client '%s': dropped a malformed notice from the local DataServer: %s", c->id,
-                    dh_last_error());
-        return;
-    }
-    if (r.msg.type == DH_MSG_DELIVER) {
-        pthread_mutex_lock(&c->lock);
-        c->stats.notices++;
-        pthread_mutex_unlock(&c->lock);
-        on_deliver(c, &r);
-    }
-    dh_wire_received_release(&r);
-}
-
-static void *fetcher_main(void *arg)
-{
-    dh_client_t *c = arg;
-    dh_wire_received_t r = {0};
-    uint64_t generation;
-    pthread_mutex_lock(&c->lock);
-    generation = c->ds.generation;
-    pthread_mutex_unlock(&c->lock);
-    while (!atomic_load(&c->stop)) {
-        pthread_mutex_lock(&c->lock);
-        ds_info_t ds = c->ds;
-        pthread_mutex_unlock(&c->lock);
-        if (ds.generation != generation) {
-            if (connect_local(c, &ds) == 0) {
-                generation = ds.generation;
-                dh_log_info("client '%s': connected to local DataServer '%s'", c->id, ds.name);
-            } else {
-                dh_log_warn("client '%s': cannot connect to local DataServer '%s' (%s): %s", c->id,
-                            ds.name, ds.endpoint, dh_last_error());
-                struct timespec ts = {0, 100000000};
-                nanosleep(&ts, NULL);
-                continue;
-            }
-        }
-        zmq_pollitem_t items[2] = {{dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0},
-                                   {NULL, c->notice_fd, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, c->notice_fd >= 0 ? 2 : 1, 50) <= 0)
-            continue;
-        if (c->notice_fd >= 0 && (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
-            notice_receive(c);
-        if (!(items[0].revents & ZMQ_POLLIN))
-            continue;
-        int rc = dh_wire_recv(c->data, 0, &r);
-        if (rc == DH_EPARSE) {
-            dh_log_warn("client '%s': dropped a malformed message: %s", c->id, dh_last_error());
-            continue;
-        }
-        if (rc)
-            continue;
-        if (r.msg.type == DH_MSG_DELIVER)
-            on_deliver(c, &r);
-        dh_wire_received_release(&r);
-    }
-    return NULL;
 }
 
 /* ---- creation ---- */
@@ -991,7 +280,13 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->notice_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->plan_lock, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    /* next() waits with a deadline on CLOCK_MONOTONIC: a wall-clock step (NTP, a suspended
+     * VM) neither ends the wait early nor stretches it. */
+    pthread_condattr_t cond_attr;
+    pthread_condattr_init(&cond_attr);
+    pthread_condattr_setclock(&cond_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &cond_attr);
+    pthread_condattr_destroy(&cond_attr);
     if (cfg->node && cfg->node[0])
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
@@ -1053,7 +348,7 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     for (uint64_t t0 = dh_clock_now_ns();;) {
         if ((rc = register_with_coordinator(c)))
             goto fail;
-        rc = connect_local(c, &c->ds);
+        rc = dh__client_connect_local(c, &c->ds);
         if (rc == 0)
             break;
         bool gone = rc == -ECONNREFUSED || rc == -ENOENT || rc == -ECONNRESET || rc == -EPIPE ||
@@ -1070,9 +365,9 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
                 c->id, cfg->rank, cfg->ranks, c->node, (unsigned long long)c->total, cfg->batch,
                 cfg->fanout, cfg->prefetch, c->ds.name);
     c->last_return_ns = dh_clock_now_ns();
-    int e = pthread_create(&c->fetcher, NULL, fetcher_main, c);
+    int e = pthread_create(&c->fetcher, NULL, dh__client_fetcher_main, c);
     if (e == 0) {
-        e = pthread_create(&c->sender, NULL, sender_main, c);
+        e = pthread_create(&c->sender, NULL, dh__client_sender_main, c);
         if (e) {
             atomic_store(&c->stop, 1);
             pthread_join(c->fetcher, NULL);
@@ -1095,10 +390,9 @@ fail:
 static void batch_free(batch_impl_t *b)
 {
     for (size_t i = 0; i < b->n_parts; i++)
-        part_release(&b->parts[i]);
+        dh__client_part_release(&b->parts[i]);
     dh_free(b->parts);
     dh_free(b->pub.samples);
-    dh_free(b->pub.tensors);
     dh_free(b);
 }
 
@@ -1136,7 +430,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     }
     uint64_t b = c->consumed;
     struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
+    clock_gettime(CLOCK_MONOTONIC, &deadline); /* the condvar's clock (dh_client_new) */
     if (c->cfg.next_timeout_ms >= 0) {
         deadline.tv_sec += c->cfg.next_timeout_ms / 1000;
         deadline.tv_nsec += (long)(c->cfg.next_timeout_ms % 1000) * 1000000L;
@@ -1182,7 +476,6 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     for (uint32_t p = 0; p < parts; p++) {
         part_t *s = &c->ring[(b * parts + p) % c->ring_size];
         taken[p] = *s;
-        part_moved(&taken[p]);
         memset(s, 0, sizeof *s);
     }
     /* The compute window just measured: from the previous return to this call. */
@@ -1201,7 +494,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     uint64_t now = dh_clock_now_ns();
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
-    c->stats.wait_s += waited;
+    dh__count(&c->counters.wait_ns, now - entry);
     uint64_t arrived_ns = 0;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].received_ns > arrived_ns)
@@ -1233,10 +526,9 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     size_t n_samples = 0;
     for (uint32_t p = 0; p < parts; p++)
         n_samples += taken[p].n_samples;
-    bi->pub.tensors = dh_calloc(DH__RT_MAX_TENSORS, sizeof *bi->pub.tensors);
     bi->pub.samples = dh_calloc(n_samples ? n_samples : 1, sizeof *bi->pub.samples);
     int rc = 0;
-    if (!bi->pub.tensors || !bi->pub.samples) {
+    if (!bi->pub.samples) {
         rc = dh__set_error(DH_ENOMEM, "out of memory for a batch");
         goto fail;
     }
@@ -1258,16 +550,14 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     }
     /* one part, or parts[0] holds the joined batch (the others only their samples) */
     bi->pub.n_tensors = taken[0].n_tensors;
-    memcpy(bi->pub.tensors, taken[0].tensors, taken[0].n_tensors * sizeof *bi->pub.tensors);
+    bi->pub.tensors = taken[0].tensors; /* the batch owns its parts: no copy */
     size_t bytes = 0;
     for (size_t t = 0; t < bi->pub.n_tensors; t++)
         bytes += bi->pub.tensors[t].nbytes;
-    pthread_mutex_lock(&c->lock);
-    c->stats.batches++;
-    c->stats.samples += bi->pub.n_samples;
-    c->stats.samples_failed += bi->pub.failed;
-    c->stats.bytes_delivered += bytes;
-    pthread_mutex_unlock(&c->lock);
+    dh__count(&c->counters.batches, 1);
+    dh__count(&c->counters.samples, bi->pub.n_samples);
+    dh__count(&c->counters.samples_failed, bi->pub.failed);
+    dh__count(&c->counters.bytes_delivered, bytes);
     if (bi->pub.failed && c->cfg.on_error == DH_ON_ERROR_RAISE) {
         for (size_t i = 0; i < bi->pub.n_samples; i++)
             if (bi->pub.samples[i].error) {
@@ -1303,7 +593,7 @@ void dh_client_destroy(dh_client_t **pc)
         dh_wire_send(c->data, NULL, 0, &bye, NULL, 0, 0);
     for (size_t i = 0; c->ring && i < c->ring_size; i++)
         if (c->ring[i].ready)
-            part_release(&c->ring[i]);
+            dh__client_part_release(&c->ring[i]);
     dh_free(c->ring);
     dh_free(c->tokens_of);
     dh_free(c->requested_of);
@@ -1312,7 +602,7 @@ void dh_client_destroy(dh_client_t **pc)
     if (c->notice_fd >= 0)
         close(c->notice_fd);
     for (size_t i = 0; i < c->n_arenas; i++)
-        arena_ref_drop(c->arenas[i]);
+        dh__client_arena_ref_drop(c->arenas[i]);
     dh_dataserver_destroy(&c->embedded_ds);
     dh_coordinator_destroy(&c->embedded_coord);
     if (c->ctx && !c->cfg.zmq_ctx)

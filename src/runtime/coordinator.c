@@ -12,15 +12,16 @@
  *     client drops the duplicates this can cause.
  * Placement calls dh_place (pure) on a snapshot rebuilt per decision (O(servers)). The book
  * is an array searched linearly: O(requests in flight) per completion, a few hundred in
- * practice; a hash would be the fix if clusters grow past thousands of ranks.
+ * practice; a hash would be the fix if clusters dh__coord_grow past thousands of ranks.
  * Tensors never pass through here.
+ *
+ * This file is the loop, the registry (HELLO, heartbeats, liveness, GOODBYE) and the book;
+ * placing a request is coordinator_place.c.
  */
-#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
@@ -31,81 +32,13 @@
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/log.h"
+#include "datahelix/place.h"
+#include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/coordinator_internal.h"
 #include "runtime/descriptor.h"
-#include "runtime/rt.h"
-
-#define MAX_NODES 64
-#define NAME_CAP 128
-#define ENDPOINT_CAP 256
-
-typedef struct server {
-    char name[NAME_CAP];
-    uint8_t role; /* dh_wire_role_t */
-    uint32_t node;
-    uint32_t workers;
-    uint32_t pid;
-    char endpoint[ENDPOINT_CAP];
-    char shm_socket[NAME_CAP];
-    bool alive;
-    uint64_t last_seen_ns;
-    uint32_t queue_len;  /* dispatched, not yet executed (the book) */
-    double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
-    double speed;        /* learned observed / predicted */
-    double storage_s_per_B;
-} server_t;
-
-typedef struct client {
-    char name[NAME_CAP];
-    uint32_t node;
-    uint32_t rank;
-    uint32_t pid;
-    int32_t told; /* index of the local DataServer it was told about, or -1 */
-} client_t;
-
-typedef struct entry {
-    dh_msg_t msg; /* the REQUEST, owned */
-    int32_t client;
-    int32_t server; /* executing server, -1 = to place */
-    bool executed;  /* the executor reported COMPLETE (delivered=0) */
-    uint64_t arrival_ns;
-    double pred_cpu_s, in_bytes, out_bytes;
-    uint32_t placements;
-} entry_t;
-
-struct dh_coordinator {
-    dh_coordinator_config_t cfg;
-    void *ctx;
-    bool own_ctx;
-    dh_wire_socket_t *sock;
-    char endpoint[ENDPOINT_CAP];
-    FILE *telemetry;
-    char *telemetry_path;
-    atomic_int stop;
-    pthread_t thread;
-    bool started;
-
-    server_t *servers;
-    size_t n_servers, cap_servers;
-    client_t *clients;
-    size_t n_clients, cap_clients;
-    entry_t *book;
-    size_t n_book, cap_book;
-    char nodes[MAX_NODES][NAME_CAP];
-    uint32_t n_nodes;
-    dh_link_t links[MAX_NODES * MAX_NODES];
-
-    dh_cost_model_t *model;
-    dh_server_state_t *snap;
-    dh_candidate_t *cand;
-    size_t cap_snap;
-    uint64_t start_ns;
-    bool pending_work; /* entries to place exist */
-
-    pthread_mutex_t stats_lock;
-    dh_coordinator_stats_t stats;
-};
+#include "wire/internal.h"
 
 void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
 {
@@ -117,7 +50,7 @@ void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
     cfg->default_latency_s = 100e-6;
 }
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+int dh__coord_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
@@ -158,7 +91,6 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
     c->cfg = *cfg;
     c->cfg.listen = NULL;
     c->cfg.telemetry_path = NULL;
-    pthread_mutex_init(&c->stats_lock, NULL);
     int rc = 0;
     c->ctx = cfg->zmq_ctx;
     if (!c->ctx) {
@@ -205,17 +137,11 @@ const char *dh_coordinator_endpoint(const dh_coordinator_t *c)
 
 void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out)
 {
-    pthread_mutex_lock((pthread_mutex_t *)&c->stats_lock);
-    *out = c->stats;
-    pthread_mutex_unlock((pthread_mutex_t *)&c->stats_lock);
+    memset(out, 0, sizeof *out);
+    const dh__coord_counters_t *in = &c->counters;
+    DH__COORD_COUNTERS(DH__COUNTER_READ)
+    out->sched_s = (double)dh__counter_get(&in->sched_ns) * 1e-9;
 }
-
-#define STAT_ADD(c, field, v)                                                                      \
-    do {                                                                                           \
-        pthread_mutex_lock(&(c)->stats_lock);                                                      \
-        (c)->stats.field += (v);                                                                   \
-        pthread_mutex_unlock(&(c)->stats_lock);                                                    \
-    } while (0)
 
 static server_t *find_server(dh_coordinator_t *c, const char *name, int32_t *idx)
 {
@@ -239,7 +165,7 @@ static client_t *find_client(dh_coordinator_t *c, const char *name, int32_t *idx
     return NULL;
 }
 
-static int32_t local_server_of(dh_coordinator_t *c, uint32_t node)
+int32_t dh__coord_local_server_of(dh_coordinator_t *c, uint32_t node)
 {
     for (size_t i = 0; i < c->n_servers; i++)
         if (c->servers[i].alive && c->servers[i].role == DH_WIRE_ROLE_LOCAL &&
@@ -248,7 +174,7 @@ static int32_t local_server_of(dh_coordinator_t *c, uint32_t node)
     return -1;
 }
 
-static int send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg)
+int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg)
 {
     int rc = dh_wire_send(c->sock, peer, strlen(peer), msg, NULL, 0, 0);
     if (rc)
@@ -262,7 +188,7 @@ static void send_error(dh_coordinator_t *c, const char *peer, int code, const ch
     dh_msg_t m = {.type = DH_MSG_ERROR};
     m.error.code = code;
     m.error.message = (char *)text;
-    send_to(c, peer, &m);
+    dh__coord_send_to(c, peer, &m);
 }
 
 /* A message the coordinator could not take in (no memory for its book, or to register its
@@ -287,7 +213,7 @@ static void tell_client(dh_coordinator_t *c, client_t *cl, int32_t ds)
     m.hello.endpoint = s->endpoint;
     m.hello.shm_socket = s->shm_socket;
     m.hello.pid = s->pid;
-    if (send_to(c, cl->name, &m) == 0)
+    if (dh__coord_send_to(c, cl->name, &m) == 0)
         cl->told = ds;
 }
 
@@ -305,21 +231,21 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
         int32_t idx;
         client_t *cl = find_client(c, peer, &idx);
         if (!cl) {
-            int rc =
-                grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1, sizeof *c->clients);
+            int rc = dh__coord_grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1,
+                                    sizeof *c->clients);
             if (rc) {
                 refuse(c, peer, rc, "client HELLO");
                 return;
             }
             cl = &c->clients[c->n_clients++];
             snprintf(cl->name, NAME_CAP, "%s", peer);
-            STAT_ADD(c, clients, 1);
+            dh__count(&c->counters.clients, 1);
         }
         cl->node = node_index(c, h->node);
         cl->rank = h->rank;
         cl->pid = h->pid;
         cl->told = -1;
-        int32_t ds = local_server_of(c, cl->node);
+        int32_t ds = dh__coord_local_server_of(c, cl->node);
         if (ds < 0) {
             char text[256];
             snprintf(text, sizeof text, "no local DataServer registered on node '%s' yet", h->node);
@@ -336,7 +262,8 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     server_t *s = find_server(c, peer, &idx);
     bool known = s != NULL;
     if (!s) {
-        int rc = grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1, sizeof *c->servers);
+        int rc = dh__coord_grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1,
+                                sizeof *c->servers);
         if (rc) {
             refuse(c, peer, rc, "DataServer HELLO");
             return;
@@ -355,7 +282,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     s->last_seen_ns = now;
     s->storage_s_per_B = 1.0 / 2e9;
     if (!s->alive)
-        STAT_ADD(c, servers_alive, 1);
+        dh__count(&c->counters.servers_alive, 1);
     s->alive = true;
     /* A (re)registered server starts with an empty queue: what it had was placed again. */
     s->queue_len = 0;
@@ -371,7 +298,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     c->pending_work = true;
 }
 
-static void declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
+void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
 {
     server_t *s = &c->servers[idx];
     if (!s->alive)
@@ -401,11 +328,9 @@ static void declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
             replaced++;
         }
     }
-    pthread_mutex_lock(&c->stats_lock);
-    c->stats.servers_alive--;
-    c->stats.servers_dead_declared++;
-    c->stats.redispatches += replaced;
-    pthread_mutex_unlock(&c->stats_lock);
+    dh__count(&c->counters.servers_alive, (uint64_t)-1); /* a gauge: wraps back */
+    dh__count(&c->counters.servers_dead_declared, 1);
+    dh__count(&c->counters.redispatches, replaced);
     if (strcmp(why, "it said GOODBYE") == 0)
         dh_log_info("coordinator: DataServer '%s' left (GOODBYE); %zu undelivered requests to "
                     "place again",
@@ -437,7 +362,7 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
         s->alive = true;
         s->queue_len = 0;
         s->queued_cpu_s = 0;
-        STAT_ADD(c, servers_alive, 1);
+        dh__count(&c->counters.servers_alive, 1);
         dh_log_info("coordinator: DataServer '%s' is back (heartbeat after being declared dead)",
                     s->name);
         if (s->role == DH_WIRE_ROLE_LOCAL)
@@ -489,7 +414,7 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
         return; /* a repeated request: already in the book */
     int rc = DH_FAULT(DH_FAULT_COORD_BOOK)
                  ? dh__set_error(DH_ENOMEM, "coordinator: out of memory (injected)")
-                 : grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book);
+                 : dh__coord_grow((void **)&c->book, &c->cap_book, c->n_book + 1, sizeof *c->book);
     if (rc) {
         char what[64];
         snprintf(what, sizeof what, "request %llu", (unsigned long long)q->seq);
@@ -510,125 +435,8 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
         e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
         e->out_bytes += (double)e->msg.request.samples[i].out_bytes;
     }
-    STAT_ADD(c, requests, 1);
+    dh__count(&c->counters.requests, 1);
     c->pending_work = true;
-}
-
-static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_request_cost_t *req,
-                            const dh_decision_t *d, int rc)
-{
-    FILE *f = c->telemetry;
-    const dh_msg_request_t *q = &e->msg.request;
-    fprintf(f,
-            "{\"t_s\":%.6f,\"client\":\"%s\",\"seq\":%llu,\"rank\":%u,\"policy\":\"%s\","
-            "\"deadline_s\":%.6f,\"cpu_s\":%.6f,\"out_bytes\":%.0f,\"placement\":%u,",
-            dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), q->client_id,
-            (unsigned long long)q->seq, q->rank, dh_policy_name(c->cfg.place.policy),
-            req->deadline_s, req->cpu_s, req->out_bytes, e->placements);
-    if (rc == 0)
-        fprintf(f, "\"server\":\"%s\",", c->servers[d->server].name);
-    else
-        fprintf(f, "\"server\":null,\"error\":\"%s\",", dh_err_name(rc));
-    fprintf(f, "\"reason\":\"%s\",\"candidates\":[", dh_place_reason_name(d->reason));
-    static const char *const status[] = {"ok", "dead", "full"};
-    for (size_t i = 0; i < c->n_servers; i++)
-        fprintf(f, "%s{\"server\":\"%s\",\"t_s\":%.6f,\"miss_s\":%.6f,\"status\":\"%s\"}",
-                i ? "," : "", c->servers[i].name, c->cand[i].t_s, c->cand[i].miss_s,
-                status[c->cand[i].status < 3 ? c->cand[i].status : 0]);
-    fprintf(f, "]}\n");
-}
-
-/* Places one entry and dispatches it. Returns 0 (dispatched), or DH_EAGAIN / DH_ENOSERVER
- * (stays in the book to place later). */
-static int place_entry(dh_coordinator_t *c, entry_t *e)
-{
-    client_t *cl = &c->clients[e->client];
-    int32_t target = local_server_of(c, cl->node);
-    if (target < 0)
-        return DH_ENOSERVER; /* nowhere to deliver until the node's DataServer is back */
-    if (grow((void **)&c->snap, &c->cap_snap, c->n_servers, sizeof *c->snap))
-        return DH_EAGAIN;
-    dh_candidate_t *cand = dh_reallocarray(c->cand, c->cap_snap, sizeof *cand);
-    if (!cand)
-        return DH_EAGAIN;
-    c->cand = cand;
-    for (size_t i = 0; i < c->n_servers; i++) {
-        const server_t *s = &c->servers[i];
-        dh_server_state_t *st = &c->snap[i];
-        st->node = s->node;
-        st->role = s->role == DH_WIRE_ROLE_LOCAL ? DH_SERVER_LOCAL : DH_SERVER_REMOTE;
-        st->alive = s->alive;
-        st->workers = s->workers ? s->workers : 1;
-        st->queue_len = s->queue_len;
-        st->queue_cap = c->cfg.queue_cap ? c->cfg.queue_cap * s->workers : 0;
-        if (s->workers == 0) { /* delivery only: always "full" */
-            st->queue_len = 1;
-            st->queue_cap = 1;
-        }
-        st->speed_factor = s->speed;
-        st->queue_wait_s = s->queued_cpu_s * s->speed / (s->workers ? s->workers : 1);
-        st->storage_s_per_B = s->storage_s_per_B;
-    }
-    dh_snapshot_t snap = {c->snap, (uint32_t)c->n_servers, c->links, MAX_NODES};
-    dh_request_cost_t req = {0};
-    req.cpu_s = e->pred_cpu_s;
-    req.in_bytes = e->in_bytes;
-    req.out_bytes = e->out_bytes;
-    req.deadline_s = (double)e->msg.request.deadline_ns / 1e9 -
-                     dh_clock_elapsed_s(e->arrival_ns, dh_clock_now_ns());
-    req.consumer_node = cl->node;
-    req.local_server = target;
-    dh_decision_t d = {.candidates = c->cand};
-    uint64_t t0 = dh_clock_now_ns();
-    int rc = dh_place(&c->cfg.place, &snap, &req, &d);
-    double spent = dh_clock_elapsed_s(t0, dh_clock_now_ns());
-    pthread_mutex_lock(&c->stats_lock);
-    c->stats.decisions++;
-    c->stats.sched_s += spent;
-    pthread_mutex_unlock(&c->stats_lock);
-    if (c->telemetry && (rc == 0 || e->placements == 0))
-        write_telemetry(c, e, &req, &d, rc);
-    if (rc)
-        return rc;
-    server_t *s = &c->servers[d.server];
-    server_t *t = &c->servers[target];
-    dh_msg_t m = {.type = DH_MSG_DISPATCH};
-    m.dispatch.request = e->msg.request;
-    m.dispatch.request.deadline_ns = (int64_t)(req.deadline_s * 1e9);
-    m.dispatch.server = s->name;
-    m.dispatch.target = t->name;
-    m.dispatch.target_endpoint = t->endpoint;
-    if (send_to(c, s->name, &m) != 0) {
-        declare_dead(c, d.server, "its connection is gone");
-        return DH_EAGAIN;
-    }
-    e->server = d.server;
-    e->executed = false;
-    e->placements++;
-    s->queue_len++;
-    s->queued_cpu_s += e->pred_cpu_s;
-    STAT_ADD(c, dispatches, 1);
-    return 0;
-}
-
-static void place_pending(dh_coordinator_t *c)
-{
-    if (!c->pending_work)
-        return;
-    c->pending_work = false;
-    for (size_t i = 0; i < c->n_book; i++) {
-        entry_t *e = &c->book[i];
-        if (e->server >= 0)
-            continue;
-        int rc = place_entry(c, e);
-        if (rc == DH_EAGAIN && e->server < 0) {
-            /* Every candidate is at its cap: later requests would only wait behind it. */
-            c->pending_work = true;
-            break;
-        }
-        if (rc)
-            c->pending_work = true;
-    }
 }
 
 static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_complete_t *m)
@@ -637,7 +445,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
     server_t *s = find_server(c, peer, &si);
     if (s)
         s->last_seen_ns = dh_clock_now_ns();
-    STAT_ADD(c, completes, 1);
+    dh__count(&c->counters.completes, 1);
     size_t pos;
     entry_t *e = find_entry(c, m->client_id, m->seq, &pos);
     if (!e)
@@ -672,7 +480,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
                 x->queued_cpu_s = 0;
         }
         remove_entry(c, pos);
-        STAT_ADD(c, delivered, 1);
+        dh__count(&c->counters.delivered, 1);
     }
     c->pending_work = true;
 }
@@ -681,7 +489,7 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
 {
     int32_t idx;
     if (find_server(c, peer, &idx)) {
-        declare_dead(c, idx, "it said GOODBYE");
+        dh__coord_declare_dead(c, idx, "it said GOODBYE");
         return;
     }
     if (!find_client(c, peer, &idx))
@@ -717,7 +525,7 @@ static void check_liveness(dh_coordinator_t *c)
             char why[96];
             snprintf(why, sizeof why, "silent for %.0f ms (limit %u ms)",
                      (double)(now - s->last_seen_ns) / 1e6, c->cfg.dead_after_ms);
-            declare_dead(c, (int32_t)i, why);
+            dh__coord_declare_dead(c, (int32_t)i, why);
         }
     }
 }
@@ -785,7 +593,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
             if (c->telemetry)
                 fflush(c->telemetry);
         }
-        place_pending(c);
+        dh__coord_place_pending(c);
     }
     dh_log_info("coordinator: stopping (%zu requests undelivered in the book)", c->n_book);
     return rc;
@@ -834,7 +642,6 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     dh_free(c->telemetry_path);
     if (c->own_ctx && c->ctx)
         zmq_ctx_term(c->ctx);
-    pthread_mutex_destroy(&c->stats_lock);
     dh_free(c);
     *pc = NULL;
 }

@@ -10,32 +10,27 @@
  *   coord    DEALER -> the coordinator (HELLO, HEARTBEAT, COMPLETE; receives DISPATCH)
  *   data     ROUTER, local role: clients (HELLO, then DELIVER of handles to them) and
  *            sidecars (DELIVER with tensor frames from them, COMPLETE acks back)
- *   fdsock   AF_UNIX abstract SOCK_SEQPACKET listening socket, local role: hands the
- *            arena's memfd to a client that connects (SCM_RIGHTS); the connection stays open
- *            as that client's notice channel: the client names itself on it, and a DELIVER
- *            of arena handles goes to it as one packet (dh_wire_encode_packet), two thread
- *            hops instead of ZeroMQ's four; anything else (spilled frames, a full channel)
- *            goes over `data`
+ *   notice   AF_UNIX abstract SOCK_SEQPACKET listening socket, local role (notice.c): hands
+ *            the arena's memfd to a client that connects (SCM_RIGHTS); the connection stays
+ *            open as that client's notice channel: the client names itself on it, and a
+ *            DELIVER of arena handles goes to it as one packet (dh_wire_encode_packet), two
+ *            thread hops instead of ZeroMQ's four; anything else (spilled frames, a full
+ *            channel) goes over `data`
  *   links    DEALERs, remote role: one per target local DataServer
  * The arena is allocated by workers and by the loop; a mutex around alloc / collect /
  * reclaim makes them one logical owner (shm.h's "creator's owner thread" rule). A full arena
  * blocks the worker (it retries every millisecond): backpressure, never a crash.
+ *
+ * This file is the event loop and the DataServer's life cycle: registration and heartbeats,
+ * the clients it serves and local delivery. The queues and workers are dataserver_work.c,
+ * links to other DataServers and forwarding forward.c, the notice channel notice.c.
  */
-#include <assert.h>
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -47,111 +42,10 @@
 #include "datahelix/runtime.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/dataserver_internal.h"
+#include "runtime/notice.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
-
-#define NAME_CAP 128
-#define ENDPOINT_CAP 256
-#define MAX_LINKS 32
-#define MAX_CLIENTS 256
-#define MAX_NOTICE 64 /* open notice channels; more clients get DELIVERs over ZeroMQ */
-#define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
-#define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
-
-typedef struct task {
-    struct task *next;
-    dh_msg_t msg; /* DISPATCH, owned */
-    uint64_t enqueued_ns;
-    /* filled by the worker */
-    int rc;
-    dh__rt_result_t result;
-    double queue_s;
-    uint64_t ready_ns;
-    bool local_target;
-} task_t;
-
-typedef struct queue {
-    task_t *head, *tail;
-    size_t len;
-} queue_t;
-
-typedef struct link {
-    char endpoint[ENDPOINT_CAP];
-    char node[NAME_CAP];
-    dh_wire_socket_t *sock;
-    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
-    uint64_t sent_at_ns[64];
-    uint64_t sent_seq[64];
-    uint64_t sent_bytes[64];
-} link_t;
-
-typedef struct known_client {
-    char name[NAME_CAP];
-    uint32_t pid;
-    uint64_t since_ns;
-} known_client_t;
-
-/* A client's notice channel: the accepted arena-socket connection, named once the client
- * has written its id on it. */
-typedef struct notice_conn {
-    int fd;
-    char name[NAME_CAP];
-} notice_conn_t;
-
-/* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
- * arena was full. */
-typedef struct pending {
-    struct pending *next;
-    task_t *task;                 /* own worker's result waiting for its client, or NULL */
-    dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
-    char sidecar[NAME_CAP];
-    uint64_t since_ns;
-} pending_t;
-
-struct dh_dataserver {
-    dh_dataserver_config_t cfg;
-    char name[NAME_CAP];
-    char node[NAME_CAP];
-    char coord_endpoint[ENDPOINT_CAP];
-    char data_endpoint[ENDPOINT_CAP];
-    char shm_socket[NAME_CAP];
-    dh__rt_pipeline_t pipeline;
-    void *ctx;
-    bool own_ctx;
-    dh_wire_socket_t *coord;
-    dh_wire_socket_t *data;
-    int fdsock;
-    notice_conn_t notice[MAX_NOTICE];
-    size_t n_notice;
-    int wake_fd;
-    dh_shm_arena_t *arena;
-    pthread_mutex_t arena_lock;
-
-    pthread_mutex_t lock; /* tasks, results, clients, stats */
-    pthread_cond_t task_cond;
-    queue_t tasks, results;
-    uint32_t running;
-    double queued_cpu_s;
-    known_client_t clients[MAX_CLIENTS];
-    size_t n_clients;
-    /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
-     * for one of them is dropped at once and quietly, not held UNREACHABLE_GRACE_NS and
-     * reported as a loss. */
-    char left[LEFT_CAP][NAME_CAP];
-    size_t n_left;
-    dh_dataserver_stats_t stats;
-
-    pthread_t *threads;
-    uint32_t n_threads;
-    atomic_int stop;
-    pthread_t loop_thread;
-    bool started;
-
-    link_t links[MAX_LINKS];
-    size_t n_links;
-    pending_t *pending;
-    double latency_ewma_s;
-};
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
 {
@@ -175,9 +69,9 @@ const char *dh_dataserver_endpoint(const dh_dataserver_t *s)
 
 void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out)
 {
-    pthread_mutex_lock((pthread_mutex_t *)&s->lock);
-    *out = s->stats;
-    pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
+    memset(out, 0, sizeof *out);
+    const dh__ds_counters_t *in = &s->counters;
+    DH__DS_COUNTERS(DH__COUNTER_READ)
 }
 
 int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out)
@@ -194,211 +88,6 @@ int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *ou
     dh_shm_arena_stats(view, out);
     dh_shm_arena_destroy(&view);
     return 0;
-}
-
-static void push(queue_t *q, task_t *t)
-{
-    t->next = NULL;
-    if (q->tail)
-        q->tail->next = t;
-    else
-        q->head = t;
-    q->tail = t;
-    q->len++;
-}
-
-static task_t *pop(queue_t *q)
-{
-    task_t *t = q->head;
-    if (t) {
-        q->head = t->next;
-        if (!q->head)
-            q->tail = NULL;
-        q->len--;
-    }
-    return t;
-}
-
-static void task_free(task_t *t)
-{
-    if (!t)
-        return;
-    dh_msg_clear(&t->msg);
-    dh__rt_result_clear(&t->result);
-    dh_free(t);
-}
-
-static void wake_loop(dh_dataserver_t *s)
-{
-    uint64_t one = 1;
-    ssize_t n = write(s->wake_fd, &one, sizeof one);
-    (void)n;
-}
-
-/* ---- output allocation (workers and loop) ---- */
-
-/* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
- * full arena may all belong to batches the client holds ahead of the one it waits for, so
- * waiting forever could deadlock the in-order fetcher; a spilled tensor goes to the client as
- * a payload frame. Spills stay bounded by the client's prefetch and the coordinator's queue
- * cap, which are the real backpressure. */
-#define SPILL_AFTER_NS 50000000ull
-
-static void count_spill(dh_dataserver_t *s)
-{
-    pthread_mutex_lock(&s->lock);
-    s->stats.arena_spills++;
-    pthread_mutex_unlock(&s->lock);
-}
-
-static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
-{
-    dh_dataserver_t *s = ctx;
-    bool waited = false;
-    uint64_t since = dh_clock_now_ns();
-    for (;;) {
-        pthread_mutex_lock(&s->arena_lock);
-        int rc = dh_shm_arena_alloc(s->arena, nbytes, 0, handle, data);
-        pthread_mutex_unlock(&s->arena_lock);
-        if (rc != DH_EAGAIN)
-            return rc;
-        if (atomic_load(&s->stop))
-            return dh__set_error(DH_EAGAIN, "DataServer '%s' stopping", s->name);
-        if (!waited) {
-            waited = true;
-            pthread_mutex_lock(&s->lock);
-            s->stats.arena_waits++;
-            pthread_mutex_unlock(&s->lock);
-        }
-        if (dh_clock_now_ns() - since > SPILL_AFTER_NS) {
-            memset(handle, 0, sizeof *handle);
-            *data = dh_malloc(nbytes);
-            if (!*data)
-                return dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
-            count_spill(s);
-            return 0;
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static void arena_release(void *ctx, void *data, const dh_shm_handle_t *handle)
-{
-    dh_dataserver_t *s = ctx;
-    if (handle->arena_id)
-        dh_shm_arena_unref(s->arena, handle);
-    else
-        dh_free(data);
-}
-
-static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
-{
-    memset(handle, 0, sizeof *handle);
-    *data = dh_malloc(nbytes);
-    return *data ? 0 : dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
-}
-
-static void heap_release(void *ctx, void *data, const dh_shm_handle_t *handle)
-{
-    dh_free(data);
-}
-
-/* ---- workers ---- */
-
-typedef struct worker_arg {
-    dh_dataserver_t *s;
-    uint32_t index;
-} worker_arg_t;
-
-static void fail_all_samples(task_t *t, int rc)
-{
-    const dh_msg_request_t *q = &t->msg.dispatch.request;
-    dh__rt_result_t *r = &t->result;
-    memset(r, 0, sizeof *r);
-    r->samples = dh_calloc(q->n_samples ? q->n_samples : 1, sizeof *r->samples);
-    if (!r->samples)
-        return;
-    r->n_samples = q->n_samples;
-    for (uint32_t i = 0; i < q->n_samples; i++) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "sample '%s': task failed: %s", q->samples[i].id,
-                 dh_last_error()[0] ? dh_last_error() : dh_strerror(rc));
-        r->samples[i].id = dh_strdup(q->samples[i].id);
-        r->samples[i].status = rc;
-        r->samples[i].error = dh_strdup(msg);
-    }
-    r->failed = q->n_samples;
-}
-
-static void *worker_main(void *arg)
-{
-    dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
-    dh_free(arg);
-    if (s->cfg.worker_cpus) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int i = 0; i < 64 && i < CPU_SETSIZE; i++)
-            if (s->cfg.worker_cpus >> i & 1)
-                CPU_SET(i, &set);
-        int e = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-        if (e)
-            dh_log_warn("DataServer '%s': cannot pin a worker to CPUs 0x%llx: %s", s->name,
-                        (unsigned long long)s->cfg.worker_cpus, strerror(e));
-    }
-    dh__rt_worker_t *w = NULL;
-    int wrc = dh__rt_worker_new(&w, &s->pipeline);
-    if (wrc)
-        dh_log_error("DataServer '%s': worker cannot start: %s", s->name, dh_last_error());
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        while (!s->tasks.head && !atomic_load(&s->stop))
-            pthread_cond_wait(&s->task_cond, &s->lock);
-        if (atomic_load(&s->stop)) {
-            pthread_mutex_unlock(&s->lock);
-            break;
-        }
-        task_t *t = pop(&s->tasks);
-        s->running++;
-        pthread_mutex_unlock(&s->lock);
-
-        uint64_t start = dh_clock_now_ns();
-        t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
-        const dh_msg_dispatch_t *d = &t->msg.dispatch;
-        t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
-        if (!w) {
-            t->rc = wrc;
-        } else if (t->local_target) {
-            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, arena_alloc,
-                                   arena_release, s, &t->result);
-        } else {
-            t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, heap_alloc,
-                                   heap_release, s, &t->result);
-        }
-        if (t->rc)
-            fail_all_samples(t, t->rc);
-        t->ready_ns = dh_clock_now_ns();
-
-        pthread_mutex_lock(&s->lock);
-        s->running--;
-        s->stats.tasks++;
-        s->stats.samples += t->result.n_samples;
-        s->stats.sample_errors += t->result.failed;
-        double cpu_pred = 0;
-        for (uint32_t i = 0; i < d->request.n_samples; i++)
-            cpu_pred += d->request.samples[i].cpu_s;
-        s->queued_cpu_s -= cpu_pred;
-        if (s->queued_cpu_s < 0)
-            s->queued_cpu_s = 0;
-        double latency = dh_clock_elapsed_s(t->enqueued_ns, t->ready_ns);
-        s->latency_ewma_s =
-            s->latency_ewma_s ? dh_cost_ewma(s->latency_ewma_s, latency, 0.2) : latency;
-        push(&s->results, t);
-        pthread_mutex_unlock(&s->lock);
-        wake_loop(s);
-    }
-    dh__rt_worker_destroy(&w);
-    return NULL;
 }
 
 /* ---- the loop ---- */
@@ -421,7 +110,7 @@ static void send_hello(dh_dataserver_t *s)
     m.hello.arena_bytes = s->arena ? s->cfg.arena_bytes : 0;
     m.hello.name = s->name;
     m.hello.endpoint = s->data_endpoint;
-    m.hello.shm_socket = s->shm_socket;
+    m.hello.shm_socket = s->notice.name;
     m.hello.pid = (uint32_t)getpid();
     send_coord(s, &m);
 }
@@ -449,7 +138,7 @@ static void send_heartbeat(dh_dataserver_t *s)
     send_coord(s, &m);
 }
 
-static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
                           const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
                           dh_wire_socket_t *to, const char *routing_id)
 {
@@ -475,7 +164,7 @@ static void send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
         send_coord(s, &m);
 }
 
-static bool client_left(const dh_dataserver_t *s, const char *name)
+bool dh__ds_client_left(const dh_dataserver_t *s, const char *name)
 {
     for (size_t i = 0; i < s->n_left; i++)
         if (strcmp(s->left[i], name) == 0)
@@ -500,7 +189,7 @@ static void set_left(dh_dataserver_t *s, const char *name, bool left)
     snprintf(s->left[s->n_left++], NAME_CAP, "%s", name);
 }
 
-static known_client_t *find_client(dh_dataserver_t *s, const char *name)
+known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name)
 {
     for (size_t i = 0; i < s->n_clients; i++)
         if (strcmp(s->clients[i].name, name) == 0)
@@ -508,64 +197,7 @@ static known_client_t *find_client(dh_dataserver_t *s, const char *name)
     return NULL;
 }
 
-/* Sends a DELIVER of arena handles on the client's notice channel. Returns true when the
- * whole packet went out; false sends it over ZeroMQ instead (no channel, full, or gone). */
-static bool notice_send(dh_dataserver_t *s, const char *client_id, const dh_msg_t *m)
-{
-    int fd = -1;
-    for (size_t i = s->n_notice; i-- > 0;) /* the newest connection of that client */
-        if (strcmp(s->notice[i].name, client_id) == 0) {
-            fd = s->notice[i].fd;
-            break;
-        }
-    if (fd < 0)
-        return false;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (dh_wire_encode_packet(m, &buf, &len))
-        return false;
-    ssize_t n;
-    do {
-        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    dh_free(buf);
-    if (n != (ssize_t)len) {
-        dh_log_debug("DataServer '%s': notice channel of client '%s': %s; using ZeroMQ", s->name,
-                     client_id, n < 0 ? strerror(errno) : "short send");
-        return false;
-    }
-    return true;
-}
-
-static void notice_close(dh_dataserver_t *s, size_t i)
-{
-    close(s->notice[i].fd);
-    s->notice[i] = s->notice[--s->n_notice];
-}
-
-/* A notice channel is readable: the client's id (its first packet), or its end. */
-static void notice_read(dh_dataserver_t *s, size_t i)
-{
-    char buf[NAME_CAP];
-    ssize_t n = recv(s->notice[i].fd, buf, sizeof buf - 1, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return;
-    if (n <= 0 || s->notice[i].name[0]) {
-        notice_close(s, i); /* closed, failed, or a second packet (not in the protocol) */
-        return;
-    }
-    buf[n] = '\0';
-    if (strlen(buf) != (size_t)n) {
-        dh_log_warn("DataServer '%s': a client named itself with a malformed id on the arena "
-                    "socket @%s; using ZeroMQ for it",
-                    s->name, s->shm_socket);
-        notice_close(s, i);
-        return;
-    }
-    memcpy(s->notice[i].name, buf, (size_t)n + 1);
-}
-
-static void free_payload(void *data, void *hint)
+void dh__ds_free_payload(void *data, void *hint)
 {
     dh__wire_tsan_acquire(); /* maybe on a ZeroMQ I/O thread */
     dh_free(data);
@@ -573,38 +205,36 @@ static void free_payload(void *data, void *hint)
 
 /* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
  * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
-static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
                              const dh__rt_tensor_t *tensors, size_t n_tensors,
                              const dh_wire_sample_result_t *samples, uint32_t n_samples,
                              uint64_t ready_ns, const char *executor)
 {
-    known_client_t *kc = find_client(s, client_id);
+    known_client_t *kc = dh__ds_find_client(s, client_id);
     if (kc && kc->pid)
         for (size_t i = 0; i < n_tensors; i++)
             if (tensors[i].handle.arena_id &&
                 dh_shm_arena_ref_for(s->arena, &tensors[i].handle, (pid_t)kc->pid) == 0)
                 dh_shm_arena_unref(s->arena, &tensors[i].handle);
-    dh__rt_result_t tmp = {0};
-    tmp.n_tensors = n_tensors;
-    memcpy(tmp.tensors, tensors, n_tensors * sizeof *tensors);
     dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
-    dh__rt_result_wire_tensors(&tmp, wire);
+    dh__rt_wire_tensors(tensors, n_tensors, wire);
     dh_wire_payload_t frames[DH__RT_MAX_TENSORS];
     size_t n_frames = 0;
     for (size_t i = 0; i < n_tensors; i++) {
         if (tensors[i].handle.arena_id)
             continue;
         /* a spilled tensor: a copy goes as a payload frame (the caller keeps its buffer) */
-        void *copy = dh_malloc(tensors[i].nbytes ? tensors[i].nbytes : 1);
+        const dh_tensor_t *t = &tensors[i].tensor;
+        void *copy = dh_malloc(t->nbytes ? t->nbytes : 1);
         if (!copy) {
             for (size_t k = 0; k < n_frames; k++)
                 dh_free(frames[k].data);
             return dh__set_error(DH_ENOMEM, "out of memory for a %zu-byte payload frame",
-                                 tensors[i].nbytes);
+                                 t->nbytes);
         }
-        if (tensors[i].nbytes)
-            memcpy(copy, tensors[i].data, tensors[i].nbytes);
-        frames[n_frames++] = (dh_wire_payload_t){copy, tensors[i].nbytes, free_payload, NULL};
+        if (t->nbytes)
+            memcpy(copy, t->data, t->nbytes);
+        frames[n_frames++] = (dh_wire_payload_t){copy, t->nbytes, dh__ds_free_payload, NULL};
     }
     dh_msg_t m = {.type = DH_MSG_DELIVER};
     m.deliver.client_id = (char *)client_id;
@@ -615,7 +245,7 @@ static int deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
     m.deliver.samples = (dh_wire_sample_result_t *)samples;
     m.deliver.ready_ns = ready_ns;
     m.deliver.server = (char *)executor;
-    if (n_frames == 0 && notice_send(s, client_id, &m))
+    if (n_frames == 0 && dh__notice_server_send(&s->notice, client_id, &m))
         return 0;
     return dh_wire_send(s->data, client_id, strlen(client_id), &m, frames, n_frames, 0);
 }
@@ -627,125 +257,34 @@ static void free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
         if (t[i].handle.arena_id)
             dh_shm_arena_unref(s->arena, &t[i].handle);
         else
-            dh_free(t[i].data);
+            dh_free(t[i].tensor.data);
     }
 }
 
-static void unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
+void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (t[i].handle.arena_id)
             dh_shm_arena_unref(s->arena, &t[i].handle);
 }
 
-static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
-{
-    for (size_t i = 0; i < s->n_links; i++)
-        if (strcmp(s->links[i].endpoint, endpoint) == 0)
-            return &s->links[i];
-    if (s->n_links == MAX_LINKS) {
-        dh_log_error("DataServer '%s': more than %d target DataServers; cannot reach %s", s->name,
-                     MAX_LINKS, endpoint);
-        return NULL;
-    }
-    link_t *l = &s->links[s->n_links];
-    memset(l, 0, sizeof *l);
-    snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
-    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
-        dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
-        dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
-                     dh_last_error());
-        dh_wire_socket_destroy(&l->sock);
-        return NULL;
-    }
-    s->n_links++;
-    return l;
-}
-
-/* A sidecar's finished task: the frames go to the target's DataServer. */
-static void forward_result(dh_dataserver_t *s, task_t *t)
-{
-    const dh_msg_dispatch_t *d = &t->msg.dispatch;
-    dh__rt_result_t *r = &t->result;
-    link_t *l = link_for(s, d->target_endpoint);
-    dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
-    dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
-    dh__rt_result_wire_tensors(r, wire);
-    size_t np = 0;
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < r->n_tensors; i++) {
-        payloads[np].data = r->tensors[i].data;
-        payloads[np].size = r->tensors[i].nbytes;
-        payloads[np].free_fn = free_payload;
-        payloads[np].hint = NULL;
-        bytes += r->tensors[i].nbytes;
-        r->tensors[i].data = NULL; /* the socket owns it now */
-        np++;
-    }
-    if (!l) {
-        for (size_t i = 0; i < np; i++)
-            dh_free(payloads[i].data);
-        return;
-    }
-    snprintf(l->node, NAME_CAP, "%s", d->target);
-    dh_msg_t m = {.type = DH_MSG_DELIVER};
-    m.deliver.client_id = d->request.client_id;
-    m.deliver.seq = d->request.seq;
-    m.deliver.n_tensors = (uint32_t)r->n_tensors;
-    m.deliver.tensors = wire;
-    m.deliver.n_samples = r->n_samples;
-    m.deliver.samples = r->samples;
-    m.deliver.ready_ns = t->ready_ns;
-    m.deliver.server = s->name;
-    uint64_t now = dh_clock_now_ns();
-    /* Stopping: one try, no wait (the target may have stopped first; a 1 s wait per
-     * finished task made the stop slow and printed a WARN for each); the stop line counts
-     * what was not forwarded as undeliverable. */
-    bool stopping = atomic_load(&s->stop) != 0;
-    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
-    if (rc) {
-        if (stopping) {
-            pthread_mutex_lock(&s->lock);
-            s->stats.undeliverable++;
-            pthread_mutex_unlock(&s->lock);
-            dh_log_debug("DataServer '%s': stopping: request %s/%llu not forwarded to %s: %s",
-                         s->name, d->request.client_id, (unsigned long long)d->request.seq,
-                         d->target_endpoint, dh_last_error());
-        } else {
-            dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
-                        d->request.client_id, (unsigned long long)d->request.seq,
-                        d->target_endpoint, dh_last_error());
-        }
-        return;
-    }
-    size_t slot = d->request.seq % 64;
-    l->sent_at_ns[slot] = now;
-    l->sent_seq[slot] = d->request.seq;
-    l->sent_bytes[slot] = bytes;
-    pthread_mutex_lock(&s->lock);
-    s->stats.forwarded++;
-    s->stats.bytes_forwarded += bytes;
-    pthread_mutex_unlock(&s->lock);
-}
-
 /* Returns true when the task is done with (delivered or dropped), false to keep it pending. */
-static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
+bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
 {
     const dh_msg_dispatch_t *d = &t->msg.dispatch;
     dh__rt_result_t *r = &t->result;
-    bool left = client_left(s, d->request.client_id);
+    bool left = dh__ds_client_left(s, d->request.client_id);
     int rc = left ? -EHOSTUNREACH
-                  : deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
-                                      r->n_tensors, r->samples, r->n_samples, t->ready_ns, s->name);
+                  : dh__ds_deliver_to_client(s, d->request.client_id, d->request.seq, r->tensors,
+                                             r->n_tensors, r->samples, r->n_samples, t->ready_ns,
+                                             s->name);
     bool stopping = atomic_load(&s->stop) != 0;
     if (rc == -EHOSTUNREACH && !left && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
         !stopping)
         return false;
     if (rc) {
         free_outputs(s, r->tensors, r->n_tensors);
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.undeliverable, 1);
         /* prefetched past what the client consumed, or unsent as we stop (the stop line
          * counts them as undeliverable): expected, not a loss */
         if (left || (stopping && rc == -EHOSTUNREACH))
@@ -758,146 +297,14 @@ static bool finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
     } else {
         for (size_t i = 0; i < r->n_tensors; i++)
             if (!r->tensors[i].handle.arena_id) { /* spilled: the frame was a copy */
-                dh_free(r->tensors[i].data);
-                r->tensors[i].data = NULL;
+                dh_free(r->tensors[i].tensor.data);
+                r->tensors[i].tensor.data = NULL;
             }
-        pthread_mutex_lock(&s->lock);
-        s->stats.delivered_local++;
-        pthread_mutex_unlock(&s->lock);
+        dh__count(&s->counters.delivered_local, 1);
     }
-    send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL, NULL);
+    dh__ds_send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL,
+                         NULL);
     return true;
-}
-
-/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
- * Returns true when done with (delivered, dropped or refused), false to retry later (the
- * arena is full, or the client has not connected yet). */
-static bool place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
-                            uint64_t since_ns)
-{
-    dh_msg_deliver_t *m = &r->msg.deliver;
-    dh__rt_tensor_t tensors[DH__RT_MAX_TENSORS];
-    if (m->n_tensors > DH__RT_MAX_TENSORS) {
-        dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
-                    s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
-        return true;
-    }
-    bool stopping = atomic_load(&s->stop) != 0;
-    if (client_left(s, m->client_id)) { /* gone: nothing to place, nobody to tell */
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
-        dh_log_debug("DataServer '%s': dropped batch %s/%llu from '%s': the client has left",
-                     s->name, m->client_id, (unsigned long long)m->seq, sidecar);
-        return true;
-    }
-    if (!find_client(s, m->client_id) && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS &&
-        !stopping)
-        return false;
-    size_t n = 0;
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        const dh_wire_tensor_t *w = &m->tensors[i];
-        dh__rt_tensor_t *t = &tensors[n];
-        memset(t, 0, sizeof *t);
-        if (w->location != DH_WIRE_LOC_FRAME) {
-            dh_log_warn("DataServer '%s': refused a DELIVER from '%s': tensor '%s' is not a "
-                        "payload frame",
-                        s->name, sidecar, w->name);
-            unref_tensors(s, tensors, n);
-            return true;
-        }
-        snprintf(t->name, sizeof t->name, "%s", w->name);
-        t->dtype = w->dtype;
-        t->ndim = w->ndim;
-        memcpy(t->shape, w->shape, sizeof t->shape);
-        memcpy(t->strides, w->strides, sizeof t->strides);
-        t->nbytes = w->size;
-        if (w->size) {
-            pthread_mutex_lock(&s->arena_lock);
-            int rc = dh_shm_arena_alloc(s->arena, w->size, 0, &t->handle, &t->data);
-            pthread_mutex_unlock(&s->arena_lock);
-            if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
-                unref_tensors(s, tensors, n);
-                if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
-                    pthread_mutex_lock(&s->lock);
-                    s->stats.arena_waits++;
-                    pthread_mutex_unlock(&s->lock);
-                }
-                return false;
-            }
-            if (rc == DH_EAGAIN && !stopping) {
-                /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
-                memset(&t->handle, 0, sizeof t->handle);
-                t->data = (void *)w->data; /* read only: deliver_to_client copies it */
-                count_spill(s);
-                bytes += w->size;
-                n++;
-                continue;
-            }
-            if (rc) {
-                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name,
-                            w->size, sidecar, dh_last_error());
-                unref_tensors(s, tensors, n);
-                return true;
-            }
-            memcpy(t->data, w->data, w->size);
-            bytes += w->size;
-        }
-        n++;
-    }
-    uint64_t ready = dh_clock_now_ns();
-    int rc = deliver_to_client(s, m->client_id, m->seq, tensors, n, m->samples, m->n_samples, ready,
-                               m->server);
-    if (rc) {
-        unref_tensors(s, tensors, n);
-        if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
-            return false;
-        pthread_mutex_lock(&s->lock);
-        s->stats.undeliverable++;
-        pthread_mutex_unlock(&s->lock);
-    } else {
-        pthread_mutex_lock(&s->lock);
-        s->stats.delivered_forwarded++;
-        s->stats.bytes_received += bytes;
-        pthread_mutex_unlock(&s->lock);
-    }
-    dh__rt_result_t res = {0};
-    res.n_samples = m->n_samples;
-    res.samples = m->samples;
-    res.bytes = bytes;
-    /* The ack lets the sidecar measure the link; the coordinator ends the request. */
-    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, s->data, sidecar);
-    send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, NULL, NULL);
-    return true;
-}
-
-static void add_pending(dh_dataserver_t *s, pending_t *p)
-{
-    p->next = NULL;
-    pending_t **pp = &s->pending;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = p;
-}
-
-static void retry_pending(dh_dataserver_t *s)
-{
-    pending_t **pp = &s->pending;
-    while (*pp) {
-        pending_t *p = *pp;
-        bool done = p->task ? finish_local(s, p->task, p->since_ns)
-                            : place_forwarded(s, &p->forwarded, p->sidecar, p->since_ns);
-        if (!done) {
-            pp = &p->next;
-            continue;
-        }
-        *pp = p->next;
-        if (p->task)
-            task_free(p->task);
-        dh_wire_received_release(&p->forwarded);
-        dh_free(p);
-    }
 }
 
 static void drain_results(dh_dataserver_t *s)
@@ -907,28 +314,28 @@ static void drain_results(dh_dataserver_t *s)
     (void)n;
     for (;;) {
         pthread_mutex_lock(&s->lock);
-        task_t *t = pop(&s->results);
+        task_t *t = dh__ds_pop(&s->results);
         pthread_mutex_unlock(&s->lock);
         if (!t)
             break;
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
         if (t->local_target) {
-            if (!finish_local(s, t, dh_clock_now_ns())) {
+            if (!dh__ds_finish_local(s, t, dh_clock_now_ns())) {
                 pending_t *p = dh_calloc(1, sizeof *p);
                 if (p) {
                     p->task = t;
                     p->since_ns = dh_clock_now_ns();
-                    add_pending(s, p);
+                    dh__ds_add_pending(s, p);
                     continue;
                 }
                 free_outputs(s, t->result.tensors, t->result.n_tensors);
             }
         } else {
-            forward_result(s, t);
-            send_complete(s, d->request.client_id, d->request.seq, &t->result, t->result.cpu_s,
-                          t->queue_s, 0, NULL, NULL);
+            dh__ds_forward_result(s, t);
+            dh__ds_send_complete(s, d->request.client_id, d->request.seq, &t->result,
+                                 t->result.cpu_s, t->queue_s, 0, NULL, NULL);
         }
-        task_free(t);
+        dh__ds_task_free(t);
     }
 }
 
@@ -948,7 +355,7 @@ static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
             cpu += t->msg.dispatch.request.samples[i].cpu_s;
         pthread_mutex_lock(&s->lock);
         s->queued_cpu_s += cpu;
-        push(&s->tasks, t);
+        dh__ds_push(&s->tasks, t);
         pthread_cond_signal(&s->task_cond);
         pthread_mutex_unlock(&s->lock);
     } else if (r->msg.type == DH_MSG_ERROR) {
@@ -975,7 +382,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
     switch (r->msg.type) {
     case DH_MSG_HELLO: {
         pthread_mutex_lock(&s->lock);
-        known_client_t *kc = find_client(s, peer);
+        known_client_t *kc = dh__ds_find_client(s, peer);
         if (!kc && s->n_clients < MAX_CLIENTS)
             kc = &s->clients[s->n_clients++];
         if (kc) {
@@ -987,11 +394,11 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
         set_left(s, peer, false);
         dh_log_info("DataServer '%s': client '%s' (pid %u) connected", s->name, peer,
                     r->msg.hello.pid);
-        retry_pending(s);
+        dh__ds_retry_pending(s);
         break;
     }
     case DH_MSG_DELIVER:
-        if (!place_forwarded(s, r, peer, dh_clock_now_ns())) {
+        if (!dh__ds_place_forwarded(s, r, peer, dh_clock_now_ns())) {
             pending_t *p = dh_calloc(1, sizeof *p);
             if (!p)
                 break;
@@ -999,7 +406,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
             memset(r, 0, sizeof *r);
             snprintf(p->sidecar, NAME_CAP, "%s", peer);
             p->since_ns = dh_clock_now_ns();
-            add_pending(s, p);
+            dh__ds_add_pending(s, p);
         }
         break;
     case DH_MSG_GOODBYE: {
@@ -1020,38 +427,6 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
     }
 }
 
-static void on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r)
-{
-    if (r->msg.type != DH_MSG_COMPLETE)
-        return;
-    size_t slot = r->msg.complete.seq % 64;
-    if (l->sent_seq[slot] != r->msg.complete.seq || !l->sent_at_ns[slot])
-        return;
-    double dt = dh_clock_elapsed_s(l->sent_at_ns[slot], dh_clock_now_ns());
-    l->sent_at_ns[slot] = 0;
-    if (dt > 0 && l->sent_bytes[slot] > (1u << 16)) {
-        double bw = (double)l->sent_bytes[slot] / dt;
-        l->bytes_per_s = l->bytes_per_s > 0 ? dh_cost_ewma(l->bytes_per_s, bw, 0.2) : bw;
-    }
-}
-
-static void accept_fd_client(dh_dataserver_t *s)
-{
-    int conn = accept4(s->fdsock, NULL, NULL, SOCK_CLOEXEC);
-    if (conn < 0)
-        return;
-    int rc = dh_shm_send_fd(conn, dh_shm_arena_fd(s->arena));
-    if (rc == 0 && s->n_notice < MAX_NOTICE &&
-        fcntl(conn, F_SETFL, fcntl(conn, F_GETFL) | O_NONBLOCK) == 0) {
-        s->notice[s->n_notice++] = (notice_conn_t){.fd = conn};
-        return;
-    }
-    if (rc)
-        dh_log_warn("DataServer '%s': cannot hand the arena to a client: %s", s->name,
-                    dh_strerror(rc));
-    close(conn);
-}
-
 int dh_dataserver_run(dh_dataserver_t *s)
 {
     dh_log_info("DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s, coordinator %s",
@@ -1063,7 +438,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
     dh_wire_received_t r = {0};
     int rc = 0;
     while (!atomic_load(&s->stop)) {
-        zmq_pollitem_t items[4 + MAX_LINKS + MAX_NOTICE];
+        zmq_pollitem_t items[4 + MAX_LINKS + DH__NOTICE_MAX];
         int n = 0;
         items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->coord), 0, ZMQ_POLLIN, 0};
         items[n++] = (zmq_pollitem_t){NULL, s->wake_fd, ZMQ_POLLIN, 0};
@@ -1072,16 +447,16 @@ int dh_dataserver_run(dh_dataserver_t *s)
             data_at = n;
             items[n++] = (zmq_pollitem_t){dh_wire_socket_handle(s->data), 0, ZMQ_POLLIN, 0};
             fd_at = n;
-            items[n++] = (zmq_pollitem_t){NULL, s->fdsock, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){NULL, s->notice.listen_fd, ZMQ_POLLIN, 0};
         }
         links_at = n;
         for (size_t i = 0; i < s->n_links; i++)
             items[n++] =
                 (zmq_pollitem_t){dh_wire_socket_handle(s->links[i].sock), 0, ZMQ_POLLIN, 0};
         int notice_at = n;
-        size_t n_notice = s->n_notice;
+        size_t n_notice = s->notice.n_conns;
         for (size_t i = 0; i < n_notice; i++)
-            items[n++] = (zmq_pollitem_t){NULL, s->notice[i].fd, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){NULL, s->notice.conns[i].fd, ZMQ_POLLIN, 0};
         long timeout = s->pending ? 1 : (long)s->cfg.heartbeat_ms;
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             rc = -zmq_errno();
@@ -1110,17 +485,17 @@ int dh_dataserver_run(dh_dataserver_t *s)
             }
         for (size_t i = n_notice; i-- > 0;) /* backwards: a close moves the last one here */
             if (items[notice_at + (int)i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
-                notice_read(s, i);
+                dh__notice_server_read(&s->notice, i);
         if (fd_at >= 0 && (items[fd_at].revents & ZMQ_POLLIN))
-            accept_fd_client(s);
+            dh__notice_server_accept(&s->notice, dh_shm_arena_fd(s->arena));
         for (size_t i = 0; i < s->n_links; i++)
             if (items[links_at + (int)i].revents & ZMQ_POLLIN)
                 while (dh_wire_recv(s->links[i].sock, 0, &r) == 0) {
-                    on_link_message(s, &s->links[i], &r);
+                    dh__ds_on_link_message(s, &s->links[i], &r);
                     dh_wire_received_release(&r);
                 }
         if (s->pending)
-            retry_pending(s);
+            dh__ds_retry_pending(s);
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
@@ -1172,25 +547,6 @@ void dh_dataserver_stop(dh_dataserver_t *s)
     atomic_store(&s->stop, 1);
 }
 
-static int open_fd_socket(dh_dataserver_t *s)
-{
-    static atomic_uint counter;
-    snprintf(s->shm_socket, sizeof s->shm_socket, "datahelix-%d-%u", (int)getpid(),
-             atomic_fetch_add(&counter, 1));
-    s->fdsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (s->fdsock < 0)
-        return dh__set_error(-errno, "DataServer: socket(AF_UNIX): %s", strerror(errno));
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    /* Abstract namespace (leading NUL): nothing in the file system to leave behind. */
-    size_t len = strlen(s->shm_socket);
-    memcpy(addr.sun_path + 1, s->shm_socket, len);
-    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    if (bind(s->fdsock, (struct sockaddr *)&addr, alen) != 0 || listen(s->fdsock, 64) != 0)
-        return dh__set_error(-errno, "DataServer: cannot listen on @%s: %s", s->shm_socket,
-                             strerror(errno));
-    return 0;
-}
-
 int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
 {
     *out = NULL;
@@ -1207,7 +563,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     if (!s)
         return dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
     s->cfg = *cfg;
-    s->fdsock = -1;
+    dh__notice_server_init(&s->notice, s->name);
     s->wake_fd = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->arena_lock, NULL);
@@ -1258,7 +614,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
             goto fail;
         if ((rc = dh__wire_last_endpoint(s->data, s->data_endpoint, sizeof s->data_endpoint)))
             goto fail;
-        if ((rc = open_fd_socket(s)))
+        if ((rc = dh__notice_server_listen(&s->notice)))
             goto fail;
     }
     if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, NULL)) ||
@@ -1278,7 +634,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         }
         a->s = s;
         a->index = i;
-        int e = pthread_create(&s->threads[i], NULL, worker_main, a);
+        int e = pthread_create(&s->threads[i], NULL, dh__ds_worker_main, a);
         if (e) {
             dh_free(a);
             rc = dh__set_error(-e, "DataServer: pthread_create: %s", strerror(e));
@@ -1308,22 +664,22 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         pthread_join(s->threads[i], NULL);
     dh_free(s->threads);
     task_t *t;
-    while ((t = pop(&s->tasks)))
-        task_free(t);
-    while ((t = pop(&s->results))) {
+    while ((t = dh__ds_pop(&s->tasks)))
+        dh__ds_task_free(t);
+    while ((t = dh__ds_pop(&s->results))) {
         if (t->local_target)
             free_outputs(s, t->result.tensors, t->result.n_tensors);
         else
             for (size_t i = 0; i < t->result.n_tensors; i++)
-                dh_free(t->result.tensors[i].data);
-        task_free(t);
+                dh_free(t->result.tensors[i].tensor.data);
+        dh__ds_task_free(t);
     }
     while (s->pending) {
         pending_t *p = s->pending;
         s->pending = p->next;
         if (p->task) {
             free_outputs(s, p->task->result.tensors, p->task->result.n_tensors);
-            task_free(p->task);
+            dh__ds_task_free(p->task);
         }
         dh_wire_received_release(&p->forwarded);
         dh_free(p);
@@ -1332,10 +688,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         dh_wire_socket_destroy(&s->links[i].sock);
     dh_wire_socket_destroy(&s->coord);
     dh_wire_socket_destroy(&s->data);
-    if (s->fdsock >= 0)
-        close(s->fdsock);
-    while (s->n_notice)
-        notice_close(s, s->n_notice - 1);
+    dh__notice_server_close(&s->notice);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     dh_shm_arena_destroy(&s->arena);

@@ -34,15 +34,10 @@ typedef struct dh__rt_pipeline {
  * when both are NULL. Returns 0 or DH_EPARSE / DH_ESCHEMA / -errno naming the source. */
 int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *out);
 
-/* One output tensor. */
+/* One output tensor: the shared tensor (its data is where the bytes are, slab or heap) and
+ * the slab holding them. */
 typedef struct dh__rt_tensor {
-    char name[16];
-    uint8_t dtype; /* dh_wire_dtype_t */
-    uint8_t ndim;
-    uint64_t shape[DH_WIRE_MAX_NDIM];
-    int64_t strides[DH_WIRE_MAX_NDIM]; /* bytes */
-    size_t nbytes;
-    void *data;             /* where the bytes are (slab or heap) */
+    dh_tensor_t tensor;
     dh_shm_handle_t handle; /* slab: its handle (arena_id 0 for heap) */
 } dh__rt_tensor_t;
 
@@ -77,8 +72,8 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
 /* Frees the result's sample strings (not the tensor buffers). */
 void dh__rt_result_clear(dh__rt_result_t *r);
 
-/* Fills a DELIVER's tensor array from a result (location SHM when the handle names an
- * arena, else FRAME). `wire` has r->n_tensors entries. Names are borrowed from r. */
-void dh__rt_result_wire_tensors(const dh__rt_result_t *r, dh_wire_tensor_t *wire);
+/* Fills a DELIVER's tensor array from a result's tensors (location SHM when the handle names
+ * an arena, else FRAME). `wire` has n entries. */
+void dh__rt_wire_tensors(const dh__rt_tensor_t *tensors, size_t n, dh_wire_tensor_t *wire);
 
 #endif

@@ -157,15 +157,6 @@ void dh__rt_result_clear(dh__rt_result_t *r)
     memset(r, 0, sizeof *r);
 }
 
-static void set_contiguous(dh__rt_tensor_t *t, size_t elem)
-{
-    int64_t stride = (int64_t)elem;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        t->strides[d] = stride;
-        stride *= (int64_t)t->shape[d];
-    }
-}
-
 static void spin_for(double seconds)
 {
     uint64_t end = dh_clock_thread_cpu_ns() + (uint64_t)(seconds * 1e9);
@@ -224,14 +215,14 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
                                                  : (double)(dh_clock_thread_cpu_ns() - cpu0) / 1e9;
     /* sizes: B int64 (bytes of each sample's payload), then the payload (if any), the
      * samples' bytes back to back. Both join correctly along dimension 0 across microbatches. */
-    dh__rt_tensor_t *sizes_t = &out->tensors[out->n_tensors];
-    snprintf(sizes_t->name, sizeof sizes_t->name, "sizes");
-    sizes_t->dtype = DH_WIRE_DTYPE_I64;
+    dh__rt_tensor_t *sizes_out = &out->tensors[out->n_tensors];
+    dh_tensor_t *sizes_t = &sizes_out->tensor;
+    dh_tensor_set_name(sizes_t, "sizes");
+    sizes_t->dtype = DH_DTYPE_INT64;
     sizes_t->ndim = 1;
     sizes_t->shape[0] = n;
-    sizes_t->nbytes = (size_t)n * sizeof(int64_t);
-    set_contiguous(sizes_t, sizeof(int64_t));
-    int rc = alloc(ctx, sizes_t->nbytes ? sizes_t->nbytes : 1, &sizes_t->data, &sizes_t->handle);
+    dh_tensor_set_contiguous(sizes_t);
+    int rc = alloc(ctx, sizes_t->nbytes ? sizes_t->nbytes : 1, &sizes_t->data, &sizes_out->handle);
     if (rc) {
         dh_free(sizes);
         return rc;
@@ -241,16 +232,16 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
     for (uint32_t i = 0; i < n; i++)
         sz[i] = (int64_t)sizes[i];
     if (total > 0) {
-        dh__rt_tensor_t *payload = &out->tensors[out->n_tensors];
-        snprintf(payload->name, sizeof payload->name, "payload");
-        payload->dtype = DH_WIRE_DTYPE_U8;
+        dh__rt_tensor_t *payload_out = &out->tensors[out->n_tensors];
+        dh_tensor_t *payload = &payload_out->tensor;
+        dh_tensor_set_name(payload, "payload");
+        payload->dtype = DH_DTYPE_UINT8;
         payload->ndim = 1;
-        payload->shape[0] = total;
-        payload->nbytes = (size_t)total;
-        set_contiguous(payload, 1);
-        rc = alloc(ctx, payload->nbytes, &payload->data, &payload->handle);
+        payload->shape[0] = (int64_t)total;
+        dh_tensor_set_contiguous(payload);
+        rc = alloc(ctx, payload->nbytes, &payload->data, &payload_out->handle);
         if (rc) {
-            release(ctx, sizes_t->data, &sizes_t->handle);
+            release(ctx, sizes_t->data, &sizes_out->handle);
             out->n_tensors = 0;
             dh_free(sizes);
             return rc;
@@ -272,29 +263,18 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
     return 0;
 }
 
-static uint8_t wire_dtype(dh_dtype_t d)
+/* Places a collated tensor in an output buffer: the tensor as it is, its bytes copied once. */
+static int place_tensor(const dh_tensor_t *src, dh__rt_alloc_fn *alloc, void *ctx,
+                        dh__rt_tensor_t *out)
 {
-    return d == DH_DTYPE_FLOAT32 ? DH_WIRE_DTYPE_F32 : DH_WIRE_DTYPE_U8;
-}
-
-static int copy_tensor(const char *name, const dh_tensor_t *src, dh__rt_alloc_fn *alloc, void *ctx,
-                       dh__rt_tensor_t *t)
-{
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = wire_dtype(src->dtype);
-    t->ndim = (uint8_t)src->ndim;
-    size_t elem = dh_dtype_size(src->dtype);
-    for (int d = 0; d < src->ndim; d++) {
-        t->shape[d] = (uint64_t)src->shape[d];
-        t->strides[d] = src->strides[d] * (int64_t)elem;
-    }
-    t->nbytes = src->nbytes;
-    if (t->nbytes == 0)
+    out->tensor = *src;
+    out->tensor.data = NULL;
+    if (src->nbytes == 0)
         return 0;
-    int rc = alloc(ctx, t->nbytes, &t->data, &t->handle);
+    int rc = alloc(ctx, src->nbytes, &out->tensor.data, &out->handle);
     if (rc)
         return rc;
-    memcpy(t->data, src->data, t->nbytes);
+    memcpy(out->tensor.data, src->data, src->nbytes);
     return 0;
 }
 
@@ -337,22 +317,21 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
         }
     }
     /* An all-failed batch has empty tensors: they are left out (nothing to map). */
-    const dh_tensor_t *srcs[2] = {&batch->pixels, &batch->mask};
-    static const char *const names[2] = {"pixels", "mask"};
+    const dh_tensor_t *srcs[2] = {&batch->frames, &batch->mask};
     for (int k = 0; k < 2 && rc == 0; k++) {
         if (srcs[k]->nbytes == 0)
             continue;
-        rc = copy_tensor(names[k], srcs[k], alloc, ctx, &out->tensors[out->n_tensors]);
+        rc = place_tensor(srcs[k], alloc, ctx, &out->tensors[out->n_tensors]);
         if (rc == 0)
             out->n_tensors++;
     }
     if (rc) {
         for (size_t t = 0; t < out->n_tensors; t++)
-            if (out->tensors[t].data)
-                release(ctx, out->tensors[t].data, &out->tensors[t].handle);
+            if (out->tensors[t].tensor.data)
+                release(ctx, out->tensors[t].tensor.data, &out->tensors[t].handle);
         out->n_tensors = 0;
     }
-    out->bytes = batch->pixels.nbytes + batch->mask.nbytes;
+    out->bytes = batch->frames.nbytes + batch->mask.nbytes;
     dh_batch_destroy(&batch);
     out->cpu_s = (double)(dh_clock_thread_cpu_ns() - cpu0) / 1e9;
 done:
@@ -384,25 +363,19 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
     return rc;
 }
 
-void dh__rt_result_wire_tensors(const dh__rt_result_t *r, dh_wire_tensor_t *wire)
+void dh__rt_wire_tensors(const dh__rt_tensor_t *tensors, size_t n, dh_wire_tensor_t *wire)
 {
-    for (size_t i = 0; i < r->n_tensors; i++) {
-        const dh__rt_tensor_t *t = &r->tensors[i];
-        dh_wire_tensor_t *o = &wire[i];
-        memset(o, 0, sizeof *o);
-        o->name = (char *)t->name;
-        o->dtype = t->dtype;
-        o->ndim = t->ndim;
-        memcpy(o->shape, t->shape, sizeof o->shape);
-        memcpy(o->strides, t->strides, sizeof o->strides);
-        if (t->handle.arena_id) {
-            o->location = DH_WIRE_LOC_SHM;
-            o->arena_id = t->handle.arena_id;
-            o->offset = t->handle.offset;
-            o->length = t->handle.length;
-            o->generation = t->handle.generation;
+    for (size_t i = 0; i < n; i++) {
+        const dh_shm_handle_t *h = &tensors[i].handle;
+        wire[i] = (dh_wire_tensor_t){.tensor = tensors[i].tensor};
+        if (h->arena_id) {
+            wire[i].location = DH_WIRE_LOC_SHM;
+            wire[i].arena_id = h->arena_id;
+            wire[i].offset = h->offset;
+            wire[i].length = h->length;
+            wire[i].generation = h->generation;
         } else {
-            o->location = DH_WIRE_LOC_FRAME;
+            wire[i].location = DH_WIRE_LOC_FRAME;
         }
     }
 }

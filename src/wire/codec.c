@@ -34,52 +34,28 @@ const char *dh_msg_type_name(unsigned type)
     return type >= 1 && type <= DH_MSG_TYPE_MAX ? type_names[type] : type_names[0];
 }
 
-size_t dh_wire_dtype_size(unsigned dtype)
+const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t *nbytes)
 {
-    switch (dtype) {
-    case DH_WIRE_DTYPE_U8:
-    case DH_WIRE_DTYPE_I8:
-    case DH_WIRE_DTYPE_BOOL:
-        return 1;
-    case DH_WIRE_DTYPE_U16:
-    case DH_WIRE_DTYPE_I16:
-    case DH_WIRE_DTYPE_F16:
-    case DH_WIRE_DTYPE_BF16:
-        return 2;
-    case DH_WIRE_DTYPE_U32:
-    case DH_WIRE_DTYPE_I32:
-    case DH_WIRE_DTYPE_F32:
-        return 4;
-    case DH_WIRE_DTYPE_U64:
-    case DH_WIRE_DTYPE_I64:
-    case DH_WIRE_DTYPE_F64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
-const char *dh__wire_tensor_check(const dh_wire_tensor_t *t, uint64_t limit, uint64_t *nbytes)
-{
-    uint64_t elem = dh_wire_dtype_size(t->dtype);
+    uint64_t elem = dh_dtype_size(t->dtype);
     if (elem == 0)
         return "dtype";
-    if (t->ndim > DH_WIRE_MAX_NDIM)
+    if (t->ndim < 0 || t->ndim > DH_TENSOR_MAX_DIMS)
         return "ndim";
     uint64_t bytes = elem;
-    for (unsigned i = 0; i < t->ndim; i++)
-        if (__builtin_mul_overflow(bytes, t->shape[i], &bytes))
+    for (int32_t i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 0 || __builtin_mul_overflow(bytes, (uint64_t)t->shape[i], &bytes))
             return "shape";
     *nbytes = bytes;
     if (bytes == 0)
         return NULL; /* an empty tensor reads nothing, whatever its strides */
-    /* The last byte any index reaches: elem + sum (shape[i] - 1) x strides[i]. */
+    /* The last byte any index reaches: elem + sum (shape[i] - 1) x strides[i] x elem. */
     uint64_t extent = elem;
-    for (unsigned i = 0; i < t->ndim; i++) {
+    for (int32_t i = 0; i < t->ndim; i++) {
         if (t->strides[i] < 0)
             return "strides";
         uint64_t step;
-        if (__builtin_mul_overflow(t->shape[i] - 1, (uint64_t)t->strides[i], &step) ||
+        if (__builtin_mul_overflow((uint64_t)t->shape[i] - 1, (uint64_t)t->strides[i], &step) ||
+            __builtin_mul_overflow(step, elem, &step) ||
             __builtin_add_overflow(extent, step, &extent))
             return "strides";
     }
@@ -248,23 +224,25 @@ static void put_str(writer_t *w, const char *s)
     put_bytes(w, s, n);
 }
 
-/* One tensor's description (its bytes travel in a payload frame or a shared-memory arena). */
-static void put_tensor(writer_t *w, const dh_wire_tensor_t *t)
+/* One DELIVER tensor: name, dtype, ndim, location, shape, strides in bytes, the handle. */
+static void put_tensor(writer_t *w, const dh_wire_tensor_t *wt)
 {
-    assert(t->ndim <= DH_WIRE_MAX_NDIM);
+    const dh_tensor_t *t = &wt->tensor;
+    assert(t->ndim >= 0 && t->ndim <= DH_TENSOR_MAX_DIMS);
+    uint64_t elem = dh_dtype_size(t->dtype);
     put_str(w, t->name);
     put_u8(w, t->dtype);
     put_u8(w, t->ndim);
-    put_u8(w, t->location);
-    for (unsigned d = 0; d < t->ndim; d++)
-        put_u64(w, t->shape[d], 8);
-    for (unsigned d = 0; d < t->ndim; d++)
-        put_i64(w, t->strides[d]);
-    if (t->location == DH_WIRE_LOC_SHM) {
-        put_u64(w, t->arena_id, 8);
-        put_u64(w, t->offset, 8);
-        put_u64(w, t->length, 8);
-        put_u64(w, t->generation, 8);
+    put_u8(w, wt->location);
+    for (int32_t d = 0; d < t->ndim; d++)
+        put_u64(w, (uint64_t)t->shape[d], 8);
+    for (int32_t d = 0; d < t->ndim; d++) /* wraps for a misused stride: the peer refuses it */
+        put_u64(w, (uint64_t)t->strides[d] * elem, 8);
+    if (wt->location == DH_WIRE_LOC_SHM) {
+        put_u64(w, wt->arena_id, 8);
+        put_u64(w, wt->offset, 8);
+        put_u64(w, wt->length, 8);
+        put_u64(w, wt->generation, 8);
     }
 }
 
@@ -475,50 +453,80 @@ static int get_array(reader_t *r, const char *count_field, const char *field, si
     return 0;
 }
 
-static int get_tensor(reader_t *r, dh_wire_tensor_t *t)
+static int get_tensor(reader_t *r, dh_wire_tensor_t *wt)
 {
-    TRY(get_str(r, "name", &t->name));
+    dh_tensor_t *t = &wt->tensor;
+    char *name = NULL;
     size_t at = r->pos;
-    TRY(get_u8(r, "dtype", &t->dtype));
-    if (dh_wire_dtype_size(t->dtype) == 0) {
+    TRY(get_str(r, "name", &name));
+    size_t name_len = strlen(name);
+    if (name_len >= sizeof t->name) {
+        dh_free(name);
         r->pos = at;
-        return fail(r, "dtype", "unknown dtype %u", t->dtype);
+        return fail(r, "name", "%zu bytes, at most %zu", name_len, sizeof t->name - 1);
     }
-    TRY(get_u8(r, "ndim", &t->ndim));
-    if (t->ndim > DH_WIRE_MAX_NDIM) {
+    memcpy(t->name, name, name_len + 1);
+    dh_free(name);
+    uint8_t dtype, ndim;
+    at = r->pos;
+    TRY(get_u8(r, "dtype", &dtype));
+    uint64_t elem = dh_dtype_size(dtype);
+    if (elem == 0) {
+        r->pos = at;
+        return fail(r, "dtype", "unknown dtype %u", dtype);
+    }
+    t->dtype = (dh_dtype_t)dtype;
+    TRY(get_u8(r, "ndim", &ndim));
+    if (ndim > DH_TENSOR_MAX_DIMS) {
         r->pos -= 1;
-        return fail(r, "ndim", "%u dimensions, at most %d", t->ndim, DH_WIRE_MAX_NDIM);
+        return fail(r, "ndim", "%u dimensions, at most %d", ndim, DH_TENSOR_MAX_DIMS);
     }
-    TRY(get_u8(r, "location", &t->location));
-    if (t->location > DH_WIRE_LOC_SHM) {
+    t->ndim = ndim;
+    TRY(get_u8(r, "location", &wt->location));
+    if (wt->location > DH_WIRE_LOC_SHM) {
         r->pos -= 1;
-        return fail(r, "location", "unknown location %u", t->location);
+        return fail(r, "location", "unknown location %u", wt->location);
     }
-    for (unsigned d = 0; d < t->ndim; d++)
-        TRY(get_u64(r, "shape", &t->shape[d]));
-    for (unsigned d = 0; d < t->ndim; d++)
-        TRY(get_i64(r, "strides", &t->strides[d]));
-    if (t->location == DH_WIRE_LOC_SHM) {
-        TRY(get_u64(r, "arena_id", &t->arena_id));
-        TRY(get_u64(r, "offset", &t->offset));
-        TRY(get_u64(r, "length", &t->length));
-        TRY(get_u64(r, "generation", &t->generation));
+    for (unsigned d = 0; d < ndim; d++) {
+        uint64_t extent;
+        TRY(get_u64(r, "shape", &extent));
+        if (extent > INT64_MAX) {
+            r->pos -= 8;
+            return fail(r, "shape", "%llu elements overflow", (unsigned long long)extent);
+        }
+        t->shape[d] = (int64_t)extent;
+    }
+    for (unsigned d = 0; d < ndim; d++) {
+        int64_t bytes;
+        TRY(get_i64(r, "strides", &bytes));
+        if (bytes < 0 || (uint64_t)bytes % elem != 0) {
+            r->pos -= 8;
+            return fail(r, "strides", "%lld bytes is not a non-negative multiple of %llu",
+                        (long long)bytes, (unsigned long long)elem);
+        }
+        t->strides[d] = bytes / (int64_t)elem;
+    }
+    if (wt->location == DH_WIRE_LOC_SHM) {
+        TRY(get_u64(r, "arena_id", &wt->arena_id));
+        TRY(get_u64(r, "offset", &wt->offset));
+        TRY(get_u64(r, "length", &wt->length));
+        TRY(get_u64(r, "generation", &wt->generation));
         uint64_t end;
-        if (__builtin_add_overflow(t->offset, t->length, &end)) {
+        if (__builtin_add_overflow(wt->offset, wt->length, &end)) {
             r->pos -= 16;
             return fail(r, "length", "offset %llu + length %llu overflows",
-                        (unsigned long long)t->offset, (unsigned long long)t->length);
+                        (unsigned long long)wt->offset, (unsigned long long)wt->length);
         }
     }
     uint64_t nbytes;
     const char *bad =
-        dh__wire_tensor_check(t, t->location == DH_WIRE_LOC_SHM ? t->length : 0, &nbytes);
+        dh__wire_tensor_check(t, wt->location == DH_WIRE_LOC_SHM ? wt->length : 0, &nbytes);
     if (bad)
         return fail(r, bad, "shape and strides do not fit the tensor's bytes");
-    if (t->location == DH_WIRE_LOC_SHM && nbytes > t->length)
+    if (wt->location == DH_WIRE_LOC_SHM && nbytes > wt->length)
         return fail(r, "length", "shared-memory length %llu < the tensor's %llu bytes",
-                    (unsigned long long)t->length, (unsigned long long)nbytes);
-    t->size = (size_t)nbytes; /* FRAME: checked against the frame below */
+                    (unsigned long long)wt->length, (unsigned long long)nbytes);
+    t->nbytes = (size_t)nbytes; /* FRAME: checked against the frame below */
     return 0;
 }
 
@@ -529,17 +537,15 @@ enum { MIN_frame_tensor = 4 + 3 }; /* name, dtype, ndim, location */
 static int get_frame_tensor(reader_t *r, dh_wire_tensor_t *t)
 {
     TRY(get_tensor(r, t));
-    if (t->location != DH_WIRE_LOC_FRAME) {
-        t->size = 0;
+    if (t->location != DH_WIRE_LOC_FRAME)
         return 0;
-    }
     if (r->frame >= r->n_payloads)
         return fail(r, "location", "names payload frame %zu, the message has %zu", r->frame,
                     r->n_payloads);
-    if ((uint64_t)r->payloads[r->frame].size != (uint64_t)t->size)
-        return fail(r, "shape", "tensor of %zu bytes, payload frame %zu has %zu", t->size, r->frame,
-                    r->payloads[r->frame].size);
-    t->data = r->payloads[r->frame++].data;
+    if ((uint64_t)r->payloads[r->frame].size != (uint64_t)t->tensor.nbytes)
+        return fail(r, "shape", "tensor of %zu bytes, payload frame %zu has %zu", t->tensor.nbytes,
+                    r->frame, r->payloads[r->frame].size);
+    t->tensor.data = (void *)r->payloads[r->frame++].data; /* borrowed, read-only (wire.h) */
     return 0;
 }
 
@@ -554,7 +560,7 @@ static int all_frames_taken(const reader_t *r)
 
 static void free_tensor(dh_wire_tensor_t *t)
 {
-    dh_free(t->name);
+    (void)t; /* the name is inline (tensor.h): a tensor owns nothing */
 }
 
 /* ---- the codecs, expanded from the field tables ----

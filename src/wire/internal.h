@@ -8,10 +8,10 @@
 #include "datahelix/wire.h"
 
 /* Bytes a tensor occupies (product of shape x dtype size) in *nbytes, and checks that its
- * strides stay inside those bytes (or inside `limit` when larger, for a shared-memory slab).
- * Returns NULL when valid, else a static description of the fault ("dtype", "shape",
- * "strides"). Cost: O(ndim). */
-const char *dh__wire_tensor_check(const dh_wire_tensor_t *t, uint64_t limit, uint64_t *nbytes);
+ * element strides stay inside those bytes (or inside `limit` when larger, for a
+ * shared-memory slab). Returns NULL when valid, else a static description of the fault
+ * ("dtype", "ndim", "shape", "strides"). Cost: O(ndim). */
+const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t *nbytes);
 
 /* ---- socket set-up helpers of the runtime (zmq.c) ---- */
 

@@ -249,18 +249,18 @@ static int check_payloads(const dh_msg_t *msg, const dh_wire_payload_t *payloads
     for (uint32_t i = 0; i < msg->deliver.n_tensors; i++) {
         const dh_wire_tensor_t *t = &msg->deliver.tensors[i];
         uint64_t nbytes;
-        const char *bad =
-            dh__wire_tensor_check(t, t->location == DH_WIRE_LOC_SHM ? t->length : 0, &nbytes);
+        const char *bad = dh__wire_tensor_check(
+            &t->tensor, t->location == DH_WIRE_LOC_SHM ? t->length : 0, &nbytes);
         if (bad)
-            return dh__set_error(DH_EINVAL, "DELIVER: tensor %u '%s': bad %s", i,
-                                 t->name ? t->name : "", bad);
+            return dh__set_error(DH_EINVAL, "DELIVER: tensor %u '%s': bad %s", i, t->tensor.name,
+                                 bad);
         if (t->location != DH_WIRE_LOC_FRAME)
             continue;
         if (frame >= n || payloads[frame].size != nbytes)
             return dh__set_error(DH_EINVAL,
                                  "DELIVER: tensor %u '%s' of %llu bytes has no payload frame of "
                                  "that size (%zu payloads)",
-                                 i, t->name ? t->name : "", (unsigned long long)nbytes, n);
+                                 i, t->tensor.name, (unsigned long long)nbytes, n);
         frame++;
     }
     if (frame != n)

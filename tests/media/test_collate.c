@@ -18,20 +18,20 @@ static void make_sample(dh_sample_t *s, const char *id, int32_t t, int32_t h, in
     s->plan.height = h;
     s->plan.width = w;
     s->plan.tokens = 1000 + t;
-    s->pixels.dtype = dtype;
-    s->pixels.ndim = 4;
+    s->frames.dtype = dtype;
+    s->frames.ndim = 4;
     int64_t tchw[4] = {t, 3, h, w}, thwc[4] = {t, h, w, 3};
-    memcpy(s->pixels.shape, layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
+    memcpy(s->frames.shape, layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
     size_t n = (size_t)t * 3 * (size_t)h * (size_t)w;
-    s->pixels.nbytes = n * dh_dtype_size(dtype);
-    s->pixels.data = dh_malloc(s->pixels.nbytes);
-    assert_non_null(s->pixels.data);
+    s->frames.nbytes = n * dh_dtype_size(dtype);
+    s->frames.data = dh_malloc(s->frames.nbytes);
+    assert_non_null(s->frames.data);
     for (size_t i = 0; i < n; i++) {
         int v = 1 + (int)((base + i) % 250);
         if (dtype == DH_DTYPE_UINT8)
-            ((uint8_t *)s->pixels.data)[i] = (uint8_t)v;
+            ((uint8_t *)s->frames.data)[i] = (uint8_t)v;
         else
-            ((float *)s->pixels.data)[i] = (float)v + 0.5f;
+            ((float *)s->frames.data)[i] = (float)v + 0.5f;
     }
 }
 
@@ -61,26 +61,28 @@ static void frames_are_padded_to_the_longest_with_masks(void **state)
     make_sample(&s[2], "c", 1, 4, 5, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, 9);
     dh_batch_t *b = collate_ok(s, 3, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
     int64_t shape[5] = {3, 3, 3, 4, 5}, strides[5] = {180, 60, 20, 5, 1};
-    assert_int_equal(b->pixels.ndim, 5);
-    assert_int_equal(b->pixels.dtype, DH_DTYPE_UINT8);
+    assert_string_equal(b->frames.name, "frames");
+    assert_string_equal(b->mask.name, "mask");
+    assert_int_equal(b->frames.ndim, 5);
+    assert_int_equal(b->frames.dtype, DH_DTYPE_UINT8);
     for (int d = 0; d < 5; d++) {
-        assert_int_equal(b->pixels.shape[d], shape[d]);
-        assert_int_equal(b->pixels.strides[d], strides[d]);
+        assert_int_equal(b->frames.shape[d], shape[d]);
+        assert_int_equal(b->frames.strides[d], strides[d]);
     }
-    assert_int_equal(b->pixels.nbytes, 3 * 180);
+    assert_int_equal(b->frames.nbytes, 3 * 180);
     static const uint8_t mask[3][3] = {{1, 1, 0}, {1, 1, 1}, {1, 0, 0}};
     assert_int_equal(b->mask.ndim, 2);
     assert_int_equal(b->mask.shape[0], 3);
     assert_int_equal(b->mask.shape[1], 3);
     assert_int_equal(b->mask.strides[0], 3);
     assert_memory_equal(b->mask.data, mask, sizeof mask);
-    const uint8_t *px = b->pixels.data;
+    const uint8_t *px = b->frames.data;
     for (int i = 0; i < 3; i++) {
-        size_t valid = s[i].pixels.nbytes;
-        assert_memory_equal(px + i * 180, s[i].pixels.data, valid);
+        size_t valid = s[i].frames.nbytes;
+        assert_memory_equal(px + i * 180, s[i].frames.data, valid);
         for (size_t k = valid; k < 180; k++)
             assert_int_equal(px[i * 180 + k], 0);
-        assert_int_equal(b->frames[i], s[i].plan.frames);
+        assert_int_equal(b->frame_counts[i], s[i].plan.frames);
         assert_int_equal(b->heights[i], 4);
         assert_int_equal(b->widths[i], 5);
         assert_int_equal(b->tokens[i], 1000 + s[i].plan.frames);
@@ -104,13 +106,13 @@ static void different_sizes_are_padded_bottom_right(void **state)
         dh_batch_t *b = collate_ok(s, 2, DH_DTYPE_FLOAT32, (dh_layout_t)layout);
         int64_t tchw[5] = {2, 2, 3, 4, 5}, thwc[5] = {2, 2, 4, 5, 3};
         for (int d = 0; d < 5; d++)
-            assert_int_equal(b->pixels.shape[d], layout == DH_LAYOUT_TCHW ? tchw[d] : thwc[d]);
-        assert_int_equal(b->pixels.nbytes, 2 * 2 * 3 * 4 * 5 * sizeof(float));
+            assert_int_equal(b->frames.shape[d], layout == DH_LAYOUT_TCHW ? tchw[d] : thwc[d]);
+        assert_int_equal(b->frames.nbytes, 2 * 2 * 3 * 4 * 5 * sizeof(float));
         assert_int_equal(b->heights[0], 2);
         assert_int_equal(b->widths[0], 3);
         assert_int_equal(b->heights[1], 4);
         assert_int_equal(b->widths[1], 5);
-        const float *px = b->pixels.data, *src = s[0].pixels.data;
+        const float *px = b->frames.data, *src = s[0].frames.data;
         /* Element (t, c, y, x) of the small sample sits at its place in the big grid, zeros
          * around it. */
         for (int t = 0; t < 2; t++)
@@ -127,7 +129,7 @@ static void different_sizes_are_padded_bottom_right(void **state)
                         assert_close(px[at], want, 0);
                     }
         /* The big sample fills its first frame; its second frame is padding. */
-        assert_memory_equal(px + 60 * 2, s[1].pixels.data, s[1].pixels.nbytes);
+        assert_memory_equal(px + 60 * 2, s[1].frames.data, s[1].frames.nbytes);
         for (size_t k = 60 * 3; k < 60 * 4; k++)
             assert_close(px[k], 0, 0);
         dh_batch_destroy(&b);
@@ -148,11 +150,11 @@ static void failed_samples_keep_their_slot_and_error(void **state)
     assert_string_equal(b->error_messages[1], s[1].error_message);
     assert_ptr_not_equal(b->error_messages[1], s[1].error_message); /* a copy */
     assert_string_equal(b->ids[1], "bad");
-    assert_int_equal(b->frames[1], 0);
+    assert_int_equal(b->frame_counts[1], 0);
     assert_int_equal(b->tokens[1], 0);
     static const uint8_t mask[3][2] = {{1, 1}, {0, 0}, {1, 0}};
     assert_memory_equal(b->mask.data, mask, sizeof mask);
-    const uint8_t *px = b->pixels.data;
+    const uint8_t *px = b->frames.data;
     for (size_t k = 24; k < 48; k++)
         assert_int_equal(px[k], 0);
     dh_batch_destroy(&b);
@@ -167,18 +169,18 @@ static void all_failed_or_empty_batches_have_no_pixels(void **state)
     make_failed(&s[1], "y", DH_ERANGE, "y.mp4: short");
     dh_batch_t *b = collate_ok(s, 2, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
     assert_int_equal(b->failed, 2);
-    assert_int_equal(b->pixels.nbytes, 0);
-    assert_null(b->pixels.data);
-    assert_int_equal(b->pixels.shape[0], 2);
-    assert_int_equal(b->pixels.shape[1], 0);
+    assert_int_equal(b->frames.nbytes, 0);
+    assert_null(b->frames.data);
+    assert_int_equal(b->frames.shape[0], 2);
+    assert_int_equal(b->frames.shape[1], 0);
     assert_int_equal(b->mask.nbytes, 0);
     dh_batch_destroy(&b);
     dh_sample_clear(&s[0]);
     dh_sample_clear(&s[1]);
 
     b = collate_ok(NULL, 0, DH_DTYPE_UINT8, DH_LAYOUT_TCHW);
-    assert_int_equal(b->pixels.shape[0], 0);
-    assert_null(b->pixels.data);
+    assert_int_equal(b->frames.shape[0], 0);
+    assert_null(b->frames.data);
     dh_batch_destroy(&b);
     dh_batch_destroy(&b); /* safe on NULL */
 }
@@ -222,6 +224,98 @@ static void clears_are_safe_on_zeroed_values(void **state)
     assert_int_equal(dh_dtype_size(DH_DTYPE_FLOAT32), 4);
 }
 
+/* A contiguous int16 tensor named `name` of rows x cols whose element (r, c) is base + 10r + c. */
+static dh_tensor_t grid(const char *name, int64_t rows, int64_t cols, int base)
+{
+    dh_tensor_t t = {.dtype = DH_DTYPE_INT16, .ndim = 2, .shape = {rows, cols}};
+    dh_tensor_set_name(&t, name);
+    dh_tensor_set_contiguous(&t);
+    t.data = dh_malloc(t.nbytes ? t.nbytes : 1);
+    assert_non_null(t.data);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            ((int16_t *)t.data)[r * cols + c] = (int16_t)(base + 10 * r + c);
+    return t;
+}
+
+static int16_t at(const dh_tensor_t *t, int64_t r, int64_t c)
+{
+    return ((const int16_t *)t->data)[r * t->strides[0] + c * t->strides[1]];
+}
+
+static void rows_join_parts_padding_the_other_dims(void **state)
+{
+    dh_tensor_t a = grid("mask", 2, 3, 100), b = grid("mask", 1, 5, 500), out;
+    const dh_tensor_t *parts[] = {&a, &b};
+    assert_int_equal(dh_collate_rows(parts, NULL, 2, &out, NULL), 0);
+    assert_string_equal(out.name, "mask");
+    assert_int_equal(out.dtype, DH_DTYPE_INT16);
+    assert_int_equal(out.shape[0], 3);
+    assert_int_equal(out.shape[1], 5);
+    assert_int_equal(out.strides[0], 5);
+    assert_int_equal(out.strides[1], 1);
+    assert_int_equal(out.nbytes, 3 * 5 * 2);
+    for (int64_t c = 0; c < 5; c++) {
+        assert_int_equal(at(&out, 0, c), c < 3 ? 100 + c : 0); /* padded on the right */
+        assert_int_equal(at(&out, 1, c), c < 3 ? 110 + c : 0);
+        assert_int_equal(at(&out, 2, c), 500 + c);
+    }
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&b);
+}
+
+static void rows_of_a_missing_part_are_zeros(void **state)
+{
+    dh_tensor_t a = grid("frames", 1, 2, 1), c = grid("frames", 1, 2, 7), out;
+    const dh_tensor_t *parts[] = {NULL, &a, NULL, &c};
+    const int64_t gaps[] = {2, 0, 1, 0};
+    assert_int_equal(dh_collate_rows(parts, gaps, 4, &out, NULL), 0);
+    assert_int_equal(out.shape[0], 5);
+    const int16_t want[5][2] = {{0, 0}, {0, 0}, {1, 2}, {0, 0}, {7, 8}};
+    for (int64_t r = 0; r < 5; r++)
+        for (int64_t k = 0; k < 2; k++)
+            assert_int_equal(at(&out, r, k), want[r][k]);
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&c);
+}
+
+static void rows_read_strided_parts(void **state)
+{
+    /* A view of columns 0..1 of a 2 x 4 grid: strides {4, 1}, shape {2, 2}. */
+    dh_tensor_t full = grid("x", 2, 4, 10), view = full, out;
+    view.shape[1] = 2;
+    const dh_tensor_t *parts[] = {&view};
+    assert_int_equal(dh_collate_rows(parts, NULL, 1, &out, NULL), 0);
+    assert_int_equal(out.strides[0], 2);
+    assert_int_equal(at(&out, 0, 1), 11);
+    assert_int_equal(at(&out, 1, 0), 20);
+    assert_int_equal(at(&out, 1, 1), 21);
+    dh_tensor_clear(&out);
+    dh_tensor_clear(&full);
+}
+
+static void rows_refuse_parts_that_disagree(void **state)
+{
+    dh_tensor_t a = grid("mask", 1, 2, 0), b = grid("frames", 1, 2, 0), out;
+    const dh_tensor_t *parts[] = {NULL, &a, &b};
+    size_t bad = 99;
+    assert_int_equal(dh_collate_rows(parts, NULL, 3, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    assert_non_null(strstr(dh_last_error(), "part 2's tensor 'mask' does not match part 1's"));
+    assert_null(out.data);
+    b.dtype = DH_DTYPE_UINT16; /* the same name, another dtype */
+    dh_tensor_set_name(&b, "mask");
+    assert_int_equal(dh_collate_rows(parts, NULL, 3, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    const dh_tensor_t *none[] = {NULL, NULL};
+    assert_int_equal(dh_collate_rows(none, NULL, 2, &out, &bad), DH_EINVAL);
+    assert_int_equal(bad, 2);
+    dh_tensor_clear(&a);
+    dh_tensor_clear(&b);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(frames_are_padded_to_the_longest_with_masks),
     cmocka_unit_test(different_sizes_are_padded_bottom_right),
@@ -229,5 +323,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(all_failed_or_empty_batches_have_no_pixels),
     cmocka_unit_test(collate_survives_allocation_failure),
     cmocka_unit_test(clears_are_safe_on_zeroed_values),
+    cmocka_unit_test(rows_join_parts_padding_the_other_dims),
+    cmocka_unit_test(rows_of_a_missing_part_are_zeros),
+    cmocka_unit_test(rows_read_strided_parts),
+    cmocka_unit_test(rows_refuse_parts_that_disagree),
 };
 DH_TEST_MAIN(tests)

@@ -61,8 +61,8 @@ static void decode_ok(const dh_pipeline_spec_t *spec, const char *path,
 
 static const uint8_t *frame_at(const dh_sample_t *s, int32_t t)
 {
-    size_t bytes = s->pixels.nbytes / (size_t)s->plan.frames;
-    return (const uint8_t *)s->pixels.data + (size_t)t * bytes;
+    size_t bytes = s->frames.nbytes / (size_t)s->plan.frames;
+    return (const uint8_t *)s->frames.data + (size_t)t * bytes;
 }
 
 /* Every output frame carries the index the plan sampled. */
@@ -88,7 +88,7 @@ static void uniform_decodes_the_planned_frames(void **state)
     assert_string_equal(s.id, "s0");
     assert_frames_are_planned(&s, 160, 120);
     dh_sample_clear(&s);
-    assert_null(s.pixels.data);
+    assert_null(s.frames.data);
 
     /* Sparse and dense plans both: 3 frames (a seek per frame), all 48 (no seek). */
     static const int32_t counts[] = {1, 3, 47, 48};
@@ -143,8 +143,8 @@ static void random_window_is_reproducible(void **state)
     decode_ok(&spec, path, NULL, "s0000001", &a);
     decode_ok(&spec, path, NULL, "s0000001", &b);
     decode_ok(&spec, path, NULL, "s0000002", &c);
-    assert_int_equal(a.pixels.nbytes, b.pixels.nbytes);
-    assert_memory_equal(a.pixels.data, b.pixels.data, a.pixels.nbytes);
+    assert_int_equal(a.frames.nbytes, b.frames.nbytes);
+    assert_memory_equal(a.frames.data, b.frames.data, a.frames.nbytes);
     assert_memory_equal(a.plan.indices, b.plan.indices, 8 * sizeof(int64_t));
     assert_memory_not_equal(a.plan.indices, c.plan.indices, 8 * sizeof(int64_t));
     assert_frames_are_planned(&a, 160, 120);
@@ -165,7 +165,7 @@ static void fps_sampling_decodes_duration_times_rate(void **state)
     dh_sample_t s;
     decode_ok(&spec, path, NULL, "f", &s);
     assert_int_equal(s.plan.frames, 10);
-    assert_int_equal(s.pixels.shape[0], 10);
+    assert_int_equal(s.frames.shape[0], 10);
     assert_frames_are_planned(&s, 160, 120);
     dh_sample_clear(&s);
 }
@@ -178,11 +178,11 @@ static void overrides_set_frames_and_size(void **state)
     dh_sample_overrides_t ovr = {6, 56, 84};
     dh_sample_t s;
     decode_ok(&spec, path, &ovr, "o", &s);
-    assert_int_equal(s.pixels.ndim, 4);
-    assert_int_equal(s.pixels.shape[0], 6);
-    assert_int_equal(s.pixels.shape[1], 3);
-    assert_int_equal(s.pixels.shape[2], 56);
-    assert_int_equal(s.pixels.shape[3], 84);
+    assert_int_equal(s.frames.ndim, 4);
+    assert_int_equal(s.frames.shape[0], 6);
+    assert_int_equal(s.frames.shape[1], 3);
+    assert_int_equal(s.frames.shape[2], 56);
+    assert_int_equal(s.frames.shape[3], 84);
     assert_int_equal(s.plan.tokens, dh_tokens_visual(6, 56, 84));
     dh_sample_clear(&s);
 }
@@ -200,7 +200,8 @@ static void shapes_follow_resize_layout_and_dtype(void **state)
     };
     for (size_t m = 0; m < 3; m++)
         for (int layout = 0; layout < 2; layout++)
-            for (int dtype = 0; dtype < 2; dtype++) {
+            for (int k = 0; k < 2; k++) {
+                const dh_dtype_t dtype = k ? DH_DTYPE_FLOAT32 : DH_DTYPE_UINT8;
                 dh_pipeline_spec_t spec;
                 dh_pipeline_spec_defaults(&spec);
                 spec.frames = 4;
@@ -208,21 +209,21 @@ static void shapes_follow_resize_layout_and_dtype(void **state)
                 spec.width = 96;
                 spec.resize = modes[m].resize;
                 spec.layout = (dh_layout_t)layout;
-                spec.dtype = (dh_dtype_t)dtype;
+                spec.dtype = dtype;
                 dh_sample_t s;
                 decode_ok(&spec, path, NULL, "x", &s);
                 int64_t h = modes[m].want_h, w = modes[m].want_w;
                 int64_t tchw[4] = {4, 3, h, w}, thwc[4] = {4, h, w, 3};
                 const int64_t *want = layout == DH_LAYOUT_TCHW ? tchw : thwc;
-                assert_int_equal(s.pixels.ndim, 4);
-                assert_int_equal(s.pixels.dtype, dtype);
+                assert_int_equal(s.frames.ndim, 4);
+                assert_int_equal(s.frames.dtype, dtype);
                 for (int d = 0; d < 4; d++)
-                    assert_int_equal(s.pixels.shape[d], want[d]);
-                assert_int_equal(s.pixels.strides[3], 1);
-                assert_int_equal(s.pixels.strides[2], want[3]);
-                assert_int_equal(s.pixels.strides[1], want[3] * want[2]);
-                assert_int_equal(s.pixels.strides[0], want[3] * want[2] * want[1]);
-                assert_int_equal(s.pixels.nbytes, (size_t)(4 * 3 * h * w) * dh_dtype_size(dtype));
+                    assert_int_equal(s.frames.shape[d], want[d]);
+                assert_int_equal(s.frames.strides[3], 1);
+                assert_int_equal(s.frames.strides[2], want[3]);
+                assert_int_equal(s.frames.strides[1], want[3] * want[2]);
+                assert_int_equal(s.frames.strides[0], want[3] * want[2] * want[1]);
+                assert_int_equal(s.frames.nbytes, (size_t)(4 * 3 * h * w) * dh_dtype_size(dtype));
                 assert_int_equal(s.plan.height, h);
                 assert_int_equal(s.plan.width, w);
                 assert_int_equal(s.plan.tokens, dh_tokens_visual(4, (int32_t)h, (int32_t)w));
@@ -243,7 +244,7 @@ static void tchw_holds_the_planes_of_thwc(void **state)
     decode_ok(&spec, path, NULL, "x", &planar);
     spec.layout = DH_LAYOUT_THWC;
     decode_ok(&spec, path, NULL, "x", &packed);
-    const uint8_t *p = planar.pixels.data, *q = packed.pixels.data;
+    const uint8_t *p = planar.frames.data, *q = packed.frames.data;
     int mismatches = 0;
     for (int t = 0; t < 3; t++)
         for (int c = 0; c < 3; c++)
@@ -275,11 +276,11 @@ static void float32_is_normalised_uint8(void **state)
         decode_ok(&spec, path, NULL, "x", &u8);
         spec.dtype = DH_DTYPE_FLOAT32;
         decode_ok(&spec, path, NULL, "x", &f32);
-        assert_int_equal(f32.pixels.nbytes, 4 * u8.pixels.nbytes);
-        const uint8_t *u = u8.pixels.data;
-        const float *f = f32.pixels.data;
+        assert_int_equal(f32.frames.nbytes, 4 * u8.frames.nbytes);
+        const uint8_t *u = u8.frames.data;
+        const float *f = f32.frames.data;
         double lo = 1e9, hi = -1e9;
-        for (size_t i = 0; i < u8.pixels.nbytes; i++) {
+        for (size_t i = 0; i < u8.frames.nbytes; i++) {
             int c = layout == DH_LAYOUT_THWC ? (int)(i % 3) : (int)((i / (32 * 48)) % 3);
             double want = (u[i] / 255.0 - spec.mean[c]) / spec.std[c];
             assert_close(f[i], want, 1e-5);
@@ -310,7 +311,7 @@ static void center_crop_keeps_the_centre(void **state)
     spec.resize = DH_RESIZE_SHORT_SIDE_CROP;
     spec.width = 120;
     decode_ok(&spec, path, NULL, "x", &crop);
-    const uint8_t *a = full.pixels.data, *b = crop.pixels.data;
+    const uint8_t *a = full.frames.data, *b = crop.frames.data;
     long total = 0, count = 0;
     for (int t = 0; t < 2; t++)
         for (int y = 0; y < 120; y++)
@@ -339,7 +340,7 @@ static void fewer_frames_than_asked_is_erange_unless_repeat(void **state)
     assert_int_equal(s.error, DH_ERANGE);
     assert_non_null(strstr(s.error_message, path));
     assert_non_null(strstr(s.error_message, "48 frames"));
-    assert_null(s.pixels.data);
+    assert_null(s.frames.data);
     dh_sample_clear(&s);
     dh_pipeline_destroy(&p);
 
@@ -369,7 +370,7 @@ static void assert_decode_fails(const char *path, int want, const char *why)
     assert_non_null(strstr(s.error_message, why));
     assert_string_equal(dh_last_error(), s.error_message);
     assert_string_equal(s.id, "bad");
-    assert_null(s.pixels.data);
+    assert_null(s.frames.data);
     dh_sample_clear(&s);
     dh_pipeline_destroy(&p);
 }
@@ -550,27 +551,27 @@ static void batch_with_a_bad_sample_keeps_the_good_ones(void **state)
     assert_string_equal(batch->ids[1], "s1");
     /* B x T x H x W x C with T = the largest T (8). */
     int64_t want[5] = {3, 8, 120, 160, 3};
-    assert_int_equal(batch->pixels.ndim, 5);
+    assert_int_equal(batch->frames.ndim, 5);
     for (int d = 0; d < 5; d++)
-        assert_int_equal(batch->pixels.shape[d], want[d]);
+        assert_int_equal(batch->frames.shape[d], want[d]);
     static const uint8_t want_mask[3][8] = {
         {1, 1, 1, 1, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}};
     assert_memory_equal(batch->mask.data, want_mask, sizeof want_mask);
-    assert_int_equal(batch->frames[0], 4);
-    assert_int_equal(batch->frames[1], 0);
-    assert_int_equal(batch->frames[2], 8);
+    assert_int_equal(batch->frame_counts[0], 4);
+    assert_int_equal(batch->frame_counts[1], 0);
+    assert_int_equal(batch->frame_counts[2], 8);
     assert_int_equal(batch->tokens[0], dh_tokens_visual(4, 120, 160));
     assert_int_equal(batch->tokens[1], 0);
     assert_int_equal(batch->tokens[2], dh_tokens_visual(8, 120, 160));
     /* The good samples' frames are the ones a single decode gives. */
     size_t frame_bytes = (size_t)120 * 160 * 3, slot = 8 * frame_bytes;
-    const uint8_t *px = batch->pixels.data;
+    const uint8_t *px = batch->frames.data;
     dh_sample_t s0, s2;
     decode_ok(&spec, good, NULL, "s0", &s0);
     dh_sample_overrides_t ovr = {8, 0, 0};
     decode_ok(&spec, other, &ovr, "s2", &s2);
-    assert_memory_equal(px, s0.pixels.data, s0.pixels.nbytes);
-    assert_memory_equal(px + 2 * slot, s2.pixels.data, s2.pixels.nbytes);
+    assert_memory_equal(px, s0.frames.data, s0.frames.nbytes);
+    assert_memory_equal(px + 2 * slot, s2.frames.data, s2.frames.nbytes);
     for (size_t i = 4 * frame_bytes; i < 2 * slot; i++) /* padding and the failed slot */
         assert_int_equal(px[i], 0);
     assert_int_equal(dh_synth_frame_index(px + 2 * slot + 7 * frame_bytes, 160, 120),

@@ -71,7 +71,7 @@ def test_tensors_are_views_of_the_arena_no_copy(datahelix, dataset):
     c = datahelix._C.Client(dataset[0] + "/profiles.jsonl", 0, 1, 2, workers=1,
                             arena_bytes=64 << 20, max_steps=1)
     b = c.next()
-    px = b.tensors()["pixels"]
+    px = b.tensors()["frames"]
     t = torch.from_dlpack(px)
     base, size = px.arena()
     assert t.data_ptr() == px.data_ptr

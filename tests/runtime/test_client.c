@@ -41,7 +41,7 @@ static const char *write_profiles(const char *name, size_t count)
     return path;
 }
 
-static const dh_client_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
+static const dh_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
 {
     for (size_t i = 0; i < b->n_tensors; i++)
         if (strcmp(b->tensors[i].name, name) == 0)
@@ -52,8 +52,8 @@ static const dh_client_tensor_t *tensor(const dh_client_batch_t *b, const char *
 /* Each synthetic sample's bytes start with its id. */
 static void check_synthetic(const dh_client_batch_t *b)
 {
-    const dh_client_tensor_t *sizes = tensor(b, "sizes");
-    const dh_client_tensor_t *payload = tensor(b, "payload");
+    const dh_tensor_t *sizes = tensor(b, "sizes");
+    const dh_tensor_t *payload = tensor(b, "payload");
     if (!sizes || !payload) {
         print_error("batch %llu from '%s' has %zu tensors:", (unsigned long long)b->index,
                     b->server ? b->server : "?", b->n_tensors);
@@ -63,7 +63,7 @@ static void check_synthetic(const dh_client_batch_t *b)
     }
     assert_non_null(sizes);
     assert_non_null(payload);
-    assert_int_equal(sizes->dtype, DH_WIRE_DTYPE_I64);
+    assert_int_equal(sizes->dtype, DH_DTYPE_INT64);
     assert_int_equal(sizes->shape[0], (int64_t)b->n_samples);
     const int64_t *sz = sizes->data;
     size_t at = 0;
@@ -121,6 +121,32 @@ static void embedded_epoch_in_order_exactly_once(void **state)
     /* every batch was in the arena, so every notice came on the notice channel */
     assert_int_equal(st.notices, st.deliveries);
     assert_int_equal(st.copied_tensors, 0);
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
+/* next() gives up after next_timeout_ms, measured on the monotonic clock, with DH_EAGAIN
+ * naming the batch. Each synthetic sample sleeps its profile's cpu_s (about 1 s a batch here),
+ * so batch 0 cannot be ready within 50 ms. */
+static void next_times_out_with_eagain(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"sleep\"}");
+    cfg.next_timeout_ms = 50;
+    cfg.prefetch = 1;
+    cfg.max_steps = 1;
+    cfg.workers = 1;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t t0 = dh_clock_now_ns();
+    int rc = dh_client_next(c, &b);
+    double waited = dh_clock_elapsed_s(t0, dh_clock_now_ns());
+    assert_int_equal(rc, DH_EAGAIN);
+    assert_null(b);
+    assert_non_null(strstr(dh_last_error(), "batch 0 not ready within 50 ms"));
+    assert_true(waited >= 0.05);
     dh_client_destroy(&c);
     cl_assert_no_leftovers();
 }
@@ -285,7 +311,7 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
     dh_client_batch_t *b = NULL;
     assert_int_equal(dh_client_next(c, &b), 0);
     /* the payload lies in the arena mapping (a memfd), not on the heap */
-    const dh_client_tensor_t *payload = tensor(b, "payload");
+    const dh_tensor_t *payload = tensor(b, "payload");
     assert_non_null(payload);
     char line[512];
     int in_arena = 0;
@@ -667,7 +693,7 @@ static void embedded_video_with_corrupt_clip(void **state)
                 size_t bad = b->samples[0].error ? 0 : 1;
                 assert_int_equal(b->failed, 1);
                 assert_non_null(strstr(b->samples[bad].error_message, broken));
-                const dh_client_tensor_t *px = tensor(b, "pixels"), *mask = tensor(b, "mask");
+                const dh_tensor_t *px = tensor(b, "frames"), *mask = tensor(b, "mask");
                 assert_non_null(px);
                 assert_non_null(mask);
                 assert_int_equal(px->shape[0], 2);
@@ -687,9 +713,9 @@ static void embedded_video_with_corrupt_clip(void **state)
                 assert_non_null(strstr(b->samples[0].error_message, broken));
                 failed++;
             } else {
-                const dh_client_tensor_t *px = tensor(b, "pixels");
+                const dh_tensor_t *px = tensor(b, "frames");
                 assert_non_null(px);
-                assert_int_equal(px->dtype, DH_WIRE_DTYPE_U8);
+                assert_int_equal(px->dtype, DH_DTYPE_UINT8);
                 assert_int_equal(px->ndim, 5); /* B x T x 3 x H x W */
                 assert_int_equal(px->shape[0], mode == 2 ? 2 : 1);
                 assert_int_equal(px->shape[2], 3);
@@ -711,6 +737,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(embedded_epoch_in_order_exactly_once),
+        cmocka_unit_test(next_times_out_with_eagain),
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),

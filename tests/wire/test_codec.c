@@ -36,28 +36,21 @@ static uint8_t video_bytes[2 * 3 * 4];
 static float mask_bytes[2 * 3];
 
 static dh_wire_tensor_t tensors[] = {
-    {.name = (char *)"video",
-     .dtype = DH_WIRE_DTYPE_U8,
-     .ndim = 3,
-     .location = DH_WIRE_LOC_FRAME,
-     .shape = {2, 3, 4},
-     .strides = {12, 4, 1}},
-    {.name = (char *)"tokens",
-     .dtype = DH_WIRE_DTYPE_I64,
-     .ndim = 1,
+    {.tensor = {.name = "video",
+                .dtype = DH_DTYPE_UINT8,
+                .ndim = 3,
+                .shape = {2, 3, 4},
+                .strides = {12, 4, 1}},
+     .location = DH_WIRE_LOC_FRAME},
+    {.tensor = {.name = "tokens", .dtype = DH_DTYPE_INT64, .ndim = 1, .shape = {5}, .strides = {1}},
      .location = DH_WIRE_LOC_SHM,
-     .shape = {5},
-     .strides = {8},
      .arena_id = 7,
      .offset = 4096,
      .length = 64,
      .generation = 0x1122334455667788ull},
-    {.name = (char *)"mask",
-     .dtype = DH_WIRE_DTYPE_F32,
-     .ndim = 2,
-     .location = DH_WIRE_LOC_FRAME,
-     .shape = {2, 3},
-     .strides = {12, 4}},
+    {.tensor =
+         {.name = "mask", .dtype = DH_DTYPE_FLOAT32, .ndim = 2, .shape = {2, 3}, .strides = {3, 1}},
+     .location = DH_WIRE_LOC_FRAME},
 };
 
 static dh_wire_frame_t payload_frames[] = {
@@ -253,13 +246,13 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_int_equal(a->deliver.n_tensors, b->deliver.n_tensors);
         for (uint32_t i = 0; i < a->deliver.n_tensors; i++) {
             const dh_wire_tensor_t *x = &a->deliver.tensors[i], *y = &b->deliver.tensors[i];
-            assert_string_equal(x->name, y->name);
-            assert_int_equal(x->dtype, y->dtype);
-            assert_int_equal(x->ndim, y->ndim);
+            assert_string_equal(x->tensor.name, y->tensor.name);
+            assert_int_equal(x->tensor.dtype, y->tensor.dtype);
+            assert_int_equal(x->tensor.ndim, y->tensor.ndim);
             assert_int_equal(x->location, y->location);
-            for (unsigned d = 0; d < x->ndim; d++) {
-                assert_int_equal(x->shape[d], y->shape[d]);
-                assert_int_equal(x->strides[d], y->strides[d]);
+            for (int32_t d = 0; d < x->tensor.ndim; d++) {
+                assert_int_equal(x->tensor.shape[d], y->tensor.shape[d]);
+                assert_int_equal(x->tensor.strides[d], y->tensor.strides[d]);
             }
             if (x->location == DH_WIRE_LOC_SHM) {
                 assert_int_equal(x->arena_id, y->arena_id);
@@ -347,11 +340,11 @@ static void wire_round_trips_deliver_with_payloads(void **state)
     encoded_t e = encode(&in);
     assert_int_equal(
         dh_wire_decode(e.header, sizeof e.header, e.body, e.body_len, payload_frames, 2, &out), 0);
-    assert_ptr_equal(out.deliver.tensors[0].data, video_bytes);
-    assert_int_equal(out.deliver.tensors[0].size, sizeof video_bytes);
-    assert_null(out.deliver.tensors[1].data);
-    assert_ptr_equal(out.deliver.tensors[2].data, mask_bytes);
-    assert_int_equal(out.deliver.tensors[2].size, sizeof mask_bytes);
+    assert_ptr_equal(out.deliver.tensors[0].tensor.data, video_bytes);
+    assert_int_equal(out.deliver.tensors[0].tensor.nbytes, sizeof video_bytes);
+    assert_null(out.deliver.tensors[1].tensor.data);
+    assert_ptr_equal(out.deliver.tensors[2].tensor.data, mask_bytes);
+    assert_int_equal(out.deliver.tensors[2].tensor.nbytes, sizeof mask_bytes);
     dh_msg_clear(&out);
     dh_free(e.body);
 }
@@ -651,7 +644,7 @@ static void expect_tensor_fault(void (*edit)(dh_wire_tensor_t *t), size_t tensor
 
 static void dtype_99(dh_wire_tensor_t *t)
 {
-    t->dtype = 99;
+    t->tensor.dtype = 99;
 }
 static void location_5(dh_wire_tensor_t *t)
 {
@@ -659,20 +652,20 @@ static void location_5(dh_wire_tensor_t *t)
 }
 static void shape_overflow(dh_wire_tensor_t *t)
 {
-    t->shape[0] = UINT64_MAX / 2;
-    t->shape[1] = 4;
+    t->tensor.shape[0] = INT64_MAX / 2;
+    t->tensor.shape[1] = 4;
 }
 static void negative_stride(dh_wire_tensor_t *t)
 {
-    t->strides[0] = -12;
+    t->tensor.strides[0] = -12;
 }
 static void stride_too_long(dh_wire_tensor_t *t)
 {
-    t->strides[0] = 13;
+    t->tensor.strides[0] = 13;
 }
 static void stride_overflow(dh_wire_tensor_t *t)
 {
-    t->strides[0] = INT64_MAX;
+    t->tensor.strides[0] = INT64_MAX;
 }
 static void shm_too_short(dh_wire_tensor_t *t)
 {
@@ -684,7 +677,7 @@ static void shm_wraps(dh_wire_tensor_t *t)
 }
 static void bigger_shape(dh_wire_tensor_t *t)
 {
-    t->shape[0] = 3;
+    t->tensor.shape[0] = 3;
 }
 
 static void wire_rejects_bad_tensors(void **state)
@@ -699,6 +692,17 @@ static void wire_rejects_bad_tensors(void **state)
                      DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "DELIVER: field 'tensors[0].ndim'"));
     assert_non_null(strstr(dh_last_error(), "at most 6"));
+    dh_free(e.body);
+
+    /* Strides travel in bytes: one that is not a whole number of elements is refused.
+     * tensor 0 ends at 84, tensor 1 (shm) at 145; tensor 2's strides[0] at 145 + 8 + 3 + 16. */
+    e = encode(&in);
+    assert_int_equal(e.body[172], 12); /* mask f32 [2][3]: 3 elements = 12 bytes */
+    e.body[172] = 13;
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, payload_frames, 2, &out),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "tensors[2].strides"));
+    assert_non_null(strstr(dh_last_error(), "multiple of 4"));
     dh_free(e.body);
 
     expect_tensor_fault(dtype_99, 0, payload_frames, 2, "tensors[0].dtype");
@@ -953,10 +957,10 @@ static void wire_names_types_and_dtypes(void **state)
     assert_string_equal(dh_msg_type_name(DH_MSG_DELIVER), "DELIVER");
     assert_string_equal(dh_msg_type_name(0), "type?");
     assert_string_equal(dh_msg_type_name(99), "type?");
-    assert_int_equal(dh_wire_dtype_size(DH_WIRE_DTYPE_BF16), 2);
-    assert_int_equal(dh_wire_dtype_size(DH_WIRE_DTYPE_F64), 8);
-    assert_int_equal(dh_wire_dtype_size(0), 0);
-    assert_int_equal(dh_wire_dtype_size(14), 0);
+    assert_int_equal(dh_dtype_size(DH_DTYPE_BFLOAT16), 2);
+    assert_int_equal(dh_dtype_size(DH_DTYPE_FLOAT64), 8);
+    assert_int_equal(dh_dtype_size(0), 0);
+    assert_int_equal(dh_dtype_size(14), 0);
 }
 
 static const struct CMUnitTest tests[] = {

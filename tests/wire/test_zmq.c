@@ -63,18 +63,18 @@ static dh_msg_t request_msg(void)
 static uint8_t video[4 * 64 * 64];
 static float tokens[2 * 16];
 static dh_wire_tensor_t tensors[] = {
-    {.name = (char *)"video",
-     .dtype = DH_WIRE_DTYPE_U8,
-     .ndim = 3,
-     .location = DH_WIRE_LOC_FRAME,
-     .shape = {4, 64, 64},
-     .strides = {4096, 64, 1}},
-    {.name = (char *)"tokens",
-     .dtype = DH_WIRE_DTYPE_F32,
-     .ndim = 2,
-     .location = DH_WIRE_LOC_FRAME,
-     .shape = {2, 16},
-     .strides = {64, 4}},
+    {.tensor = {.name = "video",
+                .dtype = DH_DTYPE_UINT8,
+                .ndim = 3,
+                .shape = {4, 64, 64},
+                .strides = {4096, 64, 1}},
+     .location = DH_WIRE_LOC_FRAME},
+    {.tensor = {.name = "tokens",
+                .dtype = DH_DTYPE_FLOAT32,
+                .ndim = 2,
+                .shape = {2, 16},
+                .strides = {16, 1}},
+     .location = DH_WIRE_LOC_FRAME},
 };
 
 static dh_msg_t deliver_msg(void)
@@ -141,16 +141,16 @@ static void exchange(const char *transport, const char *name)
     assert_int_equal(got.msg.type, DH_MSG_DELIVER);
     assert_int_equal(got.msg.deliver.n_tensors, 2);
     const dh_wire_tensor_t *t = got.msg.deliver.tensors;
-    assert_string_equal(t[0].name, "video");
-    assert_int_equal(t[0].size, sizeof video);
-    assert_memory_equal(t[0].data, video, sizeof video);
-    assert_string_equal(t[1].name, "tokens");
-    assert_int_equal(t[1].size, sizeof tokens);
-    assert_memory_equal(t[1].data, tokens, sizeof tokens);
+    assert_string_equal(t[0].tensor.name, "video");
+    assert_int_equal(t[0].tensor.nbytes, sizeof video);
+    assert_memory_equal(t[0].tensor.data, video, sizeof video);
+    assert_string_equal(t[1].tensor.name, "tokens");
+    assert_int_equal(t[1].tensor.nbytes, sizeof tokens);
+    assert_memory_equal(t[1].tensor.data, tokens, sizeof tokens);
     if (strcmp(transport, "inproc") == 0) {
         /* inproc passes the frame itself: the receiver sees the sender's buffer, no copy. */
-        assert_ptr_equal(t[0].data, video);
-        assert_ptr_equal(t[1].data, tokens);
+        assert_ptr_equal(t[0].tensor.data, video);
+        assert_ptr_equal(t[1].tensor.data, tokens);
         assert_int_equal(atomic_load(&payloads_freed), 0);
     }
     dh_wire_received_release(&got);
@@ -354,7 +354,7 @@ static void zmq_maxmsgsize_drops_oversized_message(void **state)
     assert_int_equal(dh_wire_socket_connect(push, ep), 0);
     assert_int_equal(dh_wire_send(push, NULL, 0, &del, payloads, 2, TIMEOUT_MS), 0);
     assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), 0);
-    assert_memory_equal(got.msg.deliver.tensors[0].data, video, sizeof video);
+    assert_memory_equal(got.msg.deliver.tensors[0].tensor.data, video, sizeof video);
     dh_wire_received_release(&got);
     dh_wire_socket_destroy(&pull);
     dh_wire_socket_destroy(&push);
@@ -449,7 +449,7 @@ static int send_and_receive(void *ctx)
     rc = dh_wire_recv(p->router, TIMEOUT_MS, &got);
     if (rc)
         return rc;
-    assert_memory_equal(got.msg.deliver.tensors[1].data, tokens, sizeof tokens);
+    assert_memory_equal(got.msg.deliver.tensors[1].tensor.data, tokens, sizeof tokens);
     dh_wire_received_release(&got);
     return 0;
 }

@@ -1,0 +1,394 @@
+/* client_fetch.c: a client's fetcher thread (client.c has the threads and the lock).
+ *
+ * It connects to the rank's local DataServer (its data socket, and its arena socket: the
+ * arena's memfd is mapped once, and the connection stays open as the notice channel), and
+ * receives DELIVERs on both: each tensor's handle is resolved in the mapped arena (a spilled
+ * tensor comes as a frame and is copied), duplicates are dropped, parts are filed in the
+ * ring by sequence number, and with fanout > 1 the batch's last part joins the parts into
+ * one batch here (dh_collate_rows), so next() does not pay for the copy. When the
+ * coordinator names another local DataServer, the fetcher reconnects.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/pipeline.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/client_internal.h"
+#include "runtime/notice.h"
+#include "wire/internal.h"
+
+/* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
+ * it under the lock into `ds`). */
+int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds)
+{
+    int fd = -1, conn = -1;
+    int rc = dh__notice_connect(ds->shm_socket, &fd, &conn);
+    if (rc)
+        return rc;
+    dh_shm_arena_t *arena = NULL;
+    rc = dh_shm_arena_attach(&arena, fd);
+    close(fd);
+    if (rc) {
+        close(conn);
+        return rc;
+    }
+    /* Name ourselves on the notice channel; without it DELIVERs come over ZeroMQ only. */
+    if (dh__notice_name(conn, c->id) != 0) {
+        close(conn);
+        conn = -1;
+    }
+    uint64_t id = dh_shm_arena_id(arena);
+    bool have = false;
+    for (size_t i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i]->id == id)
+            have = true;
+    if (have) {
+        dh_shm_arena_destroy(&arena);
+    } else {
+        if (c->n_arenas == MAX_ARENAS) {
+            dh__client_arena_ref_drop(c->arenas[0]);
+            memmove(&c->arenas[0], &c->arenas[1], (MAX_ARENAS - 1) * sizeof c->arenas[0]);
+            c->n_arenas--;
+        }
+        arena_ref_t *a = dh_calloc(1, sizeof *a);
+        if (!a) {
+            dh_shm_arena_destroy(&arena);
+            if (conn >= 0)
+                close(conn);
+            return dh__set_error(DH_ENOMEM, "out of memory for an arena mapping");
+        }
+        a->arena = arena;
+        a->id = id;
+        atomic_init(&a->refs, 1);
+        c->arenas[c->n_arenas++] = a;
+    }
+    dh_wire_socket_t *sock = NULL;
+    if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
+        (rc = dh__wire_set_routing_id(sock, c->id)) ||
+        (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
+        dh_wire_socket_destroy(&sock);
+        if (conn >= 0)
+            close(conn);
+        return rc;
+    }
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = c->node;
+    m.hello.name = c->id;
+    m.hello.pid = (uint32_t)getpid();
+    m.hello.rank = c->cfg.rank;
+    if ((rc = dh_wire_send(sock, NULL, 0, &m, NULL, 0, 1000))) {
+        dh_wire_socket_destroy(&sock);
+        if (conn >= 0)
+            close(conn);
+        return rc;
+    }
+    dh_wire_socket_destroy(&c->data);
+    c->data = sock;
+    if (c->notice_fd >= 0)
+        close(c->notice_fd);
+    c->notice_fd = conn;
+    return 0;
+}
+
+static arena_ref_t *arena_by_id(dh_client_t *c, uint64_t id)
+{
+    for (size_t i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i]->id == id)
+            return c->arenas[i];
+    return NULL;
+}
+
+/* Releases the slabs of a DELIVER that will not be used. */
+static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
+{
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *t = &m->tensors[i];
+        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
+        if (a) {
+            dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
+            dh_shm_arena_unref(a->arena, &h);
+        }
+    }
+}
+
+/* Joins the parts' tensors along dimension 0 (dh_collate_rows: the other dimensions padded
+ * to the largest) into heap copies that replace parts[0]'s tensors; every part's slabs are
+ * given back at once (the copies hold the data), the parts keep their samples. Runs on the
+ * fetcher thread when the batch's last part arrives, so next() does not pay for the copy
+ * (fanout > 1). A part whose samples all failed comes with no tensors (nothing to map): it
+ * keeps its samples' slots as zero rows of every per-sample tensor (dimension 0 = the
+ * samples, as frames and mask; a tensor like the synthetic payload gets no rows from it).
+ * On failure the parts are left as they were and the message is returned in *why. */
+static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
+{
+    part_t *p0 = &parts[0];
+    size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
+    while (ref < n_parts && parts[ref].n_tensors == 0)
+        ref++;
+    dh_tensor_t out[DH__RT_MAX_TENSORS] = {0};
+    int rc = 0;
+    size_t n_tensors = ref < n_parts ? parts[ref].n_tensors : 0;
+    const dh_tensor_t *column[n_parts ? n_parts : 1]; /* n_parts = fanout <= batch */
+    int64_t gap_rows[n_parts ? n_parts : 1];
+    for (size_t t = 0; t < n_tensors; t++) {
+        const dh_tensor_t *o = &parts[ref].tensors[t];
+        bool per_sample = o->shape[0] == (int64_t)parts[ref].n_samples;
+        size_t bad = ref;
+        for (size_t k = 0; k < n_parts; k++) {
+            column[k] = parts[k].n_tensors ? &parts[k].tensors[t] : NULL;
+            gap_rows[k] = per_sample && !column[k] ? (int64_t)parts[k].n_samples : 0;
+            if (parts[k].n_tensors && parts[k].n_tensors != n_tensors) {
+                rc = DH_EINVAL;
+                bad = k;
+                break;
+            }
+        }
+        if (rc == 0)
+            rc = dh_collate_rows(column, gap_rows, n_parts, &out[t], &bad);
+        if (rc == DH_EINVAL) {
+            rc = DH_EPARSE;
+            snprintf(why, why_cap,
+                     "batch %llu: part %zu's tensor '%.31s' does not match part %zu's",
+                     (unsigned long long)batch, bad, o->name, ref);
+            goto fail;
+        }
+        if (rc) {
+            snprintf(why, why_cap, "batch %llu: out of memory joining %zu parts (%zu bytes)",
+                     (unsigned long long)batch, n_parts, out[t].nbytes);
+            goto fail;
+        }
+    }
+    for (size_t k = 0; k < n_parts; k++)
+        dh__client_part_release_tensors(&parts[k]);
+    for (size_t t = 0; t < n_tensors; t++) {
+        p0->tensors[t] = out[t];
+        p0->copies[t] = out[t].data;
+    }
+    p0->n_tensors = n_tensors;
+    return 0;
+fail:
+    for (size_t t = 0; t < DH__RT_MAX_TENSORS; t++)
+        dh_tensor_clear(&out[t]);
+    return rc;
+}
+
+static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
+{
+    dh_msg_deliver_t *m = &r->msg.deliver;
+    uint64_t now = dh_clock_now_ns();
+    if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
+        dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
+                    m->n_tensors);
+        drop_deliver(c, m);
+        return;
+    }
+    part_t p = {0};
+    p.seq = m->seq;
+    uint64_t copied = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *t = &m->tensors[i];
+        void *ptr = NULL;
+        dh_shm_handle_t h = {0};
+        if (t->location == DH_WIRE_LOC_FRAME) {
+            /* spilled by a DataServer whose arena stayed full: keep a copy of the frame */
+            size_t size = t->tensor.nbytes;
+            ptr = dh_malloc(size ? size : 1);
+            if (!ptr) {
+                dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
+                            c->id, (unsigned long long)m->seq, t->tensor.name);
+                dh__client_part_release(&p);
+                return;
+            }
+            if (size)
+                memcpy(ptr, t->tensor.data, size);
+            p.copies[i] = ptr;
+            copied++;
+        } else {
+            arena_ref_t *a = arena_by_id(c, t->arena_id);
+            h = (dh_shm_handle_t){t->arena_id, t->offset, t->length, t->generation};
+            if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
+                dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a "
+                            "mapped arena (%s); dropped",
+                            c->id, (unsigned long long)m->seq, t->tensor.name,
+                            a ? dh_last_error() : "unknown arena");
+                for (uint32_t k = i + 1; k < m->n_tensors; k++) {
+                    const dh_wire_tensor_t *u = &m->tensors[k];
+                    arena_ref_t *ua =
+                        u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id) : NULL;
+                    dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
+                    if (ua)
+                        dh_shm_arena_unref(ua->arena, &uh);
+                }
+                if (a && !(p.arena && p.arena != a))
+                    dh_shm_arena_unref(a->arena, &h);
+                dh__client_part_release(&p);
+                return;
+            }
+            if (!p.arena) {
+                p.arena = a;
+                atomic_fetch_add(&a->refs, 1);
+            }
+        }
+        p.handles[i] = h;
+        p.tensors[i] = t->tensor; /* the decoded tensor as it is, its data resolved */
+        p.tensors[i].data = ptr;
+        p.n_tensors++;
+    }
+    p.n_samples = m->n_samples;
+    p.samples = m->samples; /* moved */
+    m->samples = NULL;
+    m->n_samples = 0;
+    snprintf(p.server, NAME_CAP, "%s", m->server ? m->server : "");
+    p.ready_ns = m->ready_ns;
+    p.received_ns = now;
+    p.ready = true;
+
+    uint32_t parts = c->cfg.fanout;
+    double arena_used = -1;
+    if (c->cfg.prefetch_max > c->cfg.prefetch && p.arena) { /* O(slabs): 512 for 512 MiB */
+        dh_shm_arena_stats_t as;
+        dh_shm_arena_stats(p.arena->arena, &as);
+        if (as.slabs_total)
+            arena_used = (double)(as.slabs_used - as.slabs_reclaimable) / (double)as.slabs_total;
+    }
+    pthread_mutex_lock(&c->lock);
+    if (arena_used >= 0)
+        c->arena_used = arena_used;
+    uint64_t lo = c->consumed * parts, hi = c->planned * parts;
+    part_t *slot = &c->ring[p.seq % c->ring_size];
+    bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);
+    if (!dup) {
+        *slot = p;
+        dh__count(&c->counters.deliveries, 1);
+        dh__count(&c->counters.copied_tensors, copied);
+    } else {
+        dh__count(&c->counters.duplicates_dropped, 1);
+    }
+    /* fanout > 1: the batch's last part joins the batch, here rather than in next() */
+    part_t *held = NULL;
+    uint64_t batch = p.seq / parts;
+    bool join = !dup && parts > 1;
+    for (uint32_t k = 0; join && k < parts; k++) {
+        part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+        join = q->ready && q->seq == batch * parts + k && !q->joined;
+    }
+    if (join && !(held = dh_calloc(parts, sizeof *held))) {
+        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
+        q0->joined = true;
+        q0->join_rc = DH_ENOMEM;
+        snprintf(q0->join_error, sizeof q0->join_error,
+                 "batch %llu: out of memory joining %u parts", (unsigned long long)batch, parts);
+        join = false;
+    }
+    if (join)
+        for (uint32_t k = 0; k < parts; k++) {
+            /* moved out; the slots stay ready with their seq, so a duplicate of one of
+             * these requests is still seen as one, and next() waits for `joined` */
+            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+            held[k] = *q;
+            memset(q, 0, sizeof *q);
+            q->ready = true;
+            q->seq = batch * parts + k;
+        }
+    pthread_mutex_unlock(&c->lock);
+    if (join) {
+        char why[sizeof held->join_error] = "";
+        int rc = join_parts(held, parts, batch, why, sizeof why);
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t k = 0; k < parts; k++) {
+            part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
+            *q = held[k];
+        }
+        part_t *q0 = &c->ring[(batch * parts) % c->ring_size];
+        q0->joined = true;
+        q0->join_rc = rc;
+        snprintf(q0->join_error, sizeof q0->join_error, "%s", why);
+        pthread_mutex_unlock(&c->lock);
+        dh_free(held);
+    }
+    /* after the unlock: a waiter woken under the lock would only block on it again */
+    if (!dup)
+        pthread_cond_broadcast(&c->cond);
+    if (dup) {
+        dh_log_debug("client '%s': duplicate delivery of request %llu dropped", c->id,
+                     (unsigned long long)p.seq);
+        dh__client_part_release(&p);
+    }
+}
+
+/* The notice channel is readable: one DELIVER packet, or the DataServer's end (it died or
+ * stopped; the coordinator will name its successor). */
+static void notice_receive(dh_client_t *c)
+{
+    dh_wire_received_t r = {0};
+    int got = dh__notice_receive(c->notice_fd, c->id, &r.msg);
+    if (got < 0) {
+        close(c->notice_fd);
+        c->notice_fd = -1;
+        return;
+    }
+    if (got == 1 && r.msg.type == DH_MSG_DELIVER) {
+        dh__count(&c->counters.notices, 1);
+        on_deliver(c, &r);
+    }
+    dh_wire_received_release(&r);
+}
+
+void *dh__client_fetcher_main(void *arg)
+{
+    dh_client_t *c = arg;
+    dh_wire_received_t r = {0};
+    uint64_t generation;
+    pthread_mutex_lock(&c->lock);
+    generation = c->ds.generation;
+    pthread_mutex_unlock(&c->lock);
+    while (!atomic_load(&c->stop)) {
+        pthread_mutex_lock(&c->lock);
+        ds_info_t ds = c->ds;
+        pthread_mutex_unlock(&c->lock);
+        if (ds.generation != generation) {
+            if (dh__client_connect_local(c, &ds) == 0) {
+                generation = ds.generation;
+                dh_log_info("client '%s': connected to local DataServer '%s'", c->id, ds.name);
+            } else {
+                dh_log_warn("client '%s': cannot connect to local DataServer '%s' (%s): %s", c->id,
+                            ds.name, ds.endpoint, dh_last_error());
+                struct timespec ts = {0, 100000000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+        }
+        zmq_pollitem_t items[2] = {{dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0},
+                                   {NULL, c->notice_fd, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, c->notice_fd >= 0 ? 2 : 1, 50) <= 0)
+            continue;
+        if (c->notice_fd >= 0 && (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+            notice_receive(c);
+        if (!(items[0].revents & ZMQ_POLLIN))
+            continue;
+        int rc = dh_wire_recv(c->data, 0, &r);
+        if (rc == DH_EPARSE) {
+            dh_log_warn("client '%s': dropped a malformed message: %s", c->id, dh_last_error());
+            continue;
+        }
+        if (rc)
+            continue;
+        if (r.msg.type == DH_MSG_DELIVER)
+            on_deliver(c, &r);
+        dh_wire_received_release(&r);
+    }
+    return NULL;
+}

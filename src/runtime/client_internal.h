@@ -1,0 +1,155 @@
+/* runtime/client_internal.h: a client's state and the internals its files share: client.c
+ * (life cycle, planning calls, next() and batches), client_send.c (the sender thread) and
+ * client_fetch.c (the fetcher thread). Threads and locking: see client.c.
+ */
+#ifndef DH_RUNTIME_CLIENT_INTERNAL_H
+#define DH_RUNTIME_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "datahelix/client.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+#include "datahelix/sampler.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/counters.h"
+#include "runtime/rt.h"
+
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+#define MAX_ARENAS 8
+
+/* The client's counters (counters.h), named as in dh_client_stats_t; wait_ns is its wait_s. */
+#define DH__CLIENT_COUNTERS(XX)                                                                    \
+    XX(batches)                                                                                    \
+    XX(samples)                                                                                    \
+    XX(samples_failed)                                                                             \
+    XX(requests_sent)                                                                              \
+    XX(deliveries)                                                                                 \
+    XX(duplicates_dropped)                                                                         \
+    XX(bytes_delivered)                                                                            \
+    XX(copied_tensors)                                                                             \
+    XX(notices)
+
+typedef struct dh__client_counters {
+    DH__CLIENT_COUNTERS(DH__COUNTER_FIELD)
+    dh__counter_t wait_ns; /* time next() blocked */
+} dh__client_counters_t;
+
+typedef struct arena_ref {
+    dh_shm_arena_t *arena;
+    uint64_t id;
+    atomic_int refs;
+} arena_ref_t;
+
+typedef struct part {
+    bool ready;
+    uint64_t seq;
+    size_t n_tensors;
+    dh_tensor_t tensors[DH__RT_MAX_TENSORS];
+    dh_shm_handle_t handles[DH__RT_MAX_TENSORS];
+    void *copies[DH__RT_MAX_TENSORS]; /* tensors that came as payload frames (spilled) */
+    arena_ref_t *arena;
+    uint32_t n_samples;
+    dh_wire_sample_result_t *samples; /* owned (moved from the decoded message) */
+    char server[NAME_CAP];
+    uint64_t ready_ns, received_ns;
+    /* fanout > 1, in the batch's first part: its tensors are the joined batch (copies in
+     * copies[]; the other parts keep only their samples), or join_rc says why not */
+    bool joined;
+    int join_rc;
+    char join_error[256];
+} part_t;
+
+typedef struct ds_info {
+    char name[NAME_CAP];
+    char endpoint[ENDPOINT_CAP];
+    char shm_socket[NAME_CAP];
+    uint64_t generation;
+} ds_info_t;
+
+struct dh_client {
+    dh_client_config_t cfg;
+    char id[NAME_CAP];
+    char node[NAME_CAP];
+    char coord_endpoint[ENDPOINT_CAP];
+    dh_profile_set_t *profiles;
+    dh_sampler_t *sampler;      /* sender thread */
+    dh_sampler_t *plan_sampler; /* dh_client_plan_rank_step */
+    pthread_mutex_t plan_lock;
+    size_t steps_per_epoch;
+    uint64_t step0; /* global step of batch 0: first_epoch x steps_per_epoch */
+    uint64_t total;
+
+    void *ctx;
+    dh_coordinator_t *embedded_coord;
+    dh_dataserver_t *embedded_ds;
+    dh_wire_socket_t *coord; /* sender thread after start */
+    dh_wire_socket_t *data;  /* fetcher thread after start */
+    int notice_fd;           /* fetcher thread after start; -1: none */
+    arena_ref_t *arenas[MAX_ARENAS];
+    size_t n_arenas; /* fetcher thread after start */
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t consumed; /* batches returned by next() */
+    uint64_t planned;  /* batches requested */
+    uint64_t delivered_parts_inflight;
+    part_t *ring;      /* max(prefetch, prefetch_max) x fanout parts */
+    uint32_t horizon;  /* batches requested ahead of next(): prefetch, deepened up to
+                        * prefetch_max when next() waits */
+    double arena_used; /* adaptive prefetch: share of the local arena's slabs in use, as
+                        * of the last delivery (the horizon deepens only below half) */
+    size_t ring_size;
+    int64_t *tokens_of; /* ring of planned batches' tokens */
+    size_t tokens_ring;
+    uint64_t *requested_of; /* send time of each batch's requests, ring like tokens_of */
+    ds_info_t ds;           /* the local DataServer, from the coordinator */
+    double s_per_token, mean_window_s;
+    uint64_t last_return_ns;
+    dh__client_counters_t counters; /* any thread (counters.h) */
+    /* A request the coordinator dropped: its ERROR's code (0: none) and message, with which
+     * next() fails rather than wait for a batch that will not come. */
+    int refused;
+    char refused_msg[2 * NAME_CAP];
+
+    atomic_int stop;
+    pthread_t sender, fetcher;
+    bool threads_started;
+};
+
+/* ---- client.c ---- */
+
+/* Drops one reference to an arena mapping; the last one unmaps it. Thread-safe. */
+void dh__client_arena_ref_drop(arena_ref_t *a);
+
+/* Gives back a part's slabs and copies, keeping its samples (a joined batch's parts). */
+void dh__client_part_release_tensors(part_t *p);
+
+/* Gives back everything a part holds and zeroes it. */
+void dh__client_part_release(part_t *p);
+
+/* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
+ * client's config), from `sampler`. Returns the count or < 0. */
+int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
+                              uint32_t *rows, size_t cap);
+
+/* ---- client_send.c ---- */
+
+/* The sender thread (pthread_create's start routine; arg is the client). */
+void *dh__client_sender_main(void *arg);
+
+/* ---- client_fetch.c ---- */
+
+/* Connects the data socket and maps the arena of the DataServer in `ds` (the caller copies
+ * c->ds under the lock). Returns 0 or a negative code with a message. */
+int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds);
+
+/* The fetcher thread (pthread_create's start routine; arg is the client). */
+void *dh__client_fetcher_main(void *arg);
+
+#endif

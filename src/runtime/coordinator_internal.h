@@ -1,0 +1,130 @@
+/* runtime/coordinator_internal.h: the coordinator's state and the internals its files
+ * share: coordinator.c (the loop, the registry of servers and clients, liveness, the book
+ * of requests) and coordinator_place.c (placing a request: the snapshot, dh_place, the
+ * DISPATCH, the decision log). One thread: see coordinator.c.
+ */
+#ifndef DH_RUNTIME_COORDINATOR_INTERNAL_H
+#define DH_RUNTIME_COORDINATOR_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "datahelix/cost.h"
+#include "datahelix/place.h"
+#include "datahelix/runtime.h"
+#include "datahelix/wire.h"
+#include "runtime/counters.h"
+
+#define MAX_NODES 64
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+
+typedef struct server {
+    char name[NAME_CAP];
+    uint8_t role; /* dh_wire_role_t */
+    uint32_t node;
+    uint32_t workers;
+    uint32_t pid;
+    char endpoint[ENDPOINT_CAP];
+    char shm_socket[NAME_CAP];
+    bool alive;
+    uint64_t last_seen_ns;
+    uint32_t queue_len;  /* dispatched, not yet executed (the book) */
+    double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
+    double speed;        /* learned observed / predicted */
+    double storage_s_per_B;
+} server_t;
+
+typedef struct client {
+    char name[NAME_CAP];
+    uint32_t node;
+    uint32_t rank;
+    uint32_t pid;
+    int32_t told; /* index of the local DataServer it was told about, or -1 */
+} client_t;
+
+typedef struct entry {
+    dh_msg_t msg; /* the REQUEST, owned */
+    int32_t client;
+    int32_t server; /* executing server, -1 = to place */
+    bool executed;  /* the executor reported COMPLETE (delivered=0) */
+    uint64_t arrival_ns;
+    double pred_cpu_s, in_bytes, out_bytes;
+    uint32_t placements;
+} entry_t;
+
+/* The coordinator's counters (counters.h), named as in dh_coordinator_stats_t (servers_alive
+ * is a gauge); sched_ns is its sched_s. */
+#define DH__COORD_COUNTERS(XX)                                                                     \
+    XX(requests)                                                                                   \
+    XX(dispatches)                                                                                 \
+    XX(redispatches)                                                                               \
+    XX(completes)                                                                                  \
+    XX(delivered)                                                                                  \
+    XX(decisions)                                                                                  \
+    XX(servers_alive)                                                                              \
+    XX(servers_dead_declared)                                                                      \
+    XX(clients)
+
+typedef struct dh__coord_counters {
+    DH__COORD_COUNTERS(DH__COUNTER_FIELD)
+    dh__counter_t sched_ns; /* time in dh_place, total */
+} dh__coord_counters_t;
+
+struct dh_coordinator {
+    dh_coordinator_config_t cfg;
+    void *ctx;
+    bool own_ctx;
+    dh_wire_socket_t *sock;
+    char endpoint[ENDPOINT_CAP];
+    FILE *telemetry;
+    char *telemetry_path;
+    atomic_int stop;
+    pthread_t thread;
+    bool started;
+
+    server_t *servers;
+    size_t n_servers, cap_servers;
+    client_t *clients;
+    size_t n_clients, cap_clients;
+    entry_t *book;
+    size_t n_book, cap_book;
+    char nodes[MAX_NODES][NAME_CAP];
+    uint32_t n_nodes;
+    dh_link_t links[MAX_NODES * MAX_NODES];
+
+    dh_cost_model_t *model;
+    dh_server_state_t *snap;
+    dh_candidate_t *cand;
+    size_t cap_snap;
+    uint64_t start_ns;
+    bool pending_work; /* entries to place exist */
+
+    dh__coord_counters_t counters; /* any thread (counters.h) */
+};
+
+/* ---- coordinator.c ---- */
+
+/* Grows *arr (of *cap elements of elem bytes, zero-filled) to hold need. 0 or DH_ENOMEM. */
+int dh__coord_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+/* The index of the live local DataServer of a node, or -1. */
+int32_t dh__coord_local_server_of(dh_coordinator_t *c, uint32_t node);
+
+/* Sends msg to the peer named `peer` (its routing id). 0 or a negative code (logged). */
+int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg);
+
+/* Marks server idx dead (why: for the log line) and puts its undelivered requests back in
+ * the book to place again. */
+void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why);
+
+/* ---- coordinator_place.c ---- */
+
+/* Places and dispatches every request of the book not yet placed, in arrival order, until
+ * one cannot be placed because every candidate is full; sets c->pending_work when some wait. */
+void dh__coord_place_pending(dh_coordinator_t *c);
+
+#endif

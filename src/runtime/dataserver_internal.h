@@ -1,0 +1,207 @@
+/* runtime/dataserver_internal.h: the DataServer's state and the internals its files share:
+ * dataserver.c (the event loop, registration, local delivery), dataserver_work.c (the task
+ * queue, the worker threads and their output buffers) and forward.c (links to other
+ * DataServers, forwarding, pending deliveries). Threads: see dataserver.c.
+ */
+#ifndef DH_RUNTIME_DATASERVER_INTERNAL_H
+#define DH_RUNTIME_DATASERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/counters.h"
+#include "runtime/notice.h"
+#include "runtime/rt.h"
+
+#define NAME_CAP 128
+#define ENDPOINT_CAP 256
+#define MAX_LINKS 32
+#define MAX_CLIENTS 256
+#define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
+#define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
+
+/* The DataServer's counters (counters.h), named as in dh_dataserver_stats_t. */
+#define DH__DS_COUNTERS(XX)                                                                        \
+    XX(tasks)                                                                                      \
+    XX(samples)                                                                                    \
+    XX(sample_errors)                                                                              \
+    XX(delivered_local)                                                                            \
+    XX(delivered_forwarded)                                                                        \
+    XX(forwarded)                                                                                  \
+    XX(bytes_forwarded)                                                                            \
+    XX(bytes_received)                                                                             \
+    XX(arena_waits)                                                                                \
+    XX(undeliverable)                                                                              \
+    XX(arena_spills)
+
+typedef struct dh__ds_counters {
+    DH__DS_COUNTERS(DH__COUNTER_FIELD)
+} dh__ds_counters_t;
+
+typedef struct task {
+    struct task *next;
+    dh_msg_t msg; /* DISPATCH, owned */
+    uint64_t enqueued_ns;
+    /* filled by the worker */
+    int rc;
+    dh__rt_result_t result;
+    double queue_s;
+    uint64_t ready_ns;
+    bool local_target;
+} task_t;
+
+typedef struct queue {
+    task_t *head, *tail;
+    size_t len;
+} queue_t;
+
+typedef struct link {
+    char endpoint[ENDPOINT_CAP];
+    char node[NAME_CAP];
+    dh_wire_socket_t *sock;
+    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
+    uint64_t sent_at_ns[64];
+    uint64_t sent_seq[64];
+    uint64_t sent_bytes[64];
+} link_t;
+
+typedef struct known_client {
+    char name[NAME_CAP];
+    uint32_t pid;
+    uint64_t since_ns;
+} known_client_t;
+
+/* A DELIVER that could not go out yet: its client has not connected, or (forwarded) the
+ * arena was full. */
+typedef struct pending {
+    struct pending *next;
+    task_t *task;                 /* own worker's result waiting for its client, or NULL */
+    dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
+    char sidecar[NAME_CAP];
+    uint64_t since_ns;
+} pending_t;
+
+struct dh_dataserver {
+    dh_dataserver_config_t cfg;
+    char name[NAME_CAP];
+    char node[NAME_CAP];
+    char coord_endpoint[ENDPOINT_CAP];
+    char data_endpoint[ENDPOINT_CAP];
+    dh__rt_pipeline_t pipeline;
+    void *ctx;
+    bool own_ctx;
+    dh_wire_socket_t *coord;
+    dh_wire_socket_t *data;
+    dh__notice_server_t notice; /* local role: the arena socket and the notice channels */
+    int wake_fd;
+    dh_shm_arena_t *arena;
+    pthread_mutex_t arena_lock;
+
+    pthread_mutex_t lock; /* tasks, results, clients */
+    pthread_cond_t task_cond;
+    queue_t tasks, results;
+    uint32_t running;
+    double queued_cpu_s;
+    known_client_t clients[MAX_CLIENTS];
+    size_t n_clients;
+    /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
+     * for one of them is dropped at once and quietly, not held UNREACHABLE_GRACE_NS and
+     * reported as a loss. */
+    char left[LEFT_CAP][NAME_CAP];
+    size_t n_left;
+    dh__ds_counters_t counters; /* any thread (counters.h) */
+
+    pthread_t *threads;
+    uint32_t n_threads;
+    atomic_int stop;
+    pthread_t loop_thread;
+    bool started;
+
+    link_t links[MAX_LINKS];
+    size_t n_links;
+    pending_t *pending;
+    double latency_ewma_s;
+};
+
+/* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
+ * full arena may all belong to batches the client holds ahead of the one it waits for, so
+ * waiting forever could deadlock the in-order fetcher; a spilled tensor goes to the client as
+ * a payload frame. Spills stay bounded by the client's prefetch and the coordinator's queue
+ * cap, which are the real backpressure. */
+#define SPILL_AFTER_NS 50000000ull
+
+/* ---- dataserver_work.c ---- */
+
+/* The task and result FIFOs: append, and take the oldest (NULL when empty). Under s->lock. */
+void dh__ds_push(queue_t *q, task_t *t);
+task_t *dh__ds_pop(queue_t *q);
+
+/* Frees a task: its message and its result's strings (not its output buffers). Safe on NULL. */
+void dh__ds_task_free(task_t *t);
+
+/* Counts one tensor sent by copy because the arena stayed full (arena_spills). */
+void dh__ds_count_spill(dh_dataserver_t *s);
+
+/* A worker thread (pthread_create's start routine): takes its worker_arg_t (and frees it),
+ * runs tasks until the server stops. */
+typedef struct worker_arg {
+    dh_dataserver_t *s;
+    uint32_t index;
+} worker_arg_t;
+void *dh__ds_worker_main(void *arg);
+
+/* ---- dataserver.c ---- */
+
+/* COMPLETE of a request (r may be NULL: no samples): to `to` with routing_id (a sidecar's
+ * ack on the data socket), or to the coordinator when `to` is NULL. */
+void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                          const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
+                          dh_wire_socket_t *to, const char *routing_id);
+
+/* Whether the client said GOODBYE (the loop thread's list). */
+bool dh__ds_client_left(const dh_dataserver_t *s, const char *name);
+
+/* The connected client of that name, or NULL. Under s->lock, or on the loop thread. */
+known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name);
+
+/* A payload's free function (dh_wire_free_fn): dh_free, on whichever thread ZeroMQ calls it. */
+void dh__ds_free_payload(void *data, void *hint);
+
+/* Sends a client the DELIVER of handles for a batch in the arena. Returns 0, or
+ * -EHOSTUNREACH when the client is not connected (the caller decides to wait or drop). */
+int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t seq,
+                             const dh__rt_tensor_t *tensors, size_t n_tensors,
+                             const dh_wire_sample_result_t *samples, uint32_t n_samples,
+                             uint64_t ready_ns, const char *executor);
+
+/* Unreferences the arena slabs of n output tensors (spilled ones are left alone). */
+void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
+
+/* A local task's result to its client. Returns true when the task is done with (delivered
+ * or dropped), false to keep it pending. */
+bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns);
+
+/* ---- forward.c ---- */
+
+/* A sidecar's finished task: the frames go to the target's DataServer over its link. */
+void dh__ds_forward_result(dh_dataserver_t *s, task_t *t);
+
+/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
+ * Returns true when done with (delivered, dropped or refused), false to retry later (the
+ * arena is full, or the client has not connected yet). */
+bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
+                            uint64_t since_ns);
+
+/* Appends a delivery that must wait; dh__ds_retry_pending tries every waiting one again. */
+void dh__ds_add_pending(dh_dataserver_t *s, pending_t *p);
+void dh__ds_retry_pending(dh_dataserver_t *s);
+
+/* A message on link l (a target's COMPLETE ack): updates the link's bandwidth estimate. */
+void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r);
+
+#endif

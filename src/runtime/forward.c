@@ -1,0 +1,249 @@
+/* forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
+ *
+ * A remote sidecar forwards each finished task to the local DataServer of its target rank
+ * over a link (a DEALER per target endpoint, made on first use), the tensors as zero-copy
+ * payload frames; the target's COMPLETE ack times the transfer, and an EWMA of bytes / time
+ * per link is the bandwidth estimate the heartbeat reports. The local DataServer places a
+ * forwarded DELIVER's frames into its arena once and hands the client the handles. A
+ * delivery that cannot go out yet (the client has not connected, the arena is full) waits
+ * in the pending list, retried by the loop. Threads: the loop's (see dataserver.c).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/cost.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/runtime.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/dataserver_internal.h"
+#include "runtime/rt.h"
+#include "wire/internal.h"
+
+static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
+{
+    for (size_t i = 0; i < s->n_links; i++)
+        if (strcmp(s->links[i].endpoint, endpoint) == 0)
+            return &s->links[i];
+    if (s->n_links == MAX_LINKS) {
+        dh_log_error("DataServer '%s': more than %d target DataServers; cannot reach %s", s->name,
+                     MAX_LINKS, endpoint);
+        return NULL;
+    }
+    link_t *l = &s->links[s->n_links];
+    memset(l, 0, sizeof *l);
+    snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
+    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
+        dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
+        dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
+                     dh_last_error());
+        dh_wire_socket_destroy(&l->sock);
+        return NULL;
+    }
+    s->n_links++;
+    return l;
+}
+
+/* A sidecar's finished task: the frames go to the target's DataServer. */
+void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
+{
+    const dh_msg_dispatch_t *d = &t->msg.dispatch;
+    dh__rt_result_t *r = &t->result;
+    link_t *l = link_for(s, d->target_endpoint);
+    dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
+    dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
+    dh__rt_wire_tensors(r->tensors, r->n_tensors, wire);
+    size_t np = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        payloads[np].data = r->tensors[i].tensor.data;
+        payloads[np].size = r->tensors[i].tensor.nbytes;
+        payloads[np].free_fn = dh__ds_free_payload;
+        payloads[np].hint = NULL;
+        bytes += r->tensors[i].tensor.nbytes;
+        r->tensors[i].tensor.data = NULL; /* the socket owns it now */
+        np++;
+    }
+    if (!l) {
+        for (size_t i = 0; i < np; i++)
+            dh_free(payloads[i].data);
+        return;
+    }
+    snprintf(l->node, NAME_CAP, "%s", d->target);
+    dh_msg_t m = {.type = DH_MSG_DELIVER};
+    m.deliver.client_id = d->request.client_id;
+    m.deliver.seq = d->request.seq;
+    m.deliver.n_tensors = (uint32_t)r->n_tensors;
+    m.deliver.tensors = wire;
+    m.deliver.n_samples = r->n_samples;
+    m.deliver.samples = r->samples;
+    m.deliver.ready_ns = t->ready_ns;
+    m.deliver.server = s->name;
+    uint64_t now = dh_clock_now_ns();
+    /* Stopping: one try, no wait (the target may have stopped first; a 1 s wait per
+     * finished task made the stop slow and printed a WARN for each); the stop line counts
+     * what was not forwarded as undeliverable. */
+    bool stopping = atomic_load(&s->stop) != 0;
+    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
+    if (rc) {
+        if (stopping) {
+            dh__count(&s->counters.undeliverable, 1);
+            dh_log_debug("DataServer '%s': stopping: request %s/%llu not forwarded to %s: %s",
+                         s->name, d->request.client_id, (unsigned long long)d->request.seq,
+                         d->target_endpoint, dh_last_error());
+        } else {
+            dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
+                        d->request.client_id, (unsigned long long)d->request.seq,
+                        d->target_endpoint, dh_last_error());
+        }
+        return;
+    }
+    size_t slot = d->request.seq % 64;
+    l->sent_at_ns[slot] = now;
+    l->sent_seq[slot] = d->request.seq;
+    l->sent_bytes[slot] = bytes;
+    dh__count(&s->counters.forwarded, 1);
+    dh__count(&s->counters.bytes_forwarded, bytes);
+}
+
+/* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
+ * Returns true when done with (delivered, dropped or refused), false to retry later (the
+ * arena is full, or the client has not connected yet). */
+bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const char *sidecar,
+                            uint64_t since_ns)
+{
+    dh_msg_deliver_t *m = &r->msg.deliver;
+    dh__rt_tensor_t tensors[DH__RT_MAX_TENSORS];
+    if (m->n_tensors > DH__RT_MAX_TENSORS) {
+        dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
+                    s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
+        return true;
+    }
+    bool stopping = atomic_load(&s->stop) != 0;
+    if (dh__ds_client_left(s, m->client_id)) { /* gone: nothing to place, nobody to tell */
+        dh__count(&s->counters.undeliverable, 1);
+        dh_log_debug("DataServer '%s': dropped batch %s/%llu from '%s': the client has left",
+                     s->name, m->client_id, (unsigned long long)m->seq, sidecar);
+        return true;
+    }
+    if (!dh__ds_find_client(s, m->client_id) &&
+        dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
+        return false;
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const dh_wire_tensor_t *w = &m->tensors[i];
+        const size_t size = w->tensor.nbytes;
+        dh__rt_tensor_t *t = &tensors[n];
+        memset(t, 0, sizeof *t);
+        if (w->location != DH_WIRE_LOC_FRAME) {
+            dh_log_warn("DataServer '%s': refused a DELIVER from '%s': tensor '%s' is not a "
+                        "payload frame",
+                        s->name, sidecar, w->tensor.name);
+            dh__ds_unref_tensors(s, tensors, n);
+            return true;
+        }
+        t->tensor = w->tensor;
+        t->tensor.data = NULL;
+        if (size) {
+            pthread_mutex_lock(&s->arena_lock);
+            int rc = dh_shm_arena_alloc(s->arena, size, 0, &t->handle, &t->tensor.data);
+            pthread_mutex_unlock(&s->arena_lock);
+            if (rc == DH_EAGAIN && !stopping && dh_clock_now_ns() - since_ns < SPILL_AFTER_NS) {
+                dh__ds_unref_tensors(s, tensors, n);
+                if (since_ns == 0 || dh_clock_now_ns() - since_ns < 1000000ull) {
+                    dh__count(&s->counters.arena_waits, 1);
+                }
+                return false;
+            }
+            if (rc == DH_EAGAIN && !stopping) {
+                /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
+                memset(&t->handle, 0, sizeof t->handle);
+                t->tensor.data = w->tensor.data; /* read only: dh__ds_deliver_to_client copies it */
+                dh__ds_count_spill(s);
+                bytes += size;
+                n++;
+                continue;
+            }
+            if (rc) {
+                dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name, size,
+                            sidecar, dh_last_error());
+                dh__ds_unref_tensors(s, tensors, n);
+                return true;
+            }
+            memcpy(t->tensor.data, w->tensor.data, size);
+            bytes += size;
+        }
+        n++;
+    }
+    uint64_t ready = dh_clock_now_ns();
+    int rc = dh__ds_deliver_to_client(s, m->client_id, m->seq, tensors, n, m->samples, m->n_samples,
+                                      ready, m->server);
+    if (rc) {
+        dh__ds_unref_tensors(s, tensors, n);
+        if (rc == -EHOSTUNREACH && dh_clock_now_ns() - since_ns < UNREACHABLE_GRACE_NS && !stopping)
+            return false;
+        dh__count(&s->counters.undeliverable, 1);
+    } else {
+        dh__count(&s->counters.delivered_forwarded, 1);
+        dh__count(&s->counters.bytes_received, bytes);
+    }
+    dh__rt_result_t res = {0};
+    res.n_samples = m->n_samples;
+    res.samples = m->samples;
+    res.bytes = bytes;
+    /* The ack lets the sidecar measure the link; the coordinator ends the request. */
+    dh__ds_send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, s->data, sidecar);
+    dh__ds_send_complete(s, m->client_id, m->seq, &res, 0, 0, 1, NULL, NULL);
+    return true;
+}
+
+void dh__ds_add_pending(dh_dataserver_t *s, pending_t *p)
+{
+    p->next = NULL;
+    pending_t **pp = &s->pending;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = p;
+}
+
+void dh__ds_retry_pending(dh_dataserver_t *s)
+{
+    pending_t **pp = &s->pending;
+    while (*pp) {
+        pending_t *p = *pp;
+        bool done = p->task ? dh__ds_finish_local(s, p->task, p->since_ns)
+                            : dh__ds_place_forwarded(s, &p->forwarded, p->sidecar, p->since_ns);
+        if (!done) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        if (p->task)
+            dh__ds_task_free(p->task);
+        dh_wire_received_release(&p->forwarded);
+        dh_free(p);
+    }
+}
+
+void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r)
+{
+    if (r->msg.type != DH_MSG_COMPLETE)
+        return;
+    size_t slot = r->msg.complete.seq % 64;
+    if (l->sent_seq[slot] != r->msg.complete.seq || !l->sent_at_ns[slot])
+        return;
+    double dt = dh_clock_elapsed_s(l->sent_at_ns[slot], dh_clock_now_ns());
+    l->sent_at_ns[slot] = 0;
+    if (dt > 0 && l->sent_bytes[slot] > (1u << 16)) {
+        double bw = (double)l->sent_bytes[slot] / dt;
+        l->bytes_per_s = l->bytes_per_s > 0 ? dh_cost_ewma(l->bytes_per_s, bw, 0.2) : bw;
+    }
+}

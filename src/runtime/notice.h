@@ -1,0 +1,78 @@
+/* runtime/notice.h: the local notice channel between a DataServer and the clients on its
+ * node (docs/shared-memory.md, wire-protocol.md "Packet form").
+ *
+ * The DataServer listens on an abstract AF_UNIX SOCK_SEQPACKET socket (nothing in the file
+ * system to leave behind). A client connects, receives the arena's memfd (SCM_RIGHTS), and
+ * keeps the connection open: it names itself with one packet (its client id), and from then
+ * on the DataServer sends each DELIVER of arena handles to it as one packet
+ * (dh_wire_encode_packet): two thread hops instead of ZeroMQ's four. Anything that cannot go
+ * this way (payload frames, a full channel, no channel) goes over ZeroMQ instead.
+ *
+ * Threads: a dh__notice_server_t belongs to the DataServer's loop thread; a client's
+ * channel fd to its fetcher thread.
+ */
+#ifndef DH_RUNTIME_NOTICE_H
+#define DH_RUNTIME_NOTICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "datahelix/wire.h"
+
+#define DH__NOTICE_NAME_CAP 128
+#define DH__NOTICE_MAX 64 /* open notice channels; more clients get DELIVERs over ZeroMQ */
+
+/* A client's channel: the accepted connection, named once the client has written its id. */
+typedef struct dh__notice_conn {
+    int fd;
+    char name[DH__NOTICE_NAME_CAP];
+} dh__notice_conn_t;
+
+/* The DataServer's end: the listening socket and the channels it accepted. */
+typedef struct dh__notice_server {
+    int listen_fd;                  /* -1 when not listening */
+    char name[DH__NOTICE_NAME_CAP]; /* the abstract socket's name (no leading NUL) */
+    const char *owner;              /* the DataServer's name, for log lines (borrowed) */
+    dh__notice_conn_t conns[DH__NOTICE_MAX];
+    size_t n_conns;
+} dh__notice_server_t;
+
+/* Initialises ns: not listening, no channels; owner (borrowed) is the DataServer's name. */
+void dh__notice_server_init(dh__notice_server_t *ns, const char *owner);
+
+/* Listens on a fresh abstract name ("datahelix-<pid>-<n>", in ns->name). Returns 0 or a
+ * negative errno with a message. */
+int dh__notice_server_listen(dh__notice_server_t *ns);
+
+/* The listening socket is readable: accepts one client, hands it arena_fd, and keeps the
+ * connection as a channel (non-blocking) while there is room; failures are logged. */
+void dh__notice_server_accept(dh__notice_server_t *ns, int arena_fd);
+
+/* Channel i is readable: the client's id (its first packet), or its end (the channel is
+ * closed; the last channel moves to slot i, so callers walk the channels backwards). */
+void dh__notice_server_read(dh__notice_server_t *ns, size_t i);
+
+/* Sends a message (a DELIVER of arena handles) as one packet on the newest channel of
+ * client_id. Returns true when the whole packet went out; false when it must go over ZeroMQ
+ * instead (no channel, a FRAME tensor, out of memory, full, or gone). */
+bool dh__notice_server_send(dh__notice_server_t *ns, const char *client_id, const dh_msg_t *m);
+
+/* Closes every channel and the listening socket. */
+void dh__notice_server_close(dh__notice_server_t *ns);
+
+/* Client: connects to the DataServer's socket @name and receives its arena's fd. Returns 0
+ * with *arena_fd and *conn (the channel, the caller's to close), or a negative code with a
+ * message naming the socket. */
+int dh__notice_connect(const char *name, int *arena_fd, int *conn);
+
+/* Client: names itself on the channel (its first packet). Returns 0, or -1 when the packet
+ * did not go out whole (the caller closes the channel and uses ZeroMQ only). */
+int dh__notice_name(int conn, const char *client_id);
+
+/* Client: the channel is readable. Returns 1 with the decoded packet in *out (the caller's:
+ * dh_msg_clear), 0 when there was nothing to read or the packet was malformed (dropped,
+ * logged), or -1 when the channel ended (the DataServer died or stopped; the caller closes
+ * it). `owner` names the client in log lines. */
+int dh__notice_receive(int conn, const char *owner, dh_msg_t *out);
+
+#endif
