@@ -26,6 +26,7 @@
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/stats.h"
+#include "datahelix/tensor.h"
 #include "datahelix/wire.h"
 
 #endif
