@@ -1,6 +1,6 @@
 # Fails if any file of src/sched includes a header or calls a function that does I/O,
 # starts threads, opens sockets or reads clocks. The scheduling core must stay pure so the
-# runtime, the benchmark harness and the tests can share it (DESIGN §4).
+# runtime, the benchmark harness and the tests can share it (docs/design.md §4).
 file(GLOB files ${SCHED_DIR}/*.c ${SCHED_DIR}/*.h)
 set(bad "#include <(stdio|pthread|sys/socket|unistd|fcntl|time|zmq|threads)\\.h>|[^a-z_](fopen|printf|fprintf|clock_gettime|pthread_create|dh_log_write|dh_clock_now_ns|getenv)\\(")
 set(found "")

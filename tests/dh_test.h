@@ -29,7 +29,7 @@ void dh_test_assert_close(double a, double b, double tol, const char *an, const 
  * use; returns a path "DIR/name" in a static buffer. */
 const char *dh_test_path(const char *name);
 
-/* The allocation-failure run of CONVENTIONS "Tests": runs body(ctx) with allocation 0, then
+/* The allocation-failure run of docs/conventions.md "Tests": runs body(ctx) with allocation 0, then
  * 1, 2, ... failing, until a run makes no more allocations than the one that was to fail
  * (it completed). Each run must free what it made (the live count is checked) and return
  * DH_ENOMEM, or 0 for the run that completed; anything else fails the test with the run's

@@ -1,4 +1,4 @@
-/* client.h: one training rank's view of the data plane (DESIGN §2, §4.2, §5;
+/* client.h: one training rank's view of the data plane (docs/design.md §2, §4.2, §5;
  * docs/runtime.md).
  *
  * A client plans every global step with the tier-1 planner over one seeded, epoch-aware
@@ -6,7 +6,7 @@
  * requests its own share ahead of use:
  *   - a sender thread issues REQUESTs to the coordinator, at most `prefetch` batches ahead
  *     of next() and `max_inflight` requests in flight, each with a deadline predicted from
- *     the measured compute windows and the batches' tokens (DESIGN §4.2);
+ *     the measured compute windows and the batches' tokens (docs/design.md §4.2);
  *   - a fetcher thread receives DELIVERs from the rank's local DataServer (handles into its
  *     shared-memory arena), drops duplicates, and files them by sequence number;
  *   - dh_client_next() yields batches in request order, blocking only when the next one is

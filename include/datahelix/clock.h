@@ -1,4 +1,4 @@
-/* clock.h: monotonic time. Never wall-clock: deadlines travel as durations (DESIGN §3). */
+/* clock.h: monotonic time. Never wall-clock: deadlines travel as durations (docs/design.md §3). */
 #ifndef DATAHELIX_CLOCK_H
 #define DATAHELIX_CLOCK_H
 

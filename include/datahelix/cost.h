@@ -1,4 +1,4 @@
-/* cost.h: the cost model (DESIGN §4.1). Pure: no I/O, no threads, no clocks.
+/* cost.h: the cost model (docs/design.md §4.1). Pure: no I/O, no threads, no clocks.
  *
  * Predicted time until a request is ready if executed on DataServer i:
  *

@@ -1,5 +1,5 @@
 /* deadline.h: when a rank needs its next batches, and how far ahead to ask for them
- * (DESIGN §4.2). Pure: the caller measures the clock and passes seconds in.
+ * (docs/design.md §4.2). Pure: the caller measures the clock and passes seconds in.
  *
  * A batch's compute window is predicted from its tokens (seconds per token, measured) or,
  * without that, from the mean measured window. The deadline D(b) of batch b is what is left

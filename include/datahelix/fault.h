@@ -1,4 +1,4 @@
-/* fault.h: numbered fault-injection sites (CONVENTIONS "Tests").
+/* fault.h: numbered fault-injection sites (docs/conventions.md "Tests").
  *
  * Code that talks to the outside world marks the places where it can fail with
  * DH_FAULT(site) (src/core/internal.h). Built with -DDH_ENABLE_FAULTS=ON, a test arms a site

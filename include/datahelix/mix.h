@@ -1,7 +1,7 @@
 /* mix.h: workload mixes and synthetic profile sets.
  *
  * A mix is a weighted list of clip shapes {frames, height, width, duration_s, fps, weight}
- * (DESIGN §8). Built-in mixes follow the paper: kinetics-s (16 frames at 224p),
+ * (docs/design.md §8). Built-in mixes follow the paper: kinetics-s (16 frames at 224p),
  * kinetics-m (32 at 336p), kinetics-l (64 at 448p), kinetics-mixed (S/M/L in equal parts)
  * and openvid-mixed (a wider spread of durations and resolutions up to 720p, portrait and
  * landscape). dh_profiles_generate() draws a profile set from a mix with costs from the

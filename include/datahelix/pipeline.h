@@ -1,4 +1,4 @@
-/* pipeline.h: the native video pipeline (DESIGN §6, docs/pipeline.md).
+/* pipeline.h: the native video pipeline (docs/design.md §6, docs/pipeline.md).
  *
  * read -> demux -> seek to the keyframe before each sampled frame -> decode only what is
  * needed -> resize/crop (libswscale) -> convert/normalise into the output layout -> collate

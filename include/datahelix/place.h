@@ -1,4 +1,4 @@
-/* place.h: placement of a request on a DataServer (DESIGN §4.3). Pure: no I/O, no threads,
+/* place.h: placement of a request on a DataServer (docs/design.md §4.3). Pure: no I/O, no threads,
  * no clocks; the runtime, the benchmark harness and the tests call the same functions.
  *
  * Policies, selectable by name:

@@ -1,4 +1,4 @@
-/* plan.h: tier-1 token-aware planning (DESIGN §4.4). Pure: no I/O, no threads, no clocks.
+/* plan.h: tier-1 token-aware planning (docs/design.md §4.4). Pure: no I/O, no threads, no clocks.
  *
  * For one global step the sampler draws the step's window of samples (so the profile mix
  * of the window is the data set's, never reordered across steps); the planner assigns the

@@ -1,7 +1,7 @@
 /* profile.h: descriptors and cost profiles, and their JSONL interchange format.
  *
  * A profile set is what the scheduler knows about samples before decoding them
- * (DESIGN §3): one row per sample with its descriptor (id, uri, shape) and its predicted
+ * (docs/design.md §3): one row per sample with its descriptor (id, uri, shape) and its predicted
  * costs (tokens, CPU seconds, bytes). Probe writes it, the planner, the runtime and the
  * benchmarks read it. The format is documented in docs/profiles.md.
  *
@@ -35,7 +35,7 @@ typedef struct dh_profile_row {
     double cpu_s_est;        /* CPU seconds to produce the sample (decode + transform) */
     int64_t in_bytes;        /* encoded bytes read */
     int64_t out_bytes;       /* decoded output bytes */
-    /* Optional descriptor fields (DESIGN §3): 0 or NULL when absent. */
+    /* Optional descriptor fields (docs/design.md §3): 0 or NULL when absent. */
     double duration_s; /* clip duration in seconds */
     double fps;        /* source frame rate */
     int64_t text_len;  /* caption / text length in tokens */

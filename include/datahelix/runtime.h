@@ -1,4 +1,4 @@
-/* runtime.h: the coordinator and the DataServer (DESIGN §2, §5; docs/runtime.md).
+/* runtime.h: the coordinator and the DataServer (docs/design.md §2, §5; docs/runtime.md).
  *
  * Both are objects that own one event-loop thread and its ZeroMQ sockets. The `datahelix
  * coordinator` and `datahelix server` commands run one each on the main thread

@@ -1,4 +1,4 @@
-/* sampler.h: the seeded, epoch-aware sample order (DESIGN §4.4). Pure.
+/* sampler.h: the seeded, epoch-aware sample order (docs/design.md §4.4). Pure.
  *
  * Epoch e is a permutation of 0..n-1 drawn from (seed, e) (or the identity when shuffle is
  * off). Global step s takes `per_step` consecutive ids of the stream of epochs: with

@@ -1,4 +1,4 @@
-/* shm.h: the shared-memory arena of a local DataServer (DESIGN §5, docs/shared-memory.md).
+/* shm.h: the shared-memory arena of a local DataServer (docs/design.md §5, docs/shared-memory.md).
  *
  * An arena is one memfd of a fixed size, mapped MAP_SHARED by the DataServer that made it
  * (the *creator*) and by its clients (*attachers*), who get the fd over a Unix socket

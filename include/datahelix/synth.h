@@ -1,4 +1,4 @@
-/* synth.h: synthetic video data sets (issue 3, DESIGN §6).
+/* synth.h: synthetic video data sets (issue 3, docs/design.md §6).
  *
  * Encodes real H.264 clips in MP4 through libavcodec/libavformat, with moving, textured
  * content, so decoding them costs what decoding real video costs (a flat colour would

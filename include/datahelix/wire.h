@@ -1,5 +1,5 @@
-/* wire.h: the message schema of the runtime and the ZeroMQ helpers that carry it (DESIGN §2,
- * §5; docs/wire-protocol.md is the normative description of the bytes).
+/* wire.h: the message schema of the runtime and the ZeroMQ helpers that carry it (docs/design.md
+ * §2, §5; docs/wire-protocol.md is the normative description of the bytes).
  *
  * Every message is one ZeroMQ multipart message:
  *

@@ -80,7 +80,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
             r->out_bytes += s->out_bytes;
         }
         /* The compute window of the consuming rank: 0.8x to 3x the request's own CPU time
-         * (the balanced regime of DESIGN §8, where neither side dominates). */
+         * (the balanced regime of docs/design.md §8, where neither side dominates). */
         r->deadline_s = r->cpu_s * uniform(&rng, 0.8, 3.0);
         r->consumer_node = (uint32_t)dh_rng_below(&rng, nodes);
         r->local_server = local_of_node[r->consumer_node];

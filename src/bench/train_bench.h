@@ -1,5 +1,5 @@
-/* bench/train_bench.h: `datahelix bench`, the emulated synchronous training loop (DESIGN §8,
- * docs/benchmarks.md).
+/* bench/train_bench.h: `datahelix bench`, the emulated synchronous training loop (docs/design.md
+ * §8, docs/benchmarks.md).
  *
  * R ranks are threads of this process, each with a real client of the data plane; the
  * coordinator and the DataServers of each system run as threads too, over inproc://

@@ -1,4 +1,4 @@
-/* cost.c: the cost model of DESIGN §4.1 (see cost.h) and its online refinement.
+/* cost.c: the cost model of docs/design.md §4.1 (see cost.h) and its online refinement.
  *
  * Refinement keeps, per profile key, an exponentially weighted mean of the ratio
  * measured / cpu_s_est (so rows of one key that differ in duration or jitter keep their

@@ -1,4 +1,4 @@
-/* mix.c: workload mixes (DESIGN §8) and synthetic profile sets drawn from them.
+/* mix.c: workload mixes (docs/design.md §8) and synthetic profile sets drawn from them.
  *
  * A mix is a weighted list of clip shapes. The built-in ones follow the paper's Kinetics
  * S/M/L workloads plus a wider OpenVid-like spread; any other mix is a JSON file. From a

@@ -1,5 +1,5 @@
 /* profile.c: the profile set (one row of descriptor + predicted cost per sample) and its
- * JSONL interchange format (docs/profiles.md, DESIGN §3).
+ * JSONL interchange format (docs/profiles.md, docs/design.md §3).
  *
  * Loading is the hot path: the planner and the benchmarks read sets of millions of rows.
  * Each line is parsed by jansson (json_loadb), the known fields are copied out, and the

@@ -1,4 +1,4 @@
-/* client.c: one training rank's client (DESIGN §2, §4.2, §4.4, §5; docs/runtime.md).
+/* client.c: one training rank's client (docs/design.md §2, §4.2, §4.4, §5; docs/runtime.md).
  *
  * Threads: the caller's (dh_client_next), a sender (coordinator DEALER: HELLO, REQUEST,
  * GOODBYE; receives the local DataServer's address) and a fetcher (data DEALER to the local

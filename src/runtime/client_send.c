@@ -24,7 +24,7 @@
 #include "runtime/client_internal.h"
 #include "runtime/descriptor.h"
 
-/* DESIGN §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
+/* docs/design.md §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
 static double deadline_s(const dh_client_t *c, uint64_t b)
 {
     dh_deadline_model_t m = {.s_per_token = c->s_per_token,

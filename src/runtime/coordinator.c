@@ -1,4 +1,4 @@
-/* coordinator.c: the registry, the liveness tracker and the scheduler of a job (DESIGN §2,
+/* coordinator.c: the registry, the liveness tracker and the scheduler of a job (docs/design.md §2,
  * §4.3; docs/runtime.md).
  *
  * One thread, one ROUTER socket. Peers are DEALERs whose routing id is their name. The
@@ -460,8 +460,8 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
             s->queued_cpu_s = 0;
         if (e->pred_cpu_s > 0 && m->cpu_s > 0) {
             /* The server's speed factor learns the discrepancy between the measured CPU
-             * seconds and the profile's prediction (DESIGN §4.1 C_cpu). Limit: one factor per
-             * server, not per profile key; the per-key model (cost.h) is not fed yet. */
+             * seconds and the profile's prediction (docs/design.md §4.1 C_cpu). Limit: one factor
+             * per server, not per profile key; the per-key model (cost.h) is not fed yet. */
             double ratio = m->cpu_s / e->pred_cpu_s;
             s->speed = dh_cost_ewma(s->speed, ratio * s->speed, 0.2);
             if (s->speed < 0.05)

@@ -1,9 +1,9 @@
-/* dataserver.c: a DataServer, local or remote sidecar (DESIGN §2, §5; docs/runtime.md).
+/* dataserver.c: a DataServer, local or remote sidecar (docs/design.md §2, §5; docs/runtime.md).
  *
  * Threads: one event loop (the caller of dh_dataserver_run, or the thread of _start) that
  * owns every socket, and `workers` worker threads that run the pipeline. They talk through
  * two mutex-protected FIFOs (tasks in, results out) and an eventfd that wakes the loop, the
- * "documented thread-safe queue" of CONVENTIONS. ZeroMQ's PUSH would hand a task to a busy
+ * "documented thread-safe queue" of docs/conventions.md. ZeroMQ's PUSH would hand a task to a busy
  * worker's pipe; a shared FIFO gives it to whichever worker is free.
  *
  * Sockets of the loop:

@@ -1,4 +1,4 @@
-/* task.c: runs one dispatched request through a DataServer's pipeline (DESIGN §6).
+/* task.c: runs one dispatched request through a DataServer's pipeline (docs/design.md §6).
  *
  * Video: each sample is decoded by the native pipeline (pipeline.h) on this worker thread,
  * the batch is collated (padding and masks), and its tensors are copied once into the

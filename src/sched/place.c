@@ -1,4 +1,4 @@
-/* place.c: the placement policies of DESIGN §4.3 (see place.h for the rule).
+/* place.c: the placement policies of docs/design.md §4.3 (see place.h for the rule).
  *
  * Cost: one pass over the servers computing T (a handful of flops and two divisions each)
  * and one pass choosing; no allocation. At 1,024 servers this is a few microseconds, which

@@ -1,4 +1,4 @@
-/* plan.c: the tier-1 planner of DESIGN §4.4 (see plan.h and docs/planner.md).
+/* plan.c: the tier-1 planner of docs/design.md §4.4 (see plan.h and docs/planner.md).
  *
  * One step's window of samples is assigned to ranks so that the largest per-rank load is as
  * small as possible. Four algorithms share a few building blocks:

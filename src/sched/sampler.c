@@ -1,4 +1,4 @@
-/* sampler.c: the seeded, epoch-aware sample order of DESIGN §4.4 (see sampler.h).
+/* sampler.c: the seeded, epoch-aware sample order of docs/design.md §4.4 (see sampler.h).
  *
  * Epoch e is a Fisher-Yates shuffle of 0..n-1 driven by xoshiro256** seeded with
  * dh_rng_mix(seed, e), so any epoch can be rebuilt from (seed, e) alone, on any machine, and

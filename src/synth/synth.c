@@ -1,4 +1,4 @@
-/* synth.c: synthetic video data sets (synth.h, DESIGN §6).
+/* synth.c: synthetic video data sets (synth.h, docs/design.md §6).
  *
  * Real H.264/MP4 clips with moving, textured content, so that decoding them costs what
  * decoding real video costs; the pipeline's tests and benchmarks run on them before any

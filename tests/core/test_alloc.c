@@ -55,7 +55,7 @@ static void calloc_overflow_fails(void **state)
 }
 
 /* Every allocation of the stats collector failing in turn gives DH_ENOMEM, no crash and
- * no leak (the allocation-failure run of CONVENTIONS "Tests"). */
+ * no leak (the allocation-failure run of docs/conventions.md "Tests"). */
 static int stats_fill(void *ctx)
 {
     dh_stats_t *s = NULL;

@@ -1,4 +1,4 @@
-/* Tests of the cost model's online refinement (DESIGN §4.1): it starts from the profile,
+/* Tests of the cost model's online refinement (docs/design.md §4.1): it starts from the profile,
  * learns per key, converges after a drift, fits frames x pixels for unseen keys, and fails
  * cleanly on bad input and on every allocation failure. */
 #include <math.h>

@@ -566,7 +566,8 @@ static void add_rejects_invalid_rows(void **state)
 }
 
 /* Fails each allocation of a load (set, arena, key table, rows, parser, jansson) in turn:
- * DH_ENOMEM, no crash, no leak, and success once no allocation fails (CONVENTIONS Tests). */
+ * DH_ENOMEM, no crash, no leak, and success once no allocation fails (docs/conventions.md Tests).
+ */
 typedef struct load_case {
     const char *text;
     size_t len;

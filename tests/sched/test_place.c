@@ -1,4 +1,4 @@
-/* Tests of placement (DESIGN §4.3): each rule of the deadline policy, the baselines,
+/* Tests of placement (docs/design.md §4.3): each rule of the deadline policy, the baselines,
  * backpressure, determinism, and rule invariants over random snapshots. */
 #include <math.h>
 #include <string.h>
