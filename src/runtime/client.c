@@ -158,6 +158,17 @@ int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint3
 
 /* ---- creation ---- */
 
+dh_msg_t dh__client_hello(dh_client_t *c)
+{
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = c->node;
+    m.hello.name = c->id;
+    m.hello.pid = (uint32_t)getpid();
+    m.hello.rank = c->cfg.rank;
+    return m;
+}
+
 static int register_with_coordinator(dh_client_t *c)
 {
     int rc;
@@ -172,12 +183,7 @@ static int register_with_coordinator(dh_client_t *c)
     dh_wire_received_t r = {0};
     char last[256] = "no answer";
     for (;;) {
-        dh_msg_t m = {.type = DH_MSG_HELLO};
-        m.hello.role = DH_WIRE_ROLE_CLIENT;
-        m.hello.node = c->node;
-        m.hello.name = c->id;
-        m.hello.pid = (uint32_t)getpid();
-        m.hello.rank = c->cfg.rank;
+        dh_msg_t m = dh__client_hello(c);
         dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 200);
         rc = dh_wire_recv(c->coord, 200, &r);
         if (rc == 0 && r.msg.type == DH_MSG_HELLO) {

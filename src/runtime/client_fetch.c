@@ -83,12 +83,7 @@ int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds)
             close(conn);
         return rc;
     }
-    dh_msg_t m = {.type = DH_MSG_HELLO};
-    m.hello.role = DH_WIRE_ROLE_CLIENT;
-    m.hello.node = c->node;
-    m.hello.name = c->id;
-    m.hello.pid = (uint32_t)getpid();
-    m.hello.rank = c->cfg.rank;
+    dh_msg_t m = dh__client_hello(c);
     if ((rc = dh_wire_send(sock, NULL, 0, &m, NULL, 0, 1000))) {
         dh_wire_socket_destroy(&sock);
         if (conn >= 0)

@@ -143,6 +143,10 @@ int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t st
 /* The sender thread (pthread_create's start routine; arg is the client). */
 void *dh__client_sender_main(void *arg);
 
+/* The HELLO this client sends (to the coordinator, and to its local DataServer): role,
+ * node, id, pid, rank. The strings are borrowed from c. */
+dh_msg_t dh__client_hello(dh_client_t *c);
+
 /* ---- client_fetch.c ---- */
 
 /* Connects the data socket and maps the arena of the DataServer in `ds` (the caller copies
