@@ -38,6 +38,9 @@ class Batch:
     def tensors(self) -> Dict[str, Tensor]: ...
     def samples(self) -> List[Tuple[str, int, int, Optional[str]]]: ...
 
+def plan(profiles: str, step: int, rank: int, ranks: int, batch: int, *, seed: int = 0,
+         shuffle: bool = True, token_plan: int = 1, fanout: int = 1) -> List[int]: ...
+
 class Client:
     id: str
     coordinator: str

@@ -51,6 +51,7 @@ __all__ = [
     "Cluster",
     "start_cluster",
     "resolve_source",
+    "plan",
     "DataHelixError",
     "EndOfInputError",
     "InfeasibleError",
@@ -277,6 +278,24 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
     with _clusters_lock:
         _clusters.append(cluster)
     return endpoint
+
+
+def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
+         batch_size: int, *, seed: int = 0, shuffle: bool = True, plan: str = "balanced",
+         fanout: int = 1) -> List[int]:
+    """The profile rows (indices into the data set's profile file) that ``rank`` gets at
+    global step ``step``: the tier-1 plan a DataLoader with these arguments follows, worked
+    out without starting a coordinator, a DataServer or a client (the pure rule of
+    src/sched, ``dh_plan_rank_share``). ``source`` as for :func:`resolve_source`; ``plan``
+    as for :class:`DataLoader`; ``fanout`` is the fewest rows a rank gets with "packing".
+    Step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``.
+    """
+    if plan not in _TOKEN_PLANS:
+        raise InvalidArgumentError(
+            f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
+    profiles = resolve_source(source)["profiles"]
+    return _C.plan(profiles, step, rank, world_size, batch_size, seed=seed,
+                   shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout)
 
 
 class DataLoader:

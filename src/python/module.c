@@ -26,6 +26,9 @@
 
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/plan.h"
+#include "datahelix/profile.h"
+#include "datahelix/sampler.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 
@@ -999,7 +1002,74 @@ static PyObject *mod_raise_error(PyObject *m, PyObject *args)
     return raise_dh(code, msg);
 }
 
+/* plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, fanout=1)
+ * -> the profile rows rank `rank` gets at global step `step`: the client's tier-1 rule
+ * (dh_plan_rank_share) without a client, coordinator or DataServer. Reads the profile set
+ * each call (without the GIL); a planning script calls it per step and rank. */
+static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"profiles", "step",    "rank",       "ranks",  "batch",
+                             "seed",     "shuffle", "token_plan", "fanout", NULL};
+    const char *path;
+    unsigned long long step, seed = 0;
+    unsigned rank, ranks, batch, fanout = 1;
+    int shuffle = 1, token_plan = DH_SHARE_TOKEN_BALANCED;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sKIII|$KpiI", kwlist, &path, &step, &rank,
+                                     &ranks, &batch, &seed, &shuffle, &token_plan, &fanout))
+        return NULL;
+    if (token_plan < 0 || token_plan >= DH_SHARE_MODE_COUNT || ranks == 0 || batch == 0 ||
+        fanout == 0 || rank >= ranks) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan: need 0 <= token_plan < %d, ranks, batch and fanout > 0, rank < ranks "
+                     "(got token_plan %d, ranks %u, batch %u, fanout %u, rank %u)",
+                     DH_SHARE_MODE_COUNT, token_plan, ranks, batch, fanout, rank);
+        return NULL;
+    }
+    dh_share_config_t cfg = {.mode = (dh_share_mode_t)token_plan,
+                             .algo = DH_PLAN_ALGO_DEFAULT,
+                             .ranks = ranks,
+                             .batch = batch,
+                             .min_rows = fanout};
+    size_t per_step = (size_t)ranks * batch;
+    size_t cap = per_step; /* packing gives one rank at most the whole window */
+    uint32_t *rows = PyMem_RawMalloc(cap * sizeof *rows);
+    if (!rows)
+        return PyErr_NoMemory();
+    dh_profile_set_t *set = NULL;
+    dh_sampler_t *sampler = NULL;
+    size_t n_rows = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS if (!(rc = dh_profile_set_new(&set)) &&
+                               !(rc = dh_profile_set_load(set, path)) &&
+                               (n_rows = dh_profile_set_count(set)) >= per_step &&
+                               !(rc = dh_sampler_new(&sampler, n_rows, per_step, seed,
+                                                     shuffle != 0))) rc =
+        dh_plan_rank_share(&cfg, sampler, set, step, rank, rows, cap);
+    dh_sampler_destroy(&sampler);
+    dh_profile_set_destroy(&set);
+    Py_END_ALLOW_THREADS if (rc == 0 && n_rows < per_step)
+    {
+        PyMem_RawFree(rows);
+        PyErr_Format(PyExc_ValueError,
+                     "plan: %s has %zu profile rows, fewer than ranks x batch = %zu", path, n_rows,
+                     per_step);
+        return NULL;
+    }
+    if (rc < 0) {
+        PyMem_RawFree(rows);
+        return raise_dh(rc, "plan");
+    }
+    PyObject *list = PyList_New(rc);
+    for (int i = 0; list && i < rc; i++)
+        PyList_SET_ITEM(list, i, PyLong_FromUnsignedLong(rows[i]));
+    PyMem_RawFree(rows);
+    return list;
+}
+
 static PyMethodDef module_methods[] = {
+    {"plan", (PyCFunction)(void (*)(void))mod_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, "
+     "fanout=1) -> profile rows that rank gets at that step (no client needed)"},
     {"live_batches", mod_live_batches, METH_NOARGS,
      "live_batches() -> batches of this process not yet released"},
     {"error_table", mod_error_table, METH_NOARGS,
