@@ -77,6 +77,14 @@ static void usage(FILE *out)
         "  --time-scale X        emulated: every duration x X (1), to run shorter\n"
         "  --bytes-scale X       emulated: payload bytes x X (0.001)\n"
         "  --copy-gbps G         emulated: speed of pool/base's per-batch copy, GB/s (5)\n"
+        "  --cost-bias S         emulated misprediction: each profile key's actual cost is\n"
+        "                        its estimate x a mean-one lognormal factor of sigma S,\n"
+        "                        drawn once per key (0.3)\n"
+        "  --cost-noise S        ... and each sample's x one of sigma S of its own (0.3)\n"
+        "  --token-noise S       each sample's actual tokens: the estimate x a mean-one\n"
+        "                        lognormal factor of sigma S (0.1). Draws are seeded by\n"
+        "                        --seed and the key or sample id (the same for every\n"
+        "                        system); schedulers see only the estimates; 0 = none\n"
         "\n"
         "output:\n"
         "  --json FILE           the report: {\"config\":{...},\"systems\":{NAME:{\n"
@@ -84,7 +92,7 @@ static void usage(FILE *out)
         "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
         "                        \"barrier_wait_mean_s\",\"cross_ds_bytes\",\n"
         "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
-        "                        \"balance\",...}}}\n"
+        "                        \"balance\",\"cores\",\"cpu_work_s\",...}}}\n"
         "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
         "                        barrier; per DataServer each batch from request to ready\n"
         "  --plot DIR            PNG plots in DIR (scripts/bench_plots.py, with matplotlib,\n"
@@ -181,6 +189,9 @@ int dh_cmd_bench(int argc, char **argv)
         O_TSCALE,
         O_BSCALE,
         O_COPY,
+        O_BIAS,
+        O_NOISE,
+        O_TNOISE,
         O_JSON,
         O_TRACE,
         O_PLOT
@@ -210,6 +221,9 @@ int dh_cmd_bench(int argc, char **argv)
         {"time-scale", required_argument, NULL, O_TSCALE},
         {"bytes-scale", required_argument, NULL, O_BSCALE},
         {"copy-gbps", required_argument, NULL, O_COPY},
+        {"cost-bias", required_argument, NULL, O_BIAS},
+        {"cost-noise", required_argument, NULL, O_NOISE},
+        {"token-noise", required_argument, NULL, O_TNOISE},
         {"json", required_argument, NULL, O_JSON},
         {"trace", required_argument, NULL, O_TRACE},
         {"plot", required_argument, NULL, O_PLOT},
@@ -319,6 +333,18 @@ int dh_cmd_bench(int argc, char **argv)
             break;
         case O_COPY:
             if (parse_double("--copy-gbps", optarg, 0, &o.copy_gbps))
+                return 2;
+            break;
+        case O_BIAS:
+            if (parse_double("--cost-bias", optarg, 0, &o.cost_bias))
+                return 2;
+            break;
+        case O_NOISE:
+            if (parse_double("--cost-noise", optarg, 0, &o.cost_noise))
+                return 2;
+            break;
+        case O_TNOISE:
+            if (parse_double("--token-noise", optarg, 0, &o.token_noise))
                 return 2;
             break;
         case O_JSON:

@@ -34,6 +34,16 @@ DH_EXTERN double dh_rng_normal(dh_rng_t *rng);
 /* Mixes several words into one seed (for seed x epoch x step streams). */
 DH_EXTERN uint64_t dh_rng_mix(uint64_t a, uint64_t b);
 
+/* A 64-bit hash of a string (FNV-1a, then mixed), to seed a draw by a name such as a sample
+ * id or a profile key; NULL hashes as "". */
+DH_EXTERN uint64_t dh_rng_hash(const char *s);
+
+/* A mean-one lognormal factor, a pure function of seed: exp(sigma z - sigma^2 / 2) with z
+ * the first standard normal of a generator seeded with seed, so its expectation is 1 and
+ * the same seed gives the same factor in any order, on every platform. Exactly 1 when
+ * sigma <= 0. */
+DH_EXTERN double dh_rng_lognormal_at(uint64_t seed, double sigma);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
 #include "bench/train_bench.h"
+#include "runtime/rt.h"
 
 #define MAX_SERVERS 256
 #define MAX_RANKS 64
@@ -42,6 +43,9 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->time_scale = 1;
     opt->bytes_scale = 0.001;
     opt->copy_gbps = 5;
+    opt->cost_bias = 0.3;
+    opt->cost_noise = 0.3;
+    opt->token_noise = 0.1;
     opt->prefetch = 16;
     opt->fanout = 0;       /* auto */
     opt->prefetch_max = 0; /* 2 x prefetch */
@@ -111,7 +115,7 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
 
 typedef struct row_ref {
     const char *id;
-    double cpu_s;
+    double cpu_s; /* actual (emulated: the estimate x the synthetic pipeline's noise) */
 } row_ref_t;
 
 static int cmp_ref(const void *a, const void *b)
@@ -598,6 +602,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     /* CPU work in the run's seconds (emulated costs are slept x time_scale) */
     res->cpu_work_s = cpu * (opt->dataset ? 1 : opt->time_scale);
     res->max_compute_sum_s = max_sum;
+    res->mean_compute_sum_s = mean_sum;
+    res->samples = samples;
+    res->bound_cores = cores_eff;
     double bound = res->cpu_work_s / cores_eff;
     if (max_sum > bound)
         bound = max_sum;
@@ -657,6 +664,10 @@ static int check_options(const dh_bench_options_t *o)
         return dh__set_error(DH_EINVAL, "bench: at most %d DataServers", MAX_SERVERS);
     if (!(o->compute_scale > 0) || !(o->time_scale > 0))
         return dh__set_error(DH_EINVAL, "bench: --compute-scale and --time-scale must be > 0");
+    if (!(o->cost_bias >= 0 && o->cost_bias <= 4) || !(o->cost_noise >= 0 && o->cost_noise <= 4) ||
+        !(o->token_noise >= 0 && o->token_noise <= 4))
+        return dh__set_error(
+            DH_EINVAL, "bench: --cost-bias, --cost-noise and --token-noise must be in [0, 4]");
     if (!o->compute_auto && (o->a < 0 || o->b < 0))
         return dh__set_error(DH_EINVAL, "bench: --compute a,b must be >= 0");
     return 0;
@@ -669,7 +680,9 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
     if (rc)
         return rc;
     char profiles[1024];
-    char pipeline_json[256];
+    char pipeline_json[512];
+    dh__rt_pipeline_t synth;
+    memset(&synth, 0, sizeof synth);
     const char *pj = NULL;
     bool generated = false;
     dh_profile_set_t *set = NULL;
@@ -696,9 +709,14 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         generated = true;
         snprintf(pipeline_json, sizeof pipeline_json,
                  "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":%.9g,"
-                 "\"bytes_scale\":%.9g}",
-                 opt->time_scale, opt->bytes_scale);
+                 "\"bytes_scale\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
+                 "\"token_noise\":%.9g,\"noise_seed\":%llu}",
+                 opt->time_scale, opt->bytes_scale, opt->cost_bias, opt->cost_noise,
+                 opt->token_noise, (unsigned long long)opt->seed);
         pj = pipeline_json;
+        /* the same spec the DataServers run: the bench knows each sample's actual cost */
+        if ((rc = dh__rt_pipeline_load(pj, NULL, &synth)))
+            goto done;
     }
     size_t n = dh_profile_set_count(set);
     out->rows = n;
@@ -712,19 +730,23 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
         goto done;
     }
+    /* cpu_sum, tok_sum: the estimates (the workload as its user would size it) */
     double cpu_sum = 0, tok_sum = 0;
     for (size_t i = 0; i < n; i++) {
         const dh_profile_row_t *row = dh_profile_set_row(set, i);
+        double est = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
         refs[i].id = row->id;
-        refs[i].cpu_s = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
-        cpu_sum += refs[i].cpu_s;
+        refs[i].cpu_s =
+            opt->dataset ? est : dh__rt_synth_actual_cpu_s(&synth, row->id, row->profile_key, est);
+        cpu_sum += est;
         tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
     }
     qsort(refs, n, sizeof *refs, cmp_ref);
     double mean_cpu = cpu_sum / (double)n, mean_tok = tok_sum / (double)n;
     /* Compute model. Balanced regime: the mean rank's compute summed over steps equals the
      * CPU work divided by the helix system's cores, so per step the mean rank computes
-     * ranks x batch x mean CPU / cores; b takes a tenth of it, a x tokens the rest. */
+     * ranks x batch x mean CPU / cores; b takes a tenth of it, a x tokens the rest. Sized
+     * from the estimates (as a user would); each step then computes a x its actual tokens. */
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t real_cores = opt->dataset ? (uint32_t)(online > 0 ? online : 1) : 0;
     uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
@@ -823,7 +845,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
             "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
+            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
+            "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
             "\"fanout\":%u,\"seed\":%llu,"
             "\"rows\":%zu,"
             "\"systems\":",
@@ -831,7 +854,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->cores_per_server,
             o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->prefetch,
+            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->dataset ? 0 : o->cost_bias,
+            o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
             o->prefetch_max ? o->prefetch_max : 2 * o->prefetch, o->fanout,
             (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
@@ -841,16 +865,19 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
         fprintf(f, "%s", i ? "," : "");
         json_str(f, s->name);
         fprintf(f,
-                ":{\"throughput_sps\":%.6g,\"input_wait_p50_s\":%.6g,\"input_wait_p95_s\":%.6g,"
+                ":{\"throughput_sps\":%.9g,\"input_wait_p50_s\":%.6g,\"input_wait_p95_s\":%.6g,"
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
                 "\"barrier_wait_mean_s\":%.6g,\"cross_ds_bytes\":%.6g,"
-                "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.6g,\"efficiency\":%.6g,"
-                "\"balance\":%.6g,\"cores\":%u,\"fanout\":%u,\"prefetch_reached\":%u,\"wall_s\":%."
-                "6g,\"rank_step_s\":[",
+                "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
+                "\"balance\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_compute_sum_s\":%.9g,"
+                "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
+                "\"prefetch_reached\":%u,\"wall_s\":%.9g,"
+                "\"rank_step_s\":[",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s, s->cross_ds_bytes,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
-                s->fanout, s->prefetch_reached, s->wall_s);
+                s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
+                s->bound_cores, s->fanout, s->prefetch_reached, s->wall_s);
         for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
             fprintf(f, "%s[", rk ? "," : "");
             for (uint32_t st = 0; st < o->steps; st++)

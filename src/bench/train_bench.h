@@ -20,8 +20,9 @@
  *   transport    base with zero-copy delivery
  *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F (2)
  *   cost-ddl, helix  prefetch-token + deadline placement
- * Emulated mode runs the synthetic pipeline (sleeping each sample's CPU seconds, so one
- * machine emulates many virtual cores); dataset mode decodes real clips.
+ * Emulated mode runs the synthetic pipeline (sleeping each sample's actual CPU seconds, so
+ * one machine emulates many virtual cores; actual = estimate x seeded noise, see
+ * cost_bias below); dataset mode decodes real clips.
  */
 #ifndef DH_BENCH_TRAIN_BENCH_H
 #define DH_BENCH_TRAIN_BENCH_H
@@ -48,13 +49,19 @@ typedef struct dh_bench_options {
     double time_scale;           /* emulated: every duration (costs and compute) x this (1) */
     double bytes_scale;          /* emulated: payload bytes x this (0.001) */
     double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
-    uint32_t prefetch;           /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
-    uint32_t prefetch_max;       /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
-                                  * prefetch: fixed) */
-    uint32_t fanout;             /* their microbatch fanout: requests per rank's batch, at
-                                  * most batch; 0 (default) = 2 where the system has at
-                                  * least 2 cores per rank (capped at the real cores with
-                                  * --dataset), else 1 */
+    /* emulated misprediction: each sample's actual cost is its estimate x a mean-one
+     * lognormal factor per profile key (sigma cost_bias, 0.3) x one per sample (sigma
+     * cost_noise, 0.3); its actual tokens the estimate x one per sample (sigma token_noise,
+     * 0.1); every draw a pure function of (seed, key or sample id), the same for every
+     * system; 0 = the estimates exactly. Schedulers see only the estimates. */
+    double cost_bias, cost_noise, token_noise;
+    uint32_t prefetch;     /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    uint32_t prefetch_max; /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
+                            * prefetch: fixed) */
+    uint32_t fanout;       /* their microbatch fanout: requests per rank's batch, at
+                            * most batch; 0 (default) = 2 where the system has at
+                            * least 2 cores per rank (capped at the real cores with
+                            * --dataset), else 1 */
     uint64_t seed;
     const char *systems; /* comma-separated list (see above) */
     const char *trace_path;
@@ -78,7 +85,15 @@ typedef struct dh_bench_system_result {
     double cross_ds_bytes; /* payload bytes sidecars forwarded (emulated: / bytes_scale) */
     double sched_us_per_decision;
     double ideal_sps, efficiency, balance;
-    double wall_s, cpu_work_s, max_compute_sum_s;
+    double wall_s;
+    double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
+                                * (emulated: their actual costs x time_scale) */
+    double max_compute_sum_s;  /* the largest rank's compute, summed per step */
+    double mean_compute_sum_s; /* the mean rank's compute, summed per step */
+    double samples;            /* consumed in the measured steps */
+    uint32_t bound_cores;      /* cores of the ideal bound: cores, capped at the real CPUs
+                                * in dataset mode. ideal_sps = samples / max(cpu_work_s /
+                                * bound_cores, max_compute_sum_s); balance = mean / max */
     double *rank_step_s; /* ranks x steps: each rank's step time (wait + compute), for plots */
 } dh_bench_system_result_t;
 

@@ -67,3 +67,22 @@ uint64_t dh_rng_mix(uint64_t a, uint64_t b)
     uint64_t x = a ^ rotl(b, 32) ^ 0x5851f42d4c957f2dull;
     return splitmix64(&x) ^ b;
 }
+
+uint64_t dh_rng_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; s && *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return splitmix64(&h);
+}
+
+double dh_rng_lognormal_at(uint64_t seed, double sigma)
+{
+    if (!(sigma > 0))
+        return 1.0;
+    dh_rng_t rng;
+    dh_rng_seed(&rng, seed);
+    return exp(sigma * dh_rng_normal(&rng) - 0.5 * sigma * sigma);
+}

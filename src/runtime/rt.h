@@ -21,14 +21,27 @@
 typedef enum { DH__SYNTH_SLEEP = 0, DH__SYNTH_SPIN = 1, DH__SYNTH_NONE = 2 } dh__synth_cost_t;
 
 /* A DataServer's pipeline: {"type": "video", ...pipeline.h fields} or
- * {"type": "synthetic", "cost": "sleep"|"spin"|"none", "cpu_scale": X, "bytes_scale": Y}. */
+ * {"type": "synthetic", "cost": "sleep"|"spin"|"none", "cpu_scale": X, "bytes_scale": Y,
+ *  "cost_bias": S, "cost_noise": S, "token_noise": S, "noise_seed": N}. */
 typedef struct dh__rt_pipeline {
     bool synthetic;
     dh_pipeline_spec_t video;
     dh__synth_cost_t cost;
     double cpu_scale;   /* multiplies each sample's cpu_s */
     double bytes_scale; /* multiplies each sample's out_bytes */
+    /* Misprediction (synthetic): a sample's actual cost is cpu_s x a mean-one lognormal
+     * factor per profile key (sigma cost_bias) x one per sample (sigma cost_noise), its
+     * actual tokens tokens x one per sample (sigma token_noise); each a pure function of
+     * (noise_seed, key or id). 0 (the default) = the estimate exactly. */
+    double cost_bias, cost_noise, token_noise;
+    uint64_t noise_seed;
 } dh__rt_pipeline_t;
+
+/* The synthetic pipeline's actual cost and tokens of a sample (before cpu_scale): see the
+ * misprediction fields above. A pure function of the spec, id, key and the estimates. */
+double dh__rt_synth_actual_cpu_s(const dh__rt_pipeline_t *p, const char *id, const char *key,
+                                 double cpu_s_est);
+int64_t dh__rt_synth_actual_tokens(const dh__rt_pipeline_t *p, const char *id, int64_t tokens_est);
 
 /* Parses a spec from text (json != NULL) or a file (path != NULL), or the video defaults
  * when both are NULL. Returns 0 or DH_EPARSE / DH_ESCHEMA / -errno naming the source. */
