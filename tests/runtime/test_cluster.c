@@ -337,6 +337,24 @@ static void cluster_full_epoch_ipc(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The requests the coordinator placed again, summed over its "declared dead" / "left" lines
+ * ("...; N undelivered requests to place again": the count that feeds its redispatches
+ * counter). */
+static unsigned long long replaced_requests(const char *coord_log)
+{
+    static const char tail[] = " undelivered requests to place again";
+    char *text = cl_read(coord_log);
+    unsigned long long sum = 0;
+    for (const char *at = strstr(text, tail); at; at = strstr(at + 1, tail)) {
+        const char *d = at;
+        while (d > text && d[-1] >= '0' && d[-1] <= '9')
+            d--;
+        sum += strtoull(d, NULL, 10);
+    }
+    free(text);
+    return sum;
+}
+
 static void cluster_kill9_sidecar_mid_epoch(void **state)
 {
     cluster_t c = {0};
@@ -352,6 +370,11 @@ static void cluster_kill9_sidecar_mid_epoch(void **state)
     assert_int_equal(s.errors, 0);
     cl_wait_log(c.coord.log, "DataServer 'remote-1' (pid", 1, 5000);
     assert_true(cl_count(c.coord.log, "declared dead") >= 1);
+    /* what the dead sidecar held was placed again (and, no errors above, delivered) */
+    unsigned long long replaced = replaced_requests(c.coord.log);
+    if (replaced == 0)
+        print_error("the coordinator placed no request again after the kill\n");
+    assert_true(replaced > 0);
     stop_all(&c);
     cl_assert_no_leftovers();
 }
