@@ -1,4 +1,7 @@
-/* Tests of the seeded random generator: determinism and rough uniformity. */
+/* Tests of the seeded random generator: determinism, rough uniformity, the mean-one
+ * lognormal draw. */
+#include <math.h>
+
 #include "dh_test.h"
 #include "datahelix/rng.h"
 
@@ -35,8 +38,29 @@ static void rng_below_is_in_range_and_uniform(void **state)
     }
 }
 
+/* The mean-one lognormal: pure in its seed, exactly 1 at sigma 0, mean 1 and median
+ * exp(-sigma^2 / 2) otherwise; the string hash tells names apart. */
+static void rng_lognormal_at_is_pure_and_mean_one(void **state)
+{
+    assert_true(dh_rng_lognormal_at(5, 0) == 1.0);
+    assert_true(dh_rng_lognormal_at(5, 0.3) == dh_rng_lognormal_at(5, 0.3));
+    assert_true(dh_rng_hash("a") != dh_rng_hash("b"));
+    assert_true(dh_rng_hash(NULL) == dh_rng_hash(""));
+    double sum = 0;
+    int below = 0;
+    for (uint64_t i = 0; i < 20000; i++) {
+        double f = dh_rng_lognormal_at(dh_rng_mix(9, i), 0.3);
+        assert_true(f > 0);
+        sum += f;
+        below += f < exp(-0.045);
+    }
+    assert_true(fabs(sum / 20000 - 1) < 0.01);
+    assert_in_range(below, 9600, 10400);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rng_same_seed_same_stream),
     cmocka_unit_test(rng_below_is_in_range_and_uniform),
+    cmocka_unit_test(rng_lognormal_at_is_pure_and_mean_one),
 };
 DH_TEST_MAIN(tests)
