@@ -27,8 +27,9 @@ static void usage(FILE *out)
         "Per-core throughput (clips/s) of producing each clip's sampled frames at its\n"
         "target size (uniform sampling, short-side+center-crop, uint8 RGB), side by side in\n"
         "one run: DataHelix's pipeline; the ffmpeg CLI, one process over all clips (one\n"
-        "-threads 1 -i input and one rawvideo output per clip, so the process start is paid\n"
-        "once per round; select + crop + bilinear scale; it decodes every frame); PyAV\n"
+        "-threads 1 -i input and one rawvideo output per clip, at most %d clips a process,\n"
+        "so the process start is paid once per round, not per clip; select + crop +\n"
+        "bilinear scale; it decodes every frame); PyAV\n"
         "(bench/decode/pyav_decode.py, bilinear reformat) plain, and PyAV with\n"
         "skip_frame=NONREF on the packets of frames not sampled (pyav_skip: the skipping\n"
         "DataHelix does). A pixel check first compares the frames of the first %d clips\n"
@@ -54,7 +55,8 @@ static void usage(FILE *out)
         "                      \"pixel_mad_ffmpeg_vs_pyav\"} (a MAD is -1 when not measured);\n"
         "                      without --mix, a JSON list of them\n"
         "  -h, --help          this text\n",
-        DH_DECODE_BENCH_CHECK_CLIPS, "x264-default", "no-b", DH_SOURCE_DIR);
+        DH_DECODE_BENCH_FFMPEG_BATCH, DH_DECODE_BENCH_CHECK_CLIPS, "x264-default", "no-b",
+        DH_SOURCE_DIR);
 }
 
 static double ratio(double a, double b)
