@@ -1,5 +1,6 @@
 /* cmd_decode_bench.c: `datahelix decode-bench`, DataHelix's decode pipeline against the
- * ffmpeg CLI and PyAV, per core, side by side (src/bench/decode_bench.c). */
+ * ffmpeg CLI and PyAV (plain and with the same frame skipping), per core, side by side,
+ * with a pixel check (src/bench/decode_bench.c). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,27 +21,41 @@ static void usage(FILE *out)
 {
     fprintf(
         out,
-        "usage: datahelix decode-bench [--mix NAME|FILE.json] [--clips N] [--runs R]\n"
+        "usage: datahelix decode-bench [--mix NAME[@ENC]|FILE.json[@ENC]] [--clips N] [--runs R]\n"
         "                              [--seed S] [--dir DIR] [--pyav-script FILE]\n"
         "                              [--python EXE] [--json]\n\n"
         "Per-core throughput (clips/s) of producing each clip's sampled frames at its\n"
         "target size (uniform sampling, short-side+center-crop, uint8 RGB), side by side in\n"
-        "one run: DataHelix's pipeline, the ffmpeg CLI (-threads 1, select + crop + bilinear\n"
-        "scale) and PyAV (bench/decode/pyav_decode.py, bilinear reformat). The process is\n"
-        "pinned to one CPU. Medians over the runs, and the ratios. Data sets are made once\n"
-        "with `synth` under DIR and reused.\n\n"
+        "one run: DataHelix's pipeline; the ffmpeg CLI, one process over all clips (one\n"
+        "-threads 1 -i input and one rawvideo output per clip, at most %d clips a process,\n"
+        "so the process start is paid once per round, not per clip; select + crop +\n"
+        "bilinear scale; it decodes every frame); PyAV\n"
+        "(bench/decode/pyav_decode.py, bilinear reformat) plain, and PyAV with\n"
+        "skip_frame=NONREF on the packets of frames not sampled (pyav_skip: the skipping\n"
+        "DataHelix does). A pixel check first compares the frames of the first %d clips\n"
+        "against PyAV's (mean absolute difference, of 255). The process is pinned to one CPU.\n"
+        "Medians over the runs, and the ratios DataHelix / peer. Data sets are made once with\n"
+        "`synth` under DIR and reused; ENC is the synth encoding: flat-b (the default, three\n"
+        "non-reference B-frames per reference), x264-default (x264's B-frame defaults,\n"
+        "b-pyramid=normal) or no-b (no B-frames).\n\n"
         "options:\n"
-        "  -m, --mix NAME      one mix (default: every built-in mix)\n"
+        "  -m, --mix NAME      one mix (default: every built-in mix, then kinetics-mixed@%s\n"
+        "                      and kinetics-mixed@%s)\n"
         "  -n, --clips N       clips per data set (default 24)\n"
         "  -r, --runs R        rounds, medians reported (default 5)\n"
         "  -s, --seed S        data set seed (default 1)\n"
         "  -d, --dir DIR       where data sets are made (default out/decode-bench)\n"
         "      --pyav-script F the PyAV side (default %s/bench/decode/pyav_decode.py)\n"
         "      --python EXE    interpreter for it (default $DH_PYTHON_EXE, else python3)\n"
-        "      --json          with --mix, one object {\"mix\", \"datahelix_clips_per_s\",\n"
-        "                      \"ffmpeg_clips_per_s\", \"pyav_clips_per_s\", \"ratio_vs_ffmpeg\",\n"
-        "                      \"ratio_vs_pyav\"}; without, a JSON list of them\n"
+        "      --json          with --mix, one object {\"mix\", \"encoding\", \"clips\",\n"
+        "                      \"frames\", \"datahelix_clips_per_s\", \"ffmpeg_clips_per_s\",\n"
+        "                      \"pyav_clips_per_s\", \"pyav_skip_clips_per_s\",\n"
+        "                      \"ratio_vs_ffmpeg\", \"ratio_vs_pyav\", \"ratio_vs_pyav_skip\",\n"
+        "                      \"ffmpeg_method\", \"pixel_check_clips\", \"pixel_mad_vs_pyav\",\n"
+        "                      \"pixel_mad_ffmpeg_vs_pyav\"} (a MAD is -1 when not measured);\n"
+        "                      without --mix, a JSON list of them\n"
         "  -h, --help          this text\n",
+        DH_DECODE_BENCH_FFMPEG_BATCH, DH_DECODE_BENCH_CHECK_CLIPS, "x264-default", "no-b",
         DH_SOURCE_DIR);
 }
 
@@ -117,12 +132,27 @@ int dh_cmd_decode_bench(int argc, char **argv)
     }
     if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    const char *const *names = dh_mix_builtin_names();
-    const char *single[2] = {one_mix, NULL};
-    const char *const *mixes = one_mix ? single : names;
+    /* Every built-in mix as synth makes it, then the mixed one with x264's B-frame defaults
+     * and without B-frames. */
+    const char *const *builtin = dh_mix_builtin_names();
+    size_t nb = 0;
+    while (builtin[nb])
+        nb++;
+    const char **mixes = calloc(nb + 3, sizeof *mixes);
+    if (!mixes)
+        return dh_cli_fail(CMD, DH_ENOMEM, "out of memory");
+    if (one_mix) {
+        mixes[0] = one_mix;
+    } else {
+        for (size_t i = 0; i < nb; i++)
+            mixes[i] = builtin[i];
+        mixes[nb] = "kinetics-mixed@x264-default";
+        mixes[nb + 1] = "kinetics-mixed@no-b";
+    }
     if (!json)
-        printf("%-16s %5s %6s %12s %12s %12s %10s %10s\n", "mix", "clips", "frames", "datahelix/s",
-               "ffmpeg/s", "pyav/s", "vs ffmpeg", "vs pyav");
+        printf("%-28s %5s %6s %11s %9s %9s %9s %9s %9s %9s %7s\n", "mix", "clips", "frames",
+               "datahelix/s", "ffmpeg/s", "pyav/s", "pyavskip/s", "vs ffmpeg", "vs pyav", "vs skip",
+               "MAD");
     else if (!one_mix)
         printf("[");
     fflush(stdout);
@@ -130,29 +160,43 @@ int dh_cmd_decode_bench(int argc, char **argv)
         dh_decode_bench_result_t r;
         cfg.mix = mixes[i];
         int rc = dh_decode_bench_run(&cfg, &r);
-        if (rc != 0)
+        if (rc != 0) {
+            free(mixes);
             return dh_cli_fail(CMD, rc, "benchmark failed");
+        }
         if (r.pyav_error[0])
             fprintf(stderr, "datahelix %s: no PyAV column for %s: %s\n", CMD, r.mix, r.pyav_error);
         if (json) {
-            printf("%s{\"mix\":\"%s\",\"clips\":%zu,\"frames\":%zu,\"datahelix_clips_per_s\":%.3f,"
-                   "\"ffmpeg_clips_per_s\":%.3f,\"pyav_clips_per_s\":%.3f,\"ratio_vs_ffmpeg\":%.3f,"
-                   "\"ratio_vs_pyav\":%.3f}",
-                   i ? "," : "", r.mix, r.clips, r.frames, r.datahelix_clips_per_s,
-                   r.ffmpeg_clips_per_s, r.pyav_clips_per_s,
+            printf("%s{\"mix\":\"%s\",\"encoding\":\"%s\",\"clips\":%zu,\"frames\":%zu,"
+                   "\"datahelix_clips_per_s\":%.3f,\"ffmpeg_clips_per_s\":%.3f,"
+                   "\"pyav_clips_per_s\":%.3f,\"pyav_skip_clips_per_s\":%.3f,"
+                   "\"ratio_vs_ffmpeg\":%.3f,\"ratio_vs_pyav\":%.3f,\"ratio_vs_pyav_skip\":%.3f,"
+                   "\"ffmpeg_method\":\"%s\",\"pixel_check_clips\":%zu,"
+                   "\"pixel_mad_vs_pyav\":%.3f,\"pixel_mad_ffmpeg_vs_pyav\":%.3f}",
+                   i ? "," : "", r.mix, r.encoding, r.clips, r.frames, r.datahelix_clips_per_s,
+                   r.ffmpeg_clips_per_s, r.pyav_clips_per_s, r.pyav_skip_clips_per_s,
                    ratio(r.datahelix_clips_per_s, r.ffmpeg_clips_per_s),
-                   ratio(r.datahelix_clips_per_s, r.pyav_clips_per_s));
+                   ratio(r.datahelix_clips_per_s, r.pyav_clips_per_s),
+                   ratio(r.datahelix_clips_per_s, r.pyav_skip_clips_per_s), r.ffmpeg_method,
+                   r.check_clips, r.pixel_mad_vs_pyav, r.pixel_mad_ffmpeg_vs_pyav);
         } else {
-            printf("%-16s %5zu %6zu %12.2f %12.2f %12.2f %9.2fx %9.2fx\n", r.mix, r.clips, r.frames,
-                   r.datahelix_clips_per_s, r.ffmpeg_clips_per_s, r.pyav_clips_per_s,
+            printf("%-28s %5zu %6zu %11.2f %9.2f %9.2f %10.2f %8.2fx %8.2fx %8.2fx %7.2f\n", r.mix,
+                   r.clips, r.frames, r.datahelix_clips_per_s, r.ffmpeg_clips_per_s,
+                   r.pyav_clips_per_s, r.pyav_skip_clips_per_s,
                    ratio(r.datahelix_clips_per_s, r.ffmpeg_clips_per_s),
-                   ratio(r.datahelix_clips_per_s, r.pyav_clips_per_s));
+                   ratio(r.datahelix_clips_per_s, r.pyav_clips_per_s),
+                   ratio(r.datahelix_clips_per_s, r.pyav_skip_clips_per_s), r.pixel_mad_vs_pyav);
         }
         fflush(stdout);
     }
+    free(mixes);
     if (json)
         printf(one_mix ? "\n" : "]\n");
     else
-        printf("\nclips/s per core, medians of %u runs; ratios are DataHelix / peer.\n", cfg.runs);
+        printf("\nclips/s per core, medians of %u runs; ratios are DataHelix / peer. ffmpeg: %s\n"
+               "(one process over all clips, every frame decoded). pyav skip: PyAV with\n"
+               "skip_frame=NONREF on unsampled packets. MAD: mean |DataHelix - PyAV| of 255 over\n"
+               "the first %d clips' frames (-1: no PyAV).\n",
+               cfg.runs, DH_DECODE_BENCH_FFMPEG_METHOD, DH_DECODE_BENCH_CHECK_CLIPS);
     return 0;
 }

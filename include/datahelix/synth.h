@@ -25,6 +25,23 @@
 extern "C" {
 #endif
 
+/* How the B-frames of a clip are laid out (docs/synth.md "Encoder settings"). */
+typedef enum dh_synth_encoding {
+    DH_SYNTH_ENC_FLAT_B = 0,   /* "flat-b", the default: IBBBP..., three non-reference
+                                * B-frames per reference frame (bframes=3, b-adapt=0,
+                                * b-pyramid=none): 3 of 4 frames can be skipped */
+    DH_SYNTH_ENC_X264_DEFAULT, /* "x264-default": x264's own B-frame defaults (bframes=3,
+                                * b-adapt=1, b-pyramid=normal): the middle B of each run is a
+                                * reference, so fewer frames can be skipped */
+    DH_SYNTH_ENC_NO_B,         /* "no-b": I and P frames only, every frame a reference */
+} dh_synth_encoding_t;
+
+/* The encoding's name above, or NULL for a value out of range. */
+DH_EXTERN const char *dh_synth_encoding_name(dh_synth_encoding_t encoding);
+
+/* Parses one of the names above. Returns 0 or DH_EINVAL (the message lists the names). */
+DH_EXTERN int dh_synth_encoding_parse(const char *name, dh_synth_encoding_t *out);
+
 /* One clip to encode. */
 typedef struct dh_synth_clip {
     int32_t width, height; /* encoded size, even numbers */
@@ -49,13 +66,19 @@ DH_EXTERN void dh_synth_frame_rgb(const dh_synth_clip_t *clip, int64_t index, ui
 DH_EXTERN int64_t dh_synth_frame_index(const uint8_t *rgb, int32_t width, int32_t height);
 
 /* Encodes one clip to `path` (MP4, H.264 via libx264 on one thread, preset ultrafast with
- * CABAC and deblocking, CRF 23, yuv420p, no B-frames, a keyframe exactly every gop frames;
+ * CABAC and deblocking, CRF 23, yuv420p, three non-reference B-frames per reference frame
+ * (DH_SYNTH_ENC_FLAT_B), a keyframe exactly every gop frames;
  * frame i has pts i in a time base of 1/fps). Writes PATH.part and renames it to `path` when
  * complete; on failure neither is left. Sizes must be even, in [16, 8192]; fps in (0, 1000].
  * Returns 0, -errno (cannot create the file), DH_EIO (FFmpeg failed: dh_last_error() has the
  * path and FFmpeg's message), DH_EINVAL (bad size or rate; the message names the path) or
  * DH_ENOMEM. Thread-safe. Lowers FFmpeg's log level to warnings if it is at the default. */
 DH_EXTERN int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip);
+
+/* dh_synth_write_clip with the B-frames laid out as `encoding` says. Same contract, plus
+ * DH_EINVAL for an encoding out of range. */
+DH_EXTERN int dh_synth_write_clip_encoded(const char *path, const dh_synth_clip_t *clip,
+                                          dh_synth_encoding_t encoding);
 
 /* Progress of dh_synth_dataset: called from the calling thread after each clip. */
 typedef void (*dh_synth_progress_fn)(size_t done, size_t total, void *ctx);
@@ -74,6 +97,13 @@ typedef struct dh_synth_totals {
     double video_s; /* seconds of video, all clips */
     uint64_t bytes; /* bytes of the clip files */
 } dh_synth_totals_t;
+
+/* dh_synth_dataset_write with every clip encoded with `encoding` (dh_synth_dataset_write
+ * uses DH_SYNTH_ENC_FLAT_B). Same contract, plus DH_EINVAL for an encoding out of range. */
+DH_EXTERN int dh_synth_dataset_encoded(const char *out_dir, const dh_mix_t *mix, size_t count,
+                                       uint64_t seed, unsigned jobs, dh_synth_encoding_t encoding,
+                                       dh_synth_progress_fn progress, void *ctx,
+                                       dh_synth_totals_t *totals);
 
 /* dh_synth_dataset that also fills *totals (when not NULL; zeroed first, valid on success).
  * Clip i depends only on (seed, i), so a smaller count writes a prefix of a larger one. The

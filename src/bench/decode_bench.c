@@ -1,13 +1,17 @@
 /* decode_bench.c: `datahelix decode-bench` (see decode_bench.h, docs/pipeline.md).
  *
- * Fairness rules: the same clips, the same sampled frame indices and output size for all
- * three; one thread each (the process is pinned to one CPU, and children inherit it);
- * bilinear scaling in all three (libswscale underneath each). DataHelix and PyAV seek to
- * the keyframe before a sampled frame when one lies ahead and decode forward; the ffmpeg
- * CLI decodes the whole clip and keeps the sampled frames with its select filter, which is
- * how the CLI is used for this. The ffmpeg and PyAV outputs are counted (bytes, frames) to
- * check they produced what was asked. Wall time per round: DataHelix's in-process loop,
- * each ffmpeg process start to exit, and PyAV's own loop (interpreter start excluded).
+ * Fairness rules: the same clips, the same sampled frame indices and output size for all;
+ * one thread each (the process is pinned to one CPU, and children inherit it); bilinear
+ * scaling in all (libswscale underneath each). DataHelix and PyAV seek to the keyframe
+ * before a sampled frame when one lies ahead and decode forward; DataHelix and the second
+ * PyAV column (pyav_skip) do not decode non-reference frames that are not sampled. The
+ * ffmpeg CLI runs as one process over all clips (several -i inputs, one rawvideo output
+ * each, so one process start per round, not per clip), decodes every frame (the CLI has no
+ * per-frame skip) and keeps the sampled ones with its select filter. The ffmpeg and PyAV
+ * outputs are counted (bytes, frames) to check they produced what was asked, and a pixel
+ * check compares the frames themselves (mean absolute difference against PyAV's) on the
+ * first clips. Wall time per round: DataHelix's in-process loop, the ffmpeg process from
+ * start to exit, and PyAV's own loop (interpreter start excluded).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -52,24 +56,40 @@ static void synth_progress(size_t done, size_t total, void *ctx)
         fputc('\n', stderr);
 }
 
-/* The data set for this mix, made once under work_dir. */
-static int ensure_dataset(const dh_decode_bench_config_t *cfg, char *manifest, size_t size)
+/* The data set for this mix (NAME[@ENCODING]), made once under work_dir; today's encoding
+ * keeps the directory name it always had. */
+static int ensure_dataset(const dh_decode_bench_config_t *cfg, char *manifest, size_t size,
+                          dh_decode_bench_result_t *out)
 {
-    char dir[1024];
-    const char *base = strrchr(cfg->mix, '/');
-    snprintf(dir, sizeof dir, "%s/%s-n%zu-s%llu", cfg->work_dir, base ? base + 1 : cfg->mix,
-             cfg->clips, (unsigned long long)cfg->seed);
+    char name[1024];
+    dh_synth_encoding_t enc = DH_SYNTH_ENC_FLAT_B;
+    const char *at = strrchr(cfg->mix, '@'), *slash = strrchr(cfg->mix, '/');
+    if (at && (!slash || slash < at)) {
+        snprintf(name, sizeof name, "%.*s", (int)(at - cfg->mix), cfg->mix);
+        int rc = dh_synth_encoding_parse(at + 1, &enc);
+        if (rc)
+            return dh__set_error(rc, "mix %s: %s", cfg->mix, dh_last_error());
+    } else {
+        snprintf(name, sizeof name, "%s", cfg->mix);
+    }
+    snprintf(out->encoding, sizeof out->encoding, "%s", dh_synth_encoding_name(enc));
+    char dir[1200];
+    const char *base = strrchr(name, '/');
+    snprintf(dir, sizeof dir, "%s/%s-n%zu-s%llu%s%s", cfg->work_dir, base ? base + 1 : name,
+             cfg->clips, (unsigned long long)cfg->seed, enc ? "-" : "",
+             enc ? dh_synth_encoding_name(enc) : "");
     snprintf(manifest, size, "%s/manifest.jsonl", dir);
     if (access(manifest, R_OK) == 0)
         return 0;
     dh_mix_t *mix = NULL;
     int rc = dh__make_dirs(cfg->work_dir);
     if (rc == 0)
-        rc = dh_mix_load(cfg->mix, &mix);
+        rc = dh_mix_load(name, &mix);
     if (rc)
         return rc;
     int verbose = cfg->verbose;
-    rc = dh_synth_dataset(dir, mix, cfg->clips, cfg->seed, 0, synth_progress, &verbose);
+    rc = dh_synth_dataset_encoded(dir, mix, cfg->clips, cfg->seed, 0, enc, synth_progress, &verbose,
+                                  NULL);
     dh_mix_destroy(&mix);
     return rc;
 }
@@ -143,24 +163,65 @@ static double run_datahelix(const dh_pipeline_spec_t *spec, clip_plan_t *plans, 
     return s;
 }
 
-/* Runs ffmpeg on one clip, counting the bytes it writes. Returns the bytes, or -1. */
-static long long ffmpeg_clip(const clip_plan_t *p)
+/* ffmpeg's select + crop + scale filter for one clip (dh_free it), or NULL. */
+static char *ffmpeg_filter(const clip_plan_t *p)
 {
     size_t cap = 64 + (size_t)p->frames * 24 + 256;
     char *filter = dh_malloc(cap);
     if (!filter)
-        return -1;
+        return NULL;
     int len = snprintf(filter, cap, "select='");
     for (int32_t f = 0; f < p->frames; f++)
         len += snprintf(filter + len, cap - (size_t)len, "%seq(n\\,%lld)", f ? "+" : "",
                         (long long)p->indices[f]);
     snprintf(filter + len, cap - (size_t)len, "',crop=%d:%d:%d:%d,scale=%d:%d:flags=bilinear",
              p->crop_w, p->crop_h, p->crop_x, p->crop_y, p->width, p->height);
-    int fds[2];
-    if (pipe(fds) != 0) {
-        dh_free(filter);
-        return -1;
+    return filter;
+}
+
+/* Runs one ffmpeg process over clips [0, n) of `plans`: one `-threads 1 -i CLIP` input per
+ * clip and one rawvideo output per clip, all to its stdout, which is read here. Counts the
+ * bytes; when `keep` is not NULL, the first keep_cap bytes are copied there. Returns the
+ * bytes, or -1. */
+static long long ffmpeg_run(const clip_plan_t *plans, size_t n, uint8_t *keep, size_t keep_cap)
+{
+    static const char *const head[] = {
+        "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-filter_threads", "1"};
+    static const char *const tail[] = {"-fps_mode", "passthrough", "-f",    "rawvideo",
+                                       "-pix_fmt",  "rgb24",       "pipe:1"};
+    size_t argc = DH_ARRAY_LEN(head) + n * (4 + 4 + DH_ARRAY_LEN(tail)) + 1;
+    char **argv = dh_calloc(argc, sizeof *argv);
+    char **owned = dh_calloc(2 * n + 1, sizeof *owned); /* filters and map specifiers */
+    long long bytes = -1;
+    int fds[2] = {-1, -1};
+    if (!argv || !owned)
+        goto out;
+    size_t a = 0;
+    for (size_t i = 0; i < DH_ARRAY_LEN(head); i++)
+        argv[a++] = (char *)head[i];
+    for (size_t i = 0; i < n; i++) {
+        argv[a++] = "-threads";
+        argv[a++] = "1";
+        argv[a++] = "-i";
+        argv[a++] = (char *)plans[i].entry->path;
     }
+    for (size_t i = 0; i < n; i++) {
+        char *map = dh_malloc(32);
+        owned[2 * i] = map;
+        owned[2 * i + 1] = ffmpeg_filter(&plans[i]);
+        if (!map || !owned[2 * i + 1])
+            goto out;
+        snprintf(map, 32, "%zu:v:0", i);
+        argv[a++] = "-map";
+        argv[a++] = map;
+        argv[a++] = "-vf";
+        argv[a++] = owned[2 * i + 1];
+        for (size_t k = 0; k < DH_ARRAY_LEN(tail); k++)
+            argv[a++] = (char *)tail[k];
+    }
+    argv[a] = NULL;
+    if (pipe(fds) != 0)
+        goto out;
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], STDOUT_FILENO);
@@ -169,31 +230,54 @@ static long long ffmpeg_clip(const clip_plan_t *p)
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0)
             dup2(devnull, STDERR_FILENO);
-        execlp("ffmpeg", "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-threads",
-               "1", "-filter_threads", "1", "-i", p->entry->path, "-vf", filter, "-fps_mode",
-               "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "-", (char *)NULL);
+        execvp("ffmpeg", argv);
         _exit(127);
     }
     close(fds[1]);
-    dh_free(filter);
-    long long bytes = 0;
+    fds[1] = -1;
+    long long got = 0;
     char buf[1 << 16];
     ssize_t r;
-    while ((r = read(fds[0], buf, sizeof buf)) > 0 || (r < 0 && errno == EINTR))
-        bytes += r > 0 ? r : 0;
-    close(fds[0]);
+    while ((r = read(fds[0], buf, sizeof buf)) > 0 || (r < 0 && errno == EINTR)) {
+        if (r <= 0)
+            continue;
+        if (keep && (size_t)got < keep_cap) {
+            size_t k = keep_cap - (size_t)got < (size_t)r ? keep_cap - (size_t)got : (size_t)r;
+            memcpy(keep + got, buf, k);
+        }
+        got += r;
+    }
     int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
-        return -1;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && !WEXITSTATUS(status))
+        bytes = got;
+out:
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    for (size_t i = 0; owned && i < 2 * n; i++)
+        dh_free(owned[i]);
+    dh_free(owned);
+    dh_free(argv);
     return bytes;
 }
 
+static long long clip_bytes(const clip_plan_t *p)
+{
+    return (long long)p->frames * p->width * p->height * 3;
+}
+
+/* The ffmpeg column: one process per DH_DECODE_BENCH_FFMPEG_BATCH clips (one for the
+ * default 24), so the process start is paid once, not per clip. Returns seconds, or -1. */
 static double run_ffmpeg(const clip_plan_t *plans, size_t n)
 {
     uint64_t t0 = dh_clock_now_ns();
-    for (size_t i = 0; i < n; i++) {
-        long long want = (long long)plans[i].frames * plans[i].width * plans[i].height * 3;
-        if (ffmpeg_clip(&plans[i]) != want)
+    for (size_t i = 0; i < n; i += DH_DECODE_BENCH_FFMPEG_BATCH) {
+        size_t k = n - i < DH_DECODE_BENCH_FFMPEG_BATCH ? n - i : DH_DECODE_BENCH_FFMPEG_BATCH;
+        long long want = 0;
+        for (size_t j = i; j < i + k; j++)
+            want += clip_bytes(&plans[j]);
+        if (ffmpeg_run(&plans[i], k, NULL, 0) != want)
             return -1;
     }
     return dh_clock_elapsed_s(t0, dh_clock_now_ns());
@@ -225,13 +309,14 @@ static int write_pyav_plan(const char *path, const clip_plan_t *plans, size_t n)
     return fclose(f) == 0 ? 0 : -errno;
 }
 
-/* Runs the PyAV script once; returns its clips/s, or -1 with the reason in err. */
-static double run_pyav(const dh_decode_bench_config_t *cfg, const char *plan_path, char *err,
-                       size_t err_size)
+/* Runs the PyAV script once (with `extra` arguments, may be ""); returns its clips/s, or -1
+ * with the reason in err. */
+static double run_pyav(const dh_decode_bench_config_t *cfg, const char *plan_path,
+                       const char *extra, char *err, size_t err_size)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' 2>&1", cfg->python ? cfg->python : "python3",
-             cfg->pyav_script, plan_path);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s 2>&1", cfg->python ? cfg->python : "python3",
+             cfg->pyav_script, plan_path, extra);
     FILE *p = popen(cmd, "r");
     if (!p) {
         snprintf(err, err_size, "cannot run %.200s", cfg->pyav_script);
@@ -251,6 +336,88 @@ static double run_pyav(const dh_decode_bench_config_t *cfg, const char *plan_pat
     return cps;
 }
 
+/* Sum of |a[i] - b[i]| over n bytes. */
+static double abs_diff_sum(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += (uint64_t)abs((int)a[i] - (int)b[i]);
+    return (double)sum;
+}
+
+/* The pixel check (untimed): the first DH_DECODE_BENCH_CHECK_CLIPS clips through all three
+ * decoders, PyAV's frames as the reference; fills out->check_clips and the two MADs. */
+static int pixel_check(const dh_decode_bench_config_t *cfg, const dh_pipeline_spec_t *spec,
+                       const clip_plan_t *plans, size_t n, const char *manifest_path,
+                       dh_decode_bench_result_t *out)
+{
+    size_t k = n < DH_DECODE_BENCH_CHECK_CLIPS ? n : DH_DECODE_BENCH_CHECK_CLIPS;
+    char plan_path[1400], dump_path[1400], extra[1500];
+    snprintf(plan_path, sizeof plan_path, "%s.check-plan.jsonl", manifest_path);
+    snprintf(dump_path, sizeof dump_path, "%s.check-pyav.rgb", manifest_path);
+    snprintf(extra, sizeof extra, "--dump '%s'", dump_path);
+    int rc = write_pyav_plan(plan_path, plans, k);
+    if (rc)
+        return dh__set_error(rc, "%s: cannot write: %s", plan_path, strerror(-rc));
+    if (run_pyav(cfg, plan_path, extra, out->pyav_error, sizeof out->pyav_error) <= 0) {
+        unlink(plan_path);
+        unlink(dump_path);
+        return 0; /* no PyAV: the MADs stay -1 */
+    }
+    FILE *dump = fopen(dump_path, "rb");
+    dh_pipeline_t *pipeline = NULL;
+    uint8_t *ref = NULL, *ff = NULL;
+    double ours_sum = 0, ff_sum = 0;
+    size_t total = 0;
+    int ff_ok = 1;
+    rc = dump ? dh_pipeline_new(&pipeline, spec)
+              : dh__set_error(DH_EIO, "%s: cannot read", dump_path);
+    for (size_t i = 0; rc == 0 && i < k; i++) {
+        size_t bytes = (size_t)clip_bytes(&plans[i]);
+        ref = dh_malloc(bytes ? bytes : 1);
+        ff = dh_malloc(bytes ? bytes : 1);
+        if (!ref || !ff) {
+            rc = DH_ENOMEM;
+            break;
+        }
+        if (fread(ref, 1, bytes, dump) != bytes) {
+            rc = dh__set_error(DH_EIO, "%s: short PyAV dump", dump_path);
+            break;
+        }
+        dh_sample_t sample;
+        dh_sample_overrides_t ovr = {plans[i].entry->frames, plans[i].entry->height,
+                                     plans[i].entry->width};
+        rc = dh_pipeline_decode(pipeline, plans[i].entry->path, &ovr, plans[i].entry->id, &sample);
+        if (rc == 0 && sample.frames.nbytes != bytes)
+            rc = dh__set_error(DH_EIO, "%s: DataHelix produced %zu bytes, PyAV %zu",
+                               plans[i].entry->path, sample.frames.nbytes, bytes);
+        if (rc == 0)
+            ours_sum += abs_diff_sum(sample.frames.data, ref, bytes);
+        dh_sample_clear(&sample);
+        if (ff_ok && ffmpeg_run(&plans[i], 1, ff, bytes) == (long long)bytes)
+            ff_sum += abs_diff_sum(ff, ref, bytes);
+        else
+            ff_ok = 0;
+        total += bytes;
+        dh_free(ref);
+        dh_free(ff);
+        ref = ff = NULL;
+    }
+    dh_free(ref);
+    dh_free(ff);
+    dh_pipeline_destroy(&pipeline);
+    if (dump)
+        fclose(dump);
+    unlink(plan_path);
+    unlink(dump_path);
+    if (rc == 0 && total > 0) {
+        out->check_clips = k;
+        out->pixel_mad_vs_pyav = ours_sum / (double)total;
+        out->pixel_mad_ffmpeg_vs_pyav = ff_ok ? ff_sum / (double)total : -1;
+    }
+    return rc;
+}
+
 static double median(double *v, size_t n)
 {
     size_t k = 0;
@@ -264,8 +431,11 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
 {
     memset(out, 0, sizeof *out);
     snprintf(out->mix, sizeof out->mix, "%s", cfg->mix);
-    char manifest_path[1100];
-    int rc = ensure_dataset(cfg, manifest_path, sizeof manifest_path);
+    snprintf(out->ffmpeg_method, sizeof out->ffmpeg_method, "%s", DH_DECODE_BENCH_FFMPEG_METHOD);
+    out->pixel_mad_vs_pyav = -1;
+    out->pixel_mad_ffmpeg_vs_pyav = -1;
+    char manifest_path[1300];
+    int rc = ensure_dataset(cfg, manifest_path, sizeof manifest_path, out);
     if (rc)
         return rc;
     dh__json_use_allocator();
@@ -280,15 +450,15 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
     clip_plan_t *plans = dh_calloc(n ? n : 1, sizeof *plans);
     unsigned runs = cfg->runs ? cfg->runs : 5;
     double *ours = dh_calloc(runs, sizeof *ours), *ff = dh_calloc(runs, sizeof *ff),
-           *py = dh_calloc(runs, sizeof *py);
-    if (!plans || !ours || !ff || !py) {
+           *py = dh_calloc(runs, sizeof *py), *pys = dh_calloc(runs, sizeof *pys);
+    if (!plans || !ours || !ff || !py || !pys) {
         rc = DH_ENOMEM;
         goto out;
     }
     if ((rc = plan_clips(m, &spec, plans, &out->frames)) != 0)
         goto out;
     out->clips = n;
-    char plan_path[1200];
+    char plan_path[1400];
     snprintf(plan_path, sizeof plan_path, "%s.pyav-plan.jsonl", manifest_path);
     int have_pyav = cfg->pyav_script && access(cfg->pyav_script, R_OK) == 0;
     if (!have_pyav)
@@ -299,6 +469,8 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
         goto out;
     }
     dh__pin_to_current_cpu(); /* best effort: timings are noisier without */
+    if (have_pyav && (rc = pixel_check(cfg, &spec, plans, n, manifest_path, out)) != 0)
+        goto out;
     for (unsigned r = 0; r < runs; r++) {
         if (cfg->verbose)
             fprintf(stderr, "decode-bench: %s round %u/%u\n", cfg->mix, r + 1, runs);
@@ -311,13 +483,17 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
         ours[r] = (double)n / s;
         s = run_ffmpeg(plans, n);
         ff[r] = s > 0 ? (double)n / s : 0;
-        if (have_pyav)
-            py[r] = run_pyav(cfg, plan_path, out->pyav_error, sizeof out->pyav_error);
+        if (have_pyav) {
+            py[r] = run_pyav(cfg, plan_path, "", out->pyav_error, sizeof out->pyav_error);
+            pys[r] =
+                run_pyav(cfg, plan_path, "--skip-nonref", out->pyav_error, sizeof out->pyav_error);
+        }
     }
     out->datahelix_clips_per_s = median(ours, runs);
     out->ffmpeg_clips_per_s = median(ff, runs);
     out->pyav_clips_per_s = median(py, runs);
-    if (out->pyav_clips_per_s > 0)
+    out->pyav_skip_clips_per_s = median(pys, runs);
+    if (out->pyav_clips_per_s > 0 && out->pyav_skip_clips_per_s > 0 && out->pixel_mad_vs_pyav >= 0)
         out->pyav_error[0] = '\0';
 out:
     for (size_t i = 0; plans && i < n; i++) {
@@ -328,6 +504,7 @@ out:
     dh_free(ours);
     dh_free(ff);
     dh_free(py);
+    dh_free(pys);
     dh_manifest_destroy(&m);
     return rc;
 }

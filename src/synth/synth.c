@@ -10,13 +10,12 @@
  *             code in the top rows. Deterministic for (seed, index). About 2 ns a pixel:
  *             the tile is computed once per process, a frame only walks it in fixed point.
  *   encoding  dh_synth_write_clip: RGB24 -> yuv420p (libswscale) -> libx264 (one thread,
- *             preset ultrafast with CABAC and deblocking, CRF 23, fixed GOP, no B-frames,
- *             no scene-cut keyframes) -> MP4 (libavformat), written to PATH.part and
- *             renamed into place. A 10 s 448x448 clip at 30 fps takes about 0.8 s.
- *   data sets dh_synth_dataset_write: draws every clip's shape from the mix first (so the
- *             result does not depend on the number of threads), encodes with `jobs` pthreads
- *             pulling clip numbers from an atomic counter, reports progress from the calling
- *             thread, and writes manifest.jsonl last.
+ *             preset ultrafast with CABAC and deblocking, CRF 23, fixed GOP, B-frames as
+ *             the clip's encoding says, no scene-cut keyframes) -> MP4 (libavformat), written to
+ * PATH.part and renamed into place. A 10 s 448x448 clip at 30 fps takes about 0.8 s. data sets
+ * dh_synth_dataset_write: draws every clip's shape from the mix first (so the result does not
+ * depend on the number of threads), encodes with `jobs` pthreads pulling clip numbers from an
+ * atomic counter, reports progress from the calling thread, and writes manifest.jsonl last.
  *
  * FFmpeg types stay inside this file.
  */
@@ -53,6 +52,15 @@
 #define SYNTH_MAX_FRAMES 1000000
 #define SYNTH_PRESET "ultrafast" /* see docs/synth.md "Encoder settings" for the timings */
 #define SYNTH_CRF "23"           /* libx264's default quality */
+
+/* ---- encodings ---------------------------------------------------------------------- */
+
+static const char *const encoding_names[] = {"flat-b", "x264-default", "no-b"};
+
+const char *dh_synth_encoding_name(dh_synth_encoding_t encoding)
+{
+    return (unsigned)encoding < DH_ARRAY_LEN(encoding_names) ? encoding_names[encoding] : NULL;
+}
 
 /* ---- the texture tile --------------------------------------------------------------- */
 
@@ -460,7 +468,8 @@ static int clip_check(const char *path, const dh_synth_clip_t *clip, int64_t *fr
 }
 
 /* Sets up the muxer, the encoder and the converter; opens path_part for writing. */
-static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip_t *clip, int gop)
+static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip_t *clip, int gop,
+                        dh_synth_encoding_t encoding)
 {
     int rc = avformat_alloc_output_context2(&e->mux, NULL, "mp4", path_part);
     if (rc < 0)
@@ -500,11 +509,16 @@ static int encoder_open(encoder_t *e, const char *path_part, const dh_synth_clip
      * keyframes exactly every `gop` frames. Ultrafast turns CABAC and the deblocking filter
      * off; they are put back (about +50% encode time) because they are a large part of what
      * decoding real H.264 costs, and decode cost is what these clips are for. */
+    const char *params = "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=0:b-pyramid=none";
+    if (encoding == DH_SYNTH_ENC_X264_DEFAULT)
+        params = "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=1:b-pyramid=normal";
+    else if (encoding == DH_SYNTH_ENC_NO_B) {
+        params = "scenecut=0:cabac=1:deblock=0,0:bframes=0";
+        c->max_b_frames = 0;
+    }
     if ((rc = av_opt_set(c->priv_data, "preset", SYNTH_PRESET, 0)) < 0 ||
         (rc = av_opt_set(c->priv_data, "crf", SYNTH_CRF, 0)) < 0 ||
-        (rc = av_opt_set(c->priv_data, "x264-params",
-                         "scenecut=0:cabac=1:deblock=0,0:bframes=3:b-adapt=0:b-pyramid=none", 0)) <
-            0)
+        (rc = av_opt_set(c->priv_data, "x264-params", params, 0)) < 0)
         return av_fail(e->path, "cannot set libx264 options", rc);
     if ((rc = avcodec_open2(c, x264, NULL)) < 0)
         return av_fail(e->path, "cannot open libx264", rc);
@@ -593,7 +607,16 @@ static void encoder_close(encoder_t *e)
 
 int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip)
 {
+    return dh_synth_write_clip_encoded(path, clip, DH_SYNTH_ENC_FLAT_B);
+}
+
+int dh_synth_write_clip_encoded(const char *path, const dh_synth_clip_t *clip,
+                                dh_synth_encoding_t encoding)
+{
     assert(path && clip);
+    if (!dh_synth_encoding_name(encoding))
+        return dh__set_error(DH_EINVAL, "%s: encoding %d: expected a dh_synth_encoding_t", path,
+                             (int)encoding);
     int64_t frames = 0;
     int gop = 0;
     int rc = clip_check(path, clip, &frames, &gop);
@@ -615,7 +638,7 @@ int dh_synth_write_clip(const char *path, const dh_synth_clip_t *clip)
     }
     memcpy(path_part, path, path_len);
     memcpy(path_part + path_len, ".part", sizeof ".part");
-    if ((rc = encoder_open(&e, path_part, clip, gop)) < 0)
+    if ((rc = encoder_open(&e, path_part, clip, gop, encoding)) < 0)
         goto out;
     for (int64_t i = 0; i < frames; i++) {
         dh_synth_frame_rgb(clip, i, rgb);
@@ -642,7 +665,8 @@ out:
 typedef struct clip_plan {
     size_t entry;         /* mix entry it was drawn from */
     dh_synth_clip_t clip; /* what to encode */
-    int64_t frames;       /* frames it will have */
+    dh_synth_encoding_t encoding;
+    int64_t frames; /* frames it will have */
 } clip_plan_t;
 
 /* Clip i's draws come from a stream seeded by (seed, i) alone, so a data set of 100 clips
@@ -732,7 +756,7 @@ static void *dataset_worker(void *arg)
             rc = dh__set_error(DH_ENOMEM, "%s/clips/v%07zu.mp4: out of memory", run->out_dir, i);
         else {
             snprintf(path, dir_len + 32, "%s/clips/v%07zu.mp4", run->out_dir, i);
-            rc = dh_synth_write_clip(path, &run->plans[i].clip);
+            rc = dh_synth_write_clip_encoded(path, &run->plans[i].clip, run->plans[i].encoding);
             if (rc == 0 && stat(path, &st) != 0)
                 rc = dh__set_error(-errno, "%s: cannot stat: %s", path, strerror(errno));
         }
@@ -833,11 +857,22 @@ int dh_synth_dataset_write(const char *out_dir, const dh_mix_t *mix, size_t coun
                            unsigned jobs, dh_synth_progress_fn progress, void *ctx,
                            dh_synth_totals_t *totals)
 {
+    return dh_synth_dataset_encoded(out_dir, mix, count, seed, jobs, DH_SYNTH_ENC_FLAT_B, progress,
+                                    ctx, totals);
+}
+
+int dh_synth_dataset_encoded(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,
+                             unsigned jobs, dh_synth_encoding_t encoding,
+                             dh_synth_progress_fn progress, void *ctx, dh_synth_totals_t *totals)
+{
     assert(out_dir && mix);
     if (totals)
         *totals = (dh_synth_totals_t){0};
     if (mix->count == 0)
         return dh__set_error(DH_EINVAL, "mix %s: no entries", mix->name ? mix->name : "?");
+    if (!dh_synth_encoding_name(encoding))
+        return dh__set_error(DH_EINVAL, "%s: encoding %d: expected a dh_synth_encoding_t", out_dir,
+                             (int)encoding);
     double total_weight = 0;
     for (size_t e = 0; e < mix->count; e++) {
         if (!(mix->entries[e].weight > 0) || !isfinite(mix->entries[e].weight))
@@ -865,6 +900,7 @@ int dh_synth_dataset_write(const char *out_dir, const dh_mix_t *mix, size_t coun
      * under 16 pixels...) fails fast, naming the first clip it would have made. */
     for (size_t i = 0; i < count; i++) {
         plan_clip(mix, total_weight, seed, i, &plans[i]);
+        plans[i].encoding = encoding;
         int64_t frames;
         int gop;
         char name[64];
@@ -958,6 +994,17 @@ out:
     dh_free(manifest);
     dh_free(clips_dir);
     return rc;
+}
+
+int dh_synth_encoding_parse(const char *name, dh_synth_encoding_t *out)
+{
+    for (size_t i = 0; name && i < DH_ARRAY_LEN(encoding_names); i++)
+        if (strcmp(name, encoding_names[i]) == 0) {
+            *out = (dh_synth_encoding_t)i;
+            return 0;
+        }
+    return dh__set_error(DH_EINVAL, "encoding '%s': expected flat-b, x264-default or no-b",
+                         name ? name : "(null)");
 }
 
 int dh_synth_dataset(const char *out_dir, const dh_mix_t *mix, size_t count, uint64_t seed,

@@ -1,6 +1,8 @@
-/* Tests of the decode-bench harness on a tiny mix: it makes the data set, runs all three
+/* Tests of the decode-bench harness on a tiny mix: it makes the data set, runs all the
  * decoders on the same plan (ffmpeg's and PyAV's outputs are checked frame for frame count
- * inside the harness), and reports throughput for each. Timings are not asserted. */
+ * inside the harness), reports throughput for each, says how ffmpeg was timed, and its
+ * pixel check finds the same frames (mean absolute difference against PyAV's <= 3 of 255).
+ * Timings are not asserted. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +36,65 @@ static void decode_bench_runs_all_three_on_the_same_plan(void **state)
     assert_int_equal(r.frames, 12);
     assert_true(r.datahelix_clips_per_s > 0);
     assert_true(r.ffmpeg_clips_per_s > 0);
+    assert_string_equal(r.ffmpeg_method, "one-process");
+    assert_string_equal(r.encoding, "flat-b");
     if (!(r.pyav_clips_per_s > 0))
         fail_msg("no PyAV column: %s", r.pyav_error);
+    assert_true(r.pyav_skip_clips_per_s > 0);
+    /* The three decoders produce the same frames. */
+    assert_int_equal(r.check_clips, 3);
+    assert_true(r.pixel_mad_vs_pyav >= 0 && r.pixel_mad_vs_pyav <= 3.0);
+    assert_true(r.pixel_mad_ffmpeg_vs_pyav >= 0 && r.pixel_mad_ffmpeg_vs_pyav <= 3.0);
     /* The data set is made once and reused. */
     assert_int_equal(dh_decode_bench_run(&cfg, &r), 0);
+}
+
+/* NAME@ENCODING makes the data set with that synth encoding (x264's B-pyramid, or no
+ * B-frames) and the same checks hold on it. */
+static void decode_bench_runs_the_other_encodings(void **state)
+{
+    char mix[1024];
+    snprintf(mix, sizeof mix, "%s", dh_test_path("tiny-mix-enc.json"));
+    dh_test_write_file(mix, "[{\"frames\": 6, \"height\": 64, \"width\": 64, \"duration_s\": 1,"
+                            " \"fps\": 12}]");
+    char work[1024];
+    snprintf(work, sizeof work, "%s", dh_test_path("decode-bench-enc"));
+    static const char *const encodings[] = {"x264-default", "no-b"};
+    for (size_t e = 0; e < 2; e++) {
+        char name[1100];
+        snprintf(name, sizeof name, "%s@%s", mix, encodings[e]);
+        dh_decode_bench_config_t cfg = {.mix = name,
+                                        .clips = 2,
+                                        .runs = 1,
+                                        .seed = 1,
+                                        .work_dir = work,
+                                        .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
+                                        .python = getenv("DH_PYTHON_EXE")};
+        if (!cfg.python || !*cfg.python)
+            cfg.python = "python3";
+        dh_decode_bench_result_t r;
+        int rc = dh_decode_bench_run(&cfg, &r);
+        if (rc != 0)
+            fail_msg("decode-bench %s: %s (%s)", name, dh_last_error(), dh_err_name(rc));
+        assert_string_equal(r.encoding, encodings[e]);
+        assert_int_equal(r.frames, 12);
+        assert_true(r.ffmpeg_clips_per_s > 0);
+        if (!(r.pyav_skip_clips_per_s > 0))
+            fail_msg("no PyAV column: %s", r.pyav_error);
+        assert_true(r.pixel_mad_vs_pyav >= 0 && r.pixel_mad_vs_pyav <= 3.0);
+        assert_true(r.pixel_mad_ffmpeg_vs_pyav >= 0 && r.pixel_mad_ffmpeg_vs_pyav <= 3.0);
+    }
+}
+
+static void decode_bench_names_a_bad_encoding(void **state)
+{
+    dh_decode_bench_config_t cfg = {.mix = "kinetics-s@no-such-encoding",
+                                    .clips = 1,
+                                    .runs = 1,
+                                    .work_dir = dh_test_path("decode-bench-bad-enc")};
+    dh_decode_bench_result_t r;
+    assert_int_equal(dh_decode_bench_run(&cfg, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "no-such-encoding"));
 }
 
 static void decode_bench_names_a_bad_mix(void **state)
@@ -51,6 +108,8 @@ static void decode_bench_names_a_bad_mix(void **state)
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(decode_bench_runs_all_three_on_the_same_plan),
+    cmocka_unit_test(decode_bench_runs_the_other_encodings),
     cmocka_unit_test(decode_bench_names_a_bad_mix),
+    cmocka_unit_test(decode_bench_names_a_bad_encoding),
 };
 DH_TEST_MAIN(tests)
