@@ -11,6 +11,23 @@
 #include "datahelix/error.h"
 #include "bench/decode_bench.h"
 
+/* The harness's configuration for `mix` in `work`: one run, seed 1, the checked-in PyAV
+ * script, and the interpreter ctest names in DH_PYTHON_EXE (set when configured with a
+ * venv), else python3. */
+static dh_decode_bench_config_t bench_config(const char *mix, size_t clips, const char *work)
+{
+    dh_decode_bench_config_t cfg = {.mix = mix,
+                                    .clips = clips,
+                                    .runs = 1,
+                                    .seed = 1,
+                                    .work_dir = work,
+                                    .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
+                                    .python = getenv("DH_PYTHON_EXE")};
+    if (!cfg.python || !*cfg.python)
+        cfg.python = "python3";
+    return cfg;
+}
+
 static void decode_bench_runs_all_three_on_the_same_plan(void **state)
 {
     char mix[1024]; /* dh_test_path's buffer is reused by the next call */
@@ -19,15 +36,7 @@ static void decode_bench_runs_all_three_on_the_same_plan(void **state)
                             " \"fps\": 12}]");
     char work[1024];
     snprintf(work, sizeof work, "%s", dh_test_path("decode-bench"));
-    dh_decode_bench_config_t cfg = {.mix = mix,
-                                    .clips = 3,
-                                    .runs = 1,
-                                    .seed = 1,
-                                    .work_dir = work,
-                                    .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
-                                    .python = getenv("DH_PYTHON_EXE")};
-    if (!cfg.python || !*cfg.python)
-        cfg.python = "python3"; /* ctest sets DH_PYTHON_EXE when configured with a venv */
+    dh_decode_bench_config_t cfg = bench_config(mix, 3, work);
     dh_decode_bench_result_t r;
     int rc = dh_decode_bench_run(&cfg, &r);
     if (rc != 0)
@@ -63,15 +72,7 @@ static void decode_bench_runs_the_other_encodings(void **state)
     for (size_t e = 0; e < 2; e++) {
         char name[1100];
         snprintf(name, sizeof name, "%s@%s", mix, encodings[e]);
-        dh_decode_bench_config_t cfg = {.mix = name,
-                                        .clips = 2,
-                                        .runs = 1,
-                                        .seed = 1,
-                                        .work_dir = work,
-                                        .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
-                                        .python = getenv("DH_PYTHON_EXE")};
-        if (!cfg.python || !*cfg.python)
-            cfg.python = "python3";
+        dh_decode_bench_config_t cfg = bench_config(name, 2, work);
         dh_decode_bench_result_t r;
         int rc = dh_decode_bench_run(&cfg, &r);
         if (rc != 0)
