@@ -46,8 +46,8 @@ static void usage(FILE *out)
         "  native-N              the same with N cores in all\n"
         "  pool (= base)         shared pool of the helix servers, least-request routing,\n"
         "                        sample-count batching, 2 in flight per worker share,\n"
-        "                        batches copied into the consumer (emulated: bytes /\n"
-        "                        --copy-gbps)\n"
+        "                        batches copied into the consumer on the training\n"
+        "                        thread (charged like any transfer: --link-gbps)\n"
         "  transport             base with zero-copy shared-memory delivery\n"
         "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
         "                        vary, tokens even), deep prefetch, fanout (--fanout)\n"
@@ -76,7 +76,14 @@ static void usage(FILE *out)
         "                        (default: 10%% of the mean step compute)\n"
         "  --time-scale X        emulated: every duration x X (1), to run shorter\n"
         "  --bytes-scale X       emulated: payload bytes x X (0.001)\n"
-        "  --copy-gbps G         emulated: speed of pool/base's per-batch copy, GB/s (5)\n"
+        "  --link-gbps G         the transfer cost, one for every system: each byte that\n"
+        "                        crosses nodes (a DataServer's link is busy while it\n"
+        "                        forwards) and each byte a system copies (pool's copy on\n"
+        "                        the training thread, the fanout join on the client's\n"
+        "                        fetcher) costs 8 / (G x 1e9) s, of emulated bytes\n"
+        "                        (payload / --bytes-scale); Gb/s (25, a 25 GbE NIC;\n"
+        "                        0 = free). With --dataset only links are charged (the\n"
+        "                        copies are real)\n"
         "  --cost-bias S         emulated misprediction: each profile key's actual cost is\n"
         "                        its estimate x a mean-one lognormal factor of sigma S,\n"
         "                        drawn once per key (0.3)\n"
@@ -90,7 +97,7 @@ static void usage(FILE *out)
         "  --json FILE           the report: {\"config\":{...},\"systems\":{NAME:{\n"
         "                        \"throughput_sps\",\"input_wait_p50_s\",\"input_wait_p95_s\",\n"
         "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
-        "                        \"barrier_wait_mean_s\",\"cross_ds_bytes\",\n"
+        "                        \"barrier_wait_mean_s\",\"cross_node_bytes\",\"copy_bytes\",\n"
         "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
         "                        \"balance\",\"cores\",\"cpu_work_s\",...}}}\n"
         "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
@@ -188,7 +195,7 @@ int dh_cmd_bench(int argc, char **argv)
         O_THRESH,
         O_TSCALE,
         O_BSCALE,
-        O_COPY,
+        O_LINK,
         O_BIAS,
         O_NOISE,
         O_TNOISE,
@@ -220,7 +227,7 @@ int dh_cmd_bench(int argc, char **argv)
         {"deadline-threshold", required_argument, NULL, O_THRESH},
         {"time-scale", required_argument, NULL, O_TSCALE},
         {"bytes-scale", required_argument, NULL, O_BSCALE},
-        {"copy-gbps", required_argument, NULL, O_COPY},
+        {"link-gbps", required_argument, NULL, O_LINK},
         {"cost-bias", required_argument, NULL, O_BIAS},
         {"cost-noise", required_argument, NULL, O_NOISE},
         {"token-noise", required_argument, NULL, O_TNOISE},
@@ -331,8 +338,8 @@ int dh_cmd_bench(int argc, char **argv)
             if (parse_double("--bytes-scale", optarg, 0, &o.bytes_scale))
                 return 2;
             break;
-        case O_COPY:
-            if (parse_double("--copy-gbps", optarg, 0, &o.copy_gbps))
+        case O_LINK:
+            if (parse_double("--link-gbps", optarg, 0, &o.link_gbps))
                 return 2;
             break;
         case O_BIAS:

@@ -67,10 +67,15 @@ typedef struct dh_client_config {
      *   [r x batch, (r+1) x batch) in sampler order. */
     dh_share_mode_t token_plan;
     dh_on_error_t on_error;
-    int next_timeout_ms;    /* next() gives up with DH_EAGAIN after this (-1 = never) */
-    int connect_timeout_ms; /* creation waits this long for the coordinator (30000) */
-    void *zmq_ctx;          /* borrowed ZeroMQ context (NULL = its own); needed to reach
-                             * inproc:// endpoints of servers in this process */
+    int next_timeout_ms;         /* next() gives up with DH_EAGAIN after this (-1 = never) */
+    int connect_timeout_ms;      /* creation waits this long for the coordinator (30000) */
+    void *zmq_ctx;               /* borrowed ZeroMQ context (NULL = its own); needed to reach
+                                  * inproc:// endpoints of servers in this process */
+    double emulate_copy_s_per_B; /* emulated copy cost (0 = off, the default): the fetcher
+                                  * thread spends this many seconds per byte it joins
+                                  * (fanout > 1) after the join, so the batch is ready
+                                  * that much later; `datahelix bench` sets it from
+                                  * --link-gbps for payloads that stand for larger ones */
     /* Embedded mode only. */
     const char *pipeline_path; /* the local DataServer's pipeline spec (NULL = video) */
     const char *pipeline_json; /* or its text */
@@ -145,6 +150,7 @@ typedef struct dh_client_stats {
     uint64_t requests_sent, deliveries, duplicates_dropped;
     uint64_t bytes_delivered; /* tensor bytes of delivered batches */
     uint64_t copied_tensors;  /* tensors that came by copy, not in the arena (a full arena) */
+    uint64_t copy_bytes;      /* bytes the fanout join copied (payload bytes, not emulated) */
     uint64_t notices;         /* deliveries that came on the local notice channel (the rest
                                  came over ZeroMQ: sidecar frames, spills, a full channel) */
     double wait_s;            /* total time next() blocked */

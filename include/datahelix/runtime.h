@@ -109,6 +109,13 @@ typedef struct dh_dataserver_config {
     uint64_t worker_cpus;      /* CPUs (bit i = CPU i) the workers are pinned to; 0 = any.
                                 * Rank-local loaders of `datahelix bench` use it to give
                                 * each rank only its share of the machine */
+    double emulate_link_Bps;   /* emulated network (0 = off, the default): a delivery this
+                                * server forwards to another node holds its link (one per
+                                * target) for emulated bytes / this seconds, one delivery
+                                * after another, and reaches the target only then. Emulated
+                                * bytes: payload bytes / the synthetic pipeline's bytes_scale
+                                * (the size the payload stands for; the payload itself for a
+                                * video pipeline). `datahelix bench` sets it (--link-gbps) */
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
@@ -135,6 +142,8 @@ typedef struct dh_dataserver_stats {
     uint64_t forwarded;           /* sidecar: batches sent to a local DataServer */
     uint64_t bytes_forwarded;     /* sidecar: payload bytes sent */
     uint64_t bytes_received;      /* local: payload bytes received from sidecars */
+    uint64_t bytes_cross_node;    /* payload bytes forwarded to a DataServer of another node
+                                   * (of bytes_forwarded) */
     uint64_t arena_waits;         /* times a batch waited for arena space (backpressure) */
     uint64_t undeliverable;       /* batches dropped because their client was gone */
     uint64_t arena_spills;        /* tensors sent by copy after the arena stayed full (see

@@ -95,6 +95,7 @@ typedef struct dh_msg_hello {
 typedef struct dh_wire_link_bw {
     char *node;         /* the peer node of the link */
     double bytes_per_s; /* estimated bandwidth to it */
+    double latency_s;   /* estimated latency to it (seconds, >= 0; 0 = not measured) */
 } dh_wire_link_bw_t;
 
 typedef struct dh_msg_heartbeat {

@@ -27,6 +27,18 @@
 #define MAX_SERVERS 256
 #define MAX_RANKS 64
 
+/* The transfer cost: bytes per second of --link-gbps (0 = free). */
+static double link_Bps(const dh_bench_options_t *opt)
+{
+    return opt->link_gbps * 1e9 / 8;
+}
+
+/* Payload bytes as the bytes they stand for (emulated: / bytes_scale). */
+static double emulated(const dh_bench_options_t *opt, double bytes)
+{
+    return opt->dataset || opt->bytes_scale <= 0 ? bytes : bytes / opt->bytes_scale;
+}
+
 void dh_bench_options_default(dh_bench_options_t *opt)
 {
     memset(opt, 0, sizeof *opt);
@@ -42,7 +54,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->compute_scale = 1;
     opt->time_scale = 1;
     opt->bytes_scale = 0.001;
-    opt->copy_gbps = 5;
+    opt->link_gbps = 25;
     opt->cost_bias = 0.3;
     opt->cost_noise = 0.3;
     opt->token_noise = 0.1;
@@ -148,6 +160,7 @@ typedef struct rank_ctx {
     uint32_t rank;
     dh_client_t *client;
     step_rec_t *steps; /* warmup + steps */
+    double copy_bytes; /* emulated bytes of pool's copies */
     int rc;
     char error[512];
 } rank_ctx_t;
@@ -250,13 +263,13 @@ static void *rank_main(void *arg)
         if (run->spec->copy) {
             /* the object-store hop: the batch is copied into the consumer's memory, on the
              * training thread. Emulated payloads are scaled down, so the copy of the bytes
-             * the batch stands for is charged as time: emulated bytes / copy_gbps. */
-            if (!opt->dataset && opt->copy_gbps > 0 && opt->bytes_scale > 0) {
-                double bytes = 0;
-                for (size_t t = 0; t < b->n_tensors; t++)
-                    bytes += (double)b->tensors[t].nbytes;
-                compute += bytes / opt->bytes_scale / (opt->copy_gbps * 1e9) * opt->time_scale;
-            }
+             * the batch stands for is charged as time, at the one transfer cost. */
+            double bytes = 0;
+            for (size_t t = 0; t < b->n_tensors; t++)
+                bytes += (double)b->tensors[t].nbytes;
+            rc->copy_bytes += emulated(opt, bytes);
+            if (!opt->dataset && opt->link_gbps > 0)
+                compute += emulated(opt, bytes) / link_Bps(opt) * opt->time_scale;
             for (size_t t = 0; t < b->n_tensors; t++) {
                 void *copy = dh_malloc(b->tensors[t].nbytes ? b->tensors[t].nbytes : 1);
                 if (copy && b->tensors[t].nbytes)
@@ -331,6 +344,10 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
     dc.data_listen = data_ep;
     dc.zmq_ctx = c->ctx;
     dc.worker_cpus = cpus;
+    /* the one transfer cost: a link to another node carries link_Bps emulated bytes per
+     * second (time-scaled like every emulated duration) */
+    dc.emulate_link_Bps =
+        opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
     int rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
     if (rc)
         return rc;
@@ -526,6 +543,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.token_plan = sp->token_plan;
         cfg.on_error = DH_ON_ERROR_SKIP;
         cfg.next_timeout_ms = 120000;
+        /* the join copy (fanout > 1) at the one transfer cost, per payload byte */
+        if (!opt->dataset && opt->link_gbps > 0 && opt->bytes_scale > 0)
+            cfg.emulate_copy_s_per_B = opt->time_scale / (opt->bytes_scale * link_Bps(opt));
         if (sp->deep) {
             cfg.prefetch = opt->prefetch;
             cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
@@ -614,13 +634,6 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
-    double fwd = 0;
-    for (size_t i = 0; i < cl.n_servers; i++) {
-        dh_dataserver_stats_t ds;
-        dh_dataserver_stats(cl.servers[i], &ds);
-        fwd += (double)ds.bytes_forwarded;
-    }
-    res->cross_ds_bytes = opt->dataset || opt->bytes_scale <= 0 ? fwd : fwd / opt->bytes_scale;
     if (trace)
         trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
     for (uint32_t r = 0; r < opt->ranks; r++) {
@@ -628,6 +641,17 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         dh_client_stats(ranks[r].client, &st);
         if (st.prefetch_now > res->prefetch_reached)
             res->prefetch_reached = (uint32_t)st.prefetch_now;
+    }
+    /* transfers: what crossed nodes, what was copied (joins, pool's copies) */
+    for (size_t i = 0; i < cl.n_servers; i++) {
+        dh_dataserver_stats_t ds;
+        dh_dataserver_stats(cl.servers[i], &ds);
+        res->cross_node_bytes += emulated(opt, (double)ds.bytes_cross_node);
+    }
+    for (uint32_t r = 0; r < opt->ranks; r++) {
+        dh_client_stats_t st;
+        dh_client_stats(ranks[r].client, &st);
+        res->copy_bytes += emulated(opt, (double)st.copy_bytes) + ranks[r].copy_bytes;
     }
     progress(opt,
              "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f), input wait p95 "
@@ -668,6 +692,9 @@ static int check_options(const dh_bench_options_t *o)
         !(o->token_noise >= 0 && o->token_noise <= 4))
         return dh__set_error(
             DH_EINVAL, "bench: --cost-bias, --cost-noise and --token-noise must be in [0, 4]");
+    if (!(o->link_gbps >= 0 && o->link_gbps <= 1e6))
+        return dh__set_error(DH_EINVAL, "bench: --link-gbps must be in [0, 1e6] Gb/s, got %g",
+                             o->link_gbps);
     if (!o->compute_auto && (o->a < 0 || o->b < 0))
         return dh__set_error(DH_EINVAL, "bench: --compute a,b must be >= 0");
     return 0;
@@ -845,7 +872,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
             "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"copy_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
+            "\"bytes_scale\":%.9g,\"link_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
             "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
             "\"fanout\":%u,\"seed\":%llu,"
             "\"rows\":%zu,"
@@ -854,7 +881,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->cores_per_server,
             o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->copy_gbps, o->dataset ? 0 : o->cost_bias,
+            o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
             o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
             o->prefetch_max ? o->prefetch_max : 2 * o->prefetch, o->fanout,
             (unsigned long long)o->seed, r->rows);
@@ -867,17 +894,20 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
         fprintf(f,
                 ":{\"throughput_sps\":%.9g,\"input_wait_p50_s\":%.6g,\"input_wait_p95_s\":%.6g,"
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
-                "\"barrier_wait_mean_s\":%.6g,\"cross_ds_bytes\":%.6g,"
+                "\"barrier_wait_mean_s\":%.6g,"
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
                 "\"balance\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_compute_sum_s\":%.9g,"
                 "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
-                "\"prefetch_reached\":%u,\"wall_s\":%.9g,"
-                "\"rank_step_s\":[",
+                "\"prefetch_reached\":%u,\"wall_s\":%.9g",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
-                s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s, s->cross_ds_bytes,
+                s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
                 s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
                 s->bound_cores, s->fanout, s->prefetch_reached, s->wall_s);
+        /* transfers */
+        fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
+                s->copy_bytes);
+        fprintf(f, ",\"rank_step_s\":[");
         for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
             fprintf(f, "%s[", rk ? "," : "");
             for (uint32_t st = 0; st < o->steps; st++)
@@ -903,9 +933,9 @@ void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
     const dh_bench_system_result_t *nat = find(r, "native"), *pool = find(r, "pool");
     if (!pool)
         pool = find(r, "base");
-    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %8s %8s\n", "system",
+    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %10s %8s %8s\n", "system",
             "cores", "samples/s", "wait p50", "wait p95", "wait p99", "ready95", "miss", "barrier",
-            "sched us", "eff", "bal", "x-DS MB", "x native", "x pool");
+            "sched us", "eff", "bal", "x-node MB", "copy MB", "x native", "x pool");
     for (size_t i = 0; i < r->n_systems; i++) {
         const dh_bench_system_result_t *s = &r->systems[i];
         char vn[16] = "-", vp[16] = "-";
@@ -915,11 +945,11 @@ void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
             snprintf(vp, sizeof vp, "%.2fx", s->throughput_sps / pool->throughput_sps);
         fprintf(f,
                 "%-15s %5u %9.1f %8.3f %8.3f %8.3f %7.3f %5.0f%% %8.3f %8.1f %5.2f %5.2f %10.1f "
-                "%8s %8s\n",
+                "%10.1f %8s %8s\n",
                 s->name, s->cores, s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s,
                 s->input_wait_p99_s, s->batch_ready_p95_s, 100 * s->ddl_miss_rate,
                 s->barrier_wait_mean_s, s->sched_us_per_decision, s->efficiency, s->balance,
-                s->cross_ds_bytes / 1e6, vn, vp);
+                s->cross_node_bytes / 1e6, s->copy_bytes / 1e6, vn, vp);
     }
     for (size_t i = 0; i < r->n_systems; i++)
         if (r->systems[i].efficiency > 1.02)

@@ -15,11 +15,16 @@
  *   native-N     the same with N cores in all (N / ranks per rank)
  *   pool, base   one shared pool (the helix servers), least-request routing, sample-count
  *                batching, 2 batches in flight per worker of the rank's share, and a copy
- *                of every batch into the consumer (the object-store hop of a Ray actor
- *                pool: emulated, it costs the batch's emulated bytes / copy_gbps)
+ *                of every batch into the consumer on the training thread (the object-store
+ *                hop of a Ray actor pool)
  *   transport    base with zero-copy delivery
  *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F (2)
  *   cost-ddl, helix  prefetch-token + deadline placement
+ * One transfer-cost model for every system (link_gbps): a byte that crosses nodes holds the
+ * forwarding DataServer's link (dh_dataserver_config_t.emulate_link_Bps), a byte a system
+ * copies holds the copying thread (pool's copy: the rank's training thread; the fanout
+ * join: the client's fetcher, dh_client_config_t.emulate_copy_s_per_B), each for the same
+ * 8 / (link_gbps x 1e9) seconds per emulated byte (the payload / bytes_scale).
  * Emulated mode runs the synthetic pipeline (sleeping each sample's actual CPU seconds, so
  * one machine emulates many virtual cores; actual = estimate x seeded noise, see
  * cost_bias below); dataset mode decodes real clips.
@@ -48,7 +53,11 @@ typedef struct dh_bench_options {
                                   * 10% of the mean step compute */
     double time_scale;           /* emulated: every duration (costs and compute) x this (1) */
     double bytes_scale;          /* emulated: payload bytes x this (0.001) */
-    double copy_gbps;            /* emulated: GB/s of the copying systems' per-batch copy (5) */
+    double link_gbps;            /* the transfer cost of every system, Gb/s (25, a 25 GbE
+                                  * NIC; 0 = free): every byte crossing nodes and every
+                                  * byte copied costs 8 / (link_gbps x 1e9) s per emulated
+                                  * byte (see the top; dataset mode: links only, its copies
+                                  * are real) */
     /* emulated misprediction: each sample's actual cost is its estimate x a mean-one
      * lognormal factor per profile key (sigma cost_bias, 0.3) x one per sample (sigma
      * cost_noise, 0.3); its actual tokens the estimate x one per sample (sigma token_noise,
@@ -82,7 +91,6 @@ typedef struct dh_bench_system_result {
     double batch_ready_p95_s;
     double ddl_miss_rate;
     double barrier_wait_mean_s;
-    double cross_ds_bytes; /* payload bytes sidecars forwarded (emulated: / bytes_scale) */
     double sched_us_per_decision;
     double ideal_sps, efficiency, balance;
     double wall_s;
@@ -94,7 +102,11 @@ typedef struct dh_bench_system_result {
     uint32_t bound_cores;      /* cores of the ideal bound: cores, capped at the real CPUs
                                 * in dataset mode. ideal_sps = samples / max(cpu_work_s /
                                 * bound_cores, max_compute_sum_s); balance = mean / max */
-    double *rank_step_s; /* ranks x steps: each rank's step time (wait + compute), for plots */
+    /* Transfers over the whole run (warm-up included), emulated bytes (payload /
+     * bytes_scale): */
+    double cross_node_bytes; /* forwarded from a DataServer to another node's */
+    double copy_bytes;       /* copied by the system: fanout joins and pool's copy */
+    double *rank_step_s;     /* ranks x steps: each rank's step time (wait + compute), for plots */
 } dh_bench_system_result_t;
 
 typedef struct dh_bench_report {

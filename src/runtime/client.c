@@ -270,6 +270,9 @@ static int check_config(const dh_client_config_t *cfg)
         return dh__set_error(DH_EINVAL,
                              "client: prefetch_max must be 0 or in [prefetch=%u, 1024], got %u",
                              cfg->prefetch, cfg->prefetch_max);
+    if (!(cfg->emulate_copy_s_per_B >= 0 && cfg->emulate_copy_s_per_B < 1))
+        return dh__set_error(DH_EINVAL, "client: emulate_copy_s_per_B must be in [0, 1), got %g",
+                             cfg->emulate_copy_s_per_B);
     return 0;
 }
 

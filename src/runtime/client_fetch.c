@@ -5,9 +5,12 @@
  * receives DELIVERs on both: each tensor's handle is resolved in the mapped arena (a spilled
  * tensor comes as a frame and is copied), duplicates are dropped, parts are filed in the
  * ring by sequence number, and with fanout > 1 the batch's last part joins the parts into
- * one batch here (dh_collate_rows), so next() does not pay for the copy. When the
- * coordinator names another local DataServer, the fetcher reconnects.
+ * one batch here (dh_collate_rows), so next() does not pay for the copy (emulated: the
+ * fetcher then spends emulate_copy_s_per_B per byte joined, the copy of the bytes they stand
+ * for, before the batch counts as ready). When the coordinator names another local
+ * DataServer, the fetcher reconnects.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -180,6 +183,15 @@ fail:
     return rc;
 }
 
+static void sleep_s(double s)
+{
+    if (!(s > 0))
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
 {
     dh_msg_deliver_t *m = &r->msg.deliver;
@@ -302,6 +314,14 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     if (join) {
         char why[sizeof held->join_error] = "";
         int rc = join_parts(held, parts, batch, why, sizeof why);
+        if (rc == 0) {
+            uint64_t bytes = 0;
+            for (size_t t = 0; t < held[0].n_tensors; t++)
+                bytes += held[0].tensors[t].nbytes;
+            dh__count(&c->counters.copy_bytes, bytes);
+            /* the emulated copy of the bytes these stand for: the batch is ready after it */
+            sleep_s((double)bytes * c->cfg.emulate_copy_s_per_B);
+        }
         pthread_mutex_lock(&c->lock);
         for (uint32_t k = 0; k < parts; k++) {
             part_t *q = &c->ring[(batch * parts + k) % c->ring_size];

@@ -33,6 +33,7 @@
     XX(duplicates_dropped)                                                                         \
     XX(bytes_delivered)                                                                            \
     XX(copied_tensors)                                                                             \
+    XX(copy_bytes)                                                                                 \
     XX(notices)
 
 typedef struct dh__client_counters {

@@ -377,8 +377,9 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
             continue;
         uint32_t to = node_index(c, h->links[i].node);
         if (to != s->node)
-            c->links[s->node * MAX_NODES + to] =
-                dh_link_make(h->links[i].bytes_per_s, c->cfg.default_latency_s);
+            c->links[s->node * MAX_NODES + to] = dh_link_make(
+                h->links[i].bytes_per_s,
+                h->links[i].latency_s > 0 ? h->links[i].latency_s : c->cfg.default_latency_s);
     }
 }
 

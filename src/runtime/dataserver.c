@@ -26,6 +26,7 @@
  * links to other DataServers and forwarding forward.c, the notice channel notice.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -123,6 +124,7 @@ static void send_heartbeat(dh_dataserver_t *s)
         if (s->links[i].bytes_per_s > 0 && s->links[i].node[0]) {
             links[n].node = s->links[i].node;
             links[n].bytes_per_s = s->links[i].bytes_per_s;
+            links[n].latency_s = s->links[i].latency_s;
             n++;
         }
     dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
@@ -457,7 +459,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
         size_t n_notice = s->notice.n_conns;
         for (size_t i = 0; i < n_notice; i++)
             items[n++] = (zmq_pollitem_t){NULL, s->notice.conns[i].fd, ZMQ_POLLIN, 0};
-        long timeout = s->pending ? 1 : (long)s->cfg.heartbeat_ms;
+        long timeout = dh__ds_links_timeout_ms(s, s->pending ? 1 : (long)s->cfg.heartbeat_ms);
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             rc = -zmq_errno();
             dh_log_error("DataServer '%s': zmq_poll: %s", s->name, zmq_strerror(zmq_errno()));
@@ -494,6 +496,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
                     dh__ds_on_link_message(s, &s->links[i], &r);
                     dh_wire_received_release(&r);
                 }
+        dh__ds_links_send_due(s);
         if (s->pending)
             dh__ds_retry_pending(s);
         uint64_t now = dh_clock_now_ns();
@@ -559,6 +562,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
                              "DataServer: --workers must be in [1, 1024] (0 only for a local "
                              "delivery-only server), got %u",
                              cfg->workers);
+    if (!(cfg->emulate_link_Bps >= 0) || isinf(cfg->emulate_link_Bps))
+        return dh__set_error(DH_EINVAL,
+                             "DataServer: emulate_link_Bps must be finite and >= 0, got %g",
+                             cfg->emulate_link_Bps);
     dh_dataserver_t *s = dh_calloc(1, sizeof *s);
     if (!s)
         return dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
@@ -685,7 +692,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         dh_free(p);
     }
     for (size_t i = 0; i < s->n_links; i++)
-        dh_wire_socket_destroy(&s->links[i].sock);
+        dh__ds_link_close(s, &s->links[i]);
     dh_wire_socket_destroy(&s->coord);
     dh_wire_socket_destroy(&s->data);
     dh__notice_server_close(&s->notice);

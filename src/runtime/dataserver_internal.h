@@ -35,6 +35,7 @@
     XX(forwarded)                                                                                  \
     XX(bytes_forwarded)                                                                            \
     XX(bytes_received)                                                                             \
+    XX(bytes_cross_node)                                                                           \
     XX(arena_waits)                                                                                \
     XX(undeliverable)                                                                              \
     XX(arena_spills)
@@ -60,14 +61,34 @@ typedef struct queue {
     size_t len;
 } queue_t;
 
+/* A forwarded delivery on an emulated link (cfg.emulate_link_Bps): encoded when it was
+ * handed to the link, sent when its transmission is over (forward.c). */
+typedef struct held {
+    struct held *next;
+    uint8_t header[DH_WIRE_HEADER_SIZE];
+    uint8_t *body;
+    size_t body_len;
+    dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
+    size_t n_payloads;
+    uint64_t seq, bytes, emulated_bytes;
+    uint64_t start_ns, due_ns; /* its transmission: from start (the link free) to due */
+} held_t;
+
 typedef struct link {
     char endpoint[ENDPOINT_CAP];
-    char node[NAME_CAP];
+    char node[NAME_CAP]; /* the target's node */
     dh_wire_socket_t *sock;
-    double bytes_per_s; /* EWMA of bytes / (ack time - send time) */
+    /* Estimates from the target's acks (forward.c, link_observe): bandwidth in emulated
+     * bytes per second and latency in seconds (0 = not measured), from a weighted fit of
+     * ack time = latency + bytes / bandwidth; fit_* are the fit's weighted means. */
+    double bytes_per_s, latency_s;
+    double fit_x, fit_y, fit_xx, fit_xy;
+    uint64_t fit_n;
+    uint64_t busy_until_ns;   /* emulated: the link transmits until then */
+    held_t *held, *held_tail; /* emulated: deliveries in transmission, in order */
     uint64_t sent_at_ns[64];
     uint64_t sent_seq[64];
-    uint64_t sent_bytes[64];
+    uint64_t sent_bytes[64]; /* emulated bytes */
 } link_t;
 
 typedef struct known_client {
@@ -201,7 +222,17 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
 void dh__ds_add_pending(dh_dataserver_t *s, pending_t *p);
 void dh__ds_retry_pending(dh_dataserver_t *s);
 
-/* A message on link l (a target's COMPLETE ack): updates the link's bandwidth estimate. */
+/* A message on link l (a target's COMPLETE ack): updates the link's bandwidth and latency
+ * estimates. */
 void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r);
+
+/* Emulated links: the poll timeout (ms) that wakes the loop for the next delivery due,
+ * at most `timeout`; and sends every delivery whose transmission is over. */
+long dh__ds_links_timeout_ms(const dh_dataserver_t *s, long timeout);
+void dh__ds_links_send_due(dh_dataserver_t *s);
+
+/* Closes a link: deliveries still held are dropped (counted undeliverable), the socket
+ * closed. */
+void dh__ds_link_close(dh_dataserver_t *s, link_t *l);
 
 #endif

@@ -1,12 +1,29 @@
 /* forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
  *
- * A remote sidecar forwards each finished task to the local DataServer of its target rank
- * over a link (a DEALER per target endpoint, made on first use), the tensors as zero-copy
- * payload frames; the target's COMPLETE ack times the transfer, and an EWMA of bytes / time
- * per link is the bandwidth estimate the heartbeat reports. The local DataServer places a
- * forwarded DELIVER's frames into its arena once and hands the client the handles. A
- * delivery that cannot go out yet (the client has not connected, the arena is full) waits
- * in the pending list, retried by the loop. Threads: the loop's (see dataserver.c).
+ * A remote sidecar (or a local DataServer executing for another node's rank) forwards each
+ * finished task to the local DataServer of its target rank over a link (a DEALER per target
+ * endpoint, made on first use), the tensors as zero-copy payload frames; the target's
+ * COMPLETE ack times the transfer. The local DataServer places a forwarded DELIVER's frames
+ * into its arena once and hands the client the handles. A delivery that cannot go out yet
+ * (the client has not connected, the arena is full) waits in the pending list, retried by
+ * the loop. Threads: the loop's (see dataserver.c).
+ *
+ * Emulated network (cfg.emulate_link_Bps > 0): a link to another node is a serial
+ * resource. A delivery handed to it starts its transmission when the link is free (the
+ * previous delivery's transmission is over) and takes emulated bytes / emulate_link_Bps
+ * (emulated bytes: the payload / the synthetic pipeline's bytes_scale, the size it stands
+ * for); it is held, encoded, in the link's FIFO and sent when its transmission is over, so
+ * it reaches the target no earlier. The loop never sleeps for it: its poll wakes for the
+ * next one due (dh__ds_links_timeout_ms, rounded up to the millisecond).
+ *
+ * Link estimates (heartbeat, the coordinator's C_net): each ack gives a sample (x = the
+ * delivery's emulated bytes, y = ack time - transmission start). Exponentially weighted
+ * means (weight 0.2) of x, y, x^2, xy fit y = latency + x / bandwidth by least squares once
+ * 4 samples with sizes varying (coefficient of variation >= 0.1) are in; when the sizes do
+ * not vary, or the fit has a negative slope or intercept, bandwidth is mean x / mean y and
+ * latency 0 (not measured: the coordinator uses its default). Only deliveries over 64 KiB
+ * (emulated) are samples. Bandwidth is in emulated bytes per second, the unit of the
+ * descriptors' out_bytes.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -15,6 +32,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
@@ -51,6 +69,134 @@ static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
     return l;
 }
 
+static uint64_t emulated_bytes(const dh_dataserver_t *s, uint64_t bytes)
+{
+    if (s->pipeline.synthetic && s->pipeline.bytes_scale > 0)
+        return (uint64_t)((double)bytes / s->pipeline.bytes_scale + 0.5);
+    return bytes;
+}
+
+/* A delivery went out on link l: remembers it for the ack, counts it. */
+static void sent(dh_dataserver_t *s, link_t *l, uint64_t seq, uint64_t bytes, uint64_t emu,
+                 uint64_t start_ns)
+{
+    size_t slot = seq % 64;
+    l->sent_at_ns[slot] = start_ns;
+    l->sent_seq[slot] = seq;
+    l->sent_bytes[slot] = emu;
+    dh__count(&s->counters.forwarded, 1);
+    dh__count(&s->counters.bytes_forwarded, bytes);
+    if (l->node[0] && strcmp(l->node, s->node) != 0)
+        dh__count(&s->counters.bytes_cross_node, bytes);
+}
+
+static void free_payloads(dh_wire_payload_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i].free_fn)
+            p[i].free_fn(p[i].data, p[i].hint);
+}
+
+static void held_free(held_t *h)
+{
+    free_payloads(h->payloads, h->n_payloads);
+    dh_free(h->body);
+    dh_free(h);
+}
+
+/* Hands a DELIVER to emulated link l: its transmission starts when the link is free. Takes
+ * the payloads. Returns 0, or a negative code (nothing held; the payloads freed). */
+static int hold(dh_dataserver_t *s, link_t *l, const dh_msg_t *m, dh_wire_payload_t *payloads,
+                size_t np, uint64_t bytes)
+{
+    held_t *h = dh_calloc(1, sizeof *h);
+    int rc = h ? dh_wire_encode(m, h->header, &h->body, &h->body_len)
+               : dh__set_error(DH_ENOMEM, "out of memory holding a delivery");
+    if (rc) {
+        free_payloads(payloads, np);
+        dh_free(h);
+        return rc;
+    }
+    memcpy(h->payloads, payloads, np * sizeof *payloads);
+    h->n_payloads = np;
+    h->seq = m->deliver.seq;
+    h->bytes = bytes;
+    h->emulated_bytes = emulated_bytes(s, bytes);
+    uint64_t now = dh_clock_now_ns();
+    h->start_ns = l->busy_until_ns > now ? l->busy_until_ns : now;
+    h->due_ns =
+        h->start_ns + (uint64_t)((double)h->emulated_bytes / s->cfg.emulate_link_Bps * 1e9 + 0.5);
+    l->busy_until_ns = h->due_ns;
+    if (l->held_tail)
+        l->held_tail->next = h;
+    else
+        l->held = h;
+    l->held_tail = h;
+    return 0;
+}
+
+/* Sends a held delivery whose transmission is over. */
+static void send_held(dh_dataserver_t *s, link_t *l, held_t *h)
+{
+    dh_wire_frame_t frames[DH__RT_MAX_TENSORS];
+    for (size_t i = 0; i < h->n_payloads; i++)
+        frames[i] = (dh_wire_frame_t){h->payloads[i].data, h->payloads[i].size};
+    dh_msg_t m;
+    int rc = dh_wire_decode(h->header, sizeof h->header, h->body, h->body_len, frames,
+                            h->n_payloads, &m);
+    if (rc == 0) {
+        rc = dh_wire_send(l->sock, NULL, 0, &m, h->payloads, h->n_payloads, 1000);
+        h->n_payloads = 0; /* taken by dh_wire_send in every case */
+        dh_msg_clear(&m);
+    }
+    if (rc)
+        dh_log_warn("DataServer '%s': cannot forward request %llu to %s: %s", s->name,
+                    (unsigned long long)h->seq, l->endpoint, dh_last_error());
+    else
+        sent(s, l, h->seq, h->bytes, h->emulated_bytes, h->start_ns);
+    held_free(h);
+}
+
+long dh__ds_links_timeout_ms(const dh_dataserver_t *s, long timeout)
+{
+    uint64_t now = dh_clock_now_ns();
+    for (size_t i = 0; i < s->n_links; i++) {
+        const held_t *h = s->links[i].held;
+        if (!h)
+            continue;
+        long ms = h->due_ns <= now ? 0 : (long)((h->due_ns - now + 999999) / 1000000);
+        if (ms < timeout)
+            timeout = ms;
+    }
+    return timeout;
+}
+
+void dh__ds_links_send_due(dh_dataserver_t *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        link_t *l = &s->links[i];
+        while (l->held && l->held->due_ns <= dh_clock_now_ns()) {
+            held_t *h = l->held;
+            l->held = h->next;
+            if (!l->held)
+                l->held_tail = NULL;
+            send_held(s, l, h);
+        }
+    }
+}
+
+void dh__ds_link_close(dh_dataserver_t *s, link_t *l)
+{
+    while (l->held) {
+        held_t *h = l->held;
+        l->held = h->next;
+        dh__count(&s->counters.undeliverable, 1);
+        held_free(h);
+    }
+    l->held_tail = NULL;
+    dh_wire_socket_destroy(&l->sock);
+}
+
 /* A sidecar's finished task: the frames go to the target's DataServer. */
 void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
 {
@@ -76,7 +222,11 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
             dh_free(payloads[i].data);
         return;
     }
-    snprintf(l->node, NAME_CAP, "%s", d->target);
+    /* the link's peer node: the heartbeat reports the link under it, the coordinator's
+     * links are between nodes */
+    const char *node = d->request.delivery_node;
+    if (node && node[0])
+        snprintf(l->node, NAME_CAP, "%s", node);
     dh_msg_t m = {.type = DH_MSG_DELIVER};
     m.deliver.client_id = d->request.client_id;
     m.deliver.seq = d->request.seq;
@@ -91,6 +241,14 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
      * finished task made the stop slow and printed a WARN for each); the stop line counts
      * what was not forwarded as undeliverable. */
     bool stopping = atomic_load(&s->stop) != 0;
+    if (!stopping && s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0) {
+        int rc = hold(s, l, &m, payloads, np, bytes);
+        if (rc)
+            dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
+                        d->request.client_id, (unsigned long long)d->request.seq,
+                        d->target_endpoint, dh_last_error());
+        return;
+    }
     int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
     if (rc) {
         if (stopping) {
@@ -105,12 +263,7 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
         }
         return;
     }
-    size_t slot = d->request.seq % 64;
-    l->sent_at_ns[slot] = now;
-    l->sent_seq[slot] = d->request.seq;
-    l->sent_bytes[slot] = bytes;
-    dh__count(&s->counters.forwarded, 1);
-    dh__count(&s->counters.bytes_forwarded, bytes);
+    sent(s, l, d->request.seq, bytes, emulated_bytes(s, bytes), now);
 }
 
 /* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
@@ -233,8 +386,40 @@ void dh__ds_retry_pending(dh_dataserver_t *s)
     }
 }
 
+/* One ack's sample (x emulated bytes, y seconds since the transmission started) into the
+ * link's estimates (see the top). */
+static void link_observe(link_t *l, double x, double y)
+{
+    const double w = 0.2;
+    if (l->fit_n == 0) {
+        l->fit_x = x;
+        l->fit_y = y;
+        l->fit_xx = x * x;
+        l->fit_xy = x * y;
+    } else {
+        l->fit_x = dh_cost_ewma(l->fit_x, x, w);
+        l->fit_y = dh_cost_ewma(l->fit_y, y, w);
+        l->fit_xx = dh_cost_ewma(l->fit_xx, x * x, w);
+        l->fit_xy = dh_cost_ewma(l->fit_xy, x * y, w);
+    }
+    l->fit_n++;
+    double slope = l->fit_y / l->fit_x, latency = 0; /* seconds per byte */
+    double var = l->fit_xx - l->fit_x * l->fit_x;
+    if (l->fit_n >= 4 && var >= 0.01 * l->fit_x * l->fit_x) {
+        double b = (l->fit_xy - l->fit_x * l->fit_y) / var;
+        double c = l->fit_y - b * l->fit_x;
+        if (b > 0 && c >= 0) {
+            slope = b;
+            latency = c;
+        }
+    }
+    l->bytes_per_s = 1.0 / slope;
+    l->latency_s = latency;
+}
+
 void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r)
 {
+    (void)s;
     if (r->msg.type != DH_MSG_COMPLETE)
         return;
     size_t slot = r->msg.complete.seq % 64;
@@ -242,8 +427,6 @@ void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r
         return;
     double dt = dh_clock_elapsed_s(l->sent_at_ns[slot], dh_clock_now_ns());
     l->sent_at_ns[slot] = 0;
-    if (dt > 0 && l->sent_bytes[slot] > (1u << 16)) {
-        double bw = (double)l->sent_bytes[slot] / dt;
-        l->bytes_per_s = l->bytes_per_s > 0 ? dh_cost_ewma(l->bytes_per_s, bw, 0.2) : bw;
-    }
+    if (dt > 0 && l->sent_bytes[slot] > (1u << 16))
+        link_observe(l, (double)l->sent_bytes[slot], dt);
 }

@@ -98,7 +98,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
 
 #define LINK_FIELDS(XX)                                                                            \
     XX(STR, node)                                                                                  \
-    XX(F64, bytes_per_s)
+    XX(F64, bytes_per_s)                                                                           \
+    XX(F64, latency_s)
 
 #define HEARTBEAT_FIELDS(XX)                                                                       \
     XX(U32, workers)                                                                               \

@@ -1,9 +1,10 @@
 /* Tests of the training-loop benchmark harness (bench/train_bench.h): every system runs to
  * the end on a tiny emulated cluster, the metrics are within their definitions (efficiency
  * at most 1, the bound and balance as the JSON's own inputs give them, every system doing
- * the same CPU work under the default misprediction noise), the JSON report and the trace
- * are well formed, the noise is seeded and mean-one, and bad options name the option.
- * Timings and ratios are not asserted: that is the benchmark's job, not a test's. */
+ * the same CPU work under the default misprediction noise), the transfers counted per
+ * system, the JSON report and the trace are well formed, the noise is seeded and mean-one, and bad
+ * options name the option. Timings and ratios are not asserted: that is the benchmark's job, not a
+ * test's. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -70,10 +71,6 @@ static void bench_runs_every_system_within_definitions(void **state)
         assert_true(fabs(s->cpu_work_s - r.systems[0].cpu_work_s) <=
                     0.01 * r.systems[0].cpu_work_s);
     }
-    /* native never leaves its node; the shared pool uses the sidecar */
-    assert_true(r.systems[0].cross_ds_bytes == 0);
-    assert_true(r.systems[2].cross_ds_bytes > 0);
-
     FILE *f = fopen(dh_test_path("report.json"), "w");
     assert_non_null(f);
     assert_int_equal(dh_bench_write_json(f, &o, &r), 0);
@@ -85,10 +82,19 @@ static void bench_runs_every_system_within_definitions(void **state)
     assert_non_null(j);
     json_t *systems = json_object_get(j, "systems");
     assert_int_equal(json_object_size(systems), 8);
-    static const char *keys[] = {
-        "throughput_sps",        "input_wait_p50_s", "input_wait_p95_s",    "input_wait_p99_s",
-        "batch_ready_p95_s",     "ddl_miss_rate",    "barrier_wait_mean_s", "cross_ds_bytes",
-        "sched_us_per_decision", "ideal_sps",        "efficiency",          "balance"};
+    static const char *keys[] = {"throughput_sps",
+                                 "input_wait_p50_s",
+                                 "input_wait_p95_s",
+                                 "input_wait_p99_s",
+                                 "batch_ready_p95_s",
+                                 "ddl_miss_rate",
+                                 "barrier_wait_mean_s",
+                                 "cross_node_bytes",
+                                 "copy_bytes",
+                                 "sched_us_per_decision",
+                                 "ideal_sps",
+                                 "efficiency",
+                                 "balance"};
     json_t *helix = json_object_get(systems, "helix");
     assert_non_null(helix);
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
@@ -192,10 +198,67 @@ static void bench_noise_is_seeded_mean_one_and_off_at_zero(void **state)
                 dh__rt_synth_actual_cpu_s(&p, "s1", "k", 1.0));
 }
 
+/* One transfer-cost model: what crosses nodes and what is copied is counted per system, in
+ * emulated bytes: rank-local native neither forwards nor copies; the pool forwards (from
+ * the sidecar and other nodes' servers) and copies every batch; helix forwards and joins
+ * its fanout parts by a copy. The report carries both and the link speed. */
+static void bench_counts_transfers_per_system(void **state)
+{
+    dh_bench_options_t o;
+    tiny(&o);
+    o.systems = "native,pool,helix";
+    dh_bench_report_t r;
+    int rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    const dh_bench_system_result_t *native = &r.systems[0], *pool = &r.systems[1],
+                                   *helix = &r.systems[2];
+    assert_true(native->cross_node_bytes == 0 && native->copy_bytes == 0);
+    assert_true(pool->cross_node_bytes > 0 && pool->copy_bytes > 0);
+    assert_int_equal(helix->fanout, 2); /* 3 cores per rank: the parts are joined */
+    assert_true(helix->cross_node_bytes > 0 && helix->copy_bytes > 0);
+    /* pool copies every consumed batch whole: at least the measured steps' samples, each
+     * standing for at least a kilobyte (the mixes' decoded clips are megabytes) */
+    assert_true(pool->copy_bytes >= pool->samples * 1e3);
+
+    FILE *f = fopen(dh_test_path("transfers.json"), "w");
+    assert_non_null(f);
+    assert_int_equal(dh_bench_write_json(f, &o, &r), 0);
+    fclose(f);
+    json_error_t err;
+    json_t *j = json_load_file(dh_test_path("transfers.json"), 0, &err);
+    assert_non_null(j);
+    assert_true(json_number_value(json_object_get(json_object_get(j, "config"), "link_gbps")) ==
+                25);
+    json_t *systems = json_object_get(j, "systems");
+    for (size_t i = 0; i < r.n_systems; i++) {
+        json_t *sys = json_object_get(systems, r.systems[i].name);
+        json_t *x = json_object_get(sys, "cross_node_bytes"),
+               *c = json_object_get(sys, "copy_bytes");
+        assert_true(json_is_number(x) && json_is_number(c));
+        assert_true(fabs(json_number_value(x) - r.systems[i].cross_node_bytes) <=
+                    1e-5 * r.systems[i].cross_node_bytes);
+        assert_true(fabs(json_number_value(c) - r.systems[i].copy_bytes) <=
+                    1e-5 * r.systems[i].copy_bytes);
+    }
+    json_decref(j);
+    dh_bench_report_clear(&r);
+    cl_assert_no_leftovers();
+}
+
 static void bench_rejects_bad_options_by_name(void **state)
 {
     dh_bench_options_t o;
     dh_bench_report_t r;
+    tiny(&o);
+    o.link_gbps = -1;
+    assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--link-gbps"));
+    o.link_gbps = NAN;
+    assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--link-gbps"));
+    dh_bench_report_clear(&r);
     tiny(&o);
     o.systems = "native,ray";
     assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
@@ -294,6 +357,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bench_cli_real_decode_with_plots),
     cmocka_unit_test(bench_runs_every_system_within_definitions),
     cmocka_unit_test(bench_noise_is_seeded_mean_one_and_off_at_zero),
+    cmocka_unit_test(bench_counts_transfers_per_system),
     cmocka_unit_test(bench_rejects_bad_options_by_name),
 };
 DH_TEST_MAIN(tests)

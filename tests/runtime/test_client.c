@@ -252,6 +252,51 @@ static void embedded_fanout_join_gives_slabs_back(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The emulated join copy: with fanout 2 the fetcher joins a batch's parts, counts the bytes
+ * it copied (copy_bytes: the joined tensors' bytes, knob or not) and, with
+ * emulate_copy_s_per_B, spends that many seconds per byte before the batch is ready: next()
+ * returns no earlier than the charge after the client began. */
+static void embedded_join_copy_is_charged_and_counted(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 16);
+    const double s_per_B = 2e-6; /* a batch of ~200 KB of payload: ~0.4 s */
+    for (int charged = 0; charged < 2; charged++) {
+        dh_client_config_t cfg;
+        base_config(&cfg, profiles, SYNTH);
+        cfg.fanout = 2;
+        cfg.prefetch = 1;
+        cfg.max_steps = 1;
+        cfg.emulate_copy_s_per_B = charged ? s_per_B : 0;
+        uint64_t t0 = dh_clock_now_ns();
+        dh_client_t *c = NULL;
+        int rc = dh_client_new(&c, &cfg);
+        if (rc)
+            print_error("%s\n", dh_last_error());
+        assert_int_equal(rc, 0);
+        dh_client_batch_t *b = NULL;
+        assert_int_equal(dh_client_next(c, &b), 0);
+        double took = dh_clock_elapsed_s(t0, dh_clock_now_ns());
+        check_synthetic(b);
+        uint64_t bytes = 0;
+        for (size_t t = 0; t < b->n_tensors; t++)
+            bytes += b->tensors[t].nbytes;
+        dh_client_stats_t st;
+        dh_client_stats(c, &st);
+        assert_true(bytes > 0);
+        assert_int_equal(st.copy_bytes, bytes); /* one batch, joined once */
+        if (charged) {
+            if (!(took >= (double)bytes * s_per_B))
+                print_error("next() returned %.4f s after the start; the copy of %llu bytes "
+                            "is charged %.4f s\n",
+                            took, (unsigned long long)bytes, (double)bytes * s_per_B);
+            assert_true(took >= (double)bytes * s_per_B);
+        }
+        dh_client_batch_release(&b);
+        dh_client_destroy(&c);
+    }
+    cl_assert_no_leftovers();
+}
+
 /* Adaptive prefetch: a consumer faster than its DataServer waits at next(); each wait past
  * the first horizon doubles the horizon, up to prefetch_max, and the epoch is still
  * delivered in order, exactly once. With prefetch_max 0 the horizon stays put. */
@@ -429,6 +474,10 @@ static void client_config_errors_name_the_field(void **state)
     cfg.prefetch_max = 4;
     assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "prefetch_max"));
+    base_config(&cfg, profiles, SYNTH);
+    cfg.emulate_copy_s_per_B = -1;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "emulate_copy_s_per_B"));
     base_config(&cfg, profiles, SYNTH);
     cfg.batch = 17;
     assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
@@ -741,6 +790,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),
+        cmocka_unit_test(embedded_join_copy_is_charged_and_counted),
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),

@@ -16,7 +16,8 @@
 
 /* ---- fixtures: one message of each type, built from static storage ---- */
 
-static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9}, {(char *)"node-c", 0.0}};
+static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9, 250e-6},
+                                    {(char *)"node-c", 0.0, 0.0}};
 static dh_wire_sample_t samples[] = {
     {(char *)"kinetics/abc123", 16, 224, 224, (char *)"/data/k/abc123.mp4", (char *)"f16x224x224",
      0.125, 1500000, 2408448, 1024},
@@ -216,6 +217,7 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         for (uint32_t i = 0; i < a->heartbeat.n_links; i++) {
             assert_string_equal(a->heartbeat.links[i].node, b->heartbeat.links[i].node);
             assert_true(a->heartbeat.links[i].bytes_per_s == b->heartbeat.links[i].bytes_per_s);
+            assert_true(a->heartbeat.links[i].latency_s == b->heartbeat.links[i].latency_s);
         }
         break;
     case DH_MSG_REQUEST:
@@ -418,7 +420,8 @@ static void wire_bodies_keep_their_bytes(void **state)
         uint64_t fnv1a;
     } want[DH_MSG_TYPE_MAX + 1] = {
         [DH_MSG_HELLO] = {107, 0x75654c5cab827d8bull},
-        [DH_MSG_HEARTBEAT] = {72, 0x69ef277c2e6cba2aull},
+        /* 88: each link's latency_s (f64) after its bytes_per_s, 2 links x 8 bytes more */
+        [DH_MSG_HEARTBEAT] = {88, 0x49e503dc4d0a6f90ull},
         [DH_MSG_REQUEST] = {275, 0x3ceda5964782051cull},
         [DH_MSG_DISPATCH] = {329, 0xb70e7983a579c07cull},
         [DH_MSG_COMPLETE] = {95, 0xcda0c878ddbf9bb8ull},
