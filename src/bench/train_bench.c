@@ -928,28 +928,50 @@ static const dh_bench_system_result_t *find(const dh_bench_report_t *r, const ch
     return NULL;
 }
 
+/* One ratio line: "helix (96 cores) / pool (96 cores)  1.56x". */
+static void print_ratio(FILE *f, const dh_bench_system_result_t *s,
+                        const dh_bench_system_result_t *t)
+{
+    char left[96];
+    snprintf(left, sizeof left, "%s (%u cores) / %s (%u cores)", s->name, s->cores, t->name,
+             t->cores);
+    fprintf(f, "  %-46s %6.2fx\n", left, s->throughput_sps / t->throughput_sps);
+}
+
 void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
 {
-    const dh_bench_system_result_t *nat = find(r, "native"), *pool = find(r, "pool");
-    if (!pool)
-        pool = find(r, "base");
-    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %10s %8s %8s\n", "system",
-            "cores", "samples/s", "wait p50", "wait p95", "wait p99", "ready95", "miss", "barrier",
-            "sched us", "eff", "bal", "x-node MB", "copy MB", "x native", "x pool");
+    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %10s\n", "system", "cores",
+            "samples/s", "wait p50", "wait p95", "wait p99", "ready95", "miss", "barrier",
+            "sched us", "eff", "bal", "x-node MB", "copy MB");
     for (size_t i = 0; i < r->n_systems; i++) {
         const dh_bench_system_result_t *s = &r->systems[i];
-        char vn[16] = "-", vp[16] = "-";
-        if (nat && nat->throughput_sps > 0)
-            snprintf(vn, sizeof vn, "%.2fx", s->throughput_sps / nat->throughput_sps);
-        if (pool && pool->throughput_sps > 0)
-            snprintf(vp, sizeof vp, "%.2fx", s->throughput_sps / pool->throughput_sps);
         fprintf(f,
                 "%-15s %5u %9.1f %8.3f %8.3f %8.3f %7.3f %5.0f%% %8.3f %8.1f %5.2f %5.2f %10.1f "
-                "%10.1f %8s %8s\n",
+                "%10.1f\n",
                 s->name, s->cores, s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s,
                 s->input_wait_p99_s, s->batch_ready_p95_s, 100 * s->ddl_miss_rate,
                 s->barrier_wait_mean_s, s->sched_us_per_decision, s->efficiency, s->balance,
-                s->cross_node_bytes / 1e6, s->copy_bytes / 1e6, vn, vp);
+                s->cross_node_bytes / 1e6, s->copy_bytes / 1e6);
+    }
+    /* Ratios of one system (helix, else cost-ddl, else the last) to every other, each
+     * labelled with both systems' cores: the equal-budget ones first (docs/design.md §8). */
+    const dh_bench_system_result_t *subj = find(r, "helix");
+    if (!subj)
+        subj = find(r, "cost-ddl");
+    if (!subj && r->n_systems)
+        subj = &r->systems[r->n_systems - 1];
+    for (int equal = 1; subj && equal >= 0; equal--) {
+        int header = 0;
+        for (size_t i = 0; i < r->n_systems; i++) {
+            const dh_bench_system_result_t *t = &r->systems[i];
+            if (t == subj || !(t->throughput_sps > 0) || (t->cores == subj->cores) != equal)
+                continue;
+            if (!header++)
+                fprintf(f, "%s\n",
+                        equal ? "throughput ratios at equal CPU budget:"
+                              : "throughput ratios across budgets (not like for like):");
+            print_ratio(f, subj, t);
+        }
     }
     for (size_t i = 0; i < r->n_systems; i++)
         if (r->systems[i].efficiency > 1.02)

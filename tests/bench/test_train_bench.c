@@ -281,6 +281,43 @@ static void bench_rejects_bad_options_by_name(void **state)
     dh_bench_report_clear(&r);
 }
 
+/* The table's ratios name both systems' cores, the equal-budget ones first. */
+static void bench_table_leads_with_equal_budget_ratios(void **state)
+{
+    (void)state;
+    dh_bench_report_t r;
+    memset(&r, 0, sizeof r);
+    const char *names[] = {"native", "pool", "helix", "native-96"};
+    const uint32_t cores[] = {32, 96, 96, 96};
+    const double sps[] = {100, 150, 300, 200};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(r.systems[i].name, sizeof r.systems[i].name, "%s", names[i]);
+        r.systems[i].cores = cores[i];
+        r.systems[i].throughput_sps = sps[i];
+    }
+    r.n_systems = 4;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    dh_bench_print_table(f, &r);
+    fclose(f);
+    const char *eq = strstr(text, "at equal CPU budget");
+    const char *hp = strstr(text, "helix (96 cores) / pool (96 cores)");
+    const char *hn96 = strstr(text, "helix (96 cores) / native-96 (96 cores)");
+    const char *across = strstr(text, "across budgets");
+    const char *hn = strstr(text, "helix (96 cores) / native (32 cores)");
+    assert_non_null(eq);
+    assert_non_null(hp);
+    assert_non_null(hn96);
+    assert_non_null(across);
+    assert_non_null(hn);
+    assert_true(eq < hp && hp < hn96 && hn96 < across && across < hn);
+    assert_non_null(strstr(hp, "2.00x"));
+    assert_non_null(strstr(hn, "3.00x"));
+    free(text);
+}
+
 static void run_cli(const char *name, char *const argv[])
 {
     cl_proc_t p;
@@ -359,5 +396,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bench_noise_is_seeded_mean_one_and_off_at_zero),
     cmocka_unit_test(bench_counts_transfers_per_system),
     cmocka_unit_test(bench_rejects_bad_options_by_name),
+    cmocka_unit_test(bench_table_leads_with_equal_budget_ratios),
 };
 DH_TEST_MAIN(tests)
