@@ -617,15 +617,16 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
     dh_client_stats(self->client, &s);
     pthread_mutex_unlock(&self->lock);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}", "batches",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}", "batches",
         (unsigned long long)s.batches, "samples", (unsigned long long)s.samples, "samples_failed",
         (unsigned long long)s.samples_failed, "requests_sent", (unsigned long long)s.requests_sent,
         "deliveries", (unsigned long long)s.deliveries, "duplicates_dropped",
         (unsigned long long)s.duplicates_dropped, "bytes_delivered",
         (unsigned long long)s.bytes_delivered, "copied_tensors",
-        (unsigned long long)s.copied_tensors, "notices", (unsigned long long)s.notices, "wait_s",
-        s.wait_s, "s_per_token", s.s_per_token, "steps_total", (unsigned long long)s.steps_total,
-        "prefetch_now", (unsigned long long)s.prefetch_now);
+        (unsigned long long)s.copied_tensors, "copy_bytes", (unsigned long long)s.copy_bytes,
+        "notices", (unsigned long long)s.notices, "wait_s", s.wait_s, "s_per_token", s.s_per_token,
+        "steps_total", (unsigned long long)s.steps_total, "prefetch_now",
+        (unsigned long long)s.prefetch_now);
 }
 
 /* plan(step, rank) -> the profile rows rank `rank` gets at global step `step`. */
@@ -900,13 +901,14 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks", (unsigned long long)s.tasks,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks", (unsigned long long)s.tasks,
         "samples", (unsigned long long)s.samples, "sample_errors",
         (unsigned long long)s.sample_errors, "delivered_local",
         (unsigned long long)s.delivered_local, "delivered_forwarded",
         (unsigned long long)s.delivered_forwarded, "forwarded", (unsigned long long)s.forwarded,
         "bytes_forwarded", (unsigned long long)s.bytes_forwarded, "bytes_received",
-        (unsigned long long)s.bytes_received, "arena_waits", (unsigned long long)s.arena_waits,
+        (unsigned long long)s.bytes_received, "bytes_cross_node",
+        (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
         "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
         (unsigned long long)s.arena_spills);
 }

@@ -90,6 +90,7 @@ def test_tensors_are_views_of_the_arena_no_copy(datahelix, dataset):
             f = batch["frames"]
             assert base <= f.data_ptr() < base + size
             assert dl.stats()["copied_tensors"] == 0
+            assert dl.stats()["copy_bytes"] == 0  # one part per batch: no join copy
 
 
 def test_a_tensor_outlives_its_loader_and_its_slab_returns_when_freed(datahelix, dataset):
