@@ -99,10 +99,18 @@ typedef struct dh_wire_link_bw {
 
 typedef struct dh_msg_heartbeat {
     uint32_t workers;
-    uint32_t queue_depth;    /* requests queued or running */
-    double queue_work_s;     /* predicted seconds of queued work */
+    uint32_t queue_depth;    /* requests it holds whose executor COMPLETE it has not sent
+                              * (queued, running, or done and waiting to go out): what the
+                              * coordinator's book should count for it */
+    double queue_work_s;     /* their predicted CPU seconds (speed 1; the DISPATCHes'
+                              * pred_cpu_s, else the descriptors' estimates) */
     double speed_factor;     /* observed / predicted CPU time */
     double recent_latency_s; /* recent task latency (e.g. a moving median) */
+    /* Online feedback (docs/design.md §4.1): */
+    uint64_t dispatches_seen; /* DISPATCH messages received from the coordinator so far (the
+                               * coordinator subtracts it from what it sent: the dispatches
+                               * still in flight, which queue_depth cannot count yet) */
+    double read_bytes_per_s;  /* observed input read bandwidth (EWMA); 0 = not measured */
     uint32_t n_links;
     dh_wire_link_bw_t *links;
 } dh_msg_heartbeat_t;
@@ -132,11 +140,15 @@ typedef struct dh_msg_dispatch {
     char *server;          /* the DataServer chosen to execute it */
     char *target;          /* the local DataServer that delivers to the rank */
     char *target_endpoint; /* its data endpoint (a sidecar forwards there) */
+    double pred_cpu_s;     /* the coordinator's predicted CPU seconds of the request (speed 1);
+                            * the server sums these into its heartbeat's queue_work_s */
 } dh_msg_dispatch_t;
 
 typedef struct dh_wire_sample_status {
     int32_t status; /* 0 or a negative DH_E* code */
     char *error;    /* "" when status is 0 */
+    double cpu_s;   /* measured CPU seconds of this sample on the executor (0 = not measured:
+                     * a delivery-only COMPLETE); the coordinator's cost model learns from it */
 } dh_wire_sample_status_t;
 
 typedef struct dh_msg_complete {
@@ -144,7 +156,7 @@ typedef struct dh_msg_complete {
     uint64_t seq;
     uint32_t n_samples;
     dh_wire_sample_status_t *samples;
-    double cpu_s;      /* measured CPU seconds */
+    double cpu_s;      /* measured CPU seconds of the whole request (samples, collate, copy) */
     uint64_t bytes;    /* bytes produced */
     double queue_s;    /* seconds queued before a worker took it */
     uint8_t delivered; /* 1: from the delivering local DataServer, the client has the batch;
