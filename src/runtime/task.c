@@ -12,6 +12,8 @@
  * how scheduling tests exercise the per-sample error path without video files. The actual
  * cost and tokens are the descriptor's estimates times seeded mean-one lognormal noise (rt.h,
  * "Misprediction"; none by default), so schedulers that see only the estimates mispredict.
+ * Each sample's measured CPU seconds go into the result (sample_cpu_s): the executor's
+ * COMPLETE carries them to the coordinator's cost model.
  */
 #include <assert.h>
 #include <errno.h>
@@ -177,6 +179,7 @@ void dh__rt_result_clear(dh__rt_result_t *r)
         dh_free(r->samples[i].error);
     }
     dh_free(r->samples);
+    dh_free(r->sample_cpu_s);
     memset(r, 0, sizeof *r);
 }
 
@@ -245,8 +248,11 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
         if (w->spec.cost == DH__SYNTH_SLEEP) {
             sleep_for(cost);
             emulated += cost;
+            out->sample_cpu_s[i] = cost;
         } else if (w->spec.cost == DH__SYNTH_SPIN) {
+            uint64_t spun0 = dh_clock_thread_cpu_ns();
             spin_for(cost);
+            out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - spun0) / 1e9;
         }
         if (strncmp(uri, "error:", 6) == 0) {
             char msg[512];
@@ -342,8 +348,13 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
         dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
+        uint64_t sample_cpu0 = dh_clock_thread_cpu_ns();
         int drc = dh_pipeline_decode(w->pipeline, samples[i].uri ? samples[i].uri : "", &ov,
                                      samples[i].id, &decoded[i]);
+        /* The sample's own CPU time (open, demux, decode, resize); the batch's collate and
+         * copy below are in the request's total only. Reads happen inside FFmpeg and are not
+         * timed apart (read_s stays 0: see docs/design.md §4.1, C_io). */
+        out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - sample_cpu0) / 1e9;
         if (drc == DH_ENOMEM) {
             rc = drc;
             goto done;
@@ -399,8 +410,13 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
 {
     memset(out, 0, sizeof *out);
     out->samples = dh_calloc(n ? n : 1, sizeof *out->samples);
-    if (!out->samples)
+    out->sample_cpu_s = dh_calloc(n ? n : 1, sizeof *out->sample_cpu_s);
+    if (!out->samples || !out->sample_cpu_s) {
+        dh_free(out->samples);
+        dh_free(out->sample_cpu_s);
+        memset(out, 0, sizeof *out);
         return dh__set_error(DH_ENOMEM, "out of memory for a task's results");
+    }
     out->n_samples = n;
     for (uint32_t i = 0; i < n; i++) {
         out->samples[i].id = dh_strdup(samples[i].id ? samples[i].id : "");
