@@ -348,10 +348,13 @@ static void drain_results(dh_dataserver_t *s)
                 free_outputs(s, t->result.tensors, t->result.n_tensors);
             }
         } else {
-            dh__ds_forward_result(s, t);
+            /* The measurements first: the target's delivered=1 COMPLETE, which ends the
+             * request in the coordinator's book, must not overtake them (the coordinator
+             * learns from this one only while the request is in its book). */
             dh__ds_unbook(s, t);
             dh__ds_send_complete(s, d->request.client_id, d->request.seq, &t->result,
                                  t->result.cpu_s, t->queue_s, 0, NULL, NULL);
+            dh__ds_forward_result(s, t);
         }
         dh__ds_unbook(s, t); /* dropped (no memory to keep it pending): no longer ours */
         dh__ds_task_free(t);
