@@ -107,9 +107,9 @@ typedef struct dh_msg_heartbeat {
     double speed_factor;     /* observed / predicted CPU time */
     double recent_latency_s; /* recent task latency (e.g. a moving median) */
     /* Online feedback (docs/design.md §4.1): */
-    uint64_t dispatches_seen; /* DISPATCH messages received from the coordinator so far (the
-                               * coordinator subtracts it from what it sent: the dispatches
-                               * still in flight, which queue_depth cannot count yet) */
+    uint64_t dispatches_seen; /* DISPATCH messages received since its last HELLO (the
+                               * coordinator subtracts it from what it sent since: the
+                               * dispatches still in flight, which queue_depth cannot count) */
     double read_bytes_per_s;  /* observed input read bandwidth (EWMA); 0 = not measured */
     uint32_t n_links;
     dh_wire_link_bw_t *links;

@@ -364,12 +364,19 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
  * it is counted in the report and will decrement the book when it arrives. DISPATCHes go
  * the other way: those the server had not received when it sent the heartbeat
  * (dispatched - dispatches_seen, the last ones sent) are added back from unseen_cpu_s. Then
- * the report replaces the book. What stays: a request delivered by its target before its
- * sidecar's COMPLETE arrives is counted once more until the next heartbeat (one period). */
+ * the report replaces the book. Both sides count DISPATCHes from the server's last HELLO.
+ * What stays: a request delivered by its target before its sidecar's COMPLETE arrives is
+ * counted once more until the next heartbeat (one period). */
 static void correct_book(server_t *s, const dh_msg_heartbeat_t *h)
 {
-    if (!s->alive || h->dispatches_seen > s->dispatched)
-        return; /* a report from before it (re)registered */
+    if (!s->alive)
+        return;
+    if (h->dispatches_seen > s->dispatched) {
+        /* The counts disagree (DISPATCHes sent before a re-registration arrived after it):
+         * take the server's count, assuming none in flight, and correct from the next. */
+        s->dispatched = h->dispatches_seen;
+        return;
+    }
     uint64_t unseen = s->dispatched - h->dispatches_seen;
     if (unseen > UNSEEN_RING)
         return; /* more in flight than remembered: keep the book until it catches up */

@@ -112,6 +112,7 @@ static void send_hello(dh_dataserver_t *s)
     m.hello.endpoint = s->data_endpoint;
     m.hello.shm_socket = s->notice.name;
     m.hello.pid = (uint32_t)getpid();
+    s->dispatches_seen = 0; /* counted per registration, as the coordinator counts them */
     send_coord(s, &m);
 }
 
