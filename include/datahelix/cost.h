@@ -20,7 +20,8 @@
  * The inputs are a snapshot of server state (the coordinator's book of dispatched work,
  * corrected by heartbeats) and a request's costs. The predicted CPU seconds of a sample come
  * from a dh_cost_model_t, which starts from the profile's cpu_s_est and learns from every
- * completion (per profile key, and a frames x pixels regression for keys not yet seen).
+ * completion (per profile key, and a frames x pixels regression for keys not yet seen): the
+ * coordinator observes each sample's measured CPU seconds from its executor's COMPLETE.
  */
 #ifndef DATAHELIX_COST_H
 #define DATAHELIX_COST_H
@@ -102,8 +103,24 @@ DH_EXTERN double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_requ
 
 typedef struct dh_cost_model dh_cost_model_t;
 
+/* How a key's ratio (measured / cpu_s_est) is learned. Measurements are noisy per sample
+ * (decode time varies with content: --cost-noise 0.3 in the emulation, 10-35% on real clips
+ * in `probe --check`) around a per-key bias that is worth learning. A mean over the last
+ * key_window observations keeps sigma / sqrt(2 x window - 1) of the per-sample noise in the
+ * learned ratio; an EWMA of weight alpha keeps sigma x sqrt(alpha / (2 - alpha)). Measured
+ * by simulation (sigma 0.3 per sample and per key, the bench's defaults; median of
+ * |predicted / actual - 1| per sample): never learned 0.29, the true bias 0.204, the old
+ * EWMA 0.2 0.214 (noise ~0.1 left in the ratio), a window of 50 0.205. A long window alone
+ * would follow a drift slowly (half-life ~35 observations), so a drift detector restarts the
+ * mean when a quick EWMA (key_alpha) of the log ratio leaves it by more than key_drift_sd of
+ * its own noise (estimated online): a 3%-noise step change is then followed within 2% in
+ * 30 observations, and sigma-0.3 noise restarted it 0 times in 300 x 400 simulated
+ * observations. */
 typedef struct dh_cost_model_config {
-    double key_alpha;     /* EWMA weight of a new observation of a key's ratio (0.2) */
+    double key_alpha;     /* weight of the drift detector's quick EWMA (0.2) */
+    uint32_t key_window;  /* observations a key's ratio averages over (50) */
+    double key_drift_sd;  /* restart a key's mean when the quick EWMA leaves it by this many
+                           * of its noise's standard deviations (4; 0 = never) */
     uint32_t key_min_obs; /* observations before a key's own ratio is used (3) */
     double fit_forget;    /* forgetting factor of the frames x pixels regression (0.99) */
     uint32_t fit_min_obs; /* observations before the regression is used (8) */
@@ -138,11 +155,38 @@ DH_EXTERN int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row
 /* Observations so far (all keys). */
 DH_EXTERN uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
 
+/* A key's learned ratio (measured / cpu_s_est at speed 1), and in *obs (may be NULL) the
+ * observations it rests on since the key was first seen or its mean restarted; NAN (and 0)
+ * for a key never observed. O(1) expected. */
+DH_EXTERN double dh_cost_model_key_ratio(const dh_cost_model_t *model, const char *profile_key,
+                                         uint64_t *obs);
+
 /* Sums the predicted costs of `n` rows into *req (cpu_s, in_bytes, out_bytes); the other
  * fields of *req are left as they are. */
 DH_EXTERN void dh_cost_model_request(const dh_cost_model_t *model,
                                      const dh_profile_row_t *const *rows, size_t n,
                                      dh_request_cost_t *req);
+
+/* A server's speed factor after one completion (the coordinator's rule; docs/design.md §4.1,
+ * "Online feedback"): measured_s and predicted_s are the measured CPU seconds and the model's
+ * prediction x the current speed, summed over the request's samples whose key the model
+ * already knew (DH_COST_FROM_KEY) before observing them. The residual measured / predicted
+ * (clamped to [0.5, 2]) moves the speed by 5% of the way (EWMA 0.05); the speed stays in
+ * [0.05, 20]. Unchanged when either sum is not > 0: what the model does not know yet is the
+ * model's to learn, not the server's. Pure, O(1). */
+DH_EXTERN double dh_cost_speed_learn(double speed, double measured_s, double predicted_s);
+
+/* The speeds and the model are learned together, and only their product is observed: the
+ * model x c with every speed / c predicts the same. The anchor fixes c by the assumption
+ * that most servers run as profiled: it divides speeds[0..n) by their median and returns
+ * that median, by which the caller multiplies the model (dh_cost_model_scale), so no
+ * prediction changes. Returns 1 (nothing done) for n = 0, a median not > 0, or no memory
+ * for the O(n) copy it sorts (O(n log n)). */
+DH_EXTERN double dh_cost_speed_anchor(double *speeds, size_t n);
+
+/* Multiplies everything the model predicts by factor (> 0): every key's ratio, the global
+ * ratio and the regression. O(keys). */
+DH_EXTERN void dh_cost_model_scale(dh_cost_model_t *model, double factor);
 
 /* One step of an exponentially weighted mean: returns value + alpha x (sample - value). */
 DH_EXTERN double dh_cost_ewma(double value, double sample, double alpha);

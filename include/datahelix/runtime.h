@@ -85,6 +85,46 @@ typedef struct dh_coordinator_stats {
 /* A snapshot of the counters. Thread-safe. */
 DH_EXTERN void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out);
 
+/* Predicted against actual, per executed request (docs/design.md §4.1, "Online feedback").
+ * At placement the coordinator records the request's predicted CPU seconds on the chosen
+ * server (its cost model's prediction x that server's speed factor: C_cpu) and predicted
+ * ready time T; at the executor's COMPLETE, the CPU seconds it measured for the request and
+ * the seconds from the DISPATCH to that COMPLETE (a sidecar sends it when the task is done,
+ * before forwarding; a local executor once its client has the batch). A request placed again (a
+ * dead server) records its last placement. Relative error: |pred_cpu_s - actual_cpu_s| /
+ * actual_cpu_s. */
+typedef struct dh_prediction {
+    uint32_t rank;         /* the requesting rank */
+    uint64_t seq;          /* the client's request seq (batch x fanout + part) */
+    uint32_t n_samples;    /* samples in the request */
+    uint32_t server;       /* index of the executor in registration order */
+    double deadline_s;     /* D at the decision */
+    double pred_cpu_s;     /* C_cpu predicted at the decision */
+    double profile_cpu_s;  /* the descriptors' cpu_s summed: the prediction with nothing
+                            * learned (neither keys nor speed), for comparison */
+    double actual_cpu_s;   /* measured by the executor */
+    double pred_ready_s;   /* T predicted at the decision */
+    double actual_ready_s; /* DISPATCH to the executor's COMPLETE, on the coordinator's clock */
+} dh_prediction_t;
+
+/* The most records a coordinator keeps; past it the oldest are overwritten. */
+#define DH_COORDINATOR_PREDICTIONS_MAX 65536
+
+/* Copies the kept records, oldest first, into out[0 .. min(cap, kept)) (out may be NULL when
+ * cap is 0) and returns how many are kept (at most DH_COORDINATOR_PREDICTIONS_MAX).
+ * Thread-safe: may be called while the coordinator runs. */
+DH_EXTERN size_t dh_coordinator_predictions(const dh_coordinator_t *c, dh_prediction_t *out,
+                                            size_t cap);
+
+/* The coordinator's learned state of the cost model, for tests and reports: the ratio
+ * (measured / estimated CPU, speed 1) learned for a profile key (NAN if none) with the
+ * observations behind it in *obs (may be NULL), and the speed factor of the server named
+ * `server` in *speed (may be NULL; NAN if no such server). Thread-safe (takes the
+ * coordinator's lock; call it while the loop runs or after). */
+DH_EXTERN double dh_coordinator_key_ratio(const dh_coordinator_t *c, const char *profile_key,
+                                          uint64_t *obs);
+DH_EXTERN double dh_coordinator_server_speed(const dh_coordinator_t *c, const char *server);
+
 /* ---- DataServer ----------------------------------------------------------------------- */
 
 typedef struct dh_dataserver dh_dataserver_t;

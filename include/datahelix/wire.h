@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define DH_WIRE_MAGIC "DHX1"
-#define DH_WIRE_VERSION 1
+#define DH_WIRE_VERSION 2
 #define DH_WIRE_HEADER_SIZE 20
 #define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
@@ -100,10 +100,18 @@ typedef struct dh_wire_link_bw {
 
 typedef struct dh_msg_heartbeat {
     uint32_t workers;
-    uint32_t queue_depth;    /* requests queued or running */
-    double queue_work_s;     /* predicted seconds of queued work */
+    uint32_t queue_depth;    /* requests it holds whose executor COMPLETE it has not sent
+                              * (queued, running, or done and waiting to go out): what the
+                              * coordinator's book should count for it */
+    double queue_work_s;     /* their predicted CPU seconds (speed 1; the DISPATCHes'
+                              * pred_cpu_s, else the descriptors' estimates) */
     double speed_factor;     /* observed / predicted CPU time */
     double recent_latency_s; /* recent task latency (e.g. a moving median) */
+    /* Online feedback (docs/design.md §4.1): */
+    uint64_t dispatches_seen; /* DISPATCH messages received since its last HELLO (the
+                               * coordinator subtracts it from what it sent since: the
+                               * dispatches still in flight, which queue_depth cannot count) */
+    double read_bytes_per_s;  /* observed input read bandwidth (EWMA); 0 = not measured */
     uint32_t n_links;
     dh_wire_link_bw_t *links;
 } dh_msg_heartbeat_t;
@@ -133,11 +141,15 @@ typedef struct dh_msg_dispatch {
     char *server;          /* the DataServer chosen to execute it */
     char *target;          /* the local DataServer that delivers to the rank */
     char *target_endpoint; /* its data endpoint (a sidecar forwards there) */
+    double pred_cpu_s;     /* the coordinator's predicted CPU seconds of the request (speed 1);
+                            * the server sums these into its heartbeat's queue_work_s */
 } dh_msg_dispatch_t;
 
 typedef struct dh_wire_sample_status {
     int32_t status; /* 0 or a negative DH_E* code */
     char *error;    /* "" when status is 0 */
+    double cpu_s;   /* measured CPU seconds of this sample on the executor (0 = not measured:
+                     * a delivery-only COMPLETE); the coordinator's cost model learns from it */
 } dh_wire_sample_status_t;
 
 typedef struct dh_msg_complete {
@@ -145,7 +157,7 @@ typedef struct dh_msg_complete {
     uint64_t seq;
     uint32_t n_samples;
     dh_wire_sample_status_t *samples;
-    double cpu_s;      /* measured CPU seconds */
+    double cpu_s;      /* measured CPU seconds of the whole request (samples, collate, copy) */
     uint64_t bytes;    /* bytes produced */
     double queue_s;    /* seconds queued before a worker took it */
     uint8_t delivered; /* 1: from the delivering local DataServer, the client has the batch;

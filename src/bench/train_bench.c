@@ -482,6 +482,72 @@ static void trace_system(FILE *f, int *first, size_t sys, const run_t *run, cons
     }
 }
 
+/* ---- online feedback: predicted vs actual (see the result's fields) ---- */
+
+static int prediction_metrics(const dh_bench_options_t *opt, const dh_coordinator_t *coord,
+                              const rank_ctx_t *ranks, uint32_t fanout, double threshold,
+                              dh_bench_system_result_t *res)
+{
+    uint32_t total = opt->warmup + opt->steps;
+    uint32_t split = (uint32_t)ceil(0.2 * total);
+    res->learn_split_step = split;
+    double miss[2] = {0, 0}, count[2] = {0, 0};
+    for (uint32_t s = 0; s < total; s++)
+        for (uint32_t r = 0; r < opt->ranks; r++) {
+            miss[s >= split] += ranks[r].steps[s].wait_s > threshold;
+            count[s >= split]++;
+        }
+    res->ddl_miss_rate_first20 = count[0] ? miss[0] / count[0] : 0;
+    res->ddl_miss_rate_rest = count[1] ? miss[1] / count[1] : 0;
+    size_t n = dh_coordinator_predictions(coord, NULL, 0);
+    dh_prediction_t *p = dh_calloc(n ? n : 1, sizeof *p);
+    dh_stats_t *measured = NULL, *profile = NULL, *ready = NULL, *part[2] = {NULL, NULL};
+    int rc = 0;
+    if (!p || dh_stats_new(&measured) || dh_stats_new(&profile) || dh_stats_new(&ready) ||
+        dh_stats_new(&part[0]) || dh_stats_new(&part[1])) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto out;
+    }
+    n = dh_coordinator_predictions(coord, p, n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uint64_t step = p[i].seq / (fanout ? fanout : 1);
+        if (step >= total || !(p[i].actual_cpu_s > 0))
+            continue; /* prefetched past the last step, or nothing measured */
+        double err = fabs(p[i].pred_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s;
+        if (dh_stats_add(part[step >= split], err))
+            rc = DH_ENOMEM;
+        if (step >= opt->warmup) {
+            if (dh_stats_add(measured, err) ||
+                dh_stats_add(profile,
+                             fabs(p[i].profile_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s))
+                rc = DH_ENOMEM;
+            if (p[i].actual_ready_s > 0 &&
+                dh_stats_add(ready,
+                             fabs(p[i].pred_ready_s - p[i].actual_ready_s) / p[i].actual_ready_s))
+                rc = DH_ENOMEM;
+        }
+    }
+    if (rc) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto out;
+    }
+    res->predictions = (uint32_t)dh_stats_count(measured);
+    res->prediction_error_p50 = dh_stats_percentile(measured, 50);
+    res->prediction_error_p90 = dh_stats_percentile(measured, 90);
+    res->prediction_error_p50_profile = dh_stats_percentile(profile, 50);
+    res->ready_error_p50 = dh_stats_percentile(ready, 50);
+    res->prediction_error_p50_first20 = dh_stats_percentile(part[0], 50);
+    res->prediction_error_p50_rest = dh_stats_percentile(part[1], 50);
+out:
+    dh_free(p);
+    dh_stats_destroy(&measured);
+    dh_stats_destroy(&profile);
+    dh_stats_destroy(&ready);
+    dh_stats_destroy(&part[0]);
+    dh_stats_destroy(&part[1]);
+    return rc;
+}
+
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
                       const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
                       double b, double threshold, uint32_t real_cores,
@@ -634,6 +700,8 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
+    if ((rc = prediction_metrics(opt, cl.coord, ranks, fanout, threshold, res)))
+        goto done;
     if (trace)
         trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
     for (uint32_t r = 0; r < opt->ranks; r++) {
@@ -658,6 +726,13 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
              "%.3f s, misses %.0f%%, prefetch %u",
              sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
              res->input_wait_p95_s, 100 * res->ddl_miss_rate, res->prefetch_reached);
+    progress(opt,
+             "%s: CPU prediction error p50 %.3f p90 %.3f (profile alone: p50 %.3f); learning: "
+             "first %u steps misses %.1f%% error p50 %.3f, rest misses %.1f%% error p50 %.3f",
+             sp->name, res->prediction_error_p50, res->prediction_error_p90,
+             res->prediction_error_p50_profile, res->learn_split_step,
+             100 * res->ddl_miss_rate_first20, res->prediction_error_p50_first20,
+             100 * res->ddl_miss_rate_rest, res->prediction_error_p50_rest);
 done:
     for (uint32_t r = 0; ranks && r < opt->ranks; r++) {
         dh_client_destroy(&ranks[r].client);
@@ -907,6 +982,16 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);
+        fprintf(f,
+                ",\"prediction_error_p50\":%.6g,\"prediction_error_p90\":%.6g,"
+                "\"prediction_error_p50_profile\":%.6g,\"ready_error_p50\":%.6g,"
+                "\"prediction_error_p50_first20\":%.6g,\"prediction_error_p50_rest\":%.6g,"
+                "\"ddl_miss_rate_first20\":%.6g,\"ddl_miss_rate_rest\":%.6g,"
+                "\"learn_split_step\":%u,\"predictions\":%u",
+                s->prediction_error_p50, s->prediction_error_p90, s->prediction_error_p50_profile,
+                s->ready_error_p50, s->prediction_error_p50_first20, s->prediction_error_p50_rest,
+                s->ddl_miss_rate_first20, s->ddl_miss_rate_rest, s->learn_split_step,
+                s->predictions);
         fprintf(f, ",\"rank_step_s\":[");
         for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
             fprintf(f, "%s[", rk ? "," : "");

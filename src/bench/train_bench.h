@@ -107,6 +107,22 @@ typedef struct dh_bench_system_result {
     double cross_node_bytes; /* forwarded from a DataServer to another node's */
     double copy_bytes;       /* copied by the system: fanout joins and pool's copy */
     double *rank_step_s;     /* ranks x steps: each rank's step time (wait + compute), for plots */
+    /* ---- online feedback: predicted vs actual (dh_coordinator_predictions) ----
+     * A request's error is |predicted - actual| / actual CPU seconds; its step is its seq /
+     * fanout. prediction_error_*: over the requests of the measured steps. The learning split
+     * is over every step the model sees, warm-up included (it learns from the first
+     * completion): *_first20 over steps [0, learn_split_step), learn_split_step = ceil(20% of
+     * warm-up + steps), *_rest over the steps after. Cold start (an empty pipeline) also
+     * falls in the first 20%: compare with --cost-bias 0, where there is nothing to learn. */
+    double prediction_error_p50, prediction_error_p90;
+    double prediction_error_p50_profile; /* the same requests predicted from the profile
+                                          * alone (the descriptors' cpu_s): what learning
+                                          * buys, on the same requests */
+    double ready_error_p50; /* the same for T (predicted ready time) vs DISPATCH-to-COMPLETE */
+    double prediction_error_p50_first20, prediction_error_p50_rest;
+    double ddl_miss_rate_first20, ddl_miss_rate_rest;
+    uint32_t learn_split_step;
+    uint32_t predictions; /* requests with a record in the measured steps */
 } dh_bench_system_result_t;
 
 typedef struct dh_bench_report {

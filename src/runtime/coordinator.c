@@ -19,6 +19,7 @@
  * placing a request is coordinator_place.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,6 +92,7 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
     c->cfg = *cfg;
     c->cfg.listen = NULL;
     c->cfg.telemetry_path = NULL;
+    pthread_mutex_init(&c->learn_lock, NULL);
     int rc = 0;
     c->ctx = cfg->zmq_ctx;
     if (!c->ctx) {
@@ -262,16 +264,20 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     server_t *s = find_server(c, peer, &idx);
     bool known = s != NULL;
     if (!s) {
+        pthread_mutex_lock(&c->learn_lock); /* the array may move: readers hold the lock */
         int rc = dh__coord_grow((void **)&c->servers, &c->cap_servers, c->n_servers + 1,
                                 sizeof *c->servers);
+        if (!rc) {
+            s = &c->servers[c->n_servers++];
+            snprintf(s->name, NAME_CAP, "%s", peer);
+            s->speed = 1.0;
+        }
+        pthread_mutex_unlock(&c->learn_lock);
         if (rc) {
             refuse(c, peer, rc, "DataServer HELLO");
             return;
         }
-        idx = (int32_t)c->n_servers;
-        s = &c->servers[c->n_servers++];
-        snprintf(s->name, NAME_CAP, "%s", peer);
-        s->speed = 1.0;
+        idx = (int32_t)c->n_servers - 1;
     }
     s->role = h->role;
     s->node = node_index(c, h->node);
@@ -284,9 +290,11 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     if (!s->alive)
         dh__count(&c->counters.servers_alive, 1);
     s->alive = true;
-    /* A (re)registered server starts with an empty queue: what it had was placed again. */
+    /* A (re)registered server starts with an empty queue: what it had was placed again. A
+     * new process counts the DISPATCHes it receives from 0. */
     s->queue_len = 0;
     s->queued_cpu_s = 0;
+    s->dispatched = 0;
     dh_log_info("coordinator: %s DataServer '%s' %s (node '%s', %u workers, pid %u%s%s)",
                 h->role == DH_WIRE_ROLE_LOCAL ? "local" : "remote", peer,
                 known ? "registered again" : "registered", h->node, s->workers, h->pid,
@@ -346,6 +354,39 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
     c->pending_work = true;
 }
 
+/* Corrects the book of server s from its heartbeat (docs/design.md §4.1, "Online feedback").
+ * The book drifts: a COMPLETE lost with a connection, a request the server dropped (no
+ * memory), a server revived after being declared dead that still runs what it had. The
+ * heartbeat says what the server holds that it has not reported COMPLETE for (depth, and
+ * their predicted seconds in the coordinator's own units: the DISPATCHes' pred_cpu_s), as of
+ * when it was sent. The race: COMPLETEs and heartbeats travel on one socket in order, so
+ * every COMPLETE sent before the heartbeat has been applied here, and every one sent after
+ * it is counted in the report and will decrement the book when it arrives. DISPATCHes go
+ * the other way: those the server had not received when it sent the heartbeat
+ * (dispatched - dispatches_seen, the last ones sent) are added back from unseen_cpu_s. Then
+ * the report replaces the book. Both sides count DISPATCHes from the server's last HELLO.
+ * What stays: a request delivered by its target before its sidecar's COMPLETE arrives is
+ * counted once more until the next heartbeat (one period). */
+static void correct_book(server_t *s, const dh_msg_heartbeat_t *h)
+{
+    if (!s->alive)
+        return;
+    if (h->dispatches_seen > s->dispatched) {
+        /* The counts disagree (DISPATCHes sent before a re-registration arrived after it):
+         * take the server's count, assuming none in flight, and correct from the next. */
+        s->dispatched = h->dispatches_seen;
+        return;
+    }
+    uint64_t unseen = s->dispatched - h->dispatches_seen;
+    if (unseen > UNSEEN_RING)
+        return; /* more in flight than remembered: keep the book until it catches up */
+    double unseen_cpu = 0;
+    for (uint64_t k = 0; k < unseen; k++)
+        unseen_cpu += s->unseen_cpu_s[(s->dispatched - 1 - k) % UNSEEN_RING];
+    s->queue_len = h->queue_depth + (uint32_t)unseen;
+    s->queued_cpu_s = h->queue_work_s + unseen_cpu;
+}
+
 static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_heartbeat_t *h)
 {
     int32_t idx;
@@ -372,6 +413,16 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
         c->pending_work = true;
     }
     s->workers = h->workers;
+    uint32_t booked = s->queue_len;
+    correct_book(s, h);
+    if (s->queue_len < booked)
+        c->pending_work = true; /* room freed: requests waiting in the book may go there */
+    /* C_io from the reads the server observed (none measured: the assumed 2 GB/s stays). */
+    if (h->read_bytes_per_s > 0)
+        s->storage_s_per_B = 1.0 / h->read_bytes_per_s;
+    /* recent_latency_s is not used: it is queue wait + execution + delivery of past
+     * requests, which C_queue (the corrected book) and C_cpu (the learned model) already
+     * predict term by term; adding it would count the queue twice. */
     for (uint32_t i = 0; i < h->n_links; i++) {
         if (!(h->links[i].bytes_per_s > 0))
             continue;
@@ -440,9 +491,119 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     c->pending_work = true;
 }
 
+/* Learns from an executor's COMPLETE (learn_lock held): the cost model observes each
+ * sample's measured CPU seconds per profile key, and the server's speed factor learns only
+ * what the model cannot explain. Both must not learn the same discrepancy: in the emulation
+ * every server truly runs at speed 1 while each key is off by its own bias, so a speed
+ * factor that learned measured / predicted would swing with the keys of the requests it
+ * happened to run (and then hide them from the model, which divides by it). So the speed
+ * factor's residual is measured / (model x speed) over the samples whose key the model
+ * already knows (DH_COST_FROM_KEY), taken before this request is observed, clamped and
+ * averaged slowly (dh_cost_speed_learn); samples of keys not known yet teach the speed
+ * nothing. A truly slower server still shows: its residual stays above 1 on every key, and
+ * the model, which divides by the speed, stops absorbing it once the speed has. A sender
+ * without per-sample measurements teaches the speed from the request's total.
+ * O(samples), one hash look-up each. */
+static void learn(dh_coordinator_t *c, server_t *s, const entry_t *e, const dh_msg_complete_t *m)
+{
+    const dh_msg_request_t *q = &e->msg.request;
+    uint32_t n = m->n_samples < q->n_samples ? m->n_samples : q->n_samples;
+    double known_measured = 0, known_predicted = 0;
+    bool per_sample = false;
+    for (uint32_t i = 0; i < n; i++) {
+        per_sample |= m->samples[i].cpu_s > 0;
+        if (m->samples[i].status != 0 || !(m->samples[i].cpu_s > 0))
+            continue; /* failed, or not measured */
+        dh_profile_row_t row;
+        dh__rt_row_of_sample(&q->samples[i], &row);
+        dh_cost_source_t src;
+        double pred = dh_cost_model_predict(c->model, &row, &src);
+        if (src == DH_COST_FROM_KEY && pred > 0) {
+            known_measured += m->samples[i].cpu_s;
+            known_predicted += pred * s->speed;
+        }
+        if (dh_cost_model_observe(c->model, &row, m->samples[i].cpu_s, s->speed) != 0)
+            dh_log_debug("coordinator: cost model: %s", dh_last_error());
+    }
+    if (!per_sample) { /* a sender without per-sample measurements */
+        known_measured = m->cpu_s;
+        known_predicted = e->pred_cpu_s * s->speed;
+    }
+    s->speed = dh_cost_speed_learn(s->speed, known_measured, known_predicted);
+}
+
+/* Keeps the executed request's predicted and actual costs (learn_lock held), and writes them
+ * to the telemetry as a "complete" line. */
+static void record_prediction(dh_coordinator_t *c, int32_t si, const entry_t *e,
+                              const dh_msg_complete_t *m)
+{
+    dh_prediction_t p = {.rank = e->msg.request.rank,
+                         .seq = e->msg.request.seq,
+                         .n_samples = e->msg.request.n_samples,
+                         .server = (uint32_t)si,
+                         .deadline_s = e->deadline_s,
+                         .pred_cpu_s = e->pred_c_cpu_s,
+                         .profile_cpu_s = e->profile_cpu_s,
+                         .actual_cpu_s = m->cpu_s,
+                         .pred_ready_s = e->pred_t_s,
+                         .actual_ready_s = dh_clock_elapsed_s(e->dispatch_ns, dh_clock_now_ns())};
+    if (c->n_predictions < DH_COORDINATOR_PREDICTIONS_MAX) {
+        /* capacities double from 16: the last growth lands on the maximum exactly */
+        if (dh__coord_grow((void **)&c->predictions, &c->cap_predictions, c->n_predictions + 1,
+                           sizeof *c->predictions) == 0)
+            c->predictions[c->n_predictions++] = p;
+        /* else no memory for the record: the run goes on without it */
+    } else { /* full: a ring, next_prediction the oldest */
+        c->predictions[c->next_prediction] = p;
+        c->next_prediction = (c->next_prediction + 1) % DH_COORDINATOR_PREDICTIONS_MAX;
+    }
+    if (c->telemetry)
+        fprintf(c->telemetry,
+                "{\"t_s\":%.6f,\"event\":\"complete\",\"client\":\"%s\",\"seq\":%llu,"
+                "\"rank\":%u,\"server\":\"%s\",\"samples\":%u,\"deadline_s\":%.6f,"
+                "\"pred_cpu_s\":%.6f,\"cpu_s\":%.6f,\"pred_t_s\":%.6f,\"t_actual_s\":%.6f}\n",
+                dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), e->msg.request.client_id,
+                (unsigned long long)p.seq, p.rank, c->servers[si].name, p.n_samples, p.deadline_s,
+                p.pred_cpu_s, p.actual_cpu_s, p.pred_ready_s, p.actual_ready_s);
+}
+
+size_t dh_coordinator_predictions(const dh_coordinator_t *cc, dh_prediction_t *out, size_t cap)
+{
+    dh_coordinator_t *c = (dh_coordinator_t *)cc; /* the lock only */
+    pthread_mutex_lock(&c->learn_lock);
+    size_t n = c->n_predictions;
+    /* oldest first: the ring starts at next_prediction once it is full */
+    size_t first = n == DH_COORDINATOR_PREDICTIONS_MAX ? c->next_prediction : 0;
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = c->predictions[(first + i) % DH_COORDINATOR_PREDICTIONS_MAX];
+    pthread_mutex_unlock(&c->learn_lock);
+    return n;
+}
+
+double dh_coordinator_key_ratio(const dh_coordinator_t *cc, const char *profile_key, uint64_t *obs)
+{
+    dh_coordinator_t *c = (dh_coordinator_t *)cc;
+    pthread_mutex_lock(&c->learn_lock);
+    double r = dh_cost_model_key_ratio(c->model, profile_key, obs);
+    pthread_mutex_unlock(&c->learn_lock);
+    return r;
+}
+
+double dh_coordinator_server_speed(const dh_coordinator_t *cc, const char *server)
+{
+    dh_coordinator_t *c = (dh_coordinator_t *)cc;
+    pthread_mutex_lock(&c->learn_lock);
+    double speed = NAN;
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (strcmp(c->servers[i].name, server) == 0)
+            speed = c->servers[i].speed;
+    pthread_mutex_unlock(&c->learn_lock);
+    return speed;
+}
+
 static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_complete_t *m)
 {
-    int32_t si;
+    int32_t si = -1;
     server_t *s = find_server(c, peer, &si);
     if (s)
         s->last_seen_ns = dh_clock_now_ns();
@@ -459,17 +620,10 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
         s->queued_cpu_s -= e->pred_cpu_s;
         if (s->queued_cpu_s < 0)
             s->queued_cpu_s = 0;
-        if (e->pred_cpu_s > 0 && m->cpu_s > 0) {
-            /* The server's speed factor learns the discrepancy between the measured CPU
-             * seconds and the profile's prediction (docs/design.md §4.1 C_cpu). Limit: one factor
-             * per server, not per profile key; the per-key model (cost.h) is not fed yet. */
-            double ratio = m->cpu_s / e->pred_cpu_s;
-            s->speed = dh_cost_ewma(s->speed, ratio * s->speed, 0.2);
-            if (s->speed < 0.05)
-                s->speed = 0.05;
-            if (s->speed > 20)
-                s->speed = 20;
-        }
+        pthread_mutex_lock(&c->learn_lock);
+        learn(c, s, e, m);
+        record_prediction(c, si, e, m);
+        pthread_mutex_unlock(&c->learn_lock);
     }
     if (m->delivered) {
         if (e->server >= 0 && !e->executed) {
@@ -514,6 +668,35 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
         }
     }
     dh_log_info("coordinator: client '%s' left (%zu requests dropped)", peer, dropped);
+}
+
+/* Anchors the speed factors at their median over the live executing servers, the model
+ * scaled to match (dh_cost_speed_anchor: the model and the speeds share a free common
+ * factor, fixed by assuming most servers run as profiled). On the loop's tick (20 ms):
+ * O(servers log servers). */
+static void anchor_speeds(dh_coordinator_t *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_servers; i++)
+        n += c->servers[i].alive && c->servers[i].workers > 0;
+    if (n < 2)
+        return;
+    double *speeds = dh_malloc(n * sizeof *speeds);
+    if (!speeds)
+        return;
+    n = 0;
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (c->servers[i].alive && c->servers[i].workers > 0)
+            speeds[n++] = c->servers[i].speed;
+    double median = dh_cost_speed_anchor(speeds, n);
+    dh_free(speeds);
+    if (fabs(median - 1) < 1e-3)
+        return; /* not worth touching the model for */
+    pthread_mutex_lock(&c->learn_lock);
+    for (size_t i = 0; i < c->n_servers; i++)
+        c->servers[i].speed /= median;
+    dh_cost_model_scale(c->model, median);
+    pthread_mutex_unlock(&c->learn_lock);
 }
 
 static void check_liveness(dh_coordinator_t *c)
@@ -591,6 +774,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
         if (now - last_tick > 20000000ull) {
             last_tick = now;
             check_liveness(c);
+            anchor_speeds(c);
             if (c->telemetry)
                 fflush(c->telemetry);
         }
@@ -632,6 +816,8 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     for (size_t i = 0; i < c->n_book; i++)
         dh_msg_clear(&c->book[i].msg);
     dh_free(c->book);
+    dh_free(c->predictions);
+    pthread_mutex_destroy(&c->learn_lock);
     dh_free(c->servers);
     dh_free(c->clients);
     dh_free(c->snap);

@@ -21,6 +21,7 @@
 #define MAX_NODES 64
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
+#define UNSEEN_RING 64
 
 typedef struct server {
     char name[NAME_CAP];
@@ -36,6 +37,11 @@ typedef struct server {
     double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
     double speed;        /* learned observed / predicted */
     double storage_s_per_B;
+    /* DISPATCHes sent since it registered, and the predicted CPU seconds of the last
+     * UNSEEN_RING of them: a heartbeat names how many it had received, the rest are still
+     * on their way and are added to its report (on_heartbeat). */
+    uint64_t dispatched;
+    double unseen_cpu_s[UNSEEN_RING];
 } server_t;
 
 typedef struct client {
@@ -52,8 +58,12 @@ typedef struct entry {
     int32_t server; /* executing server, -1 = to place */
     bool executed;  /* the executor reported COMPLETE (delivered=0) */
     uint64_t arrival_ns;
-    double pred_cpu_s, in_bytes, out_bytes;
+    double pred_cpu_s, in_bytes, out_bytes; /* pred_cpu_s: the model's, speed 1, set at each
+                                             * placement (what the executor's book holds) */
     uint32_t placements;
+    /* the last placement's prediction, for the record of predicted vs actual */
+    uint64_t dispatch_ns;
+    double pred_c_cpu_s, pred_t_s, deadline_s, profile_cpu_s;
 } entry_t;
 
 /* The coordinator's counters (counters.h), named as in dh_coordinator_stats_t (servers_alive
@@ -104,6 +114,13 @@ struct dh_coordinator {
     bool pending_work; /* entries to place exist */
 
     dh__coord_counters_t counters; /* any thread (counters.h) */
+
+    /* Learned state read by other threads (dh_coordinator_key_ratio, _server_speed,
+     * _predictions): the loop takes learn_lock to change the model, a speed factor, the
+     * servers array or the records; it reads them without it (it is the only writer). */
+    pthread_mutex_t learn_lock;
+    dh_prediction_t *predictions; /* n_predictions kept; a ring once at the maximum */
+    size_t n_predictions, cap_predictions, next_prediction;
 };
 
 /* ---- coordinator.c ---- */

@@ -2,8 +2,10 @@
  *
  * For each request of the book not yet placed: a snapshot of every server's state is
  * rebuilt (O(servers)), the pure scheduler picks the executor (dh_place, sched/), the
- * request goes to it as a DISPATCH naming the local DataServer that delivers to the rank,
- * and with telemetry on each decision is logged as a JSON line with its candidates. A
+ * request goes to it as a DISPATCH naming the local DataServer that delivers to the rank
+ * (and carrying the request's predicted CPU seconds, which the server reports back in its
+ * heartbeats), and with telemetry on each decision is logged as a JSON line with its
+ * candidates and the chosen server's predicted C_cpu and T. A
  * request that no server can take now stays in the book for the next pass.
  */
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "runtime/coordinator_internal.h"
+#include "runtime/descriptor.h"
 
 static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_request_cost_t *req,
                             const dh_decision_t *d, int rc)
@@ -27,8 +30,10 @@ static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_requ
             dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), q->client_id,
             (unsigned long long)q->seq, q->rank, dh_policy_name(c->cfg.place.policy),
             req->deadline_s, req->cpu_s, req->out_bytes, e->placements);
-    if (rc == 0)
-        fprintf(f, "\"server\":\"%s\",", c->servers[d->server].name);
+    if (rc == 0) /* the chosen server's C_cpu and T: its "complete" line has the actuals */
+        fprintf(f, "\"server\":\"%s\",\"pred_cpu_s\":%.6f,\"pred_t_s\":%.6f,",
+                c->servers[d->server].name, req->cpu_s * c->servers[d->server].speed,
+                c->cand[d->server].t_s);
     else
         fprintf(f, "\"server\":null,\"error\":\"%s\",", dh_err_name(rc));
     fprintf(f, "\"reason\":\"%s\",\"candidates\":[", dh_place_reason_name(d->reason));
@@ -72,8 +77,17 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
         st->storage_s_per_B = s->storage_s_per_B;
     }
     dh_snapshot_t snap = {c->snap, (uint32_t)c->n_servers, c->links, MAX_NODES};
+    /* Predicted now, from what the model has learned by this decision (a request may wait in
+     * the book while completions teach it). O(samples). */
+    double pred = 0, profile = 0;
+    for (uint32_t i = 0; i < e->msg.request.n_samples; i++) {
+        dh_profile_row_t row;
+        dh__rt_row_of_sample(&e->msg.request.samples[i], &row);
+        pred += dh_cost_model_predict(c->model, &row, NULL);
+        profile += e->msg.request.samples[i].cpu_s;
+    }
     dh_request_cost_t req = {0};
-    req.cpu_s = e->pred_cpu_s;
+    req.cpu_s = pred;
     req.in_bytes = e->in_bytes;
     req.out_bytes = e->out_bytes;
     req.deadline_s = (double)e->msg.request.deadline_ns / 1e9 -
@@ -97,6 +111,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     m.dispatch.server = s->name;
     m.dispatch.target = t->name;
     m.dispatch.target_endpoint = t->endpoint;
+    m.dispatch.pred_cpu_s = pred;
     if (dh__coord_send_to(c, s->name, &m) != 0) {
         dh__coord_declare_dead(c, d.server, "its connection is gone");
         return DH_EAGAIN;
@@ -104,8 +119,16 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     e->server = d.server;
     e->executed = false;
     e->placements++;
+    e->pred_cpu_s = pred;
+    e->dispatch_ns = dh_clock_now_ns();
+    e->deadline_s = req.deadline_s;
+    e->pred_c_cpu_s = pred * s->speed;
+    e->pred_t_s = c->cand[d.server].t_s;
+    e->profile_cpu_s = profile;
     s->queue_len++;
-    s->queued_cpu_s += e->pred_cpu_s;
+    s->queued_cpu_s += pred;
+    s->unseen_cpu_s[s->dispatched % UNSEEN_RING] = pred;
+    s->dispatched++;
     dh__count(&c->counters.dispatches, 1);
     return 0;
 }

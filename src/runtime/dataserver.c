@@ -113,6 +113,7 @@ static void send_hello(dh_dataserver_t *s)
     m.hello.endpoint = s->data_endpoint;
     m.hello.shm_socket = s->notice.name;
     m.hello.pid = (uint32_t)getpid();
+    s->dispatches_seen = 0; /* counted per registration, as the coordinator counts them */
     send_coord(s, &m);
 }
 
@@ -130,10 +131,13 @@ static void send_heartbeat(dh_dataserver_t *s)
     dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
     pthread_mutex_lock(&s->lock);
     m.heartbeat.workers = s->cfg.workers;
-    m.heartbeat.queue_depth = (uint32_t)s->tasks.len + s->running;
-    m.heartbeat.queue_work_s = s->queued_cpu_s;
     m.heartbeat.recent_latency_s = s->latency_ewma_s;
+    m.heartbeat.read_bytes_per_s = s->read_bytes_per_s;
     pthread_mutex_unlock(&s->lock);
+    /* In the coordinator's terms (what its book holds for us), so it can correct its book. */
+    m.heartbeat.queue_depth = s->booked_tasks;
+    m.heartbeat.queue_work_s = s->booked_cpu_s > 0 ? s->booked_cpu_s : 0;
+    m.heartbeat.dispatches_seen = s->dispatches_seen;
     m.heartbeat.speed_factor = 1.0;
     m.heartbeat.n_links = n;
     m.heartbeat.links = links;
@@ -152,6 +156,7 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
         for (uint32_t i = 0; i < r->n_samples; i++) {
             st[i].status = r->samples[i].status;
             st[i].error = r->samples[i].error ? r->samples[i].error : "";
+            st[i].cpu_s = r->sample_cpu_s && r->sample_cpu_s[i] > 0 ? r->sample_cpu_s[i] : 0;
         }
         m.complete.n_samples = r->n_samples;
         m.complete.samples = st;
@@ -164,6 +169,18 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
         dh_wire_send(to, routing_id, routing_id ? strlen(routing_id) : 0, &m, NULL, 0, 0);
     else
         send_coord(s, &m);
+}
+
+void dh__ds_unbook(dh_dataserver_t *s, task_t *t)
+{
+    if (!t->booked)
+        return;
+    t->booked = false;
+    if (s->booked_tasks)
+        s->booked_tasks--;
+    s->booked_cpu_s -= t->booked_cpu_s;
+    if (s->booked_tasks == 0 || s->booked_cpu_s < 0)
+        s->booked_cpu_s = 0; /* no drift from rounding once empty */
 }
 
 bool dh__ds_client_left(const dh_dataserver_t *s, const char *name)
@@ -304,6 +321,7 @@ bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns)
             }
         dh__count(&s->counters.delivered_local, 1);
     }
+    dh__ds_unbook(s, t);
     dh__ds_send_complete(s, d->request.client_id, d->request.seq, r, r->cpu_s, t->queue_s, 1, NULL,
                          NULL);
     return true;
@@ -333,10 +351,15 @@ static void drain_results(dh_dataserver_t *s)
                 free_outputs(s, t->result.tensors, t->result.n_tensors);
             }
         } else {
-            dh__ds_forward_result(s, t);
+            /* The measurements first: the target's delivered=1 COMPLETE, which ends the
+             * request in the coordinator's book, must not overtake them (the coordinator
+             * learns from this one only while the request is in its book). */
+            dh__ds_unbook(s, t);
             dh__ds_send_complete(s, d->request.client_id, d->request.seq, &t->result,
                                  t->result.cpu_s, t->queue_s, 0, NULL, NULL);
+            dh__ds_forward_result(s, t);
         }
+        dh__ds_unbook(s, t); /* dropped (no memory to keep it pending): no longer ours */
         dh__ds_task_free(t);
     }
 }
@@ -344,6 +367,7 @@ static void drain_results(dh_dataserver_t *s)
 static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
 {
     if (r->msg.type == DH_MSG_DISPATCH) {
+        s->dispatches_seen++;
         task_t *t = dh_calloc(1, sizeof *t);
         if (!t) {
             dh_log_error("DataServer '%s': out of memory for a task", s->name);
@@ -352,11 +376,15 @@ static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
         t->msg = r->msg;
         memset(&r->msg, 0, sizeof r->msg);
         t->enqueued_ns = dh_clock_now_ns();
-        double cpu = 0;
-        for (uint32_t i = 0; i < t->msg.dispatch.request.n_samples; i++)
-            cpu += t->msg.dispatch.request.samples[i].cpu_s;
+        double cpu = t->msg.dispatch.pred_cpu_s;
+        if (!(cpu > 0)) /* a coordinator without a prediction: the descriptors' estimates */
+            for (uint32_t i = 0; i < t->msg.dispatch.request.n_samples; i++)
+                cpu += t->msg.dispatch.request.samples[i].cpu_s;
+        t->booked = true;
+        t->booked_cpu_s = cpu;
+        s->booked_tasks++;
+        s->booked_cpu_s += cpu;
         pthread_mutex_lock(&s->lock);
-        s->queued_cpu_s += cpu;
         dh__ds_push(&s->tasks, t);
         pthread_cond_signal(&s->task_cond);
         pthread_mutex_unlock(&s->lock);

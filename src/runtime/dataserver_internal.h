@@ -54,6 +54,8 @@ typedef struct task {
     double queue_s;
     uint64_t ready_ns;
     bool local_target;
+    double booked_cpu_s; /* its share of the server's booked work (loop thread) */
+    bool booked;         /* counted in booked_tasks until its executor COMPLETE is sent */
 } task_t;
 
 typedef struct queue {
@@ -127,7 +129,7 @@ struct dh_dataserver {
     pthread_cond_t task_cond;
     queue_t tasks, results;
     uint32_t running;
-    double queued_cpu_s;
+    double read_bytes_per_s; /* EWMA of the workers' observed input reads; 0 = none yet */
     known_client_t clients[MAX_CLIENTS];
     size_t n_clients;
     /* Clients that said GOODBYE, newest last (the loop thread's): a batch still in flight
@@ -147,7 +149,17 @@ struct dh_dataserver {
     size_t n_links;
     pending_t *pending;
     double latency_ewma_s;
+    /* What the coordinator's book holds for this server, as the heartbeat reports it (loop
+     * thread): tasks received by DISPATCH whose executor COMPLETE has not been sent yet
+     * (queued, running, finished, or waiting for their client), their predicted CPU seconds
+     * (the DISPATCH's pred_cpu_s), and the DISPATCH messages received so far. */
+    uint32_t booked_tasks;
+    double booked_cpu_s;
+    uint64_t dispatches_seen;
 };
+
+/* The task's executor COMPLETE is going out: it leaves the booked work (loop thread; once). */
+void dh__ds_unbook(dh_dataserver_t *s, task_t *t);
 
 /* How long a batch waits for arena space before it is sent by copy instead. The slabs of a
  * full arena may all belong to batches the client holds ahead of the one it waits for, so

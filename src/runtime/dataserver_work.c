@@ -197,12 +197,11 @@ void *dh__ds_worker_main(void *arg)
         dh__count(&s->counters.tasks, 1);
         dh__count(&s->counters.samples, t->result.n_samples);
         dh__count(&s->counters.sample_errors, t->result.failed);
-        double cpu_pred = 0;
-        for (uint32_t i = 0; i < d->request.n_samples; i++)
-            cpu_pred += d->request.samples[i].cpu_s;
-        s->queued_cpu_s -= cpu_pred;
-        if (s->queued_cpu_s < 0)
-            s->queued_cpu_s = 0;
+        if (t->result.read_s > 0 && t->result.read_bytes > 0) {
+            double bw = (double)t->result.read_bytes / t->result.read_s;
+            s->read_bytes_per_s =
+                s->read_bytes_per_s > 0 ? dh_cost_ewma(s->read_bytes_per_s, bw, 0.2) : bw;
+        }
         double latency = dh_clock_elapsed_s(t->enqueued_ns, t->ready_ns);
         s->latency_ewma_s =
             s->latency_ewma_s ? dh_cost_ewma(s->latency_ewma_s, latency, 0.2) : latency;

@@ -67,6 +67,11 @@ typedef struct dh__rt_result {
     uint32_t n_samples;
     dh_wire_sample_result_t *samples; /* dh_malloc'd, with their strings */
     double cpu_s;                     /* measured (synthetic sleep: the emulated seconds) */
+    double *sample_cpu_s;             /* n_samples: each sample's measured CPU seconds (video:
+                                       * its decode's thread CPU time; synthetic: its slept
+                                       * or spun cost), dh_malloc'd; NULL = not measured */
+    double read_s;                    /* seconds spent reading inputs (0 = not measured) */
+    uint64_t read_bytes;              /* bytes read in them */
     uint64_t bytes;                   /* output bytes */
     uint32_t failed;                  /* samples with errors */
 } dh__rt_result_t;

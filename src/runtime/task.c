@@ -1,10 +1,11 @@
 /* task.c: runs one dispatched request through a DataServer's pipeline (docs/design.md §6).
  *
- * Video: each sample is decoded by the native pipeline (pipeline.h) on this worker thread,
- * the batch is collated (padding and masks), and its tensors are copied once into the
- * output buffers the caller hands out (arena slabs or heap). The copy costs about 1 ms per
- * 10 MB against decode times of 10-1000 ms; collating straight into the slab is left for
- * later (the batch's padded size is known only after every sample is decoded).
+ * Video: each sample's file is read once, timed (the read bandwidth C_io learns from), then
+ * decoded by the native pipeline (pipeline.h) on this worker thread, the batch is collated
+ * (padding and masks), and its tensors are copied once into the output buffers the caller
+ * hands out (arena slabs or heap). The copy costs about 1 ms per 10 MB against decode times
+ * of 10-1000 ms; collating straight into the slab is left for later (the batch's padded
+ * size is known only after every sample is decoded).
  * Synthetic: each sample "costs" its actual cost (x cpu_scale) by sleeping (one 2-core
  * machine then emulates many virtual cores), spinning, or not at all, and produces
  * out_bytes (x bytes_scale) of payload that starts with the sample id (so receivers can
@@ -12,9 +13,12 @@
  * how scheduling tests exercise the per-sample error path without video files. The actual
  * cost and tokens are the descriptor's estimates times seeded mean-one lognormal noise (rt.h,
  * "Misprediction"; none by default), so schedulers that see only the estimates mispredict.
+ * Each sample's measured CPU seconds go into the result (sample_cpu_s): the executor's
+ * COMPLETE carries them to the coordinator's cost model.
  */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -34,7 +38,13 @@
 struct dh__rt_worker {
     dh__rt_pipeline_t spec;
     dh_pipeline_t *pipeline; /* video only */
+    uint8_t *read_buf;       /* video: READ_CHUNK bytes for timing reads, made on first use */
 };
+
+/* Video inputs are read once, timed, before decoding (time_read), at most READ_CAP bytes
+ * of each, READ_CHUNK at a time. */
+#define READ_CHUNK ((size_t)1 << 20)
+#define READ_CAP ((uint64_t)64 << 20)
 
 static int parse_synthetic(json_t *root, const char *source, dh__rt_pipeline_t *out)
 {
@@ -166,6 +176,7 @@ void dh__rt_worker_destroy(dh__rt_worker_t **pw)
     if (!pw || !*pw)
         return;
     dh_pipeline_destroy(&(*pw)->pipeline);
+    dh_free((*pw)->read_buf);
     dh_free(*pw);
     *pw = NULL;
 }
@@ -177,6 +188,7 @@ void dh__rt_result_clear(dh__rt_result_t *r)
         dh_free(r->samples[i].error);
     }
     dh_free(r->samples);
+    dh_free(r->sample_cpu_s);
     memset(r, 0, sizeof *r);
 }
 
@@ -245,8 +257,11 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
         if (w->spec.cost == DH__SYNTH_SLEEP) {
             sleep_for(cost);
             emulated += cost;
+            out->sample_cpu_s[i] = cost;
         } else if (w->spec.cost == DH__SYNTH_SPIN) {
+            uint64_t spun0 = dh_clock_thread_cpu_ns();
             spin_for(cost);
+            out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - spun0) / 1e9;
         }
         if (strncmp(uri, "error:", 6) == 0) {
             char msg[512];
@@ -331,6 +346,31 @@ static int place_tensor(const dh_tensor_t *src, dh__rt_alloc_fn *alloc, void *ct
     return 0;
 }
 
+/* C_io's measurement (docs/design.md §4.1): FFmpeg reads inside the decoder, where reads
+ * cannot be timed apart from decoding, so the input is read once here, sequentially and
+ * timed, and the decoder then finds it in the page cache. The bandwidth it gives (bytes /
+ * wall seconds) is what the heartbeat reports: the disk's for a cold file, memory's for a
+ * cached one. Costs one copy of the input (about 0.1 ms per MB, against decode times of
+ * 10-1000 ms per sample). A file that cannot be opened is left to the decoder to report. */
+static void time_read(dh__rt_worker_t *w, const char *path, double *read_s, uint64_t *read_bytes)
+{
+    if (!w->read_buf && !(w->read_buf = dh_malloc(READ_CHUNK)))
+        return; /* no scratch: this sample is not timed */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    uint64_t t0 = dh_clock_now_ns(), total = 0;
+    ssize_t got;
+    while (total < READ_CAP && (got = read(fd, w->read_buf, READ_CHUNK)) > 0)
+        total += (uint64_t)got;
+    double elapsed = dh_clock_elapsed_s(t0, dh_clock_now_ns());
+    close(fd);
+    if (total > 0 && elapsed > 0) {
+        *read_s += elapsed;
+        *read_bytes += total;
+    }
+}
+
 static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,
                          dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                          dh__rt_result_t *out)
@@ -342,8 +382,13 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
         dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
-        int drc = dh_pipeline_decode(w->pipeline, samples[i].uri ? samples[i].uri : "", &ov,
-                                     samples[i].id, &decoded[i]);
+        const char *path = samples[i].uri ? samples[i].uri : "";
+        time_read(w, path, &out->read_s, &out->read_bytes);
+        uint64_t sample_cpu0 = dh_clock_thread_cpu_ns();
+        int drc = dh_pipeline_decode(w->pipeline, path, &ov, samples[i].id, &decoded[i]);
+        /* The sample's own CPU time (open, demux, decode, resize); the timed read above and
+         * the batch's collate and copy below are in the request's total only. */
+        out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - sample_cpu0) / 1e9;
         if (drc == DH_ENOMEM) {
             rc = drc;
             goto done;
@@ -399,8 +444,13 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
 {
     memset(out, 0, sizeof *out);
     out->samples = dh_calloc(n ? n : 1, sizeof *out->samples);
-    if (!out->samples)
+    out->sample_cpu_s = dh_calloc(n ? n : 1, sizeof *out->sample_cpu_s);
+    if (!out->samples || !out->sample_cpu_s) {
+        dh_free(out->samples);
+        dh_free(out->sample_cpu_s);
+        memset(out, 0, sizeof *out);
         return dh__set_error(DH_ENOMEM, "out of memory for a task's results");
+    }
     out->n_samples = n;
     for (uint32_t i = 0; i < n; i++) {
         out->samples[i].id = dh_strdup(samples[i].id ? samples[i].id : "");

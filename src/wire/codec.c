@@ -107,6 +107,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(F64, queue_work_s)                                                                          \
     XX(F64, speed_factor)                                                                          \
     XX(F64, recent_latency_s)                                                                      \
+    XX(U64, dispatches_seen)                                                                       \
+    XX(F64, read_bytes_per_s)                                                                      \
     XX(ARRAY, links, link)
 
 #define SAMPLE_FIELDS(XX)                                                                          \
@@ -133,11 +135,13 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(SUB, request, request)                                                                      \
     XX(STR, server)                                                                                \
     XX(STR, target)                                                                                \
-    XX(STR, target_endpoint)
+    XX(STR, target_endpoint)                                                                       \
+    XX(F64, pred_cpu_s)
 
 #define SAMPLE_STATUS_FIELDS(XX)                                                                   \
     XX(STATUS, status)                                                                             \
-    XX(STR, error)
+    XX(STR, error)                                                                                 \
+    XX(F64, cpu_s)
 
 #define COMPLETE_FIELDS(XX)                                                                        \
     XX(STR, client_id)                                                                             \

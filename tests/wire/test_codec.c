@@ -30,8 +30,8 @@ static dh_wire_sample_result_t results[] = {
     {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found"},
 };
 static dh_wire_sample_status_t statuses[] = {
-    {0, (char *)""},
-    {DH_EPARSE, (char *)"ucf/x.mp4: moov atom not found"},
+    {0, (char *)"", 0.375},
+    {DH_EPARSE, (char *)"ucf/x.mp4: moov atom not found", 0},
 };
 static uint8_t video_bytes[2 * 3 * 4];
 static float mask_bytes[2 * 3];
@@ -91,6 +91,8 @@ static dh_msg_t fixture(unsigned type)
                                            .queue_work_s = 2.75,
                                            .speed_factor = 1.1,
                                            .recent_latency_s = 0.042,
+                                           .dispatches_seen = 123456,
+                                           .read_bytes_per_s = 1.5e9,
                                            .n_links = DH_ARRAY_LEN(links),
                                            .links = links};
         break;
@@ -98,8 +100,9 @@ static dh_msg_t fixture(unsigned type)
         m.request = fixture_request();
         break;
     case DH_MSG_DISPATCH:
-        m.dispatch = (dh_msg_dispatch_t){fixture_request(), (char *)"ds-remote-2",
-                                         (char *)"ds-local-0", (char *)"tcp://127.0.0.1:40001"};
+        m.dispatch =
+            (dh_msg_dispatch_t){fixture_request(), (char *)"ds-remote-2", (char *)"ds-local-0",
+                                (char *)"tcp://127.0.0.1:40001", 0.625};
         break;
     case DH_MSG_COMPLETE:
         m.complete = (dh_msg_complete_t){.client_id = (char *)"client-3",
@@ -213,6 +216,8 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_true(a->heartbeat.queue_work_s == b->heartbeat.queue_work_s);
         assert_true(a->heartbeat.speed_factor == b->heartbeat.speed_factor);
         assert_true(a->heartbeat.recent_latency_s == b->heartbeat.recent_latency_s);
+        assert_int_equal(a->heartbeat.dispatches_seen, b->heartbeat.dispatches_seen);
+        assert_true(a->heartbeat.read_bytes_per_s == b->heartbeat.read_bytes_per_s);
         assert_int_equal(a->heartbeat.n_links, b->heartbeat.n_links);
         for (uint32_t i = 0; i < a->heartbeat.n_links; i++) {
             assert_string_equal(a->heartbeat.links[i].node, b->heartbeat.links[i].node);
@@ -228,6 +233,7 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         assert_string_equal(a->dispatch.server, b->dispatch.server);
         assert_string_equal(a->dispatch.target, b->dispatch.target);
         assert_string_equal(a->dispatch.target_endpoint, b->dispatch.target_endpoint);
+        assert_true(a->dispatch.pred_cpu_s == b->dispatch.pred_cpu_s);
         break;
     case DH_MSG_COMPLETE:
         assert_string_equal(a->complete.client_id, b->complete.client_id);
@@ -236,6 +242,7 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
         for (uint32_t i = 0; i < a->complete.n_samples; i++) {
             assert_int_equal(a->complete.samples[i].status, b->complete.samples[i].status);
             assert_string_equal(a->complete.samples[i].error, b->complete.samples[i].error);
+            assert_true(a->complete.samples[i].cpu_s == b->complete.samples[i].cpu_s);
         }
         assert_true(a->complete.cpu_s == b->complete.cpu_s);
         assert_int_equal(a->complete.bytes, b->complete.bytes);
@@ -420,11 +427,12 @@ static void wire_bodies_keep_their_bytes(void **state)
         uint64_t fnv1a;
     } want[DH_MSG_TYPE_MAX + 1] = {
         [DH_MSG_HELLO] = {107, 0x75654c5cab827d8bull},
-        /* 88: each link's latency_s (f64) after its bytes_per_s, 2 links x 8 bytes more */
-        [DH_MSG_HEARTBEAT] = {88, 0x49e503dc4d0a6f90ull},
+        /* 104: dispatches_seen (u64) and read_bytes_per_s (f64), and each link's latency_s
+         * (f64) after its bytes_per_s (2 links) */
+        [DH_MSG_HEARTBEAT] = {104, 0x1c07837b9886e9a7ull},
         [DH_MSG_REQUEST] = {275, 0x3ceda5964782051cull},
-        [DH_MSG_DISPATCH] = {329, 0xb70e7983a579c07cull},
-        [DH_MSG_COMPLETE] = {95, 0xcda0c878ddbf9bb8ull},
+        [DH_MSG_DISPATCH] = {337, 0x54e1b55911b19955ull},
+        [DH_MSG_COMPLETE] = {111, 0x0187a04a218cb67bull},
         [DH_MSG_DELIVER] = {328, 0xe7b76a899420b5abull},
         [DH_MSG_ERROR] = {37, 0xcdfb63b239f772cfull},
         [DH_MSG_GOODBYE] = {0, 0xcbf29ce484222325ull},
@@ -454,7 +462,7 @@ static void wire_header_layout_is_little_endian(void **state)
     in.sender_seq = 0x1122334455667788ull;
     encoded_t e = encode(&in);
     const uint8_t want[DH_WIRE_HEADER_SIZE] = {
-        'D', 'H', 'X', '1', 1, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+        'D', 'H', 'X', '1', 2, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
     assert_memory_equal(e.header, want, sizeof want);
     assert_int_equal(e.body_len, 0);
     dh_wire_header_t h;
@@ -469,11 +477,11 @@ static void wire_refuses_another_version(void **state)
 {
     dh_msg_t in = fixture(DH_MSG_HELLO), out;
     encoded_t e = encode(&in);
-    e.header[4] = 2; /* version 2, little-endian */
+    e.header[4] = 1; /* version 1 (before the feedback fields), little-endian */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
                      DH_EPARSE);
-    assert_non_null(strstr(dh_last_error(), "version 2"));
     assert_non_null(strstr(dh_last_error(), "version 1"));
+    assert_non_null(strstr(dh_last_error(), "version 2"));
     e.header[4] = 0;
     e.header[5] = 1; /* version 256 */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
@@ -605,8 +613,9 @@ static void wire_rejects_huge_counts_and_lengths(void **state)
     const uint32_t huge[] = {0xffffffffu, 0x80000000u, 0x10000000u, 0x00100000u};
     for (size_t i = 0; i < DH_ARRAY_LEN(huge); i++) {
         dh_msg_t hb = fixture(DH_MSG_HEARTBEAT);
-        /* workers 4, depth 4, 3 x f64 = 32: the link count. */
-        assert_int_equal(decode_poked(&hb, 32, huge[i], "n_links"), DH_EPARSE);
+        /* workers 4, depth 4, 3 x f64, dispatches_seen 8, read_bytes_per_s 8 = 48: the
+         * link count. */
+        assert_int_equal(decode_poked(&hb, 48, huge[i], "n_links"), DH_EPARSE);
         dh_msg_t rq = fixture(DH_MSG_REQUEST);
         /* client_id (4 + 8) seq 8 rank 4 deadline 8 node (4 + 6) = 42: the sample count. */
         assert_int_equal(decode_poked(&rq, 42, huge[i], "n_samples"), DH_EPARSE);
@@ -750,7 +759,7 @@ static void wire_rejects_bad_values(void **state)
     dh_free(e.body);
 
     in = fixture(DH_MSG_COMPLETE);
-    dh_wire_sample_status_t bad_status[1] = {{5, (char *)""}};
+    dh_wire_sample_status_t bad_status[1] = {{5, (char *)"", 0}};
     in.complete.samples = bad_status;
     in.complete.n_samples = 1;
     e = encode(&in);

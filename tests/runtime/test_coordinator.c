@@ -1,0 +1,267 @@
+/* Tests of the coordinator's online feedback (coordinator.c; docs/design.md §4.1, "Online
+ * feedback"): from completions it learns each profile key's bias while every server's speed
+ * factor stays near its true 1, it keeps a record of predicted against actual per executed
+ * request, and a heartbeat corrects its book of queued work, counting the DISPATCHes still
+ * on their way. Real coordinator and DataServers as threads; the book is seen through
+ * placement (a server whose book is full gets nothing). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "cluster.h"
+#include "dh_test.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/mix.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+#include "datahelix/wire.h"
+#include "runtime/rt.h"
+
+#define NOISY                                                                                      \
+    "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":0.02,\"bytes_scale\":0.001,"         \
+    "\"cost_bias\":0.3,\"cost_noise\":0.3,\"noise_seed\":9}"
+
+static dh_coordinator_t *start_coordinator(const char *ep, void *ctx)
+{
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = ep;
+    cc.dead_after_ms = 60000; /* a loaded machine must not fake a death */
+    cc.zmq_ctx = ctx;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    return coord;
+}
+
+static dh_dataserver_t *start_server(const char *coord_ep, void *ctx, dh_ds_role_t role,
+                                     const char *node, const char *name, const char *data_ep)
+{
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.role = role;
+    dc.node = node;
+    dc.name = name;
+    dc.workers = 2;
+    dc.pipeline_json = NOISY;
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 50;
+    dc.zmq_ctx = ctx;
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    return ds;
+}
+
+/* Noisy emulation (a bias per key, noise per sample, both sigma 0.3, costs x 0.02): after
+ * ~300 samples every key's learned ratio is within 15% of 0.02 x its bias, both servers'
+ * speeds within 15% of 1 (they truly run at 1), and every executed request has a record. */
+static void coordinator_learns_key_bias_not_server_speed(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    char coord_ep[128], data_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://coord-learn-%d", (int)getpid());
+    snprintf(data_ep, sizeof data_ep, "inproc://data-learn-%d", (int)getpid());
+    dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
+    dh_dataserver_t *local =
+        start_server(coord_ep, ctx, DH_DS_LOCAL, "test-node", "local", data_ep);
+    dh_dataserver_t *remote = start_server(coord_ep, ctx, DH_DS_REMOTE, "spare", "remote", NULL);
+
+    const char *profiles = dh_test_path("p.jsonl");
+    dh_mix_t *mix = NULL;
+    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profiles_generate(mix, 320, 5, set), 0);
+    assert_int_equal(dh_profile_set_write(set, profiles), 0);
+    dh_mix_destroy(&mix);
+
+    dh_client_config_t cfg;
+    dh_client_config_default(&cfg);
+    cfg.coordinator = coord_ep;
+    cfg.zmq_ctx = ctx;
+    cfg.profiles = profiles;
+    cfg.node = "test-node";
+    cfg.ranks = 1;
+    cfg.batch = 4;
+    cfg.seed = 3;
+    cfg.epochs = 1;
+    cfg.next_timeout_ms = 60000;
+    dh_client_t *client = NULL;
+    assert_int_equal(dh_client_new(&client, &cfg), 0);
+    size_t batches = 0;
+    for (;;) {
+        dh_client_batch_t *b = NULL;
+        int rc = dh_client_next(client, &b);
+        if (rc == DH_EEOF)
+            break;
+        if (rc)
+            print_error("next: %s\n", dh_last_error());
+        assert_int_equal(rc, 0);
+        dh_client_batch_release(&b);
+        batches++;
+    }
+    assert_int_equal(batches, 80);
+
+    dh__rt_pipeline_t spec;
+    assert_int_equal(dh__rt_pipeline_load(NOISY, NULL, &spec), 0);
+    dh__rt_pipeline_t bias_only = spec;
+    bias_only.cost_noise = 0;
+    for (size_t i = 0; i < dh_profile_set_count(set); i++) {
+        const char *key = dh_profile_set_row(set, i)->profile_key;
+        uint64_t obs = 0;
+        double ratio = dh_coordinator_key_ratio(coord, key, &obs);
+        double want = 0.02 * dh__rt_synth_actual_cpu_s(&bias_only, "any", key, 1.0);
+        if (!(fabs(ratio / want - 1) <= 0.15))
+            fail_msg("key %s: learned %.5f from %llu observations, true %.5f", key, ratio,
+                     (unsigned long long)obs, want);
+    }
+    assert_true(isnan(dh_coordinator_key_ratio(coord, "never-seen", NULL)));
+    const char *names[2] = {"local", "remote"};
+    for (int s = 0; s < 2; s++) {
+        double speed = dh_coordinator_server_speed(coord, names[s]);
+        if (!(fabs(speed - 1) <= 0.15))
+            fail_msg("server %s: speed %.4f, truly 1", names[s], speed);
+    }
+    assert_true(isnan(dh_coordinator_server_speed(coord, "nobody")));
+
+    /* the last COMPLETE may still be on its way when the client has its batch */
+    size_t n = 0;
+    for (int i = 0; i < 2000 && (n = dh_coordinator_predictions(coord, NULL, 0)) < 80; i++)
+        cl_nap_ms(5);
+    if (n < 80)
+        print_error("%zu records for 80 batches\n", n);
+    assert_true(n >= 80); /* one request per batch, at least */
+    dh_prediction_t *p = calloc(n, sizeof *p);
+    assert_int_equal(dh_coordinator_predictions(coord, p, n), n);
+    size_t close_enough = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(p[i].rank, 0);
+        assert_true(p[i].n_samples >= 1 && p[i].n_samples <= 4);
+        assert_true(p[i].pred_cpu_s > 0 && p[i].actual_cpu_s > 0 && p[i].profile_cpu_s > 0);
+        assert_true(p[i].pred_ready_s > 0 && p[i].actual_ready_s > 0);
+        close_enough += fabs(p[i].pred_cpu_s / p[i].actual_cpu_s - 1) < 0.5;
+    }
+    /* learned: most requests are predicted within 50% (noise 0.3 per sample remains) */
+    assert_true(close_enough > n / 2);
+    free(p);
+
+    dh_client_destroy(&client);
+    dh_dataserver_destroy(&local);
+    dh_dataserver_destroy(&remote);
+    dh_coordinator_destroy(&coord);
+    dh_profile_set_destroy(&set);
+    zmq_ctx_term(ctx);
+}
+
+static dh_wire_socket_t *dealer(void *ctx, const char *id, const char *ep)
+{
+    dh_wire_socket_t *s = NULL;
+    assert_int_equal(dh_wire_socket_new(&s, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(zmq_setsockopt(dh_wire_socket_handle(s), ZMQ_ROUTING_ID, id, strlen(id)), 0);
+    assert_int_equal(dh_wire_socket_connect(s, ep), 0);
+    return s;
+}
+
+/* Waits (up to 10 s) for `want` DISPATCHes to reach the fake server, then counts any more
+ * that come within 300 ms of quiet; returns how many came in all. */
+static int count_dispatches(dh_wire_socket_t *s, int want)
+{
+    int n = 0;
+    dh_wire_received_t r = {0};
+    uint64_t t0 = dh_clock_now_ns();
+    for (;;) {
+        int timeout_ms = n < want ? 100 : 300;
+        if (dh_wire_recv(s, timeout_ms, &r) == 0) {
+            if (r.msg.type == DH_MSG_DISPATCH) {
+                assert_true(r.msg.dispatch.pred_cpu_s > 0);
+                n++;
+            }
+            dh_wire_received_release(&r);
+        } else if (n >= want || dh_clock_elapsed_s(t0, dh_clock_now_ns()) > 10) {
+            return n;
+        }
+    }
+}
+
+static void heartbeat(dh_wire_socket_t *s, uint32_t depth, uint64_t seen)
+{
+    dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
+    m.heartbeat.workers = 1;
+    m.heartbeat.queue_depth = depth;
+    m.heartbeat.queue_work_s = 0.1 * depth;
+    m.heartbeat.speed_factor = 1;
+    m.heartbeat.dispatches_seen = seen;
+    assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
+}
+
+/* A server whose COMPLETEs never come (lost) fills its book to the cap (4 per worker) and
+ * gets nothing more. Its heartbeat saying it holds nothing, but naming only the DISPATCHes
+ * it had seen before them, changes nothing (they are still on their way); once it has seen
+ * all 4 and holds nothing, the book is corrected and it gets 4 more. */
+static void coordinator_heartbeat_corrects_its_book(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://coord-book-%d", (int)getpid());
+    dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
+    dh_wire_socket_t *ds = dealer(ctx, "fake-ds", coord_ep);
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_LOCAL;
+    m.hello.node = "test-node";
+    m.hello.name = "fake-ds";
+    m.hello.workers = 1;
+    m.hello.endpoint = "inproc://nowhere";
+    m.hello.shm_socket = "nowhere";
+    assert_int_equal(dh_wire_send(ds, NULL, 0, &m, NULL, 0, 1000), 0);
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == 1)
+            break;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, 1);
+    dh_wire_socket_t *cl = dealer(ctx, "fake-client", coord_ep);
+    m = (dh_msg_t){.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = "test-node";
+    m.hello.name = "fake-client";
+    assert_int_equal(dh_wire_send(cl, NULL, 0, &m, NULL, 0, 1000), 0);
+    for (uint64_t seq = 0; seq < 12; seq++) {
+        char id[32];
+        snprintf(id, sizeof id, "s%llu", (unsigned long long)seq);
+        dh_wire_sample_t sample = {.id = id, .uri = "synthetic://x", .key = "k", .cpu_s = 0.1};
+        dh_msg_t q = {.type = DH_MSG_REQUEST};
+        q.request.client_id = "fake-client";
+        q.request.seq = seq;
+        q.request.deadline_ns = 1000000000;
+        q.request.delivery_node = "test-node";
+        q.request.n_samples = 1;
+        q.request.samples = &sample;
+        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
+    }
+    assert_int_equal(count_dispatches(ds, 4), 4);
+    heartbeat(ds, 0, 0); /* stale: sent before any DISPATCH arrived */
+    assert_int_equal(count_dispatches(ds, 0), 0);
+    heartbeat(ds, 0, 4); /* all 4 seen, none held: their COMPLETEs were lost */
+    assert_int_equal(count_dispatches(ds, 4), 4);
+    heartbeat(ds, 2, 8); /* holds 2 of the new 4: room for 2 */
+    assert_int_equal(count_dispatches(ds, 2), 2);
+
+    dh_wire_socket_destroy(&cl);
+    dh_wire_socket_destroy(&ds);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(coordinator_learns_key_bias_not_server_speed),
+    cmocka_unit_test(coordinator_heartbeat_corrects_its_book),
+};
+DH_TEST_MAIN(tests)

@@ -1,0 +1,92 @@
+/* Tests of a task's measurements (task.c): each sample's CPU seconds (synthetic: the cost
+ * it slept; video: its decode's CPU time) and, for video, the timed read of its input that
+ * the DataServer's heartbeat turns into a read bandwidth for C_io. */
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "datahelix/synth.h"
+#include "runtime/rt.h"
+
+static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
+{
+    memset(handle, 0, sizeof *handle);
+    *data = dh_malloc(nbytes);
+    return *data ? 0 : DH_ENOMEM;
+}
+
+static void heap_release(void *ctx, void *data, const dh_shm_handle_t *handle)
+{
+    dh_free(data);
+}
+
+static void free_outputs(dh__rt_result_t *r)
+{
+    for (size_t t = 0; t < r->n_tensors; t++)
+        dh_free(r->tensors[t].tensor.data);
+    dh__rt_result_clear(r);
+}
+
+/* Sleep emulation, no noise: each sample's measurement is its cost x cpu_scale exactly,
+ * and the request's is their sum; nothing is read. */
+static void task_synthetic_measures_each_sample(void **state)
+{
+    dh__rt_pipeline_t p;
+    assert_int_equal(dh__rt_pipeline_load("{\"type\":\"synthetic\",\"cost\":\"sleep\","
+                                          "\"cpu_scale\":0.01,\"bytes_scale\":0.001}",
+                                          NULL, &p),
+                     0);
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, &p), 0);
+    dh_wire_sample_t samples[2] = {
+        {.id = "a", .uri = "synthetic://a", .key = "k", .cpu_s = 0.5, .out_bytes = 1000},
+        {.id = "b", .uri = "synthetic://b", .key = "k", .cpu_s = 1.5, .out_bytes = 1000}};
+    dh__rt_result_t r;
+    assert_int_equal(dh__rt_execute(w, samples, 2, heap_alloc, heap_release, NULL, &r), 0);
+    assert_non_null(r.sample_cpu_s);
+    assert_close(r.sample_cpu_s[0], 0.005, 1e-12);
+    assert_close(r.sample_cpu_s[1], 0.015, 1e-12);
+    assert_close(r.cpu_s, 0.02, 1e-12);
+    assert_true(r.read_s == 0 && r.read_bytes == 0);
+    free_outputs(&r);
+    dh__rt_worker_destroy(&w);
+}
+
+/* A real clip: its bytes are read (and timed) once, its decode's CPU time is its own
+ * measurement, and the request's total (with the collate) is at least that. */
+static void task_video_times_the_read_and_the_decode(void **state)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s", dh_test_path("clip.mp4"));
+    dh_synth_clip_t clip = {.width = 160, .height = 120, .fps = 25, .duration_s = 2, .seed = 7};
+    assert_int_equal(dh_synth_write_clip(path, &clip), 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    dh__rt_pipeline_t p;
+    assert_int_equal(dh__rt_pipeline_load(NULL, NULL, &p), 0);
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, &p), 0);
+    dh_wire_sample_t samples[2] = {{.id = "clip", .uri = path, .key = "k"},
+                                   {.id = "missing", .uri = "/nonexistent/x.mp4", .key = "k"}};
+    dh__rt_result_t r;
+    int rc = dh__rt_execute(w, samples, 2, heap_alloc, heap_release, NULL, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.samples[0].status, 0);
+    assert_true(r.samples[1].status != 0); /* the decoder reports the missing file */
+    assert_int_equal(r.read_bytes, (uint64_t)st.st_size);
+    assert_true(r.read_s > 0);
+    assert_true(r.sample_cpu_s[0] > 0);
+    assert_true(r.cpu_s >= r.sample_cpu_s[0]);
+    free_outputs(&r);
+    dh__rt_worker_destroy(&w);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(task_synthetic_measures_each_sample),
+    cmocka_unit_test(task_video_times_the_read_and_the_decode),
+};
+DH_TEST_MAIN(tests)
