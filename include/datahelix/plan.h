@@ -129,6 +129,17 @@ DH_EXTERN int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sam
 DH_EXTERN int dh_plan_min_rows(int32_t *rank_of, const double *load, size_t n, uint32_t ranks,
                                uint32_t min_rows);
 
+/* Microbatch fanout: how many requests (parts) a rank's batch is split into. F parts decode
+ * on up to F workers at once, so the batch is ready sooner, but the client joins them by a
+ * copy of the whole batch (and packing gives a rank at least F rows). Splitting pays only
+ * when one worker cannot decode the batch within the time the prefetch horizon covers:
+ * returns ceil(batch_decode_s / horizon_s) when batch_decode_s > horizon_s, at most
+ * cores_per_rank (the workers a rank's batches can spread over) and batch, else 1.
+ * batch_decode_s: the batch's predicted CPU seconds (batch x the mean estimate);
+ * horizon_s: prefetch depth x the mean step's compute. Pure. */
+DH_EXTERN uint32_t dh_plan_fanout_width(uint32_t batch, uint32_t cores_per_rank,
+                                        double batch_decode_s, double horizon_s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 #include "datahelix/error.h"
 #include "datahelix/log.h"
 #include "datahelix/mix.h"
+#include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
@@ -550,9 +551,9 @@ out:
 
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
                       const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
-                      double b, double threshold, uint32_t real_cores,
-                      dh_bench_system_result_t *res, FILE *trace, int *trace_first,
-                      size_t sys_index, uint64_t trace_t0)
+                      double b, double threshold, double batch_decode_s, double mean_step_s,
+                      uint32_t real_cores, dh_bench_system_result_t *res, FILE *trace,
+                      int *trace_first, size_t sys_index, uint64_t trace_t0)
 {
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
@@ -575,11 +576,15 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     }
     uint32_t per_rank_workers = sp->rank_local ? cl.cores / opt->ranks : 0;
     /* Fanout: a batch's parts decode in parallel only on cores the other ranks' batches
-     * leave free, and cost a join copy and (packing) at least `fanout` rows per rank; on 2
-     * real cores for 4 ranks fanout 2 cost 8% of throughput (docs/benchmarks.md). */
+     * leave free, and cost a join copy (at the one transfer cost) and (packing) at least
+     * `fanout` rows per rank; so split only what the prefetch horizon cannot cover
+     * (dh_plan_fanout_width, from the estimates). On 2 real cores for 4 ranks fanout 2 cost 8% of
+     * throughput (docs/benchmarks.md). */
     uint32_t fanout = 1;
     if (sp->deep) {
-        fanout = opt->fanout ? opt->fanout : cores_eff / opt->ranks >= 2 ? 2 : 1;
+        fanout = opt->fanout ? opt->fanout
+                             : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks,
+                                                    batch_decode_s, opt->prefetch * mean_step_s);
         if (fanout > opt->batch)
             fanout = opt->batch;
     }
@@ -899,7 +904,8 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         if ((rc = spec_of(name, opt, &sp)))
             goto done;
         progress(opt, "%s: starting", name);
-        rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold, real_cores,
+        rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold,
+                        opt->batch * mean_cpu * ts, out->mean_step_compute_s, real_cores,
                         &out->systems[out->n_systems], trace, &trace_first, out->n_systems, t0);
         out->n_systems++;
         if (rc)

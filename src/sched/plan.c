@@ -1103,3 +1103,15 @@ done:
     dh_free(rank_of);
     return rc;
 }
+
+uint32_t dh_plan_fanout_width(uint32_t batch, uint32_t cores_per_rank, double batch_decode_s,
+                              double horizon_s)
+{
+    uint32_t cap = cores_per_rank < batch ? cores_per_rank : batch;
+    if (cap <= 1 || !(batch_decode_s > horizon_s))
+        return 1;
+    if (!(horizon_s > 0))
+        return cap;
+    double parts = ceil(batch_decode_s / horizon_s);
+    return parts >= (double)cap ? cap : (uint32_t)parts;
+}

@@ -205,6 +205,21 @@ static void share_survives_each_allocation_failure(void **state)
     dh_profile_set_destroy(&set);
 }
 
+/* A batch is split only when one worker cannot decode it within the prefetch horizon's
+ * time, into the fewest parts that can, capped by the rank's cores and the batch. */
+static void fanout_splits_only_what_the_horizon_cannot_cover(void **state)
+{
+    (void)state;
+    assert_int_equal(dh_plan_fanout_width(4, 12, 0.8, 1.0), 1); /* covered: no join copy */
+    assert_int_equal(dh_plan_fanout_width(4, 12, 1.0, 1.0), 1); /* exactly covered */
+    assert_int_equal(dh_plan_fanout_width(4, 12, 1.5, 1.0), 2); /* two parts cover it */
+    assert_int_equal(dh_plan_fanout_width(4, 12, 3.5, 1.0), 4); /* at most the batch */
+    assert_int_equal(dh_plan_fanout_width(8, 3, 7.0, 1.0), 3);  /* at most the rank's cores */
+    assert_int_equal(dh_plan_fanout_width(4, 1, 9.0, 1.0), 1);  /* one core: nothing to gain */
+    assert_int_equal(dh_plan_fanout_width(4, 12, 1.0, 0.0), 4); /* no horizon: as wide as allowed */
+    assert_int_equal(dh_plan_fanout_width(1, 12, 9.0, 1.0), 1); /* one row */
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sample_count_takes_consecutive_rows),
     cmocka_unit_test(balanced_gives_batch_rows_and_balances),
@@ -214,5 +229,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(min_rows_moves_lightest_of_fullest),
     cmocka_unit_test(min_rows_edges),
     cmocka_unit_test(share_survives_each_allocation_failure),
+    cmocka_unit_test(fanout_splits_only_what_the_horizon_cannot_cover),
 };
 DH_TEST_MAIN(tests)
