@@ -234,8 +234,11 @@ static int embedded_arena_bytes(dh_client_t *c, uint64_t *out)
     /* a floor of 64 MiB: the arena also holds what the pipeline adds (masks, metadata) */
     uint64_t want = need < (double)((uint64_t)64 << 20) ? (uint64_t)64 << 20 : (uint64_t)need;
     int rc = dh_deadline_arena_size(1, c->cfg.batch, largest, want, budget, out);
-    if (rc)
-        return dh__set_error(rc, "client: %s", dh_last_error());
+    if (rc) {
+        char why[512]; /* copied: the message is rewritten from the same buffer */
+        snprintf(why, sizeof why, "%s", dh_last_error());
+        return dh__set_error(rc, "client: %s", why);
+    }
     return 0;
 }
 

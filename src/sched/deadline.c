@@ -79,8 +79,8 @@ int dh_deadline_arena_size(uint32_t ranks_on_node, uint32_t batch, uint64_t larg
         return dh__set_error(DH_ERANGE,
                              "arena budget of %.1f MiB cannot hold one step: %u ranks on the "
                              "node x batch %u x largest sample %.1f MiB = %.1f MiB; raise it "
-                             "(--arena-budget BYTES, config arena_budget_bytes, or "
-                             "DH_ARENA_BUDGET) or lower the batch",
+                             "(--arena-budget BYTES, config arena_budget_bytes, Python "
+                             "arena_budget=, or DH_ARENA_BUDGET) or lower the batch",
                              (double)budget / 1048576.0, ranks, batch,
                              (double)largest_sample / 1048576.0, step / 1048576.0);
     uint64_t size = need && need < budget ? need : budget;
