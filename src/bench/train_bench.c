@@ -310,15 +310,20 @@ static void cluster_stop(cluster_t *c)
     memset(c, 0, sizeof *c);
 }
 
-/* Dataset mode: the arena of a local server for `ranks` ranks (docs/runtime.md, "Prefetch
- * in bytes"): what their deepest horizon needs (ranks x 2 x prefetch batches of the largest
- * sample), bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of physical
- * memory), which must hold one step of them. The memfd is sparse and each rank's prefetch
- * keeps to its share, so a large arena costs only what the batches in flight take.
- * Emulated payloads are stand-ins (x bytes_scale): 64 MiB. */
+/* The arena of a local server for `ranks` ranks (docs/runtime.md, "Prefetch in bytes"):
+ * what their deepest horizon needs (ranks x 2 x prefetch batches of the largest sample),
+ * bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of physical memory), which
+ * must hold one step of them. The memfd is sparse and each rank's prefetch keeps to its
+ * share, so a large arena costs only what the batches in flight take. The clients divide
+ * it among all `opt->ranks` (they are not told how many share it), so it is sized for
+ * them all. Emulated payloads are stand-ins (x bytes_scale) and a batch's two tensors take
+ * a slab (1 MiB) each at least: 4 MiB a batch. */
 static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint64_t *out)
 {
-    *out = (uint64_t)64 << 20;
+    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
+    *out = (uint64_t)opt->ranks * depth * ((uint64_t)4 << 20);
+    if (*out < (uint64_t)64 << 20)
+        *out = (uint64_t)64 << 20;
     if (!opt->dataset)
         return 0;
     char path[1024];
@@ -335,8 +340,7 @@ static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint
         largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
     }
     dh_profile_set_destroy(&set);
-    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
-    double need = (double)ranks * depth * opt->batch * (double)largest;
+    double need = (double)opt->ranks * depth * opt->batch * (double)largest;
     uint64_t want = need > (double)((uint64_t)1 << 50) ? (uint64_t)1 << 50 : (uint64_t)need;
     if (want < (uint64_t)64 << 20)
         want = (uint64_t)64 << 20;
