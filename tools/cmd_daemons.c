@@ -134,7 +134,8 @@ static void server_usage(FILE *out)
     fprintf(out,
             "usage: datahelix server --coordinator ENDPOINT --role local|remote --node NAME\n"
             "                        --workers N [--pipeline SPEC.json] [--arena-mb M]\n"
-            "                        [--name NAME] [--data-listen ENDPOINT] [--heartbeat-ms N]\n"
+            "                        [--arena-budget BYTES] [--name NAME]\n"
+            "                        [--data-listen ENDPOINT] [--heartbeat-ms N]\n"
             "\n"
             "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
             "coordinator dispatches to it (docs/runtime.md).\n"
@@ -154,7 +155,13 @@ static void server_usage(FILE *out)
             "                              docs/pipeline.md; the default) or {\"type\":\n"
             "                              \"synthetic\", \"cost\": \"sleep\"|\"spin\"|\"none\",\n"
             "                              \"cpu_scale\": X, \"bytes_scale\": Y}\n"
-            "  -a, --arena-mb M            local: shared-memory arena size (default 256)\n"
+            "  -a, --arena-mb M            local: shared-memory arena size (default: the\n"
+            "                              budget below; the memfd is sparse, so it costs\n"
+            "                              memory only as far as batches fill it, and each\n"
+            "                              rank's prefetch keeps to its share of it)\n"
+            "  -B, --arena-budget BYTES    local: memory the default arena may take, e.g.\n"
+            "                              8G, 512M (default: $DH_ARENA_BUDGET, else a quarter\n"
+            "                              of physical memory)\n"
             "  -N, --name NAME             server name (default NODE-ROLE-PID)\n"
             "  -D, --data-listen ENDPOINT  local: endpoint for clients and sidecars (default\n"
             "                              tcp://127.0.0.1:*; give a reachable address when\n"
@@ -173,6 +180,7 @@ int dh_cmd_server(int argc, char **argv)
                                             {"workers", required_argument, NULL, 'w'},
                                             {"pipeline", required_argument, NULL, 'p'},
                                             {"arena-mb", required_argument, NULL, 'a'},
+                                            {"arena-budget", required_argument, NULL, 'B'},
                                             {"name", required_argument, NULL, 'N'},
                                             {"data-listen", required_argument, NULL, 'D'},
                                             {"heartbeat-ms", required_argument, NULL, 'b'},
@@ -184,7 +192,7 @@ int dh_cmd_server(int argc, char **argv)
     int have_role = 0, have_workers = 0;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:a:N:D:b:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:a:B:N:D:b:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -217,6 +225,13 @@ int dh_cmd_server(int argc, char **argv)
             if (dh_cli_parse_u64("server", "--arena-mb", optarg, 2, 1 << 20, &v))
                 return 2;
             cfg.arena_bytes = (uint64_t)v << 20;
+            break;
+        case 'B':
+            if (dh_arena_parse_bytes(optarg, "datahelix server: --arena-budget",
+                                     &cfg.arena_budget_bytes)) {
+                fprintf(stderr, "%s\n", dh_last_error());
+                return 2;
+            }
             break;
         case 'N':
             cfg.name = optarg;

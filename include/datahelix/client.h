@@ -5,6 +5,7 @@
  * sample order (the same on every rank, so the ranks' shares partition each epoch), and
  * requests its own share ahead of use:
  *   - a sender thread issues REQUESTs to the coordinator, at most `prefetch` batches ahead
+ *     (and no more decoded bytes than the rank's share of its node's arena)
  *     of next() and `max_inflight` requests in flight, each with a deadline predicted from
  *     the measured compute windows and the batches' tokens (docs/design.md §4.2);
  *   - a fetcher thread receives DELIVERs from the rank's local DataServer (handles into its
@@ -80,8 +81,21 @@ typedef struct dh_client_config {
     const char *pipeline_path; /* the local DataServer's pipeline spec (NULL = video) */
     const char *pipeline_json; /* or its text */
     uint32_t workers;          /* its worker threads (2) */
-    uint64_t arena_bytes;      /* its arena (256 MiB) */
+    uint64_t arena_bytes;      /* its arena; 0 (default) = what the prefetch horizon needs:
+                                * max(prefetch, prefetch_max) x batch x the largest sample's
+                                * out_bytes, bounded by arena_budget_bytes */
     const char *policy;        /* placement policy name (NULL = "deadline") */
+    /* Prefetch in bytes (docs/runtime.md): the batches requested and not yet returned by
+     * next() (their decoded size, from the descriptors' out_bytes), with the batch last
+     * returned, stay within this rank's share of its local DataServer's arena: the arena's
+     * capacity / local_ranks, less a margin (dh_deadline_rank_budget). One batch is always
+     * requested, however large. */
+    uint32_t local_ranks;        /* ranks sharing the local DataServer's arena; 0 = ranks
+                                  * (all on one node: safe, but a smaller share than needed
+                                  * when ranks span nodes) */
+    uint64_t arena_budget_bytes; /* embedded mode: the memory the arena may take; 0 =
+                                  * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
+                                  * quarter of physical memory) */
 } dh_client_config_t;
 
 /* Fills *cfg with the defaults above (profiles NULL: must be set). */
@@ -157,6 +171,11 @@ typedef struct dh_client_stats {
     double s_per_token;       /* learned compute seconds per token (0 before data) */
     uint64_t steps_total;     /* batches this client will deliver */
     uint64_t prefetch_now;    /* the prefetch horizon now (prefetch, or deeper once grown) */
+    /* Prefetch in bytes: estimated decoded bytes of the batches requested and not yet
+     * returned, plus the batch last returned (as of the last admission, and the most at
+     * any admission of a batch beyond the first in flight, which goes however large), and
+     * the budget they are held to (0 = no arena known: no byte limit). */
+    double bytes_outstanding, bytes_outstanding_peak, byte_budget;
 } dh_client_stats_t;
 
 DH_EXTERN void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);

@@ -141,7 +141,10 @@ typedef struct dh_dataserver_config {
                                 * what sidecars forward, but executes nothing */
     const char *pipeline_path; /* pipeline spec JSON (docs/runtime.md), NULL = video defaults */
     const char *pipeline_json; /* or the spec text itself (wins over pipeline_path) */
-    uint64_t arena_bytes;      /* local: shared-memory arena size (256 MiB) */
+    uint64_t arena_bytes;      /* local: shared-memory arena size; 0 (default) = the
+                                * memory budget (a sparse memfd: it costs memory only as
+                                * far as batches fill it, and each rank's prefetch stays
+                                * within its share, docs/runtime.md) */
     const char *data_listen;   /* local: endpoint clients and sidecars connect to
                                 * ("tcp://127.0.0.1:*") */
     uint32_t heartbeat_ms;     /* heartbeat period (100) */
@@ -156,9 +159,22 @@ typedef struct dh_dataserver_config {
                                 * bytes: payload bytes / the synthetic pipeline's bytes_scale
                                 * (the size the payload stands for; the payload itself for a
                                 * video pipeline). `datahelix bench` sets it (--link-gbps) */
+
+    /* local: the memory the arena may take when arena_bytes is 0; 0 =
+     * dh_arena_budget_default() */
+    uint64_t arena_budget_bytes;
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
+
+/* The default memory budget of an arena: DH_ARENA_BUDGET (bytes, or with a K, M or G
+ * suffix: KiB, MiB, GiB) when set and valid (else a warning), otherwise a quarter of the
+ * machine's physical memory (4 GiB where that is unknown). */
+DH_EXTERN uint64_t dh_arena_budget_default(void);
+
+/* Parses a byte count: digits with an optional K, M or G suffix (KiB, MiB, GiB). Returns 0
+ * and *out, or DH_EINVAL with a message naming `what` (zero, junk, overflow). */
+DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t *out);
 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the

@@ -61,13 +61,15 @@ typedef struct dh_shm_arena_stats {
 typedef struct dh_shm_arena dh_shm_arena_t;
 
 /* Creates an arena of `size` bytes (header included) in a new memfd, sealed against
- * shrinking and growing, with its memory reserved up front (fallocate) so that touching it
- * later cannot fault for lack of memory. slab_size: bytes per slab, a multiple of the page
+ * shrinking and growing. The memfd is sparse: its slabs' memory is reserved (fallocate) as
+ * allocations first reach them, so a large arena costs memory only as far as it is used,
+ * and touching an allocated slab cannot fault for lack of memory (dh_shm_arena_alloc
+ * fails with DH_EAGAIN instead). slab_size: bytes per slab, a multiple of the page
  * size (0 = DH_SHM_DEFAULT_SLAB_SIZE); the arena holds as many slabs as fit after the
  * header and records. The caller becomes the creator and the only allocator.
  * Returns 0, DH_EINVAL (slab_size not a page multiple, size too small for one slab or too
  * large; the message says which), -errno from memfd_create/ftruncate/fallocate/mmap
- * (-ENOSPC / -ENOMEM: not enough memory to back the arena), or DH_ENOMEM.
+ * (-ENOSPC / -ENOMEM: not enough memory for the header and records), or DH_ENOMEM.
  * *out is the caller's (dh_shm_arena_destroy); NULL on failure. Thread-safe. */
 DH_EXTERN int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size);
 
@@ -101,8 +103,9 @@ DH_EXTERN int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
  * starts with a reference count of 1, held by holder_pid (the client the batch goes to;
  * 0 = no holder, never reclaimed by _reclaim_dead). Fills *handle and *ptr (the first
  * slab, page-aligned, not zeroed).
- * Returns 0, DH_EAGAIN (no run of free slabs is long enough now: backpressure; retry after
- * clients unref), DH_ERANGE (len exceeds the whole arena, so waiting cannot help), or
+ * Returns 0, DH_EAGAIN (no run of free slabs is long enough now, or the machine has no
+ * memory to reserve slabs never used before: backpressure; retry after clients unref),
+ * DH_ERANGE (len exceeds the whole arena, so waiting cannot help), or
  * DH_EINVAL (len == 0). Never blocks. Owner thread only. Cost: O(slabs) bitmap scan. */
 DH_EXTERN int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid,
                                  dh_shm_handle_t *handle, void **ptr);

@@ -72,7 +72,25 @@ __all__ = [
 __version__ = "0.1.0"
 
 _TOKEN_PLANS = {"count": 0, "balanced": 1, "packing": 2}
-_DEFAULT_ARENA = 512 << 20
+# 0: the arena is sized by the C side (docs/runtime.md, "Prefetch in bytes"): what the
+# prefetch horizon needs, bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of
+# physical memory); its memfd is sparse, so it costs only what the batches in flight take.
+_DEFAULT_ARENA = 0
+
+
+def _set_arena_budget(arena_budget: Union[None, int, str]) -> None:
+    """Sets the memory budget of the arenas this process makes (DH_ARENA_BUDGET, read by
+    the DataServer and the embedded client when arena_bytes is 0): bytes, or a string with
+    a K, M or G suffix (KiB, MiB, GiB). None leaves it as it is."""
+    if arena_budget is None:
+        return
+    text = str(arena_budget).strip()
+    digits = text[:-1] if text[-1:].upper() in ("K", "M", "G") else text
+    if not digits.isdigit() or int(digits) <= 0:
+        raise InvalidArgumentError(
+            f"arena_budget must be a byte count > 0 (e.g. 8 << 30, '8G', '512M'), "
+            f"not {arena_budget!r}")
+    os.environ["DH_ARENA_BUDGET"] = text
 # The coordinator a torchrun job finds without being told: MASTER_ADDR at MASTER_PORT + this.
 COORDINATOR_PORT_OFFSET = 17
 
@@ -197,12 +215,17 @@ def _close_clusters() -> None:
 def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Optional[int] = None,
                   listen: str = "tcp://127.0.0.1:*", coordinator: Optional[str] = None,
                   node: Optional[str] = None, pipeline: Any = None,
-                  arena_bytes: int = _DEFAULT_ARENA, policy: str = "deadline") -> Cluster:
+                  arena_bytes: int = _DEFAULT_ARENA, policy: str = "deadline",
+                  arena_budget: Union[None, int, str] = None) -> Cluster:
     """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
     local DataServer for ``node`` (default: this host) with ``workers`` decode threads
     (default: this machine's CPUs), as threads of this process. ``source`` is only checked
     (the clients name the samples). Loaders connect with ``coordinator=cluster.endpoint``.
+    ``arena_bytes`` 0 (default) sizes the DataServer's arena to ``arena_budget`` (bytes or
+    "8G"; default DH_ARENA_BUDGET, else a quarter of physical memory): a sparse memfd, so it
+    costs only what the batches in flight take.
     """
+    _set_arena_budget(arena_budget)
     if source is not None:
         resolve_source(source)
     coord = None
@@ -327,7 +350,13 @@ class DataLoader:
             rows [r*B, (r+1)*B) of the order, as rank-local loaders do).
         timeout: seconds ``next()`` waits for a batch before raising TimeoutError (None:
             forever).
-        arena_bytes: shared-memory arena of a DataServer this loader starts.
+        arena_bytes: shared-memory arena of a DataServer this loader starts; 0 (default):
+            what the prefetch horizon needs, bounded by ``arena_budget``. Each rank's
+            requests keep to its share of its node's arena (docs/runtime.md).
+        arena_budget: the memory an arena this process makes may take: bytes, or a string
+            such as "8G" or "512M" (default: DH_ARENA_BUDGET, else a quarter of physical
+            memory). Sets DH_ARENA_BUDGET for this process. A budget that cannot hold one
+            step fails with a message naming the numbers.
         node: this rank's node name (default: the host name).
         connect_timeout: seconds to wait for the coordinator and the local DataServer.
         max_steps: stop each pass after this many steps (0: no limit).
@@ -344,7 +373,8 @@ class DataLoader:
                  timeout: Optional[float] = None, arena_bytes: int = _DEFAULT_ARENA,
                  node: Optional[str] = None, connect_timeout: float = 30.0,
                  max_steps: int = 0, epochs: int = 1,
-                 prefetch_max: Optional[int] = None) -> None:
+                 prefetch_max: Optional[int] = None,
+                 arena_budget: Union[None, int, str] = None) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -361,6 +391,7 @@ class DataLoader:
         if plan not in _TOKEN_PLANS:
             raise InvalidArgumentError(
                 f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
+        _set_arena_budget(arena_budget)
         paths = resolve_source(source)
         self.source = os.fspath(source)
         self.profiles = paths["profiles"]

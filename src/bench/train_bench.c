@@ -15,6 +15,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
+#include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
 #include "datahelix/mix.h"
@@ -323,6 +324,43 @@ static void cluster_stop(cluster_t *c)
     memset(c, 0, sizeof *c);
 }
 
+/* The arena of a local server for `ranks` ranks (docs/runtime.md, "Prefetch in bytes"):
+ * what their deepest horizon needs (ranks x 2 x prefetch batches of the largest sample),
+ * bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of physical memory), which
+ * must hold one step of them. The memfd is sparse and each rank's prefetch keeps to its
+ * share, so a large arena costs only what the batches in flight take. The clients divide
+ * it among all `opt->ranks` (they are not told how many share it), so it is sized for
+ * them all. Emulated payloads are stand-ins (x bytes_scale) and a batch's two tensors take
+ * a slab (1 MiB) each at least: 4 MiB a batch. */
+static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint64_t *out)
+{
+    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
+    *out = (uint64_t)opt->ranks * depth * ((uint64_t)4 << 20);
+    if (*out < (uint64_t)64 << 20)
+        *out = (uint64_t)64 << 20;
+    if (!opt->dataset)
+        return 0;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/profiles.jsonl", opt->dataset);
+    dh_profile_set_t *set = NULL;
+    int rc = dh_profile_set_new(&set);
+    if (rc || (rc = dh_profile_set_load(set, path))) {
+        dh_profile_set_destroy(&set);
+        return rc;
+    }
+    uint64_t largest = 0;
+    for (size_t i = 0; i < dh_profile_set_count(set); i++) {
+        int64_t b = dh_profile_set_row(set, i)->out_bytes;
+        largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
+    }
+    dh_profile_set_destroy(&set);
+    double need = (double)opt->ranks * depth * opt->batch * (double)largest;
+    uint64_t want = need > (double)((uint64_t)1 << 50) ? (uint64_t)1 << 50 : (uint64_t)need;
+    if (want < (uint64_t)64 << 20)
+        want = (uint64_t)64 << 20;
+    return dh_deadline_arena_size(ranks, opt->batch, largest, want, dh_arena_budget_default(), out);
+}
+
 static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *pipeline_json,
                       dh_ds_role_t role, const char *node, const char *name, uint32_t workers,
                       uint64_t cpus)
@@ -341,7 +379,12 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
     dc.workers = workers;
     dc.pipeline_json = pipeline_json;
     dc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
-    dc.arena_bytes = (uint64_t)(opt->dataset ? 512 : 64) << 20;
+    /* the ranks a local server of the shared pool delivers to (a rank-local loader's
+     * server has one: sized for more, which its sparse memfd does not charge for) */
+    uint32_t servers = opt->local_servers ? opt->local_servers : 1;
+    int rc = bench_arena_bytes(opt, (opt->ranks + servers - 1) / servers, &dc.arena_bytes);
+    if (rc)
+        return rc;
     dc.data_listen = data_ep;
     dc.zmq_ctx = c->ctx;
     dc.worker_cpus = cpus;
@@ -349,7 +392,7 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
      * second (time-scaled like every emulated duration) */
     dc.emulate_link_Bps =
         opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
-    int rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
+    rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
     if (rc)
         return rc;
     c->n_servers++;

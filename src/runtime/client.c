@@ -21,6 +21,7 @@
  * the fetcher thread client_fetch.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -104,7 +105,7 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->next_timeout_ms = -1;
     cfg->connect_timeout_ms = 30000;
     cfg->workers = 2;
-    cfg->arena_bytes = (uint64_t)256 << 20;
+    cfg->arena_bytes = 0; /* what the horizon needs, within arena_budget_bytes */
 }
 
 const char *dh_client_id(const dh_client_t *c)
@@ -127,6 +128,9 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
     out->prefetch_now = c->horizon;
+    out->bytes_outstanding = c->bytes_outstanding;
+    out->bytes_outstanding_peak = c->bytes_outstanding_peak;
+    out->byte_budget = c->byte_budget;
     pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
 }
 
@@ -208,6 +212,36 @@ static int register_with_coordinator(dh_client_t *c)
     }
 }
 
+/* The embedded DataServer's arena: arena_bytes when set, else what the prefetch horizon
+ * needs (its depth x batch x the largest sample's out_bytes; the one rank of this node),
+ * bounded by the memory budget, which must hold one batch (dh_deadline_arena_size). */
+static int embedded_arena_bytes(dh_client_t *c, uint64_t *out)
+{
+    if (c->cfg.arena_bytes) {
+        *out = c->cfg.arena_bytes;
+        return 0;
+    }
+    uint64_t largest = 0;
+    for (size_t i = 0; i < dh_profile_set_count(c->profiles); i++) {
+        int64_t b = dh_profile_set_row(c->profiles, i)->out_bytes;
+        largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
+    }
+    uint32_t depth = c->cfg.prefetch_max > c->cfg.prefetch ? c->cfg.prefetch_max : c->cfg.prefetch;
+    /* packing may give a rank more rows than batch: the horizon's bytes, not its rows */
+    double need = (double)depth * c->cfg.batch * (double)largest / (1 - DH_DEADLINE_ARENA_MARGIN);
+    uint64_t budget =
+        c->cfg.arena_budget_bytes ? c->cfg.arena_budget_bytes : dh_arena_budget_default();
+    /* a floor of 64 MiB: the arena also holds what the pipeline adds (masks, metadata) */
+    uint64_t want = need < (double)((uint64_t)64 << 20) ? (uint64_t)64 << 20 : (uint64_t)need;
+    int rc = dh_deadline_arena_size(1, c->cfg.batch, largest, want, budget, out);
+    if (rc) {
+        char why[512]; /* copied: the message is rewritten from the same buffer */
+        snprintf(why, sizeof why, "%s", dh_last_error());
+        return dh__set_error(rc, "client: %s", why);
+    }
+    return 0;
+}
+
 static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
 {
     static atomic_uint counter;
@@ -232,7 +266,8 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
     dc.workers = c->cfg.workers ? c->cfg.workers : 2;
     dc.pipeline_path = cfg->pipeline_path;
     dc.pipeline_json = cfg->pipeline_json;
-    dc.arena_bytes = c->cfg.arena_bytes;
+    if ((rc = embedded_arena_bytes(c, &dc.arena_bytes)))
+        return rc;
     dc.data_listen = data_ep;
     dc.zmq_ctx = c->ctx;
     char name[NAME_CAP + 32];
@@ -274,6 +309,39 @@ static int check_config(const dh_client_config_t *cfg)
         return dh__set_error(DH_EINVAL, "client: emulate_copy_s_per_B must be in [0, 1), got %g",
                              cfg->emulate_copy_s_per_B);
     return 0;
+}
+
+/* The prefetch's byte budget: this rank's share of the arena it mapped at creation (its
+ * slabs), among local_ranks (or all ranks). A share short of one batch of the largest
+ * samples is said once: the horizon is then one batch, and workers may wait for slabs. */
+static void set_byte_budget(dh_client_t *c)
+{
+    uint64_t capacity = 0;
+    for (size_t i = 0; i < c->n_arenas; i++) {
+        dh_shm_arena_stats_t as;
+        dh_shm_arena_stats(c->arenas[i]->arena, &as);
+        if (as.slabs_total * as.slab_size > capacity) {
+            capacity = as.slabs_total * as.slab_size;
+            c->slab_bytes = (double)as.slab_size;
+        }
+    }
+    if (!capacity)
+        return;
+    uint32_t local = c->cfg.local_ranks ? c->cfg.local_ranks : c->cfg.ranks;
+    c->byte_budget = dh_deadline_rank_budget(capacity, local);
+    uint64_t largest = 0;
+    for (size_t i = 0; i < dh_profile_set_count(c->profiles); i++) {
+        int64_t b = dh_profile_set_row(c->profiles, i)->out_bytes;
+        largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
+    }
+    double step = (double)c->cfg.batch * (double)largest;
+    if (step > c->byte_budget)
+        dh_log_warn("client '%s': its share of the local arena (%.1f MiB of %.1f MiB among %u "
+                    "ranks) is less than one batch of the largest samples (batch %u x %.1f "
+                    "MiB): one batch at a time; give the DataServer a larger arena "
+                    "(--arena-budget / --arena-mb)",
+                    c->id, c->byte_budget / 1048576.0, (double)capacity / 1048576.0, local,
+                    c->cfg.batch, (double)largest / 1048576.0);
 }
 
 int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
@@ -337,7 +405,11 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->ring = dh_calloc(c->ring_size, sizeof *c->ring);
     c->tokens_of = dh_calloc(c->tokens_ring, sizeof *c->tokens_of);
     c->requested_of = dh_calloc(c->tokens_ring, sizeof *c->requested_of);
-    if (!c->ring || !c->tokens_of || !c->requested_of) {
+    c->bytes_of = dh_calloc(c->tokens_ring, sizeof *c->bytes_of);
+    c->bytes_scratch = dh_calloc(c->tokens_ring, sizeof *c->bytes_scratch);
+    c->bytes_ratio = 1;
+    c->batch_tensors = 2;
+    if (!c->ring || !c->tokens_of || !c->requested_of || !c->bytes_of || !c->bytes_scratch) {
         rc = dh__set_error(DH_ENOMEM, "out of memory for the prefetch ring");
         goto fail;
     }
@@ -369,10 +441,11 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         struct timespec pause = {0, 100 * 1000 * 1000};
         nanosleep(&pause, NULL);
     }
+    set_byte_budget(c);
     dh_log_info("client '%s': rank %u/%u, node '%s', %llu batches of %u (fanout %u, prefetch "
-                "%u), local DataServer '%s'",
+                "%u, %.0f MiB of the arena), local DataServer '%s'",
                 c->id, cfg->rank, cfg->ranks, c->node, (unsigned long long)c->total, cfg->batch,
-                cfg->fanout, cfg->prefetch, c->ds.name);
+                cfg->fanout, cfg->prefetch, c->byte_budget / 1048576.0, c->ds.name);
     c->last_return_ns = dh_clock_now_ns();
     int e = pthread_create(&c->fetcher, NULL, dh__client_fetcher_main, c);
     if (e == 0) {
@@ -561,8 +634,17 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     bi->pub.n_tensors = taken[0].n_tensors;
     bi->pub.tensors = taken[0].tensors; /* the batch owns its parts: no copy */
     size_t bytes = 0;
-    for (size_t t = 0; t < bi->pub.n_tensors; t++)
+    double in_arena = 0; /* in whole slabs */
+    for (size_t t = 0; t < bi->pub.n_tensors; t++) {
         bytes += bi->pub.tensors[t].nbytes;
+        if (taken[0].handles[t].arena_id && c->slab_bytes > 0)
+            in_arena += ceil((double)bi->pub.tensors[t].nbytes / c->slab_bytes) * c->slab_bytes;
+    }
+    pthread_mutex_lock(&c->lock);
+    dh__client_learn_bytes(c, b, (double)bytes);
+    c->batch_tensors = (uint32_t)bi->pub.n_tensors;
+    c->held_bytes = parts == 1 ? in_arena : 0; /* joined batches are off the arena */
+    pthread_mutex_unlock(&c->lock);
     dh__count(&c->counters.batches, 1);
     dh__count(&c->counters.samples, bi->pub.n_samples);
     dh__count(&c->counters.samples_failed, bi->pub.failed);
@@ -606,6 +688,8 @@ void dh_client_destroy(dh_client_t **pc)
     dh_free(c->ring);
     dh_free(c->tokens_of);
     dh_free(c->requested_of);
+    dh_free(c->bytes_of);
+    dh_free(c->bytes_scratch);
     dh_wire_socket_destroy(&c->coord);
     dh_wire_socket_destroy(&c->data);
     if (c->notice_fd >= 0)

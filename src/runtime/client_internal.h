@@ -110,6 +110,17 @@ struct dh_client {
     size_t tokens_ring;
     uint64_t *requested_of; /* send time of each batch's requests, ring like tokens_of */
     ds_info_t ds;           /* the local DataServer, from the coordinator */
+    /* Prefetch in bytes (client_send.c; lock held): */
+    double *bytes_of;       /* ring like tokens_of: each planned batch's estimated bytes
+                             * (descriptors' out_bytes, padded as collated) */
+    double *bytes_scratch;  /* tokens_ring entries for dh_deadline_byte_horizon */
+    double bytes_ratio;     /* learned decoded / estimated bytes (1 until learned) */
+    bool bytes_learned;     /* bytes_ratio measured on a delivered batch */
+    double held_bytes;      /* arena bytes of the batch last returned (fanout 1) */
+    double slab_bytes;      /* the arena's slab size (each tensor rounds up to slabs) */
+    uint32_t batch_tensors; /* tensors per batch (2 until a batch is seen) */
+    double byte_budget;     /* this rank's share of the local arena; 0 = none known */
+    double bytes_outstanding, bytes_outstanding_peak;
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;
     dh__client_counters_t counters; /* any thread (counters.h) */
@@ -143,6 +154,14 @@ int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t st
 
 /* The sender thread (pthread_create's start routine; arg is the client). */
 void *dh__client_sender_main(void *arg);
+
+/* The estimated decoded bytes of a batch of `n` profile rows: n x the largest frames x
+ * height x width x 3 x element size among them (collation pads to the largest), or the sum
+ * of their out_bytes when a row lacks a shape. */
+double dh__client_batch_bytes(const dh_client_t *c, const uint32_t *rows, int n);
+
+/* Learns the decoded / estimated byte ratio from batch b's `actual` bytes (lock held). */
+void dh__client_learn_bytes(dh_client_t *c, uint64_t b, double actual);
 
 /* The HELLO this client sends (to the coordinator, and to its local DataServer): role,
  * node, id, pid, rank. The strings are borrowed from c. */

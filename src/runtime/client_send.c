@@ -1,10 +1,12 @@
 /* client_send.c: a client's sender thread (client.c has the threads and the lock).
  *
  * It plans each batch's share of a global step ahead of next(), at most the prefetch horizon
- * and max_inflight requests ahead, and sends the batch's requests (one per part, fanout) to
- * the coordinator with a deadline predicted from the measured compute windows and the
- * batch's tokens; it also hears the coordinator's HELLO naming this rank's local DataServer
- * (which the fetcher connects to) and its ERRORs (a request refused: next() fails with it).
+ * and max_inflight requests ahead, and no further than the rank's share of its node's arena
+ * holds (the batches' decoded bytes, dh_deadline_byte_horizon: requests are admitted against
+ * the consuming node's arena at the source), and sends the batch's requests (one per part, fanout)
+ * to the coordinator with a deadline predicted from the measured compute windows and the batch's
+ * tokens; it also hears the coordinator's HELLO naming this rank's local DataServer (which the
+ * fetcher connects to) and its ERRORs (a request refused: next() fails with it).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +17,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
+#include "datahelix/cost.h"
 #include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
@@ -35,16 +38,117 @@ static double deadline_s(const dh_client_t *c, uint64_t b)
     return dh_deadline_s(&m, b, c->consumed, elapsed);
 }
 
-static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
+double dh__client_batch_bytes(const dh_client_t *c, const uint32_t *rows, int n)
 {
-    /* a rank gets up to the whole window in packing mode: scratch on the heap */
-    size_t cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED ? (size_t)c->cfg.ranks * c->cfg.batch
-                                                            : c->cfg.batch;
-    uint32_t *rows = dh_malloc(cap * sizeof *rows), *part_of = dh_malloc(cap * sizeof *part_of);
+    double sum = 0, elem = 0;
+    int64_t t = 0, h = 0, w = 0;
+    bool shaped = true;
+    for (int i = 0; i < n; i++) {
+        const dh_profile_row_t *r = dh_profile_set_row(c->profiles, rows[i]);
+        double out = r->out_bytes > 0 ? (double)r->out_bytes : 0;
+        sum += out;
+        if (r->frames <= 0 || r->height <= 0 || r->width <= 0) {
+            shaped = false;
+            continue;
+        }
+        double px = (double)r->frames * r->height * r->width * 3;
+        elem = out / px > elem ? out / px : elem; /* the element size: out_bytes per value */
+        t = r->frames > t ? r->frames : t;
+        h = r->height > h ? r->height : h;
+        w = r->width > w ? r->width : w;
+    }
+    double padded = (double)n * (double)t * (double)h * (double)w * 3 * elem;
+    return shaped && padded > sum ? padded : sum;
+}
+
+void dh__client_learn_bytes(dh_client_t *c, uint64_t b, double actual)
+{
+    double est = c->bytes_of[b % c->tokens_ring];
+    if (!(est > 0) || !(actual > 0))
+        return;
+    double r = actual / est;
+    /* Up at once, down slowly: an estimate short of the decoded size overfills the arena,
+     * one beyond it only prefetches a little less. */
+    if (!c->bytes_learned || r > c->bytes_ratio)
+        c->bytes_ratio = r;
+    else
+        c->bytes_ratio = dh_cost_ewma(c->bytes_ratio, r, 0.1);
+    c->bytes_learned = true;
+}
+
+/* Until a batch has come back through next(), learns the byte ratio from the first one
+ * delivered to the ring, so that a prefetch overestimated before any data (emulated
+ * payloads are stand-ins of a thousandth) opens up as soon as one batch lands (lock held). */
+static void learn_from_ring(dh_client_t *c)
+{
+    uint32_t parts = c->cfg.fanout;
+    for (uint64_t b = c->consumed; b < c->planned && !c->bytes_learned; b++) {
+        const part_t *p = &c->ring[(b * parts) % c->ring_size];
+        if (!p->ready || p->seq != b * parts || (parts > 1 && (!p->joined || p->join_rc)))
+            continue;
+        double actual = 0;
+        for (size_t t = 0; t < p->n_tensors; t++)
+            actual += (double)p->tensors[t].nbytes;
+        dh__client_learn_bytes(c, b, actual);
+    }
+}
+
+/* Whether batch b, estimated at `est` bytes, fits this rank's share of the arena with the
+ * batches from the consumption point to b-1 and the batch last returned (lock held). */
+static bool bytes_admit(dh_client_t *c, uint64_t b, double est)
+{
+    c->bytes_of[b % c->tokens_ring] = est;
+    if (!c->bytes_learned)
+        learn_from_ring(c);
+    size_t n = (size_t)(b - c->consumed + 1);
+    double sum = c->held_bytes;
+    for (size_t i = 0; i < n; i++) {
+        /* each of the batch's tensors rounds up to whole slabs: at most one more each */
+        c->bytes_scratch[i] = c->bytes_of[(c->consumed + i) % c->tokens_ring] * c->bytes_ratio +
+                              c->batch_tensors * c->slab_bytes;
+        sum += c->bytes_scratch[i];
+    }
+    if (c->byte_budget > 0 && dh_deadline_byte_horizon((uint32_t)n, c->bytes_scratch, n,
+                                                       c->held_bytes, c->byte_budget) < n)
+        return false;
+    c->bytes_outstanding = sum;
+    if (n > 1 && sum > c->bytes_outstanding_peak) /* the first batch goes however large */
+        c->bytes_outstanding_peak = sum;
+    return true;
+}
+
+/* The next batch's rows, planned once however often its admission is tried. */
+typedef struct planned {
+    uint64_t b;
+    int n; /* rows; < 0: none planned */
+    uint32_t *rows;
+    size_t cap;
+    double bytes;
+} planned_t;
+
+static int plan_batch(dh_client_t *c, uint64_t b, planned_t *pl)
+{
+    if (pl->n >= 0 && pl->b == b)
+        return 0;
+    pl->n = -1;
+    int n = dh__client_plan_rank_step(c, c->sampler, c->step0 + b, c->cfg.rank, pl->rows, pl->cap);
+    if (n < 0)
+        return n;
+    pl->b = b;
+    pl->n = n;
+    pl->bytes = dh__client_batch_bytes(c, pl->rows, n);
+    return 0;
+}
+
+static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, double deadline)
+{
+    size_t cap = pl->cap;
+    const uint32_t *rows = pl->rows;
+    uint32_t *part_of = dh_malloc(cap * sizeof *part_of);
     double *load = dh_malloc(cap * sizeof *load);
     dh_wire_sample_t *samples = dh_malloc(cap * sizeof *samples);
-    int n = rows && part_of && load && samples
-                ? dh__client_plan_rank_step(c, c->sampler, c->step0 + b, c->cfg.rank, rows, cap)
+    int n = part_of && load && samples
+                ? pl->n
                 : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
     int rc = n < 0 ? n : 0;
     if (rc)
@@ -89,7 +193,6 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, double deadline)
         dh__count(&c->counters.requests_sent, 1);
     }
 done:
-    dh_free(rows);
     dh_free(part_of);
     dh_free(load);
     dh_free(samples);
@@ -135,6 +238,12 @@ void *dh__client_sender_main(void *arg)
     dh_client_t *c = arg;
     dh_wire_received_t r = {0};
     uint32_t per_batch = c->cfg.fanout;
+    /* a rank gets up to the whole window in packing mode: scratch on the heap */
+    planned_t pl = {.n = -1,
+                    .cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED
+                               ? (size_t)c->cfg.ranks * c->cfg.batch
+                               : c->cfg.batch};
+    pl.rows = dh_malloc(pl.cap * sizeof *pl.rows);
     while (!atomic_load(&c->stop)) {
         if (dh_wire_recv(c->coord, 2, &r) == 0) {
             on_coord_message(c, &r);
@@ -149,20 +258,31 @@ void *dh__client_sender_main(void *arg)
                 c->cfg.max_inflight ? c->cfg.max_inflight : (uint64_t)c->horizon * per_batch;
             bool go = b < c->total && b < c->consumed + c->horizon &&
                       (inflight <= max_inflight || b == c->consumed);
-            double d = go ? deadline_s(c, b) : 0;
             pthread_mutex_unlock(&c->lock);
             if (!go || atomic_load(&c->stop))
                 break;
+            int rc = pl.rows ? plan_batch(c, b, &pl)
+                             : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
             /* The horizon moves before the requests go out, so that a delivery racing the
-             * send is inside the fetcher's window. */
+             * send is inside the fetcher's window; a batch whose bytes the rank's share of
+             * the arena cannot hold yet waits for next() to consume (never the first). */
             pthread_mutex_lock(&c->lock);
-            c->planned++;
+            go = rc != 0 || bytes_admit(c, b, pl.bytes);
+            double d = go ? deadline_s(c, b) : 0;
+            if (go)
+                c->planned++;
             pthread_mutex_unlock(&c->lock);
-            while (send_batch_requests(c, b, d) != 0 && !atomic_load(&c->stop))
+            if (!go)
+                break;
+            while ((rc ? rc : (rc = send_batch_requests(c, b, &pl, d))) != 0 &&
+                   !atomic_load(&c->stop)) {
                 dh_wire_recv(c->coord, 100, &r) == 0
                     ? (on_coord_message(c, &r), dh_wire_received_release(&r))
                     : (void)0;
+                rc = pl.rows ? plan_batch(c, b, &pl) : rc;
+            }
         }
     }
+    dh_free(pl.rows);
     return NULL;
 }

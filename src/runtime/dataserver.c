@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -53,9 +54,55 @@ void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->role = DH_DS_LOCAL;
     cfg->workers = 2;
-    cfg->arena_bytes = (uint64_t)256 << 20;
+    cfg->arena_bytes = 0; /* the budget: dh_arena_budget_default() */
     cfg->data_listen = "tcp://127.0.0.1:*";
     cfg->heartbeat_ms = 100;
+}
+
+int dh_arena_parse_bytes(const char *text, const char *what, uint64_t *out)
+{
+    *out = 0;
+    const char *p = text ? text : "";
+    uint64_t v = 0;
+    if (*p < '0' || *p > '9')
+        return dh__set_error(DH_EINVAL, "%s: '%s' is not a byte count (e.g. 8G, 512M, 1048576)",
+                             what, p);
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return dh__set_error(DH_EINVAL, "%s: '%s' is too large", what, text);
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    unsigned shift = 0;
+    if (*p == 'k' || *p == 'K')
+        shift = 10;
+    else if (*p == 'm' || *p == 'M')
+        shift = 20;
+    else if (*p == 'g' || *p == 'G')
+        shift = 30;
+    if (shift)
+        p++;
+    if (*p || v == 0)
+        return dh__set_error(DH_EINVAL, "%s: '%s' is not a byte count > 0 (e.g. 8G, 512M, 1048576)",
+                             what, text);
+    if (shift && v > UINT64_MAX >> shift)
+        return dh__set_error(DH_EINVAL, "%s: '%s' is too large", what, text);
+    *out = v << shift;
+    return 0;
+}
+
+uint64_t dh_arena_budget_default(void)
+{
+    const char *env = getenv("DH_ARENA_BUDGET");
+    uint64_t v = 0;
+    if (env && env[0]) {
+        if (dh_arena_parse_bytes(env, "DH_ARENA_BUDGET", &v) == 0)
+            return v;
+        dh_log_warn("%s; using the default (a quarter of physical memory)", dh_last_error());
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return (uint64_t)4 << 30;
+    return (uint64_t)pages * (uint64_t)page / 4;
 }
 
 const char *dh_dataserver_name(const dh_dataserver_t *s)
@@ -635,7 +682,11 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         goto fail;
     }
     if (cfg->role == DH_DS_LOCAL) {
-        uint64_t bytes = cfg->arena_bytes ? cfg->arena_bytes : (uint64_t)256 << 20;
+        /* The arena's memfd is sparse: a budget-sized default costs memory only as far as
+         * batches fill it, and each rank's prefetch keeps to its share (client_send.c). */
+        uint64_t bytes = cfg->arena_bytes          ? cfg->arena_bytes
+                         : cfg->arena_budget_bytes ? cfg->arena_budget_bytes
+                                                   : dh_arena_budget_default();
         if ((rc = dh_shm_arena_new(&s->arena, (size_t)bytes, 0)))
             goto fail;
         s->cfg.arena_bytes = bytes;

@@ -9,6 +9,12 @@
  *
  * Cost: alloc and collect scan the slabs (O(slabs), a few thousand for a GiB arena of
  * 1 MiB slabs, skipping 64 full slabs per word); ref/unref/resolve are O(1) and lock-free.
+ *
+ * Memory: the memfd is sparse. Creation reserves (fallocate) only the header and records;
+ * an allocation reserves the slabs up to its end the first time the arena reaches that far
+ * (a high-water mark: first fit keeps allocations low, so this is one call per new high),
+ * so a large arena costs memory only as far as it has been used, and a machine short of
+ * memory still fails with an error at allocation (backpressure), never a SIGBUS on touch.
  */
 #include <assert.h>
 #include <errno.h>
@@ -58,6 +64,7 @@ struct dh_shm_arena {
     uint64_t *used;      /* bit i set = slab i belongs to an allocation */
     uint32_t *span;      /* span[i] = slabs of the allocation starting at i, 0 = none */
     uint64_t generation; /* last generation issued */
+    uint64_t reserved;   /* bytes of the memfd reserved so far, from offset 0 */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t multiple)
@@ -195,11 +202,14 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size)
     step = "ftruncate";
     if (ftruncate(a->fd, (off_t)layout.size) < 0)
         goto fail;
-    /* Reserve the memory now, so a short machine fails here with -ENOSPC instead of
-     * SIGBUS-ing whoever first touches a slab. File systems without fallocate skip it. */
+    /* Reserve the header and records now; slabs are reserved as allocations first reach
+     * them (dh_shm_arena_alloc), so that a large arena costs nothing until used, and a
+     * short machine fails there with backpressure instead of SIGBUS-ing whoever first
+     * touches a slab. File systems without fallocate skip it. */
     step = "fallocate";
-    if (fallocate(a->fd, 0, 0, (off_t)layout.size) < 0 && errno != EOPNOTSUPP)
+    if (fallocate(a->fd, 0, 0, (off_t)layout.data_offset) < 0 && errno != EOPNOTSUPP)
         goto fail;
+    a->reserved = layout.data_offset;
     /* No one may shrink it under a mapping (SIGBUS) or change the size at all. */
     step = "F_ADD_SEALS";
     if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
@@ -416,6 +426,17 @@ int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid, dh_s
                              want, stats.slabs_used, stats.slabs_total, stats.allocations_live);
     }
     uint64_t i = (uint64_t)first;
+    uint64_t end = l->data_offset + (i + want) * l->slab_size;
+    if (end > arena->reserved) {
+        if (fallocate(arena->fd, 0, (off_t)arena->reserved, (off_t)(end - arena->reserved)) < 0 &&
+            errno != EOPNOTSUPP)
+            return dh__set_error(DH_EAGAIN,
+                                 "shm alloc: cannot reserve memory for %" PRIu64
+                                 " more bytes of the arena (%" PRIu64 " of %" PRIu64
+                                 " reserved): %s",
+                                 end - arena->reserved, arena->reserved, l->size, strerror(errno));
+        arena->reserved = end;
+    }
     mark_slabs(arena, i, want, true);
     arena->span[i] = (uint32_t)want;
     uint64_t generation = ++arena->generation;

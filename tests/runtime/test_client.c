@@ -18,6 +18,7 @@
 #include "cluster.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
+#include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/mix.h"
@@ -337,6 +338,84 @@ static void adaptive_prefetch_deepens_when_next_waits(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Prefetch in bytes: a client asked to prefetch 16 batches from an arena that holds a few
+ * of them never has more bytes requested and not yet returned (with the batch it holds)
+ * than its share of the arena, and still gets every batch in order; its share is the
+ * arena's capacity / local_ranks, less the margin. */
+static void prefetch_keeps_to_its_share_of_the_arena(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 64);
+    for (uint32_t local = 1; local <= 2; local++) {
+        dh_client_config_t cfg;
+        base_config(&cfg, profiles,
+                    "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.05}");
+        cfg.prefetch = 16;
+        cfg.arena_bytes = ((uint64_t)24 << 20) * local; /* the same share for each */
+        cfg.local_ranks = local;
+        dh_client_t *c = NULL;
+        int rc = dh_client_new(&c, &cfg);
+        if (rc)
+            print_error("%s\n", dh_last_error());
+        assert_int_equal(rc, 0);
+        dh_client_batch_t *b = NULL;
+        uint64_t index = 0;
+        double epoch_bytes = 0;
+        while ((rc = dh_client_next(c, &b)) == 0) {
+            assert_int_equal(b->index, index++);
+            check_synthetic(b);
+            for (size_t t = 0; t < b->n_tensors; t++)
+                epoch_bytes += (double)b->tensors[t].nbytes;
+            cl_nap_ms(2); /* the compute window: the prefetch runs ahead meanwhile */
+            dh_client_batch_release(&b);
+        }
+        assert_int_equal(rc, DH_EEOF);
+        assert_int_equal(index, 16);
+        dh_client_stats_t st;
+        dh_client_stats(c, &st);
+        double share = (double)(cfg.arena_bytes / local) * (1 - DH_DEADLINE_ARENA_MARGIN);
+        assert_true(st.byte_budget <= share && st.byte_budget > 0.9 * share);
+        assert_true(epoch_bytes > 2 * st.byte_budget); /* 16 batches ahead would not fit */
+        assert_true(st.bytes_outstanding_peak > 0);
+        assert_true(st.bytes_outstanding_peak <= st.byte_budget);
+        dh_client_destroy(&c);
+    }
+    cl_assert_no_leftovers();
+}
+
+/* Embedded mode sizes its arena from the data: the horizon (prefetch x batch x the largest
+ * sample), bounded by the budget; a budget that cannot hold one batch fails, naming the
+ * numbers and the option. */
+static void embedded_arena_sized_from_data_within_budget(void **state)
+{
+    const char *profiles = write_profiles("p.jsonl", 64);
+    size_t n = 0;
+    dh_profile_set_t *set = load_rows(profiles, &n);
+    int64_t largest = 0;
+    for (size_t i = 0; i < n; i++)
+        if (dh_profile_set_row(set, i)->out_bytes > largest)
+            largest = dh_profile_set_row(set, i)->out_bytes;
+    dh_profile_set_destroy(&set);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.prefetch = 2;
+    cfg.arena_budget_bytes = (uint64_t)8 << 30;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_stats_t st;
+    dh_client_stats(c, &st);
+    double need = 2.0 * 4 * (double)largest; /* prefetch x batch x largest, the margin back */
+    assert_true(st.byte_budget >= 0.99 * need && st.byte_budget < need + (8 << 20));
+    dh_client_destroy(&c);
+
+    cfg.arena_budget_bytes = (uint64_t)64 << 20; /* less than 4 x largest (~37 MiB) */
+    assert_int_equal(dh_client_new(&c, &cfg), DH_ERANGE);
+    assert_null(c);
+    assert_non_null(strstr(dh_last_error(), "cannot hold one step"));
+    assert_non_null(strstr(dh_last_error(), "batch 4"));
+    assert_non_null(strstr(dh_last_error(), "--arena-budget"));
+    cl_assert_no_leftovers();
+}
+
 static void embedded_full_arena_is_backpressure(void **state)
 {
     /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
@@ -653,6 +732,16 @@ static void dataserver_drops_a_departed_clients_batches_quietly(void **state)
     assert_int_equal(dh_client_new(&c, &cfg), 0);
     dh_client_batch_t *b = NULL;
     assert_int_equal(dh_client_next(c, &b), 0);
+    /* The prefetch opens once a delivered batch shows its bytes (prefetch in bytes): go
+     * when more batches are in flight. */
+    dh_client_stats_t cs = {0};
+    for (uint64_t t0 = dh_clock_now_ns(); dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 10;) {
+        dh_client_stats(c, &cs);
+        if (cs.requests_sent >= 3)
+            break;
+        cl_nap_ms(1);
+    }
+    assert_true(cs.requests_sent >= 3);
     dh_client_batch_release(&b);
     dh_client_destroy(&c);
     uint64_t gone = dh_clock_now_ns();
@@ -793,6 +882,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_join_copy_is_charged_and_counted),
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
+        cmocka_unit_test(prefetch_keeps_to_its_share_of_the_arena),
+        cmocka_unit_test(embedded_arena_sized_from_data_within_budget),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(coordinator_refused_request_fails_next),

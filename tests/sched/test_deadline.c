@@ -1,9 +1,12 @@
 /* Tests of the deadline and adaptive-prefetch rules (src/sched/deadline.c): the predicted
- * compute of a batch, D(b) and its edge cases, and when the prefetch horizon deepens. */
+ * compute of a batch, D(b) and its edge cases, when the prefetch horizon deepens, and the
+ * byte rules (a rank's share of the arena, the horizon in bytes, the arena's size). */
 #include <stdint.h>
+#include <string.h>
 
 #include "dh_test.h"
 #include "datahelix/deadline.h"
+#include "datahelix/error.h"
 
 static const int64_t ring[4] = {100, 200, 0, 400}; /* batch b's tokens at b % 4 */
 
@@ -89,6 +92,90 @@ static void prefetch_horizon_edges(void **state)
     assert_int_equal(dh_deadline_prefetch_horizon(4, 3, 10, 0.05, 0, w, 0), 4); /* max < h */
 }
 
+#define MB 1e6
+#define MIB 1048576.0
+
+/* A rank's share of its node's arena: capacity / ranks, less the margin; 0 ranks is 1. */
+static void rank_budget_is_share_less_margin(void **state)
+{
+    uint64_t gib = (uint64_t)1 << 30;
+    assert_close(dh_deadline_rank_budget(gib, 4), gib / 4.0 * (1 - DH_DEADLINE_ARENA_MARGIN), 1e-6);
+    assert_close(dh_deadline_rank_budget(gib, 0), gib * (1 - DH_DEADLINE_ARENA_MARGIN), 1e-6);
+    assert_close(dh_deadline_rank_budget(0, 4), 0, 0);
+}
+
+/* Decoded samples of 16-60 MB, batch 2: a 512 MiB arena shared by 4 ranks (about 122 MiB
+ * each) holds one or two batches, whatever the deadlines ask; a 4 GiB one holds the whole
+ * horizon of 8 the deadlines asked for. */
+static void byte_horizon_caps_large_samples(void **state)
+{
+    const double batches[8] = {2 * 60 * MB, 2 * 16 * MB, 2 * 30 * MB, 2 * 60 * MB,
+                               2 * 45 * MB, 2 * 16 * MB, 2 * 60 * MB, 2 * 24 * MB};
+    double small = dh_deadline_rank_budget((uint64_t)512 << 20, 4);
+    assert_int_equal(dh_deadline_byte_horizon(8, batches, 8, 0, small), 1);     /* 120 + 32 > 122 */
+    assert_int_equal(dh_deadline_byte_horizon(8, batches + 1, 7, 0, small), 2); /* 32 + 60 */
+    double big = dh_deadline_rank_budget((uint64_t)4 << 30, 4);                 /* 1020 MiB */
+    assert_int_equal(dh_deadline_byte_horizon(8, batches, 8, 0, big), 8);       /* 622 MB in all */
+    assert_int_equal(dh_deadline_byte_horizon(4, batches, 8, 0, big), 4);       /* the deadlines */
+    assert_int_equal(dh_deadline_byte_horizon(8, batches, 3, 0, big), 3);       /* known batches */
+    /* the batch the rank computes on counts: 900 MB held leaves room for 120 + 32 + 60 */
+    assert_int_equal(dh_deadline_byte_horizon(8, batches, 8, 800 * MB, big), 3);
+}
+
+/* Exactly at the budget fits; one byte over does not; the first batch always goes (a batch
+ * larger than the whole share, a zero or NaN budget); bytes NaN or < 0 count as 0; no
+ * horizon or no batches is 0. */
+static void byte_horizon_edges(void **state)
+{
+    const double b[3] = {10, 20, 30};
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 0, 60), 3);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 0, 59), 2);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 5, 35), 2); /* held counts */
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 0, 5), 1);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 100, 50), 1);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 0, 0), 1);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 3, 0, 0.0 / 0.0), 1);
+    const double odd[3] = {10, -5, 0.0 / 0.0};
+    assert_int_equal(dh_deadline_byte_horizon(3, odd, 3, 0, 10), 3);
+    assert_int_equal(dh_deadline_byte_horizon(0, b, 3, 0, 100), 0);
+    assert_int_equal(dh_deadline_byte_horizon(3, b, 0, 0, 100), 0);
+}
+
+/* The arena holds what the horizon needs, bounded by the budget, and at least one step;
+ * unknown need (0) takes the budget. */
+static void arena_size_bounded_by_budget(void **state)
+{
+    uint64_t out = 1, mib = 1 << 20, s60 = 60 * mib;
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 2000 * mib, 4096 * mib, &out), 0);
+    assert_int_equal(out, 2000 * mib);
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 9000 * mib, 4096 * mib, &out), 0);
+    assert_int_equal(out, 4096 * mib);
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 0, 4096 * mib, &out), 0);
+    assert_int_equal(out, 4096 * mib);
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 100 * mib, 4096 * mib, &out), 0);
+    assert_int_equal(out, 480 * mib); /* one step at least */
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 0, 480 * mib, &out), 0); /* exactly */
+    assert_int_equal(out, 480 * mib);
+    assert_int_equal(dh_deadline_arena_size(4, 2, s60, 0, 0, &out), DH_EINVAL);
+}
+
+/* A budget that cannot hold one step fails with a message naming the numbers and the
+ * options that raise it. */
+static void arena_size_budget_too_small_says_why(void **state)
+{
+    uint64_t out = 1, mib = 1 << 20;
+    assert_int_equal(dh_deadline_arena_size(4, 2, 60 * mib, 0, 256 * mib, &out), DH_ERANGE);
+    assert_int_equal(out, 0);
+    const char *msg = dh_last_error();
+    assert_non_null(strstr(msg, "256.0 MiB"));
+    assert_non_null(strstr(msg, "4 ranks"));
+    assert_non_null(strstr(msg, "batch 2"));
+    assert_non_null(strstr(msg, "60.0 MiB"));
+    assert_non_null(strstr(msg, "480.0 MiB"));
+    assert_non_null(strstr(msg, "--arena-budget"));
+    assert_non_null(strstr(msg, "DH_ARENA_BUDGET"));
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(compute_is_tokens_or_mean_window),
     cmocka_unit_test(deadline_is_zero_before_first_return_and_when_due),
@@ -96,5 +183,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(deadline_overrun_clamps_at_zero),
     cmocka_unit_test(prefetch_horizon_rule),
     cmocka_unit_test(prefetch_horizon_edges),
+    cmocka_unit_test(rank_budget_is_share_less_margin),
+    cmocka_unit_test(byte_horizon_caps_large_samples),
+    cmocka_unit_test(byte_horizon_edges),
+    cmocka_unit_test(arena_size_bounded_by_budget),
+    cmocka_unit_test(arena_size_budget_too_small_says_why),
 };
 DH_TEST_MAIN(tests)

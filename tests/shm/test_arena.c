@@ -1,6 +1,7 @@
 /* Tests of the shared-memory arena: allocation, reuse, fragmentation, backpressure, handle
  * validation, attach validation, cross-process use (inherited fd and SCM_RIGHTS), clients
- * killed while holding references, concurrent counts, allocation failures.
+ * killed while holding references, concurrent counts, allocation failures, memory reserved
+ * only as far as used.
  *
  * Children are forked and report through their exit status (cmocka's asserts belong to the
  * parent); the parent waits on pipes and sockets with poll() and a timeout, never a sleep. */
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -817,6 +819,36 @@ static void arena_survives_each_allocation_failure(void **state)
     assert_int_equal(dh_test_each_allocation_failure(new_alloc_destroy, NULL), 4);
 }
 
+/* The memfd is sparse: a 1 GiB arena holds memory only for its header and records until
+ * allocations reach its slabs, and then only up to the highest slab reached (the memfd's
+ * allocated blocks, st_blocks, which count what fallocate reserved or a write touched). */
+static void arena_memory_is_reserved_as_used(void **state)
+{
+    (void)state;
+    size_t big = (size_t)1 << 30, mib = (size_t)1 << 20;
+    dh_shm_arena_t *a = NULL;
+    assert_int_equal(dh_shm_arena_new(&a, big, mib), 0);
+    struct stat st;
+    assert_int_equal(fstat(dh_shm_arena_fd(a), &st), 0);
+    assert_true((uint64_t)st.st_blocks * 512 < 4 * mib); /* header and records only */
+    dh_shm_handle_t h[2];
+    void *p[2];
+    assert_int_equal(dh_shm_arena_alloc(a, 3 * mib, 0, &h[0], &p[0]), 0);
+    assert_int_equal(dh_shm_arena_alloc(a, 5 * mib, 0, &h[1], &p[1]), 0);
+    memset(p[1], 0xab, 5 * mib); /* touching allocated slabs cannot fault */
+    assert_int_equal(fstat(dh_shm_arena_fd(a), &st), 0);
+    uint64_t held = (uint64_t)st.st_blocks * 512;
+    assert_true(held >= h[1].offset + 5 * mib); /* reserved up to the high-water mark */
+    assert_true(held < h[1].offset + 5 * mib + 4 * mib);
+    /* freed and allocated again below the mark: nothing more is reserved */
+    assert_int_equal(dh_shm_arena_unref(a, &h[0]), 0);
+    dh_shm_arena_collect(a);
+    assert_int_equal(dh_shm_arena_alloc(a, 2 * mib, 0, &h[0], &p[0]), 0);
+    assert_int_equal(fstat(dh_shm_arena_fd(a), &st), 0);
+    assert_int_equal((uint64_t)st.st_blocks * 512, held);
+    dh_shm_arena_destroy(&a);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_new_lays_out_header_and_slabs),
     cmocka_unit_test(arena_new_rejects_bad_sizes),
@@ -835,6 +867,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_concurrent_ref_unref_keeps_count),
     cmocka_unit_test(arena_concurrent_last_unref_releases_once),
     cmocka_unit_test(arena_survives_each_allocation_failure),
+    cmocka_unit_test(arena_memory_is_reserved_as_used),
 };
 
 DH_TEST_MAIN(tests)
