@@ -655,6 +655,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.epochs = 0;
         cfg.max_steps = 0; /* set below, past the last measured step */
         cfg.token_plan = sp->token_plan;
+        /* the ranks of this rank's node share its local DataServer's arena */
+        cfg.local_ranks =
+            sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
         cfg.on_error = DH_ON_ERROR_SKIP;
         cfg.next_timeout_ms = 120000;
         /* the join copy (fanout > 1) at the one transfer cost, per payload byte */
