@@ -60,7 +60,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->cost_bias = 0.3;
     opt->cost_noise = 0.3;
     opt->token_noise = 0.1;
-    opt->prefetch = 16;
+    opt->prefetch = 0;     /* auto: deep_prefetch() */
     opt->fanout = 0;       /* auto */
     opt->prefetch_max = 0; /* 2 x prefetch */
     opt->seed = 1;
@@ -123,6 +123,17 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
                          "bench: --systems: unknown system '%s' (known: native, native-N, pool, "
                          "helix, base, transport, prefetch-token, cost-ddl)",
                          name);
+}
+
+/* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
+ * the PyTorch-like systems get from the same cores (2 per worker of a rank's share), so
+ * at equal budget no system keeps fewer batches in flight than another. */
+static uint32_t deep_prefetch(const dh_bench_options_t *opt, uint32_t cores)
+{
+    if (opt->prefetch)
+        return opt->prefetch;
+    uint32_t per_rank = cores / (opt->ranks ? opt->ranks : 1);
+    return 2 * per_rank > 16 ? 2 * per_rank : 16;
 }
 
 /* ---- sample lookups (id -> row) ---- */
@@ -334,7 +345,8 @@ static void cluster_stop(cluster_t *c)
  * a slab (1 MiB) each at least: 4 MiB a batch. */
 static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint64_t *out)
 {
-    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
+    uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
+    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * deep_prefetch(opt, helix_cores);
     *out = (uint64_t)opt->ranks * depth * ((uint64_t)4 << 20);
     if (*out < (uint64_t)64 << 20)
         *out = (uint64_t)64 << 20;
@@ -625,9 +637,10 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
      * throughput (docs/benchmarks.md). */
     uint32_t fanout = 1;
     if (sp->deep) {
-        fanout = opt->fanout ? opt->fanout
-                             : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks,
-                                                    batch_decode_s, opt->prefetch * mean_step_s);
+        fanout = opt->fanout
+                     ? opt->fanout
+                     : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
+                                            deep_prefetch(opt, cl.cores) * mean_step_s);
         if (fanout > opt->batch)
             fanout = opt->batch;
     }
@@ -664,8 +677,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         if (!opt->dataset && opt->link_gbps > 0 && opt->bytes_scale > 0)
             cfg.emulate_copy_s_per_B = opt->time_scale / (opt->bytes_scale * link_Bps(opt));
         if (sp->deep) {
-            cfg.prefetch = opt->prefetch;
-            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * opt->prefetch;
+            cfg.prefetch = deep_prefetch(opt, cl.cores);
+            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * cfg.prefetch;
+            res->prefetch = cfg.prefetch;
             cfg.fanout = fanout;
         } else {
             /* PyTorch's prefetch_factor: 2 batches in flight per worker of the rank; a pool
@@ -673,6 +687,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
              * same rule (a tuned actor pool keeps every actor busy) */
             uint32_t share = sp->rank_local ? per_rank_workers : cl.cores / opt->ranks;
             cfg.prefetch = 2 * (share ? share : 1);
+            res->prefetch = cfg.prefetch;
             cfg.fanout = 1;
         }
         /* Steady state to the end: the client keeps requesting past the last measured step
@@ -1010,8 +1025,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
             o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
             o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
-            o->prefetch_max ? o->prefetch_max : 2 * o->prefetch, o->fanout,
-            (unsigned long long)o->seed, r->rows);
+            o->prefetch_max, o->fanout, (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {
@@ -1025,12 +1039,12 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
                 "\"balance\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_compute_sum_s\":%.9g,"
                 "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
-                "\"prefetch_reached\":%u,\"wall_s\":%.9g",
+                "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
                 s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
-                s->bound_cores, s->fanout, s->prefetch_reached, s->wall_s);
+                s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s);
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);

@@ -18,7 +18,7 @@
  *                of every batch into the consumer on the training thread (the object-store
  *                hop of a Ray actor pool)
  *   transport    base with zero-copy delivery
- *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F (2)
+ *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F
  *   cost-ddl, helix  prefetch-token + deadline placement
  * One transfer-cost model for every system (link_gbps): a byte that crosses nodes holds the
  * forwarding DataServer's link (dh_dataserver_config_t.emulate_link_Bps), a byte a system
@@ -64,7 +64,10 @@ typedef struct dh_bench_options {
      * 0.1); every draw a pure function of (seed, key or sample id), the same for every
      * system; 0 = the estimates exactly. Schedulers see only the estimates. */
     double cost_bias, cost_noise, token_noise;
-    uint32_t prefetch;     /* prefetch depth of prefetch-token / cost-ddl / helix (16) */
+    uint32_t prefetch;     /* prefetch depth of prefetch-token / cost-ddl / helix; 0 (the
+                            * default) = at least 16 and at least the PyTorch-like systems'
+                            * depth on the same cores, 2 x cores per rank (24 at 96 cores for
+                            * 8 ranks) */
     uint32_t prefetch_max; /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
                             * prefetch: fixed) */
     uint32_t fanout;       /* their microbatch fanout: requests per rank's batch, at
@@ -85,6 +88,7 @@ typedef struct dh_bench_system_result {
     char name[32];
     uint32_t cores;            /* worker threads (virtual cores) of the system */
     uint32_t fanout;           /* requests per rank's batch */
+    uint32_t prefetch;         /* the prefetch depth it started with (batches per rank) */
     uint32_t prefetch_reached; /* the deepest prefetch horizon of a rank at the end */
     double throughput_sps;
     double input_wait_p50_s, input_wait_p95_s, input_wait_p99_s;

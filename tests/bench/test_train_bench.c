@@ -227,7 +227,8 @@ static void bench_counts_transfers_per_system(void **state)
     dh_bench_options_t o;
     tiny(&o);
     o.systems = "native,pool,helix";
-    o.fanout = 2; /* the parts are joined */
+    o.fanout = 2;   /* the parts are joined */
+    o.prefetch = 0; /* auto: the deep systems keep at least the pool's depth, and 16 */
     dh_bench_report_t r;
     int rc = dh_bench_run(&o, &r);
     if (rc)
@@ -238,6 +239,8 @@ static void bench_counts_transfers_per_system(void **state)
     assert_true(native->cross_node_bytes == 0 && native->copy_bytes == 0);
     assert_true(pool->cross_node_bytes > 0 && pool->copy_bytes > 0);
     assert_int_equal(helix->fanout, 2);
+    assert_int_equal(pool->prefetch, 2 * 6 / 2); /* 2 per worker of a rank's 3 cores */
+    assert_int_equal(helix->prefetch, 16);
     assert_true(helix->cross_node_bytes > 0 && helix->copy_bytes > 0);
     /* pool copies every consumed batch whole: at least the measured steps' samples, each
      * standing for at least a kilobyte (the mixes' decoded clips are megabytes) */
