@@ -14,8 +14,10 @@ its caption tokens (the profile's text_len), common.sample_tokens, as the peers 
 batch_ready_p95_s comes from info's requested_ns -> ready_ns (the C harness's request sent
 -> batch ready), when there.
 
-The DataServer's worker threads: the threads the DataServer adds to the launcher besides
-ZeroMQ's (named ZMQbg/...), in creation (TID) order: W workers, then its loop thread
+The DataServer's worker threads: the launcher names its own thread "dh-peers-ds" while it
+starts the DataServer, so the threads the DataServer creates inherit that name (ZeroMQ's
+rename themselves ZMQbg/..., and no other thread of the launcher, Ray's after a Ray run,
+can carry it); in creation (TID) order they are its W workers, then its loop thread
 (dh_dataserver_new creates the workers, dh_dataserver_start the loop). setup() checks that
 count. --pin: worker thread i, decode worker i of the system, runs on one CPU of the budget,
 round robin (common.worker_cpu, os.sched_setaffinity on its TID). CPU: the batch does not
@@ -31,6 +33,8 @@ makes); if that fails too, the system is skipped and the report says why.
 """
 import os
 import sys
+import threading
+import time
 
 NAME = "datahelix"
 _BUILD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -71,6 +75,9 @@ def inflight(cfg):
 _CLUSTER = []
 
 
+_MARK = "dh-peers-ds"  # 15 characters at most (the kernel's comm)
+
+
 def _threads():
     out = {}
     for tid in os.listdir("/proc/self/task"):
@@ -82,6 +89,11 @@ def _threads():
     return out
 
 
+def _set_own_name(name):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write(name)
+
+
 def setup(cfg):
     import datahelix
 
@@ -89,16 +101,27 @@ def setup(cfg):
 
     coord = datahelix._C.Coordinator(f"tcp://127.0.0.1:{common.free_port()}",
                                      policy="deadline")
-    before = _threads()
+    # A new thread inherits its creator's name: the threads the DataServer creates from
+    # this one carry the mark (ZeroMQ's rename themselves ZMQbg/...), and no other thread of
+    # the launcher (Ray's, after a Ray run) can.
+    own = _threads()[threading.get_native_id()]
+    before = set(_threads())
+    _set_own_name(_MARK)
     try:
         cluster = datahelix.start_cluster(cfg["dataset"], workers=cfg["workers"],
                                           coordinator=coord.endpoint)
     except BaseException:
         coord.close()
         raise
+    finally:
+        _set_own_name(own)
     _CLUSTER.append((cluster, coord))
-    new = sorted(t for t, name in _threads().items()
-                 if t not in before and not name.startswith("ZMQbg"))
+    # ZeroMQ's threads rename themselves once they run: wait for that (5 s at most)
+    for _ in range(100):
+        new = sorted(t for t, name in _threads().items() if t not in before and name == _MARK)
+        if len(new) == cfg["workers"] + 1:
+            break
+        time.sleep(0.05)
     if len(new) != cfg["workers"] + 1:
         raise common.BenchError(
             f"datahelix: cannot tell the DataServer's worker threads: {len(new)} new threads, "
