@@ -116,9 +116,9 @@ def _numpy_alloc(shape, dtype):
 
 def collate(samples, alloc=_numpy_alloc):
     """Pads to the batch max T/H/W: {"frames": B x T x 3 x H x W uint8, "mask": B x T bool,
-    "tokens": int64 B (common.sample_tokens), "sample_ids", "captions"}. The arrays are numpy, or what
-    `alloc(shape, dtype)` returns as (object, numpy view of it) (torch_peer: tensors in
-    shared memory, as torch's default_collate allocates them in a worker)."""
+    "tokens": int64 B (common.sample_tokens), "sample_ids", "captions"}. The arrays are
+    numpy, or what `alloc(shape, dtype)` returns as (object, numpy view of it) (torch_peer:
+    tensors in shared memory, as torch's default_collate allocates them in a worker)."""
     b = len(samples)
     t = max(s["frames_data"].shape[0] for s in samples)
     h = max(s["frames_data"].shape[2] for s in samples)

@@ -23,7 +23,6 @@ batch_ready: the sampler stamps each index when the DataLoader dispatches it to 
 (that is when the main process pulls indices from the sampler); the worker stamps the batch
 after the collate: ready - request, as the C harness's request sent -> batch ready.
 """
-import os
 import time
 
 NAME = "torch"
