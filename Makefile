@@ -113,8 +113,12 @@ demo: deps
 	@DH_PYTHON_EXE=$(VENV_PY) bash scripts/demo.sh $(CLI) $(DEMO_DIR)
 
 # The same emulated training loop fed by torch's DataLoader (PyAV), a Ray actor pool and
-# datahelix.DataLoader, 3 runs, medians (bench/peers/README.md, docs/benchmarks.md).
-PEERS_ARGS ?= --runs 3
+# datahelix.DataLoader, on fair defaults: every system's decode workers pinned the same way,
+# 4 batches in flight per rank for all, efficiency from each system's own measured CPU
+# (cpu_work_s), 40 steps after the warm-up, medians of 3 runs (bench/peers/README.md,
+# docs/benchmarks.md). PEERS_ARGS="--no-pin" or "--own-defaults" for the other rows; its
+# smoke test is tests/python/test_bench_peers.py (make test-python).
+PEERS_ARGS ?= --runs 3 --pin --inflight 4
 bench-peers: build $(VENV_PY)
 	$(VENV_PY) bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
 

@@ -6,9 +6,11 @@ torch.distributed gloo group on 127.0.0.1. Each rank, each step:
 
 1. asks its loader for the next batch: the time it blocks is the input wait;
 2. "computes" a x tokens + b seconds (a sleep: the emulated accelerator, which leaves the
-   CPU to the loaders), tokens being the sum of its samples' tokens_est (datahelix: the
-   batch's "tokens"); a system whose batches must be copied into the training process
-   (Ray's object store) does so first, inside that time, as the C harness does for `pool`;
+   CPU to the loaders), tokens being, for every system, the decoded samples' visual tokens
+   (visual_tokens() of the decoded T x H x W; datahelix: the server's per-sample tokens,
+   the same formula) plus their caption tokens (the profile's text_len): sample_tokens();
+   a system whose batches must be copied into the training process (Ray's object store)
+   does so first, inside that time, as the C harness does for `pool`;
 3. all-reduces a small tensor (the gradient all-reduce, here the barrier): the barrier wait.
 
 `--warmup` steps run first and are not measured; the measured window runs from the
@@ -21,9 +23,26 @@ A system module (torch_peer, ray_peer, datahelix_peer) provides:
     setup(cfg) -> picklable context for the ranks (in the launcher),
     teardown(context),
     open_loader(cfg, context, rank) -> an iterator of batches (in each rank),
-    batch_info(cfg, batch) -> (samples, tokens, sample_ids, ready_s or None),
+    batch_info(cfg, batch) -> (sample_ids, per-sample tokens, ready_s or None,
+        cpu_s or None: the decode workers' measured CPU seconds for this batch),
     consume(batch) (step 2's copy, or nothing), close_loader(loader),
-    cores(cfg) -> the decode workers it runs (the CPU budget, for the report).
+    cores(cfg) -> the decode workers it runs (the CPU budget, for the report),
+    inflight(cfg) -> batches in flight per rank it runs with (cfg["inflight"], or with
+        cfg["inflight"] None its own default),
+    and, when batch_info has no per-batch CPU, cpu_probe(context) -> a function returning
+    (CPU seconds, samples decoded) of its decode workers so far (cumulative), which the
+    launcher samples through the run (cpu_work_s below).
+
+cpu_work_s, each system's own CPU: the CPU seconds its decode workers spent on the samples
+consumed in the measured window, from the kernel's per-thread CPU clock. torch and ray:
+each batch carries the thread CPU time its worker spent decoding and collating it
+(time.thread_time around the work); the window's batches are summed. datahelix: the batch
+does not carry it (the DataServer measures the same per task, but keeps it), so the
+launcher samples the CPU time of the DataServer's decode-worker threads
+(/proc/self/task/TID/schedstat) and its decoded-sample counter through the run:
+cpu_work_s = samples consumed in the window x (worker CPU / samples decoded) over the
+window (over the whole run when fewer than one step's samples were decoded inside it).
+The ideal bound is samples / max(cpu_work_s / cores, the window's compute).
 """
 import datetime
 import importlib
@@ -102,10 +121,27 @@ def load_dataset(directory):
                         "caption": m.get("caption", ""), "frames": int(p["frames"]),
                         "height": int(p["height"]), "width": int(p["width"]),
                         "tokens": max(int(p["tokens_est"]), 0),
+                        "text_len": max(int(p.get("text_len", 0)), 0),
                         "cpu_s": max(float(p["cpu_s_est"]), 0.0)})
     if not samples:
         raise BenchError(f"{profiles_path}: no samples")
     return samples
+
+
+# ---- tokens: one source for every system ---------------------------------------------------
+
+
+def visual_tokens(frames, height, width):
+    """Visual tokens of a decoded T x H x W clip: dh_tokens_visual (src/model/mix.c): 2-frame
+    tubelets of 14 x 14 patches, merged 2 x 2."""
+    return ((frames + 1) // 2) * ((height + 13) // 14) * ((width + 13) // 14) // 4
+
+
+def sample_tokens(visual, sample):
+    """What the emulated accelerator computes on for one sample, in every system: its
+    decoded visual tokens plus its caption's tokens (the profile's text_len), the sum the
+    profile's tokens_est estimates."""
+    return int(visual) + int(sample.get("text_len", 0))
 
 
 # ---- the compute model ------------------------------------------------------------------
@@ -128,12 +164,48 @@ def compute_model(samples, ranks, batch, cores, scale, threshold=None):
             else 0.1 * mean_step}
 
 
-def cpu_share(rank, ranks, cores):
-    """Rank r's share of the first `cores` CPUs this process may use, as the C harness pins
-    `native`'s workers: CPUs [r x cores / ranks, (r + 1) x cores / ranks), at least one."""
-    cpus = sorted(os.sched_getaffinity(0))[:cores]
-    lo, hi = rank * len(cpus) // ranks, (rank + 1) * len(cpus) // ranks
-    return {cpus[i] for i in range(lo, max(hi, lo + 1))}
+# ---- pinning: the same rule for every system's decode workers ----------------------------
+
+
+def budget_cpus(cores):
+    """The CPUs of the decode budget: the first `cores` this process may use."""
+    return sorted(os.sched_getaffinity(0))[:cores]
+
+
+def worker_cpu(cfg, index):
+    """--pin: decode worker `index` (numbered across the whole system: torch rank r's
+    worker w is r x workers-per-rank + w, Ray's actor i, the DataServer's worker thread i)
+    runs on one CPU of the budget, round robin. None with --no-pin."""
+    if not cfg["pin"]:
+        return None
+    cpus = cfg["budget_cpus"]
+    return {cpus[index % len(cpus)]}
+
+
+def pin_this_process(cpus):
+    """Every thread of this process (a torch worker, a Ray actor) onto `cpus` (os.
+    sched_setaffinity(0) would move only the calling thread)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, ValueError):
+            pass  # a thread that ended meanwhile
+
+
+def thread_cpu_s(tid):
+    """CPU seconds thread `tid` of this process has run (schedstat: nanoseconds on CPU;
+    else utime + stime in clock ticks)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 # ---- one rank ---------------------------------------------------------------------------
@@ -170,10 +242,11 @@ def _rank_main(system, cfg, context, rank, port, results):
     mod = importlib.import_module(system)
     ranks, a, b = cfg["ranks"], cfg["a"], cfg["b"]
     total = cfg["warmup"] + cfg["steps"]
-    cpu_of = cfg["cpu_of"]
+    cpu_of, tokens_of = cfg["cpu_of"], cfg["tokens_of"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=ranks,
                             timeout=datetime.timedelta(seconds=cfg["timeout_s"]))
+    t_open = time.perf_counter()
     loader = mod.open_loader(cfg, context, rank)
     token = torch.zeros(4)
     steps = []
@@ -187,7 +260,8 @@ def _rank_main(system, cfg, context, rank, port, results):
             t0 = time.perf_counter()
             batch = next(it)
             t1 = time.perf_counter()
-            n, tokens, ids, ready_s = mod.batch_info(cfg, batch)
+            ids, per_sample, ready_s, cpu_s = mod.batch_info(cfg, batch)
+            n, tokens = len(ids), sum(per_sample)
             compute = a * tokens + b
             c0 = time.perf_counter()
             mod.consume(batch)
@@ -199,8 +273,12 @@ def _rank_main(system, cfg, context, rank, port, results):
             dist.all_reduce(token)
             t3 = time.perf_counter()
             steps.append({"wait_s": t1 - t0, "compute_s": compute, "barrier_s": t3 - t2,
-                          "samples": n, "tokens": tokens,
-                          "cpu_s": sum(cpu_of.get(i, 0.0) for i in ids),
+                          "samples": n, "tokens": tokens, "cpu_s": cpu_s,
+                          "cpu_est_s": sum(cpu_of.get(i, 0.0) for i in ids),
+                          # samples whose tokens differ from the profile's tokens_est
+                          # (visual + caption): 0 when every system counts the same way
+                          "token_mismatch": sum(t != tokens_of.get(i) for i, t in
+                                                zip(ids, per_sample)),
                           "ready_s": ready_s})
             if rank == 0:
                 if s + 1 == cfg["warmup"]:
@@ -214,7 +292,8 @@ def _rank_main(system, cfg, context, rank, port, results):
                     _progress(f"{mod.NAME}: step {done}/{cfg['steps']}, {sps:.1f} samples/s")
     finally:
         mod.close_loader(loader)
-    results.put(("ok", rank, {"steps": steps, "t_begin": t_begin, "t_end": t_end}))
+    results.put(("ok", rank, {"steps": steps, "t_begin": t_begin, "t_end": t_end,
+                              "t_open": t_open}))
     dist.destroy_process_group()
 
 
@@ -238,8 +317,11 @@ def run_system(system, cfg, samples):
     records = {}
     errors = []
     context = None
+    sampler = None
     try:
         context = mod.setup(cfg)
+        if hasattr(mod, "cpu_probe"):
+            sampler = _CpuSampler(mod.cpu_probe(context))
         port = free_port()
         for r in range(cfg["ranks"]):
             p = mp.Process(target=rank_entry, args=(system, cfg, context, r, port, results),
@@ -272,6 +354,8 @@ def run_system(system, cfg, samples):
         for p in procs:
             p.join(timeout=30 if not errors else 2)
     finally:
+        if sampler is not None:
+            sampler.stop()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -282,7 +366,10 @@ def run_system(system, cfg, samples):
         mod.teardown(context)
     if errors:
         raise BenchError(errors[0])
-    result = metrics(cfg, [records[r] for r in range(cfg["ranks"])], mod.cores(cfg))
+    result = metrics(cfg, [records[r] for r in range(cfg["ranks"])], mod.cores(cfg),
+                     sampler.series if sampler is not None else None)
+    result["inflight"] = mod.inflight(cfg)
+    result["pinned"] = bool(cfg["pin"])
     result["setup_s"] = time.perf_counter() - started - result["wall_s"]
     _progress(f"{mod.NAME}: {result['throughput_sps']:.1f} samples/s (ideal "
               f"{result['ideal_sps']:.1f}, efficiency {result['efficiency']:.2f}, balance "
@@ -291,12 +378,57 @@ def run_system(system, cfg, samples):
     return result
 
 
-def metrics(cfg, ranks, cores):
+class _CpuSampler:
+    """Samples probe() -> (CPU s, samples decoded) every 0.1 s on a thread of the launcher:
+    series of (perf_counter, cpu_s, decoded). perf_counter is CLOCK_MONOTONIC, the clock the
+    ranks stamp the window with."""
+
+    def __init__(self, probe):
+        import threading
+
+        self.probe = probe
+        self.series = []
+        self._stop = threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="peers-cpu", daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        cpu, decoded = self.probe()
+        self.series.append((time.perf_counter(), cpu, decoded))
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def _window_cpu(series, t0, t1, consumed, per_step):
+    """cpu_work_s from a probe's series: consumed x (CPU / decoded) over [t0, t1], or over
+    the whole series when fewer than `per_step` samples were decoded in the window."""
+    t = [x[0] for x in series]
+    cpu = [x[1] for x in series]
+    dec = [x[2] for x in series]
+    c = float(np.interp(t1, t, cpu) - np.interp(t0, t, cpu))
+    d = float(np.interp(t1, t, dec) - np.interp(t0, t, dec))
+    method = "window"
+    if d < per_step:
+        c, d, method = cpu[-1] - cpu[0], dec[-1] - dec[0], "run"
+    return (consumed * c / d if d > 0 else 0.0), method
+
+
+def metrics(cfg, ranks, cores, cpu_series=None):
     """The metrics of `datahelix bench` over the measured steps of every rank."""
     warmup, steps, n_ranks = cfg["warmup"], cfg["steps"], cfg["ranks"]
     threshold = cfg["deadline_threshold_s"]
     waits, readies = [], []
-    samples = misses = barrier = mean_sum = max_sum = cpu = 0.0
+    samples = misses = barrier = mean_sum = max_sum = cpu = cpu_est = 0.0
+    mismatch = 0
+    per_batch_cpu = True
     rank_step_s = [[0.0] * steps for _ in range(n_ranks)]
     for s in range(warmup, warmup + steps):
         mx = tot = 0.0
@@ -309,7 +441,12 @@ def metrics(cfg, ranks, cores):
             samples += st["samples"]
             misses += st["wait_s"] > threshold
             barrier += st["barrier_s"]
-            cpu += st["cpu_s"]
+            if st["cpu_s"] is None:
+                per_batch_cpu = False
+            else:
+                cpu += st["cpu_s"]
+            cpu_est += st["cpu_est_s"]
+            mismatch += st["token_mismatch"]
             tot += st["compute_s"]
             mx = max(mx, st["compute_s"])
         mean_sum += tot / n_ranks
@@ -317,6 +454,15 @@ def metrics(cfg, ranks, cores):
     n = n_ranks * steps
     wall = ranks[0]["t_end"] - ranks[0]["t_begin"]
     throughput = samples / wall if wall > 0 else 0.0
+    if per_batch_cpu:
+        cpu_method = "per-batch"
+    elif cpu_series:
+        cpu, how = _window_cpu(cpu_series, ranks[0]["t_begin"], ranks[0]["t_end"], samples,
+                               n_ranks * cfg["batch"])
+        cpu_method = f"worker-threads-{how}"
+    else:
+        raise BenchError("no CPU measurement: batch_info gave no CPU and there is no "
+                         "cpu_probe")
     cores_eff = min(cfg["cores"], cores) if cores else cfg["cores"]
     bound = max(cpu / cores_eff, max_sum)
     ideal = samples / bound if bound > 0 else 0.0
@@ -337,6 +483,9 @@ def metrics(cfg, ranks, cores):
         "wall_s": wall,
         "samples": int(samples),
         "cpu_work_s": cpu,
+        "cpu_est_s": cpu_est,
+        "cpu_work_method": cpu_method,
+        "token_mismatch": mismatch,
         "rank_step_s": [[round(x, 5) for x in row] for row in rank_step_s],
     }
 
@@ -344,7 +493,7 @@ def metrics(cfg, ranks, cores):
 METRIC_KEYS = ("throughput_sps", "input_wait_p50_s", "input_wait_p95_s", "input_wait_p99_s",
                "batch_ready_p95_s", "ddl_miss_rate", "barrier_wait_mean_s", "cross_ds_bytes",
                "sched_us_per_decision", "ideal_sps", "efficiency", "balance", "cores",
-               "wall_s", "samples", "cpu_work_s", "setup_s")
+               "wall_s", "samples", "cpu_work_s", "cpu_est_s", "setup_s")
 
 
 def median_of_runs(runs):
@@ -354,11 +503,13 @@ def median_of_runs(runs):
     for k in METRIC_KEYS:
         vals = [r[k] for r in runs if r.get(k) is not None]
         out[k] = float(np.median(vals)) if vals else None
-    out["cores"] = runs[0]["cores"]
+    for k in ("cores", "inflight", "pinned", "cpu_work_method"):
+        out[k] = runs[0][k]
+    out["token_mismatch"] = sum(r["token_mismatch"] for r in runs)
     out["cross_ds_bytes"] = 0
     order = sorted(range(len(runs)), key=lambda i: runs[i]["throughput_sps"])
     out["rank_step_s"] = runs[order[(len(runs) - 1) // 2]]["rank_step_s"]
-    out["runs"] = [{k: r.get(k) for k in METRIC_KEYS} for r in runs]
+    out["runs"] = [{k: r.get(k) for k in METRIC_KEYS + ("cpu_work_method",)} for r in runs]
     return out
 
 
@@ -376,19 +527,23 @@ def _f(x, fmt):
 def print_table(f, report):
     systems = report["systems"]
     torch_r, ray_r = systems.get("torch"), systems.get("ray")
-    head = (f"{'system':<10} {'cores':>5} {'samples/s':>9} {'wait p50':>8} {'wait p95':>8} "
-            f"{'wait p99':>8} {'ready95':>7} {'miss':>5} {'barrier':>8} {'eff':>5} "
-            f"{'bal':>5} {'x torch':>8} {'x ray':>8}")
+    head = (f"{'system':<10} {'cores':>5} {'depth':>5} {'pin':>3} {'samples/s':>9} "
+            f"{'wait p50':>8} {'wait p95':>8} {'wait p99':>8} {'ready95':>7} {'miss':>5} "
+            f"{'barrier':>8} {'cpu s':>7} {'eff':>5} {'bal':>5} {'x torch':>8} {'x ray':>8}")
     print(head, file=f)
     for name, s in systems.items():
-        print(f"{name:<10} {s['cores']:>5} {s['throughput_sps']:>9.1f} "
+        print(f"{name:<10} {s['cores']:>5} {s['inflight']:>5} "
+              f"{'yes' if s['pinned'] else 'no':>3} {s['throughput_sps']:>9.1f} "
               f"{s['input_wait_p50_s']:>8.3f} {s['input_wait_p95_s']:>8.3f} "
               f"{s['input_wait_p99_s']:>8.3f} {_f(s['batch_ready_p95_s'], '7.3f'):>7} "
               f"{100 * s['ddl_miss_rate']:>4.0f}% {s['barrier_wait_mean_s']:>8.3f} "
-              f"{s['efficiency']:>5.2f} {s['balance']:>5.2f} "
+              f"{s['cpu_work_s']:>7.2f} {s['efficiency']:>5.2f} {s['balance']:>5.2f} "
               f"{_ratio(s['throughput_sps'], torch_r['throughput_sps']) if torch_r else '-':>8} "
               f"{_ratio(s['throughput_sps'], ray_r['throughput_sps']) if ray_r else '-':>8}",
               file=f)
+    print("(depth: batches in flight per rank; cpu s: cpu_work_s, the system's own decode "
+          "CPU for the window's samples; eff: throughput / (samples / max(cpu s / cores, "
+          "compute)))", file=f)
     runs = report["config"]["runs"]
     if runs > 1:
         print(f"(medians of {runs} runs; samples/s per run: " + "; ".join(
@@ -413,6 +568,9 @@ def print_table(f, report):
         for p in parts:
             print(p, file=f)
     for name, s in systems.items():
+        if s.get("token_mismatch"):
+            print(f"note: {name}: {s['token_mismatch']} samples' tokens differ from the "
+                  f"profile's tokens_est (visual + caption)", file=f)
         if s["efficiency"] > 1.02:
             print(f"note: {name} ran above its ideal bound (efficiency {s['efficiency']:.2f}):"
                   f" the measured steps drew on batches prefetched before them; use more "

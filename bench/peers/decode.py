@@ -13,12 +13,16 @@ uses for its PyAV column):
   packets (no decoding); the decoder seeks to the keyframe before a sampled frame only when
   that keyframe lies ahead of where it is, and decodes forward.
 
-collate() pads a batch to its largest T, H and W, with a B x T mask of the real frames.
+collate() pads a batch to its largest T, H and W, with a B x T mask of the real frames;
+each sample's tokens are common.sample_tokens: the decoded clip's visual tokens plus its
+caption tokens (the token source every system's emulated compute uses).
 """
 import math
 
 import av
 import numpy as np
+
+import common
 
 
 def _lround(x):
@@ -112,9 +116,9 @@ def _numpy_alloc(shape, dtype):
 
 def collate(samples, alloc=_numpy_alloc):
     """Pads to the batch max T/H/W: {"frames": B x T x 3 x H x W uint8, "mask": B x T bool,
-    "tokens": int64 B, "sample_ids", "captions"}. The arrays are numpy, or what
-    `alloc(shape, dtype)` returns as (object, numpy view of it) (torch_peer: tensors in
-    shared memory, as torch's default_collate allocates them in a worker)."""
+    "tokens": int64 B (common.sample_tokens), "sample_ids", "captions"}. The arrays are
+    numpy, or what `alloc(shape, dtype)` returns as (object, numpy view of it) (torch_peer:
+    tensors in shared memory, as torch's default_collate allocates them in a worker)."""
     b = len(samples)
     t = max(s["frames_data"].shape[0] for s in samples)
     h = max(s["frames_data"].shape[2] for s in samples)
@@ -132,7 +136,7 @@ def collate(samples, alloc=_numpy_alloc):
             frames[i, :ft, :, :fh, fw:] = 0
         mask[i, :ft] = True
         mask[i, ft:] = False
-        tokens[i] = s["tokens"]
+        tokens[i] = common.sample_tokens(common.visual_tokens(ft, fh, fw), s)
     return {"frames": frames_obj, "mask": mask_obj, "tokens": tokens_obj,
             "sample_ids": [s["id"] for s in samples],
             "captions": [s.get("caption", "") for s in samples]}

@@ -4,9 +4,10 @@ The launcher starts one local Ray instance, ray.init(num_cpus=workers,
 include_dashboard=False), and `workers` decode actors (num_cpus=1 each, named, so the whole
 CPU budget is theirs). Each rank is a Ray driver of that instance (ray.init(address=...)):
 it looks the actors up by name and drives them through its own ray.util.ActorPool, keeping
-`--ray-inflight` batches in flight (default 2 x max(1, workers // ranks), PyTorch's prefetch
-rule applied to its share of the pool, as the C harness's `pool`). The pool is shared by
-all ranks: the actors serve the ranks' requests in the order they arrive.
+--inflight batches in flight (the same N as every system; --own-defaults: 2 x max(1,
+workers // ranks), PyTorch's prefetch rule applied to its share of the pool, as the C
+harness's `pool`; ActorPool itself has no default). The pool is shared by all ranks: the
+actors serve the ranks' requests in the order they arrive.
 
 This is how a training job uses Ray as its input pipeline without Ray Train: the trainer
 processes are launched by the job (here, by this harness; in practice by torchrun), join
@@ -15,11 +16,15 @@ through the object store. Ray Data's streaming_split does the same with more mac
 (and its own scheduler, which on 2 cores costs CPU the decoders need).
 
 Each actor decodes a whole batch (decode.decode_batch: the same PyAV decode and collate as
-the torch peer) and returns numpy arrays; the actor's result is written into the object
+the torch peer) and returns numpy arrays, with the thread CPU time the decode and collate
+took (batch["cpu_s"], time.thread_time); the actor's result is written into the object
 store and read zero-copy (read-only) by the rank, which then copies the frames into its own
 memory as a torch tensor, inside the step's compute time, as the C harness's `pool` does
 (the object-store hop). Sample order: DistributedSampler's (the same shards as the torch
 peer), epoch after epoch.
+
+--pin: actor i, decode worker i of the system, runs on one CPU of the budget, round robin
+(common.worker_cpu, the rule every system follows; all the actor process's threads).
 
 batch_ready: the rank stamps the submit, the actor stamps the end of its collate.
 """
@@ -43,7 +48,8 @@ def cores(cfg):
 
 
 def inflight(cfg):
-    return cfg["ray_inflight"] or 2 * max(1, cfg["workers"] // cfg["ranks"])
+    n = cfg["inflight"]
+    return n if n is not None else 2 * max(1, cfg["workers"] // cfg["ranks"])
 
 
 class Decoder:
@@ -54,13 +60,19 @@ class Decoder:
 
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    def ready(self):
+    def ready(self, cpus):
+        if cpus:
+            import common
+
+            common.pin_this_process(cpus)
         return os.getpid()
 
     def decode(self, items):
         import decode
 
+        cpu0 = time.thread_time()
         batch = decode.decode_batch(items)
+        batch["cpu_s"] = time.thread_time() - cpu0
         batch["ready_t"] = time.time()
         return batch
 
@@ -85,7 +97,10 @@ def setup(cfg):
     actor_cls = ray.remote(num_cpus=1)(Decoder)
     names = [f"decoder-{i}" for i in range(cfg["workers"])]
     actors = [actor_cls.options(name=n).remote() for n in names]
-    ray.get([a.ready.remote() for a in actors], timeout=cfg["timeout_s"])
+    import common
+
+    ray.get([a.ready.remote(common.worker_cpu(cfg, i)) for i, a in enumerate(actors)],
+            timeout=cfg["timeout_s"])
     # the launcher holds the handles (the actors live while it does); the ranks get names
     _ACTORS[:] = actors
     return {"address": info.address_info["address"], "names": names}
@@ -157,7 +172,8 @@ def open_loader(cfg, context, rank):
 
 def batch_info(cfg, batch):
     ids = batch["sample_ids"]
-    return len(ids), int(batch["tokens"].sum()), ids, batch["ready_t"] - batch["requested_t"]
+    return (ids, [int(t) for t in batch["tokens"]], batch["ready_t"] - batch["requested_t"],
+            batch["cpu_s"])
 
 
 def consume(batch):

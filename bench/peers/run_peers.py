@@ -5,29 +5,41 @@ third-party loaders and by datahelix.DataLoader, side by side (issue 6, point 3)
 R ranks (processes in one torch.distributed gloo group on 127.0.0.1) take a batch, sleep
 a x tokens + b seconds (the emulated accelerator), then all-reduce a small tensor (the
 barrier). The same dataset, the same frames and size (each sample's profile plan), the
-same total CPU budget (--workers decode workers, on min(workers, CPUs) cores), for each
-system:
+same total CPU budget (--workers decode workers, on min(workers, CPUs) cores), and by
+default the same conditions for each system:
+
+  in flight  --inflight N (4) batches per rank for every system: torch prefetch_factor x
+             workers per rank, Ray's outstanding ActorPool tasks, datahelix prefetch;
+             --own-defaults: each system's own (torch 2 x workers per rank, Ray the same
+             rule, datahelix its loader's 4)
+  pinning    --pin (default): every system's decode workers (torch workers, Ray actors,
+             the DataServer's worker threads), numbered across the system, each on one
+             CPU of the budget, round robin; --no-pin: none pinned
+  tokens     the compute of every system: decoded visual tokens + caption tokens
+  CPU        cpu_work_s: each system's own measured decode-worker CPU seconds for the
+             samples of the measured window; the ideal bound and the efficiency use it
 
   torch      rank-local torch.utils.data.DataLoader: DistributedSampler(shuffle, seed),
-             max(1, workers // ranks) workers per rank, prefetch_factor 2, a Dataset that
-             decodes with PyAV; workers pinned to the rank's CPU share (--no-pin: not)
+             max(1, workers // ranks) workers per rank, a Dataset that decodes with PyAV
   ray        one Ray instance (num_cpus = workers), `workers` PyAV decode actors shared by
-             every rank, each rank a Ray driver with its own ray.util.ActorPool over them
-             (--ray-inflight batches in flight); batches copied out of the object store
-  datahelix  datahelix.DataLoader against datahelix.start_cluster(DIR, workers=W), epoch
-             after epoch (set_epoch); imported from the environment, else build/python
-             (skipped, with the reason, when neither imports)
+             every rank, each rank a Ray driver with its own ray.util.ActorPool over them;
+             batches copied out of the object store
+  datahelix  datahelix.DataLoader against a local DataServer of W worker threads, epoch
+             after epoch; imported from the environment, else build/python (skipped, with
+             the reason, when neither imports)
 
 Compute (`--compute auto` of datahelix bench, the balanced regime): with cores =
 min(workers, CPUs), step = ranks x batch x mean cpu_s_est / cores, b = 0.1 x step,
 a = 0.9 x step / (batch x mean tokens_est), both x --compute-scale. A step misses when
 its input wait exceeds --deadline-threshold (default 10% of the mean step's compute).
+--steps (40) measured steps follow a warm-up at least as deep as the deepest in-flight
+depth; --runs (3) runs per system, interleaved, medians reported.
 
 Prints progress on stderr, then a table on stdout (samples/s, input-wait percentiles,
-batch request -> ready p95, miss rate, barrier wait, efficiency, balance, ratios against
-torch and ray) and the datahelix/torch and datahelix/ray ratios; --json FILE writes
-{"config":{...},"systems":{"torch":{...},"ray":{...},"datahelix":{...}}} with the metric
-names of `datahelix bench --json` (see bench/peers/README.md).
+batch request -> ready p95, miss rate, barrier wait, cpu_work_s, efficiency, balance,
+ratios against torch and ray) and the datahelix/torch and datahelix/ray ratios; --json FILE
+writes {"config":{...},"systems":{"torch":{...},"ray":{...},"datahelix":{...}}} with the
+metric names of `datahelix bench --json` (see bench/peers/README.md).
 """
 import argparse
 import os
@@ -67,8 +79,10 @@ def parse_args(argv):
                    help="the datahelix binary for synth and probe (build/datahelix)")
     w.add_argument("--ranks", type=int, default=4, help="ranks (4)")
     w.add_argument("--batch", type=int, default=2, help="samples per rank per step (2)")
-    w.add_argument("--steps", type=int, default=12, help="measured steps (12)")
-    w.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (3)")
+    w.add_argument("--steps", type=int, default=40, help="measured steps (40)")
+    w.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps, not measured (default: the deepest in-flight depth "
+                        "of the systems run, at least 3; never less than that)")
     w.add_argument("--seed", type=int, default=1, help="sampler seed, and synth seed (1)")
     s = p.add_argument_group("systems")
     s.add_argument("--systems", default="torch,ray,datahelix",
@@ -76,16 +90,20 @@ def parse_args(argv):
     s.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="decode workers in all, every system (default: the CPUs, "
                         f"{os.cpu_count()} here)")
+    s.add_argument("--pin", dest="pin", action="store_true", default=True,
+                   help="pin every system's decode workers, each on one CPU of the budget, "
+                        "round robin (default)")
     s.add_argument("--no-pin", dest="pin", action="store_false",
-                   help="torch: do not pin each rank's workers to its share of the CPUs")
-    s.add_argument("--ray-inflight", type=int, default=0, metavar="N",
-                   help="ray: batches in flight per rank (default 2 x max(1, workers // "
-                        "ranks))")
-    s.add_argument("--prefetch", type=int, default=0, metavar="P",
-                   help="datahelix: DataLoader(prefetch=P) (default: the loader's own)")
+                   help="pin no system's decode workers")
+    s.add_argument("--inflight", type=int, default=4, metavar="N",
+                   help="batches in flight per rank, every system (4): torch prefetch_factor "
+                        "x workers per rank, Ray outstanding tasks, datahelix prefetch")
+    s.add_argument("--own-defaults", action="store_true",
+                   help="each system at its own default in-flight depth instead of "
+                        "--inflight (torch and Ray 2 x workers per rank, datahelix 4)")
     s.add_argument("--prefetch-max", type=int, default=0, metavar="Q",
                    help="datahelix: DataLoader(prefetch_max=Q), the adaptive prefetch "
-                        "(default: fixed)")
+                        "(default: fixed; Q counts as its in-flight depth)")
     s.add_argument("--plan", choices=("balanced", "packing", "count"),
                    help="datahelix: DataLoader(plan=...) (default: the loader's own)")
     c = p.add_argument_group("compute and metrics")
@@ -95,8 +113,8 @@ def parse_args(argv):
                    help="a step misses when its input wait exceeds S seconds (default: 10%% "
                         "of the mean step's compute)")
     o = p.add_argument_group("runs and output")
-    o.add_argument("--runs", type=int, default=1,
-                   help="repeat every system N times (interleaved) and report medians (1)")
+    o.add_argument("--runs", type=int, default=3,
+                   help="repeat every system N times (interleaved) and report medians (3)")
     o.add_argument("--json", metavar="FILE", help="write the report as JSON")
     o.add_argument("--timeout", type=float, default=600, metavar="S",
                    help="give up on a system run after S seconds (600)")
@@ -107,8 +125,13 @@ def parse_args(argv):
     for name in ("ranks", "batch", "steps", "workers", "runs", "count"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
-    if args.warmup < 0 or args.ray_inflight < 0 or args.prefetch < 0 or args.prefetch_max < 0:
-        p.error("--warmup, --ray-inflight, --prefetch and --prefetch-max must be >= 0")
+    if (args.warmup is not None and args.warmup < 0) or args.prefetch_max < 0:
+        p.error("--warmup and --prefetch-max must be >= 0")
+    if args.inflight < 1:
+        p.error("--inflight must be at least 1")
+    if args.prefetch_max and not args.own_defaults and args.prefetch_max != args.inflight:
+        p.error("--prefetch-max Q deepens datahelix's in-flight depth past --inflight: give "
+                "--inflight Q too (equal depth), or --own-defaults")
     if not args.compute_scale > 0 or not args.timeout > 0 or args.deadline_threshold < 0:
         p.error("--compute-scale and --timeout must be > 0, --deadline-threshold >= 0")
     if args.dataset and args.mix:
@@ -183,6 +206,7 @@ def run(args):
                          f"{args.ranks} x {args.batch}")
     ncpu = os.cpu_count() or 1
     cores = min(args.workers, ncpu)
+    load_start = os.getloadavg()[0]
     model = common.compute_model(samples, args.ranks, args.batch, cores, args.compute_scale,
                                  args.deadline_threshold)
     print(f"peers: {dataset}: {len(samples)} samples (mean {model['mean_cpu_s']:.3f} CPU s, "
@@ -192,11 +216,13 @@ def run(args):
           f"on {ncpu} CPUs", file=sys.stderr, flush=True)
     cfg = {"dataset": dataset, "samples": samples,
            "cpu_of": {s["id"]: s["cpu_s"] for s in samples},
+           "tokens_of": {s["id"]: s["tokens"] for s in samples},
+           "sample_of": {s["id"]: s for s in samples},
            "ranks": args.ranks, "batch": args.batch, "steps": args.steps,
-           "warmup": args.warmup, "seed": args.seed, "workers": args.workers, "ncpu": ncpu,
-           "pin": args.pin, "ray_inflight": args.ray_inflight, "prefetch": args.prefetch,
-           "prefetch_max": args.prefetch_max,
-           "plan": args.plan,
+           "warmup": 0, "seed": args.seed, "workers": args.workers, "ncpu": ncpu,
+           "pin": args.pin, "budget_cpus": common.budget_cpus(cores),
+           "inflight": None if args.own_defaults else args.inflight,
+           "prefetch_max": args.prefetch_max, "plan": args.plan,
            "cores": cores, "a": model["a"], "b": model["b"],
            "deadline_threshold_s": model["deadline_threshold_s"],
            "timeout_s": args.timeout, "verbose": args.verbose}
@@ -210,6 +236,19 @@ def run(args):
             print(f"peers: {name}: skipped: {reason}", file=sys.stderr, flush=True)
         else:
             runnable.append(name)
+    depth = {name: __import__(SYSTEMS[name]).inflight(cfg) for name in runnable}
+    deepest = max(depth.values(), default=0)
+    warmup = max(3, deepest) if args.warmup is None else args.warmup
+    if warmup < deepest:
+        print(f"peers: --warmup {warmup} raised to {deepest}, the deepest in-flight depth "
+              f"(so the window starts in steady state)", file=sys.stderr, flush=True)
+        warmup = deepest
+    cfg["warmup"] = warmup
+    pinning = ("pinned, one CPU each, round robin over CPUs "
+               + ",".join(map(str, cfg["budget_cpus"])) if args.pin else "not pinned")
+    print("peers: in flight per rank: " + ", ".join(f"{n} {d}" for n, d in depth.items())
+          + f"; decode workers {pinning}; {args.steps} steps after {warmup} of warm-up, "
+          f"{args.runs} run(s)", file=sys.stderr, flush=True)
     runs = {name: [] for name in runnable}
     for k in range(args.runs):
         if args.runs > 1:
@@ -227,17 +266,20 @@ def run(args):
     report = {
         "config": {
             "mode": "dataset", "source": dataset, "ranks": args.ranks, "batch": args.batch,
-            "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+            "steps": args.steps, "warmup": warmup, "workers": args.workers,
             "cores": cores, "cpus": ncpu, "a": model["a"], "b": model["b"],
             "compute_scale": args.compute_scale,
             "mean_step_compute_s": model["mean_step_compute_s"],
             "deadline_threshold_s": model["deadline_threshold_s"], "seed": args.seed,
             "rows": len(samples), "systems": ",".join(args.system_list), "runs": args.runs,
-            "pin": args.pin,
-            "ray_inflight": (args.ray_inflight or 2 * max(1, args.workers // args.ranks)),
+            "pin": args.pin, "pinned": args.pin, "budget_cpus": cfg["budget_cpus"],
+            "inflight": "own" if args.own_defaults else args.inflight,
+            "inflight_per_system": depth, "own_defaults": args.own_defaults,
             "torch_workers_per_rank": max(1, args.workers // args.ranks),
-            "prefetch": args.prefetch or None, "prefetch_max": args.prefetch_max or None,
+            "prefetch_max": args.prefetch_max or None,
             "plan": args.plan, "versions": versions(),
+            "load_avg_1m_start": load_start,
+            "load_avg_1m_end": os.getloadavg()[0],
             "skipped": skipped, "failed": failed,
         },
         "systems": systems,

@@ -1,24 +1,28 @@
 """torch: rank-local torch.utils.data.DataLoader, the way a PyTorch DDP job loads video.
 
 Each rank has its own DataLoader over a map-style Dataset that decodes with PyAV
-(decode.py): num_workers = max(1, workers // ranks) worker processes, prefetch_factor 2
-(PyTorch's default), batch_size = --batch, DistributedSampler(shuffle=True, seed=--seed),
-samples fixed-count per batch. The sampler runs epoch after epoch (set_epoch(e), as a
-training script does) in one never-ending iterator, so the loader does not drain at an
-epoch boundary of the small benchmark dataset (the C harness's clients do the same).
+(decode.py): num_workers = max(1, workers // ranks) worker processes, batch_size = --batch,
+DistributedSampler(shuffle=True, seed=--seed), samples fixed-count per batch. The sampler
+runs epoch after epoch (set_epoch(e), as a training script does) in one never-ending
+iterator, so the loader does not drain at an epoch boundary of the small benchmark dataset
+(the C harness's clients do the same).
 
-As `datahelix bench` does for `native` with real decoding, each rank's workers are pinned to
-the rank's share of the CPU budget (cores = min(workers, CPUs); rank r on CPUs
-[r x cores / R, (r + 1) x cores / R), at least one), as on a node whose loaders cannot
-borrow another node's idle cores. With R > workers that is more worker processes than
-cores (4 ranks x 1 worker on 2 CPUs), but never more CPUs. --no-pin lets the kernel pool
-them instead (and then, with workers < CPUs, they may use more than the budget).
+In flight per rank: prefetch_factor x num_workers batches (torch keeps that many
+outstanding). --inflight N (the harness default, the same N for every system):
+prefetch_factor = ceil(N / num_workers); --own-defaults: PyTorch's prefetch_factor 2.
+
+--pin (the rule of common.worker_cpu, the same for every system): rank r's worker w, decode
+worker r x num_workers + w of the system, runs on one CPU of the budget, round robin (all
+the worker process's threads). With R > workers that is more worker processes than cores
+(4 ranks x 1 worker on 2 CPUs), but never more CPUs. --no-pin: the kernel places them.
+
+CPU: each sample's decode and each batch's collate are timed with the worker's thread CPU
+clock (time.thread_time), and the batch carries the sum (batch["cpu_s"]).
 
 batch_ready: the sampler stamps each index when the DataLoader dispatches it to a worker
 (that is when the main process pulls indices from the sampler); the worker stamps the batch
 after the collate: ready - request, as the C harness's request sent -> batch ready.
 """
-import os
 import time
 
 NAME = "torch"
@@ -38,6 +42,18 @@ def workers_per_rank(cfg):
 
 def cores(cfg):
     return workers_per_rank(cfg) * cfg["ranks"]
+
+
+def prefetch_factor(cfg):
+    n = cfg["inflight"]
+    if n is None:
+        return 2  # PyTorch's default
+    w = workers_per_rank(cfg)
+    return max(1, (n + w - 1) // w)
+
+
+def inflight(cfg):
+    return prefetch_factor(cfg) * workers_per_rank(cfg)
 
 
 def setup(cfg):
@@ -64,8 +80,10 @@ class VideoDataset:
 
         index, requested = key if isinstance(key, tuple) else (key, None)
         s = self.samples[index]
-        return dict(s, frames_data=decode.decode_sample(s["path"], s["frames"], s["height"],
-                                                        s["width"]), requested=requested)
+        cpu0 = time.thread_time()
+        data = decode.decode_sample(s["path"], s["frames"], s["height"], s["width"])
+        return dict(s, frames_data=data, requested=requested,
+                    cpu_s=time.thread_time() - cpu0)
 
 
 class _StampedSampler:
@@ -104,37 +122,43 @@ def _shared(shape, dtype):
 def collate(samples):
     import decode
 
+    cpu0 = time.thread_time()
     batch = decode.collate(samples, alloc=_shared)
+    batch["cpu_s"] = sum(s["cpu_s"] for s in samples) + time.thread_time() - cpu0
     stamps = [s["requested"] for s in samples if s["requested"] is not None]
     batch["requested_t"] = min(stamps) if stamps else None
     batch["ready_t"] = time.time()
     return batch
 
 
-class _Pin:
-    def __init__(self, cpus):
-        self.cpus = cpus
+class _WorkerInit:
+    """worker_init_fn: one torch thread; with --pin, the worker onto its CPU."""
+
+    def __init__(self, cfg, rank):
+        import common
+
+        w = workers_per_rank(cfg)
+        self.cpus = [common.worker_cpu(cfg, rank * w + i) for i in range(w)]
 
     def __call__(self, worker_id):
         import torch
 
+        import common
+
         torch.set_num_threads(1)
-        if self.cpus:
-            os.sched_setaffinity(0, self.cpus)
+        if self.cpus[worker_id]:
+            common.pin_this_process(self.cpus[worker_id])
 
 
 def open_loader(cfg, context, rank):
     from torch.utils.data import DataLoader, DistributedSampler
 
-    import common
-
     dataset = VideoDataset(cfg["samples"])
     sampler = DistributedSampler(dataset, num_replicas=cfg["ranks"], rank=rank, shuffle=True,
                                  seed=cfg["seed"])
-    cpus = common.cpu_share(rank, cfg["ranks"], cfg["cores"]) if cfg["pin"] else None
     return DataLoader(dataset, batch_size=cfg["batch"], sampler=_StampedSampler(sampler),
-                      num_workers=workers_per_rank(cfg), prefetch_factor=2,
-                      collate_fn=collate, worker_init_fn=_Pin(cpus),
+                      num_workers=workers_per_rank(cfg), prefetch_factor=prefetch_factor(cfg),
+                      collate_fn=collate, worker_init_fn=_WorkerInit(cfg, rank),
                       multiprocessing_context="fork")
 
 
@@ -142,7 +166,7 @@ def batch_info(cfg, batch):
     ids = batch["sample_ids"]
     ready = (batch["ready_t"] - batch["requested_t"]
              if batch.get("requested_t") is not None else None)
-    return len(ids), int(batch["tokens"].sum()), ids, ready
+    return ids, [int(t) for t in batch["tokens"]], ready, batch["cpu_s"]
 
 
 def consume(batch):
