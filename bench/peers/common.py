@@ -474,7 +474,8 @@ def metrics(cfg, ranks, cores, cpu_series=None):
         "batch_ready_p95_s": float(np.percentile(readies, 95)) if readies else None,
         "ddl_miss_rate": misses / n,
         "barrier_wait_mean_s": barrier / n,
-        "cross_ds_bytes": 0,
+        "cross_node_bytes": 0,  # one node
+        "copy_bytes": None,  # real copies cost their real time here; not counted
         "sched_us_per_decision": None,
         "ideal_sps": ideal,
         "efficiency": throughput / ideal if ideal > 0 else 0.0,
@@ -491,7 +492,7 @@ def metrics(cfg, ranks, cores, cpu_series=None):
 
 
 METRIC_KEYS = ("throughput_sps", "input_wait_p50_s", "input_wait_p95_s", "input_wait_p99_s",
-               "batch_ready_p95_s", "ddl_miss_rate", "barrier_wait_mean_s", "cross_ds_bytes",
+               "batch_ready_p95_s", "ddl_miss_rate", "barrier_wait_mean_s", "cross_node_bytes",
                "sched_us_per_decision", "ideal_sps", "efficiency", "balance", "cores",
                "wall_s", "samples", "cpu_work_s", "cpu_est_s", "setup_s")
 
@@ -506,7 +507,8 @@ def median_of_runs(runs):
     for k in ("cores", "inflight", "pinned", "cpu_work_method"):
         out[k] = runs[0][k]
     out["token_mismatch"] = sum(r["token_mismatch"] for r in runs)
-    out["cross_ds_bytes"] = 0
+    out["cross_node_bytes"] = 0
+    out["copy_bytes"] = None
     order = sorted(range(len(runs)), key=lambda i: runs[i]["throughput_sps"])
     out["rank_step_s"] = runs[order[(len(runs) - 1) // 2]]["rank_step_s"]
     out["runs"] = [{k: r.get(k) for k in METRIC_KEYS + ("cpu_work_method",)} for r in runs]
