@@ -21,6 +21,7 @@
 #include "datahelix/plan.h"
 #include "datahelix/probe.h"
 #include "datahelix/profile.h"
+#include "datahelix/rebalance.h"
 #include "datahelix/rng.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
