@@ -421,7 +421,9 @@ class DataLoader:
             shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], on_error=on_error,
             next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
-            workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy)
+            workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,
+            # the ranks that share this node's arena (torchrun sets LOCAL_WORLD_SIZE); 0 = all
+            local_ranks=(_env_int("LOCAL_WORLD_SIZE") or 0) if self.world_size > 1 else 0)
         self._captions = _load_captions(paths["manifest"])
         self._epoch = 0
         self._client: Optional[_C.Client] = None

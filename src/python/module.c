@@ -483,6 +483,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "arena_bytes",
                              "policy",
                              "prefetch_max",
+                             "local_ranks",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
@@ -490,14 +491,14 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes;
     unsigned rank = 0, ranks = 1, batch = 0, fanout = cfg.fanout, prefetch = cfg.prefetch,
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
-             workers = cfg.workers, prefetch_max = cfg.prefetch_max;
+             workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks;
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzI", kwlist, &cfg.profiles, &rank, &ranks,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzII", kwlist, &cfg.profiles, &rank, &ranks,
             &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
             &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
             &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
-            &workers, &arena, &cfg.policy, &prefetch_max))
+            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -517,6 +518,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.fanout = fanout;
     cfg.prefetch = prefetch;
     cfg.prefetch_max = prefetch_max;
+    cfg.local_ranks = local_ranks;
     cfg.max_inflight = max_inflight;
     cfg.seed = seed;
     cfg.shuffle = shuffle;
