@@ -39,6 +39,94 @@ typedef enum {
     DH_ON_ERROR_SKIP = 1,  /* next() yields the batch; failed samples are flagged and counted */
 } dh_on_error_t;
 
+typedef struct dh_client_sample {
+    const char *id;
+    int64_t tokens;            /* tokens the pipeline produced (0 for a failed sample) */
+    int error;                 /* 0 or a negative DH_E* code */
+    const char *error_message; /* NULL, or names the sample, its path and the cause */
+} dh_client_sample_t;
+
+/* ---- Tier 2: rebalancing of materialized batches (docs/rebalancing.md) ----
+ *
+ * The ranks of a load-balance group meet in rounds. A round holds the group's batches of
+ * `steps` consecutive global steps (steps = max(1, buffer_size / (group ranks x batch)), at
+ * most the prefetch depth), once every part of them is materialized in the arenas and
+ * before next() yields any of them: each rank computes its parts' features (feature_fn, or
+ * the defaults), the coordinator gathers them and gives every member the same round, every
+ * member derives the same decision from it (sort_fn, or the default policy and its cost
+ * gate), and the parts change hands: on one node a part's slabs change owner (no pixel
+ * copy), across nodes the owner's local DataServer forwards its bytes to the receiver's
+ * over the data path. The unit that moves is a part (a request's microbatch: fanout parts
+ * per batch; fanout = batch moves single samples). A moved part stays in its global step
+ * and takes the place of a part the receiver gives up (each rank keeps its number of parts
+ * per batch), so batches stay in order and every sample is yielded exactly once. */
+
+#define DH_REBALANCE_MAX_FEATURES 16
+
+/* One part of a round, as a policy sees it. */
+typedef struct dh_rebalance_part {
+    uint32_t rank;          /* the rank that holds it now */
+    uint64_t batch;         /* its batch index (the same on every rank for one step) */
+    uint32_t slot;          /* its part index in that rank's batch (0 .. fanout-1) */
+    uint32_t n_samples;     /* samples in it */
+    double tokens;          /* actual tokens of its samples */
+    double bytes;           /* its tensors' bytes (what moving it across nodes carries) */
+    double cpu_s;           /* measured decode seconds of its samples (0: not measured) */
+    const double *features; /* n_features values: feature_fn's, else {tokens, bytes, cpu_s} */
+} dh_rebalance_part_t;
+
+/* A round, as every member of the group sees it (identical on every member). */
+typedef struct dh_rebalance_round {
+    uint32_t group;                   /* the group's id */
+    uint64_t round;                   /* the round number (batches round x steps ...) */
+    const uint32_t *ranks;            /* the group's ranks, ascending */
+    uint32_t n_ranks;
+    const dh_rebalance_part_t *parts; /* ordered by (batch, rank, slot) */
+    size_t n_parts;
+    size_t n_features;
+    double s_per_token;  /* the members' mean learned compute seconds per token (0: none) */
+    double min_gain;     /* the config's */
+    double move_s_per_B; /* seconds per byte of a move across nodes; 0 when the group is on
+                          * one node (a move is then a change of owner) */
+    const char *args;    /* the config's args (NULL: none) */
+} dh_rebalance_round_t;
+
+/* A user feature function: fills features[0 .. n_features) for one materialized part, on
+ * the rank that holds it (the fetcher thread). The tensors are zero-copy views of the part
+ * (the collated rows of its samples). Returns 0, or a negative DH_E* code (the round is
+ * then kept by every member, and next() fails with that code under on_error raise). */
+typedef int (*dh_rebalance_feature_fn)(void *user, const dh_tensor_t *tensors, size_t n_tensors,
+                                       const dh_client_sample_t *samples, size_t n_samples,
+                                       double *features, size_t n_features);
+
+/* A user assignment policy: given the round, writes new_rank[i] for every part (a rank of
+ * the group), and returns 0 to apply it or 1 to keep the current assignment, or a negative
+ * DH_E* code (an error: kept, as above). An assignment must keep each rank's number of
+ * parts in each batch (parts move within their step, in exchange); one that does not is
+ * refused as an error naming the round. Must be deterministic: every member runs it. */
+typedef int (*dh_rebalance_sort_fn)(void *user, const dh_rebalance_round_t *round,
+                                    uint32_t *new_rank);
+
+typedef struct dh_rebalance_config {
+    int enabled;              /* 0: no tier 2 (the default) */
+    const uint32_t *group_of; /* `ranks` entries: each rank's group id (a rank alone in its
+                               * group does not rebalance); NULL = by node: ranks
+                               * [r - r % local_ranks, + local_ranks) (torchrun's order) */
+    uint32_t buffer_size;     /* samples per round across the group (64) */
+    double min_gain;          /* the gate's margin, a fraction of the largest rank's
+                               * compute (0.05) */
+    double move_s_per_B;      /* seconds per byte moved across nodes (3.2e-10: 25 Gb/s) */
+    size_t n_features;        /* with feature_fn: its vector's length (1 .. 16) */
+    dh_rebalance_feature_fn feature_fn; /* NULL = {tokens, bytes, cpu_s} */
+    void *feature_user;
+    dh_rebalance_sort_fn sort_fn; /* NULL = the default policy (rebalance.h) per batch,
+                                   * part counts kept, and its cost gate */
+    void *sort_user;
+    const char *args;     /* handed to sort_fn (e.g. JSON text); copied at creation */
+    int round_timeout_ms; /* the coordinator ends a round that has not heard from every
+                           * member within this (every member keeps): 10000 */
+} dh_rebalance_config_t;
+
 typedef struct dh_client_config {
     const char *coordinator;  /* endpoint; NULL or "" = embedded mode */
     const char *profiles;     /* profile JSONL (probe or gen-profiles output); required */
@@ -96,17 +184,11 @@ typedef struct dh_client_config {
     uint64_t arena_budget_bytes; /* embedded mode: the memory the arena may take; 0 =
                                   * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
                                   * quarter of physical memory) */
+    dh_rebalance_config_t rebalance; /* tier 2 (off by default) */
 } dh_client_config_t;
 
 /* Fills *cfg with the defaults above (profiles NULL: must be set). */
 DH_EXTERN void dh_client_config_default(dh_client_config_t *cfg);
-
-typedef struct dh_client_sample {
-    const char *id;
-    int64_t tokens;            /* tokens the pipeline produced (0 for a failed sample) */
-    int error;                 /* 0 or a negative DH_E* code */
-    const char *error_message; /* NULL, or names the sample, its path and the cause */
-} dh_client_sample_t;
 
 typedef struct dh_client_batch {
     uint64_t index; /* batch number of this client, from 0 */
@@ -176,6 +258,16 @@ typedef struct dh_client_stats {
      * any admission of a batch beyond the first in flight, which goes however large), and
      * the budget they are held to (0 = no arena known: no byte limit). */
     double bytes_outstanding, bytes_outstanding_peak, byte_budget;
+    /* Tier 2 (rebalance.enabled): rounds this rank took part in (decided: applied, kept by
+     * the gate or the policy, or ended by the coordinator), those that moved parts, those
+     * the cost gate kept; the parts and samples this rank received, and their bytes (on one
+     * node handed over, across nodes forwarded: rebalance_bytes_remote); the time from the
+     * round's last part materialized on this rank to the decision applied (p95 and max over
+     * the rounds so far). */
+    uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
+    uint64_t rebalance_moved_parts, rebalance_moved_samples;
+    uint64_t rebalance_bytes, rebalance_bytes_remote;
+    double rebalance_s_p95, rebalance_s_max;
 } dh_client_stats_t;
 
 DH_EXTERN void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);

@@ -106,6 +106,10 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->connect_timeout_ms = 30000;
     cfg->workers = 2;
     cfg->arena_bytes = 0; /* what the horizon needs, within arena_budget_bytes */
+    cfg->rebalance.buffer_size = 64;
+    cfg->rebalance.min_gain = 0.05;
+    cfg->rebalance.move_s_per_B = 8 / 25e9; /* a 25 Gb/s link */
+    cfg->rebalance.round_timeout_ms = 10000;
 }
 
 const char *dh_client_id(const dh_client_t *c)
