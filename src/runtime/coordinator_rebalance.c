@@ -30,9 +30,9 @@ typedef struct rb_round {
     uint64_t opened_ns;
     uint64_t timeout_ns;
     uint32_t n_ranks;
-    uint32_t *ranks;  /* the group's ranks, as the first offer named them */
-    dh_msg_t *offers; /* n_ranks; type 0 = not yet */
-    char (*peers)[NAME_CAP];
+    uint32_t *ranks;         /* the group's ranks, as the first offer named them */
+    dh_msg_t *offers;        /* n_ranks; type 0 = not yet */
+    char (*peers)[NAME_CAP]; /* the offers' routing ids (a client's tier-2 socket) */
 } rb_round_t;
 
 struct dh__coord_rb {
@@ -131,12 +131,15 @@ static void complete_round(dh_coordinator_t *c, size_t i)
         return;
     }
     size_t at = 0;
+    char reason[512] = ""; /* a member's features failed: every member keeps */
     for (uint32_t k = 0; k < r->n_ranks; k++) {
         const dh_msg_rebalance_t *o = &r->offers[k].rebalance;
-        client_t *cl = dh__coord_find_client(c, r->peers[k], NULL);
+        client_t *cl = dh__coord_find_client(c, o->client_id, NULL);
         int32_t ds = cl ? dh__coord_local_server_of(c, cl->node) : -1;
         members[k].rank = r->ranks[k];
-        members[k].client_id = r->peers[k];
+        members[k].client_id = o->client_id;
+        if (o->reason && o->reason[0] && !reason[0])
+            snprintf(reason, sizeof reason, "rank %u: %s", o->rank, o->reason);
         members[k].node = cl ? c->nodes[cl->node] : (char *)"";
         members[k].endpoint = ds >= 0 ? c->servers[ds].endpoint : (char *)"";
         for (uint32_t j = 0; j < o->n_members; j++)
@@ -150,7 +153,7 @@ static void complete_round(dh_coordinator_t *c, size_t i)
     m.rebalance.kind = DH_RB_ROUND;
     m.rebalance.group = r->group;
     m.rebalance.round = r->round;
-    m.rebalance.reason = (char *)"";
+    m.rebalance.reason = reason;
     m.rebalance.n_members = r->n_ranks;
     m.rebalance.members = members;
     m.rebalance.n_parts = (uint32_t)at;
@@ -173,7 +176,7 @@ void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_recei
         dh_log_warn("coordinator: unexpected REBALANCE kind %u from '%s' ignored", o->kind, peer);
         return;
     }
-    client_t *cl = dh__coord_find_client(c, peer, NULL);
+    client_t *cl = o->client_id ? dh__coord_find_client(c, o->client_id, NULL) : NULL;
     if (!cl || cl->rank != o->rank) {
         dh_log_warn("coordinator: REBALANCE offer from '%s' (rank %u) ignored: %s", peer, o->rank,
                     cl ? "it registered another rank" : "it has not sent HELLO");
