@@ -600,7 +600,9 @@ static void set_error(dh_client_t *c, uint64_t r, int code, const char *what)
     pthread_mutex_unlock(&c->lock);
 }
 
-static void expect(dh_client_t *c, uint64_t seq, size_t slot)
+/* Waits for the part coming as seq into ring slot `slot`, or takes it at once if it came
+ * early (lock held). 0 or DH_ENOMEM. */
+static int expect(dh_client_t *c, uint64_t seq, size_t slot)
 {
     rb_state_t *rb = &c->rb;
     for (size_t i = 0; i < rb->n_early; i++)
@@ -610,24 +612,24 @@ static void expect(dh_client_t *c, uint64_t seq, size_t slot)
             *dst = rb->early[i];
             dst->seq = keep;
             rb->early[i] = rb->early[--rb->n_early];
-            return;
+            return 0;
         }
     if (rb->n_expect == rb->cap_expect) {
         size_t cap = rb->cap_expect ? 2 * rb->cap_expect : 16;
         rb_expect_t *e = dh_realloc(rb->expect, cap * sizeof *e);
-        if (!e) {
-            set_error(c, c->rb.applied, DH_ENOMEM, "out of memory waiting for a moved part");
-            return;
-        }
+        if (!e)
+            return DH_ENOMEM;
         rb->expect = e;
         rb->cap_expect = cap;
     }
     rb->expect[rb->n_expect++] = (rb_expect_t){seq, slot, false};
+    return 0;
 }
 
 void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
 {
     rb_state_t *rb = &c->rb;
+    pthread_mutex_lock(&c->lock);
     for (size_t i = 0; i < rb->n_expect; i++)
         if (rb->expect[i].seq == p->seq && !rb->expect[i].done) {
             part_t *dst = &c->ring[rb->expect[i].slot];
@@ -635,8 +637,10 @@ void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
             *dst = *p;
             dst->seq = keep;
             rb->expect[i].done = true;
+            pthread_mutex_unlock(&c->lock);
             return;
         }
+    pthread_mutex_unlock(&c->lock);
     if (rb->n_early == rb->cap_early) {
         size_t cap = rb->cap_early ? 2 * rb->cap_early : 16;
         part_t *e = dh_realloc(rb->early, cap * sizeof *e);
@@ -651,8 +655,8 @@ void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
     rb->early[rb->n_early++] = *p;
 }
 
-static void send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
-                      const dh_wire_rb_member_t *to)
+static int send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
+                     const dh_wire_rb_member_t *to)
 {
     dh_msg_t s = {.type = DH_MSG_REBALANCE};
     s.rebalance.kind = DH_RB_SEND;
@@ -666,8 +670,7 @@ static void send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
     s.rebalance.reason = (char *)"";
     s.rebalance.n_parts = 1;
     s.rebalance.parts = &m->parts[i];
-    if (dh_wire_send(c->data, NULL, 0, &s, NULL, 0, 1000) != 0)
-        set_error(c, m->round, DH_EIO, "cannot hand a part to the local DataServer");
+    return dh_wire_send(c->data, NULL, 0, &s, NULL, 0, 1000);
 }
 
 /* Applies round r's decision to this rank's ring. */
@@ -676,6 +679,10 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
     uint32_t me = c->cfg.rank, n = m->n_parts;
     int mi = member_of(m, me);
     const char *my_node = mi >= 0 ? m->members[mi].node : "";
+    int err = 0;
+    const char *what = NULL;
+    /* the sender thread reads ring slots under the lock (learn_from_ring) */
+    pthread_mutex_lock(&c->lock);
     for (uint32_t i = 0; i < n;) {
         uint32_t j = i;
         while (j < n && m->parts[j].batch == m->parts[i].batch)
@@ -691,11 +698,14 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             size_t slot = (size_t)((out->batch * c->cfg.fanout + out->slot) % c->ring_size);
             const dh_wire_rb_member_t *to = &m->members[member_of(m, new_rank[x])];
             bool same_node = strcmp(to->node, my_node) == 0;
-            if (!same_node)
-                send_part(c, m, x, to);
+            if (!same_node && send_part(c, m, x, to) && !err) {
+                err = DH_EIO;
+                what = "cannot hand a part to the local DataServer";
+            }
             forget(&c->ring[slot]);
             if (next_in == j) {
-                set_error(c, m->round, DH_EINVAL, "a part left with none to take its place");
+                err = err ? err : DH_EINVAL;
+                what = what ? what : "a part left with none to take its place";
                 continue;
             }
             const dh_wire_rb_part_t *in = &m->parts[next_in];
@@ -705,16 +715,24 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             dh__count(&c->counters.rebalance_bytes, (uint64_t)in->bytes);
             if (strcmp(from->node, my_node) == 0) {
                 int rc = take_over(c, in, &c->ring[slot]);
-                if (rc)
-                    set_error(c, m->round, rc, "a part of this node could not change owner");
+                if (rc && !err) {
+                    err = rc;
+                    what = "a part of this node could not change owner";
+                }
             } else {
                 dh__count(&c->counters.rebalance_bytes_remote, (uint64_t)in->bytes);
-                expect(c, RB_SEQ_BIT | (m->round << 24) | next_in, slot);
+                if (expect(c, RB_SEQ_BIT | (m->round << 24) | next_in, slot) && !err) {
+                    err = DH_ENOMEM;
+                    what = "out of memory waiting for a moved part";
+                }
             }
             next_in++;
         }
         i = j;
     }
+    pthread_mutex_unlock(&c->lock);
+    if (err)
+        set_error(c, m->round, err, what);
 }
 
 /* The round being applied has all its parts: join, make final, move on. */
@@ -729,8 +747,10 @@ static void finish(dh_client_t *c)
         int rc = 0;
         char why[sizeof held[0].join_error] = "";
         if (parts > 1) {
+            pthread_mutex_lock(&c->lock);
             for (uint32_t k = 0; k < parts; k++)
                 held[k] = *slot_of(c, b, k);
+            pthread_mutex_unlock(&c->lock);
             rc = dh__client_join_parts(held, parts, b, why, sizeof why);
             if (rc == 0) {
                 uint64_t bytes = 0;
