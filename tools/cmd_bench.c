@@ -82,11 +82,14 @@ static void usage(FILE *out)
         "  --rebalance-min-gain G  the cost gate's margin: a round moves samples only when\n"
         "                        the projected cut of the largest rank's compute exceeds\n"
         "                        the transfer cost by G x that compute (0.05)\n"
-        "  --rebalance-fanout F|batch  the fanout of the systems with tier 2: tier 2\n"
-        "                        moves parts (a request's microbatch) within their step,\n"
-        "                        in exchange, so F = batch moves single samples and\n"
-        "                        fanout 1 can only swap whole batches (default: the\n"
-        "                        system's own fanout, --fanout or auto)\n"
+        "  --rebalance-fanout auto|batch|own|F  the fanout of the systems with tier 2:\n"
+        "                        tier 2 moves parts (a request's microbatch) within their\n"
+        "                        step, in exchange, so batch moves single samples and\n"
+        "                        fanout 1 can only swap whole batches, but a batch of\n"
+        "                        several parts costs a join copy on the client's fetcher\n"
+        "                        (--link-gbps); own: the system's own fanout (--fanout,\n"
+        "                        else its default); auto (default): batch where that join\n"
+        "                        takes at most half the mean step's compute, else own\n"
         "\n"
         "compute and metrics:\n"
         "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
@@ -411,6 +414,10 @@ int dh_cmd_bench(int argc, char **argv)
         case O_RB_FANOUT:
             if (strcmp(optarg, "batch") == 0)
                 o.rebalance_fanout = DH_BENCH_FANOUT_BATCH;
+            else if (strcmp(optarg, "auto") == 0)
+                o.rebalance_fanout = 0;
+            else if (strcmp(optarg, "own") == 0)
+                o.rebalance_fanout = DH_BENCH_FANOUT_OWN;
             else
                 U64("--rebalance-fanout", 1, 64, o.rebalance_fanout);
             break;

@@ -66,7 +66,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->rebalance = -1;   /* auto: ddlb and helix */
     opt->rebalance_buffer = 64;
     opt->rebalance_min_gain = 0.05;
-    opt->rebalance_fanout = 0; /* the system's own */
+    opt->rebalance_fanout = 0; /* auto: tier2_fanout() */
     opt->seed = 1;
     opt->systems = "native,pool,helix";
 }
@@ -138,6 +138,36 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
                          "bench: --systems: unknown system '%s' (known: native, native-N, pool, "
                          "helix, base, transport, prefetch-token, cost-ddl, ddlb)",
                          name);
+}
+
+/* The fanout of a system with tier 2 (dh_bench_options_t.rebalance_fanout), given its own
+ * (`own`), the time the fanout join of a mean batch holds the client's fetcher at the one
+ * transfer cost (`join_s`: the batch's emulated bytes / the link; 0 in dataset mode, where
+ * the join is a real copy) and the mean step's compute.
+ *
+ * Tier 2 moves parts within their step and in exchange (each rank keeps its number of
+ * parts per batch), so at fanout 1 it can only swap whole batches between ranks, which
+ * changes no step's largest rank; single samples (fanout = batch) are the finest grain and
+ * the cheapest moves. But a batch of several parts is joined by a copy on the fetcher, one
+ * batch after another, so where that copy takes a large share of a step the fetcher
+ * becomes the bottleneck. Measured at 8 ranks x batch 4, kinetics-mixed, --token-noise 0.3
+ * (docs/benchmarks.md, "Tier 2"; a mean batch is ~52 MB emulated, a step 66 ms): at 25
+ * Gb/s (join 17 ms, a quarter of the step) ddlb ran 1.04x cost-ddl at fanout = batch
+ * against 1.00x at its own fanout (1: every round kept, nothing to gain) and 1.00x at
+ * fanout 2 (parts of ~2 samples: the gate kept 93% of the rounds); at 1 Gb/s (join
+ * 0.42 s, 6 steps) fanout = batch ran 0.18x, the fetcher joining, while its own fanout ran
+ * as cost-ddl. So auto: the batch where the join takes at most half a step, else the
+ * system's own. */
+static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double join_s,
+                             double mean_step_s)
+{
+    if (opt->rebalance_fanout == DH_BENCH_FANOUT_OWN)
+        return own;
+    if (opt->rebalance_fanout == DH_BENCH_FANOUT_BATCH)
+        return opt->batch;
+    if (opt->rebalance_fanout)
+        return opt->rebalance_fanout;
+    return join_s <= 0.5 * mean_step_s ? opt->batch : own;
 }
 
 /* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
@@ -621,9 +651,9 @@ out:
 
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
                       const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
-                      double b, double threshold, double batch_decode_s, double mean_step_s,
-                      uint32_t real_cores, dh_bench_system_result_t *res, FILE *trace,
-                      int *trace_first, size_t sys_index, uint64_t trace_t0)
+                      double b, double threshold, double batch_decode_s, double batch_join_s,
+                      double mean_step_s, uint32_t real_cores, dh_bench_system_result_t *res,
+                      FILE *trace, int *trace_first, size_t sys_index, uint64_t trace_t0)
 {
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
@@ -659,8 +689,8 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
                      : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
                                             deep_prefetch(opt, cl.cores) * mean_step_s);
         /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
-        if (tier2 && opt->rebalance_fanout)
-            fanout = opt->rebalance_fanout;
+        if (tier2)
+            fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
         if (fanout > opt->batch)
             fanout = opt->batch;
     }
@@ -973,7 +1003,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         goto done;
     }
     /* cpu_sum, tok_sum: the estimates (the workload as its user would size it) */
-    double cpu_sum = 0, tok_sum = 0;
+    double cpu_sum = 0, tok_sum = 0, out_sum = 0;
     for (size_t i = 0; i < n; i++) {
         const dh_profile_row_t *row = dh_profile_set_row(set, i);
         double est = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
@@ -982,6 +1012,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
             opt->dataset ? est : dh__rt_synth_actual_cpu_s(&synth, row->id, row->profile_key, est);
         cpu_sum += est;
         tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
+        out_sum += row->out_bytes > 0 ? (double)row->out_bytes : 0;
     }
     qsort(refs, n, sizeof *refs, cmp_ref);
     double mean_cpu = cpu_sum / (double)n, mean_tok = tok_sum / (double)n;
@@ -1039,8 +1070,12 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         if ((rc = spec_of(name, opt, &sp)))
             goto done;
         progress(opt, "%s: starting", name);
+        /* the fanout join of a mean batch at the one transfer cost (emulated bytes) */
+        double join_s = opt->dataset || !(opt->link_gbps > 0)
+                            ? 0
+                            : opt->batch * out_sum / (double)n * ts / link_Bps(opt);
         rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold,
-                        opt->batch * mean_cpu * ts, out->mean_step_compute_s, real_cores,
+                        opt->batch * mean_cpu * ts, join_s, out->mean_step_compute_s, real_cores,
                         &out->systems[out->n_systems], trace, &trace_first, out->n_systems, t0);
         out->n_systems++;
         if (rc)
@@ -1082,6 +1117,15 @@ static void json_str(FILE *f, const char *s)
 
 int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_report_t *r)
 {
+    char fanout_text[16]; /* "auto", "batch", "own" or N, as --rebalance-fanout takes it */
+    if (o->rebalance_fanout == 0 || o->rebalance_fanout == DH_BENCH_FANOUT_BATCH ||
+        o->rebalance_fanout == DH_BENCH_FANOUT_OWN)
+        snprintf(fanout_text, sizeof fanout_text, "\"%s\"",
+                 o->rebalance_fanout == 0                     ? "auto"
+                 : o->rebalance_fanout == DH_BENCH_FANOUT_OWN ? "own"
+                                                              : "batch");
+    else
+        snprintf(fanout_text, sizeof fanout_text, "%u", o->rebalance_fanout);
     fprintf(f, "{\"config\":{\"mode\":\"%s\",\"source\":", o->dataset ? "dataset" : "emulate");
     json_str(f, o->dataset ? o->dataset : o->mix);
     fprintf(f,
@@ -1091,7 +1135,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             "\"bytes_scale\":%.9g,\"link_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
             "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
             "\"fanout\":%u,\"rebalance\":%d,\"rebalance_buffer\":%u,"
-            "\"rebalance_min_gain\":%.9g,\"rebalance_fanout\":%u,\"seed\":%llu,"
+            "\"rebalance_min_gain\":%.9g,\"rebalance_fanout\":%s,\"seed\":%llu,"
             "\"rows\":%zu,"
             "\"systems\":",
             o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
@@ -1101,8 +1145,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
             o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
             o->prefetch_max, o->fanout, o->rebalance, o->rebalance_buffer, o->rebalance_min_gain,
-            o->rebalance_fanout == DH_BENCH_FANOUT_BATCH ? o->batch : o->rebalance_fanout,
-            (unsigned long long)o->seed, r->rows);
+            fanout_text, (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {

@@ -43,8 +43,10 @@
 
 #define DH_BENCH_MAX_SYSTEMS 12
 
-/* dh_bench_options_t.rebalance_fanout: the batch (every part a single sample). */
+/* dh_bench_options_t.rebalance_fanout: the batch (every part a single sample), or the
+ * system's own fanout. */
 #define DH_BENCH_FANOUT_BATCH UINT32_MAX
+#define DH_BENCH_FANOUT_OWN (UINT32_MAX - 1)
 
 typedef struct dh_bench_options {
     uint32_t ranks, batch, steps, warmup;
@@ -90,11 +92,14 @@ typedef struct dh_bench_options {
     uint32_t rebalance_buffer; /* samples per round across the group (64) */
     double rebalance_min_gain; /* the gate's margin, a fraction of the largest rank's
                                 * compute (0.05) */
-    uint32_t rebalance_fanout; /* the fanout of a system with tier 2 on: 0 (the default)
-                                * = the system's own (--fanout, else auto);
-                                * DH_BENCH_FANOUT_BATCH = batch, every part a single
-                                * sample (tier 2 moves parts, a request's microbatch);
-                                * else N, at most batch */
+    uint32_t rebalance_fanout; /* the fanout of a system with tier 2 on (tier 2 moves
+                                * parts, a request's microbatch): 0 (the default) = auto,
+                                * the batch (single samples) where the fanout join of a
+                                * batch takes at most half a step at the transfer cost,
+                                * else the system's own (train_bench.c, tier2_fanout);
+                                * DH_BENCH_FANOUT_BATCH = the batch; DH_BENCH_FANOUT_OWN =
+                                * the system's own (--fanout, else its default); else N,
+                                * at most batch */
     uint64_t seed;
     const char *systems; /* comma-separated list (see above) */
     const char *trace_path;

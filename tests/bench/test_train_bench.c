@@ -352,6 +352,11 @@ static void bench_ddlb_reports_tier2_per_system(void **state)
     assert_int_equal(ddlb->rebalance, 1);
     assert_true(cost->rebalance_rounds == 0 && cost->rebalance_moved_samples == 0 &&
                 cost->rebalance_bytes == 0);
+    /* a round holds 8 / (2 ranks x batch 2) = 2 steps, and next() yields a batch only once
+     * its round is decided: the 8 steps consumed took at least 4 rounds */
+    assert_true(ddlb->rebalance_rounds >= 4);
+    assert_int_equal(ddlb->fanout, 2); /* the default: the batch, single samples move */
+    assert_int_equal(cost->fanout, 1);
     /* rank 0's rounds are decided one way or another; moves come in whole parts */
     assert_true(ddlb->rebalance_applied + ddlb->rebalance_kept_by_gate <= ddlb->rebalance_rounds);
     assert_true(ddlb->rebalance_moved_parts <= ddlb->rebalance_moved_samples);
@@ -413,7 +418,8 @@ static void bench_ddlb_reports_tier2_per_system(void **state)
 }
 
 /* rebalance 0 (--no-rebalance) turns tier 2 off everywhere: ddlb runs as cost-ddl, no
- * round; 1 (--rebalance) turns it on for every deep system, and never for the others. */
+ * round; 1 (--rebalance) turns it on for every deep system, and never for the others; the
+ * fanout of a tier-2 system follows rebalance_fanout. */
 static void bench_rebalance_option_switches_tier2(void **state)
 {
     dh_bench_options_t o;
@@ -441,6 +447,20 @@ static void bench_rebalance_option_switches_tier2(void **state)
     assert_int_equal(r.systems[0].fanout, 1);
     assert_int_equal(r.systems[1].rebalance, 1);
     assert_int_equal(r.systems[1].fanout, 2); /* the batch: single samples move */
+    dh_bench_report_clear(&r);
+
+    /* auto fanout: the batch where its join copy is cheap (above), the system's own where
+     * the link makes it cost more than half a step (a batch of ~26 MB emulated at 0.2 Gb/s,
+     * ~20 ms x time_scale 0.02, against ~3 ms of compute) */
+    tiny(&o);
+    o.systems = "ddlb";
+    o.link_gbps = 0.2;
+    rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.systems[0].rebalance, 1);
+    assert_int_equal(r.systems[0].fanout, 1);
     dh_bench_report_clear(&r);
     cl_assert_no_leftovers();
 }
