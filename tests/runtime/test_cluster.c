@@ -593,66 +593,69 @@ static void cluster_rebalance_exactly_once_under_kill9(void **state)
     assert_int_equal(local, (unsigned long long)moved);
     assert_true(remote > 0);
     stop_all(&c);
-    /* `consume`'s tier-2 flags: in --help; a bad --rebalance-min-gain and a tuning flag
-     * without --rebalance are usage errors naming the flag; with --rebalance (embedded mode,
-     * one rank: a group of one, which does not rebalance) the epoch's steps come and the
-     * summary carries the tier-2 counts. */
-    static void cluster_consume_rebalance_flags(void **state)
-    {
-        cl_proc_t p;
-        char *help[] = {"datahelix", "consume", "--help", NULL};
-        cl_spawn(&p, "consume-help", help);
-        cl_expect_exit(&p, 0, 10000);
-        assert_int_equal(cl_count(p.log, "--rebalance-min-gain"), 1);
-        char *gain[] = {"datahelix", "consume", "--profiles",  "none.jsonl",
-                        "--rank",    "0",       "--ranks",     "1",
-                        "--batch",   "1",       "--rebalance", "--rebalance-min-gain",
-                        "2",         NULL};
-        cl_spawn(&p, "consume-gain", gain);
-        cl_expect_exit(&p, 2, 10000);
-        assert_true(cl_count(p.log, "--rebalance-min-gain") >= 1);
-        char *alone[] = {
-            "datahelix", "consume", "--profiles", "none.jsonl",         "--rank", "0", "--ranks",
-            "1",         "--batch", "1",          "--rebalance-buffer", "8",      NULL};
-        cl_spawn(&p, "consume-alone", alone);
-        cl_expect_exit(&p, 2, 10000);
-        assert_int_equal(cl_count(p.log, "go with --rebalance"), 1);
+    cl_assert_no_leftovers();
+}
 
-        char profiles[512], pipeline[512];
-        snprintf(profiles, sizeof profiles, "%s", dh_test_path("profiles.jsonl"));
-        snprintf(pipeline, sizeof pipeline, "%s", dh_test_path("synthetic.json"));
-        make_profiles(profiles, 16);
-        dh_test_write_file(pipeline, "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
-                                     "\"cpu_scale\": 0.001, \"bytes_scale\": 0.001}");
-        char *run[] = {"datahelix",   "consume",
-                       "--profiles",  profiles,
-                       "--pipeline",  pipeline,
-                       "--rank",      "0",
-                       "--ranks",     "1",
-                       "--batch",     "2",
-                       "--steps",     "3",
-                       "--rebalance", "--rebalance-buffer",
-                       "8",           "--rebalance-min-gain",
-                       "0.1",         NULL};
-        cl_spawn(&p, "consume-rebalance", run);
-        cl_expect_exit(&p, 0, 60000);
-        assert_int_equal(cl_count(p.log, "\"batches\":3,"), 1);
-        assert_int_equal(cl_count(p.log, "\"rebalance\":true,\"rebalance_rounds\":"), 1);
-        cl_assert_no_leftovers();
-    }
+/* `consume`'s tier-2 flags: in --help; a bad --rebalance-min-gain and a tuning flag
+ * without --rebalance are usage errors naming the flag; with --rebalance (embedded mode,
+ * one rank: a group of one, which does not rebalance) the epoch's steps come and the
+ * summary carries the tier-2 counts. */
+static void cluster_consume_rebalance_flags(void **state)
+{
+    cl_proc_t p;
+    char *help[] = {"datahelix", "consume", "--help", NULL};
+    cl_spawn(&p, "consume-help", help);
+    cl_expect_exit(&p, 0, 10000);
+    assert_int_equal(cl_count(p.log, "--rebalance-min-gain"), 1);
+    char *gain[] = {"datahelix", "consume", "--profiles",  "none.jsonl",
+                    "--rank",    "0",       "--ranks",     "1",
+                    "--batch",   "1",       "--rebalance", "--rebalance-min-gain",
+                    "2",         NULL};
+    cl_spawn(&p, "consume-gain", gain);
+    cl_expect_exit(&p, 2, 10000);
+    assert_true(cl_count(p.log, "--rebalance-min-gain") >= 1);
+    char *alone[] = {
+        "datahelix", "consume", "--profiles", "none.jsonl",         "--rank", "0", "--ranks",
+        "1",         "--batch", "1",          "--rebalance-buffer", "8",      NULL};
+    cl_spawn(&p, "consume-alone", alone);
+    cl_expect_exit(&p, 2, 10000);
+    assert_int_equal(cl_count(p.log, "go with --rebalance"), 1);
 
-    int main(int argc, char **argv)
-    {
-        signal(SIGPIPE, SIG_IGN);
-        const struct CMUnitTest tests[] = {
-            cmocka_unit_test_teardown(cluster_full_epoch_ipc, cl_teardown),
-            cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
-            cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
-            cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
-            cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
-            cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
-            cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),
-            cmocka_unit_test_teardown(cluster_consume_rebalance_flags, cl_teardown),
-        };
-        return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
-    }
+    char profiles[512], pipeline[512];
+    snprintf(profiles, sizeof profiles, "%s", dh_test_path("profiles.jsonl"));
+    snprintf(pipeline, sizeof pipeline, "%s", dh_test_path("synthetic.json"));
+    make_profiles(profiles, 16);
+    dh_test_write_file(pipeline, "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
+                                 "\"cpu_scale\": 0.001, \"bytes_scale\": 0.001}");
+    char *run[] = {"datahelix",   "consume",
+                   "--profiles",  profiles,
+                   "--pipeline",  pipeline,
+                   "--rank",      "0",
+                   "--ranks",     "1",
+                   "--batch",     "2",
+                   "--steps",     "3",
+                   "--rebalance", "--rebalance-buffer",
+                   "8",           "--rebalance-min-gain",
+                   "0.1",         NULL};
+    cl_spawn(&p, "consume-rebalance", run);
+    cl_expect_exit(&p, 0, 60000);
+    assert_int_equal(cl_count(p.log, "\"batches\":3,"), 1);
+    assert_int_equal(cl_count(p.log, "\"rebalance\":true,\"rebalance_rounds\":"), 1);
+    cl_assert_no_leftovers();
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(cluster_full_epoch_ipc, cl_teardown),
+        cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
+        cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
+        cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
+        cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
+        cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
+        cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),
+        cmocka_unit_test_teardown(cluster_consume_rebalance_flags, cl_teardown),
+    };
+    return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
+}
