@@ -109,6 +109,20 @@ int dh_rebalance_bench_check(const dh_rebalance_bench_options_t *o)
     return 0;
 }
 
+/* Sets rc's message to "<context>: <the current message>". (dh__set_error formats into the
+ * buffer dh_last_error() returns, so the current message is copied out first.) */
+static int with_context(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int with_context(int rc, const char *fmt, ...)
+{
+    char prev[512], context[512];
+    snprintf(prev, sizeof prev, "%s", dh_last_error());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    return dh__set_error(rc, "%s: %s", context, prev);
+}
+
 /* ---- clips: their bytes, their tensors ------------------------------------------------- */
 
 /* A clip's stamp: written at its start, middle and end, the rest filled with its top byte,
@@ -296,8 +310,7 @@ static int rank_handoff(rank_state_t *st, const dh_msg_deliver_t *d)
         if (rc == 0)
             rc = dh_shm_arena_resolve(st->arena, &h, &p);
         if (rc)
-            return dh__set_error(rc, "rank %" PRIu32 ": taking over %s: %s", st->rank,
-                                 w->tensor.name, dh_last_error());
+            return with_context(rc, "rank %" PRIu32 ": taking over %s", st->rank, w->tensor.name);
         if (!clip_intact(p, len, clip_tag(st->opt->seed, (uint32_t)k)))
             return dh__set_error(-EPROTO, "rank %" PRIu32 ": %s: its bytes are not the clip's",
                                  st->rank, w->tensor.name);
@@ -340,6 +353,8 @@ static int rank_serve(rank_state_t *st)
             return rc;
         const dh_msg_t *m = &r.msg;
         if (m->type == DH_MSG_REQUEST) {
+            if (st->rank == 0 && m->request.seq == st->opt->test_exit_round)
+                _exit(7); /* a rank lost mid-round (tests) */
             rc = rank_holdings(st, m->request.seq);
         } else if (m->type == DH_MSG_DELIVER && strcmp(m->deliver.client_id, KIND_HANDOFF) == 0) {
             rc = rank_handoff(st, &m->deliver);
@@ -353,8 +368,7 @@ static int rank_serve(rank_state_t *st)
                     st->holds[i] = 0;
             }
             if (rc)
-                rc = dh__set_error(rc, "rank %" PRIu32 ": releasing its clips: %s", st->rank,
-                                   dh_last_error());
+                rc = with_context(rc, "rank %" PRIu32 ": releasing its clips", st->rank);
             dh_wire_received_release(&r);
             return rc;
         } else {
@@ -650,8 +664,7 @@ static int place_clips(onnode_t *o)
         void *p = NULL;
         int rc = dh_shm_arena_alloc(o->arena, o->clip_bytes, o->pid[c->owner], &c->handle, &p);
         if (rc)
-            return dh__set_error(rc, "on-node: allocating clip %" PRIu32 ": %s", i,
-                                 dh_last_error());
+            return with_context(rc, "on-node: allocating clip %" PRIu32, i);
         clip_fill(p, o->clip_bytes, clip_tag(opt->seed, i));
     }
     for (uint32_t r = 0; r < opt->ranks; r++) {
@@ -1017,16 +1030,20 @@ static int rx_serve(cross_rx_t *rx, dh_shm_arena_t *arena, dh_wire_socket_t *rou
             return 0;
         }
         const dh_msg_deliver_t *d = &r.msg.deliver;
-        if (r.msg.type != DH_MSG_DELIVER || d->n_tensors != 1 ||
-            clip_of_tensor(&d->tensors[0], opt, DH_WIRE_LOC_FRAME) < 0 ||
-            (n > 0 && d->seq != round))
+        long k = r.msg.type == DH_MSG_DELIVER && d->n_tensors == 1
+                     ? clip_of_tensor(&d->tensors[0], opt, DH_WIRE_LOC_FRAME)
+                     : -1;
+        if (k < 0 || (n > 0 && d->seq != round))
             rc = dh__set_error(-EPROTO, "cross: the receiver got an unexpected %s",
                                dh_msg_type_name(r.msg.type));
         void *p = NULL;
         if (rc == 0)
             rc = dh_shm_arena_alloc(arena, d->tensors[0].tensor.nbytes, 0, &placed[n], &p);
         if (rc == 0) {
-            memcpy(p, d->tensors[0].tensor.data, d->tensors[0].tensor.nbytes);
+            const size_t len = d->tensors[0].tensor.nbytes;
+            memcpy(p, d->tensors[0].tensor.data, len);
+            if (!clip_intact(p, len, clip_tag(opt->seed, (uint32_t)k)))
+                rc = dh__set_error(-EPROTO, "cross: clip %ld arrived with other bytes", k);
             round = d->seq;
             n++;
         }
@@ -1381,8 +1398,7 @@ int dh_rebalance_bench_run(const dh_rebalance_bench_options_t *opt,
     for (uint32_t i = 0; i < n; i++)
         snprintf(o.gone_ids[i], sizeof o.gone_ids[i], "clip%" PRIu32, i);
     if ((rc = dh_shm_arena_new(&o.arena, arena_bytes_for(opt), 0))) {
-        rc = dh__set_error(rc, "on-node: arena of %.1f MB: %s", (double)arena_bytes_for(opt) / 1e6,
-                           dh_last_error());
+        rc = with_context(rc, "on-node: arena of %.1f MB", (double)arena_bytes_for(opt) / 1e6);
         goto done;
     }
     if ((rc = start_ranks(&o)) || (rc = connect_ranks(&o)) || (rc = place_clips(&o)))

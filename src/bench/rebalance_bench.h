@@ -41,6 +41,8 @@ typedef struct dh_rebalance_bench_options {
     double move_fraction;           /* share of the clips that change owner per round (1) */
     uint64_t seed;                  /* of the moves (1) */
     int skip_cross;                 /* 1: part (a) only */
+    uint32_t test_exit_round;       /* tests only: rank 0 exits (status 7) when asked for this
+                                     * round's gather; 0 = never */
     void (*progress)(const char *line, void *ctx); /* NULL: silent */
     void *ctx;
 } dh_rebalance_bench_options_t;

@@ -3,6 +3,7 @@
  * (no copy), per-rank counts hold, the moves are a function of the seed, the JSON carries
  * its fields, and bad options are refused naming the option. Timings are not asserted:
  * see rebalance-bench. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,20 @@ static void rebalance_bench_moves_follow_the_seed(void **state)
     assert_int_equal(dh_rebalance_bench_run(&o, &c), 0);
     assert_true(a.moves_digest == b.moves_digest);
     assert_true(a.moves_digest != c.moves_digest);
+}
+
+static void rebalance_bench_fails_cleanly_when_a_rank_dies(void **state)
+{
+    dh_rebalance_bench_options_t o = small();
+    o.test_exit_round = 2; /* rank 0 exits when asked for the first timed round's gather */
+    dh_rebalance_bench_report_t r;
+    assert_int_equal(dh_rebalance_bench_run(&o, &r), DH_EIO);
+    if (!strstr(dh_last_error(), "rank 0") || !strstr(dh_last_error(), "status 7"))
+        fail_msg("the error does not name the rank and its status: %s", dh_last_error());
+    /* every rank was killed and reaped */
+    errno = 0;
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
 }
 
 static json_t *field(json_t *obj, const char *name)
@@ -265,6 +280,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rebalance_bench_moves_every_clip_without_a_copy),
     cmocka_unit_test(rebalance_bench_moves_a_fraction_and_keeps_counts),
     cmocka_unit_test(rebalance_bench_moves_follow_the_seed),
+    cmocka_unit_test(rebalance_bench_fails_cleanly_when_a_rank_dies),
     cmocka_unit_test(rebalance_bench_json_has_the_fields),
     cmocka_unit_test(rebalance_bench_cli_prints_json),
     cmocka_unit_test(rebalance_bench_cli_rejects_bad_options),
