@@ -1311,8 +1311,12 @@ static int cross_part(onnode_t *o)
              opt->clips, (double)o->clip_bytes / 1e6, rounds);
     for (uint32_t k = 0; k <= rounds && rc == 0; k++) {
         double zs = 0, rs = 0;
-        if ((rc = zmq_round(dealer, &rx, clip_ptr, k + 1, &zs)) ||
-            (rc = raw_round(tx, opt, clip_ptr, o->clip_bytes, &rs)))
+        /* each goes first every other round: neither inherits the other's warm caches */
+        if (k % 2 == 0 && (rc = zmq_round(dealer, &rx, clip_ptr, k + 1, &zs)))
+            break;
+        if ((rc = raw_round(tx, opt, clip_ptr, o->clip_bytes, &rs)))
+            break;
+        if (k % 2 == 1 && (rc = zmq_round(dealer, &rx, clip_ptr, k + 1, &zs)))
             break;
         if (k == 0)
             continue; /* warm-up: connections, arena B's first touches */

@@ -38,7 +38,7 @@ typedef struct dh_rebalance_bench_options {
     uint32_t ranks;                 /* 2 .. DH_REBALANCE_BENCH_MAX_RANKS (default 8) */
     uint32_t frames, height, width; /* clip shape, x 3 channels of uint8 (16 x 224 x 224) */
     uint32_t rounds;                /* timed rounds of each part, after one warm-up (20) */
-    double move_fraction;           /* share of the clips that change owner per round (1) */
+    double move_fraction;           /* share of the clips moved per round (1) */
     uint64_t seed;                  /* of the moves (1) */
     int skip_cross;                 /* 1: part (a) only */
     uint32_t test_exit_round;       /* tests only: rank 0 exits (status 7) when asked for this
@@ -54,7 +54,7 @@ typedef struct dh_rebalance_bench_report {
     uint64_t seed;
     /* (a) */
     double onnode_p50_ms, onnode_p95_ms;
-    uint32_t onnode_moved;             /* clips that changed owner in each round */
+    uint32_t onnode_moved;             /* clips that changed owner, fewest of any timed round */
     uint64_t onnode_handoffs_verified; /* moved clips resolved and checked, all rounds */
     uint64_t onnode_pixel_copies;      /* moved clips not at their original slab (0) */
     uint32_t rank_clips[DH_REBALANCE_BENCH_MAX_RANKS]; /* clips each rank held at the end */
