@@ -475,19 +475,19 @@ typedef struct onnode {
     void *ctx;
     dh_wire_socket_t *router;
     clip_book_t *book;
-    uint32_t *order, *scratch;     /* clips * 2, for the moves */
+    uint32_t *order, *scratch;     /* clips each, for the moves */
     dh_wire_tensor_t *tensors;     /* clips, for messages */
     dh_wire_sample_result_t *gone; /* clips, for messages */
     char (*gone_ids)[16];
     bool coordinator_refs; /* this process took a reference on every clip */
 } onnode_t;
 
-static void reap(onnode_t *o, uint32_t r, int kill_first)
+/* Kills rank r if it still runs, and reaps it. */
+static void kill_and_reap(onnode_t *o, uint32_t r)
 {
     if (o->pid[r] <= 0)
         return;
-    if (kill_first)
-        kill(o->pid[r], SIGKILL);
+    kill(o->pid[r], SIGKILL);
     while (waitpid(o->pid[r], NULL, 0) < 0 && errno == EINTR)
         ;
     o->pid[r] = 0;
@@ -974,7 +974,7 @@ static void onnode_stop(onnode_t *o)
         if (o->setup_w[r] >= 0)
             close(o->setup_w[r]);
         o->setup_w[r] = -1;
-        reap(o, r, 1);
+        kill_and_reap(o, r);
     }
     dh_wire_socket_destroy(&o->router);
     if (o->ctx)
