@@ -609,7 +609,11 @@ static int prediction_metrics(const dh_bench_options_t *opt, const dh_coordinato
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
         goto out;
     }
-    n = dh_coordinator_predictions(coord, p, n);
+    /* the coordinator still runs (the clients prefetch past the window): it may keep more
+     * records by now than p holds; only the first n were copied */
+    size_t kept = dh_coordinator_predictions(coord, p, n);
+    if (kept < n)
+        n = kept;
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint64_t step = p[i].seq / (fanout ? fanout : 1);
         if (step >= total || !(p[i].actual_cpu_s > 0))
