@@ -142,8 +142,8 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
 
 /* The fanout of a system with tier 2 (dh_bench_options_t.rebalance_fanout), given its own
  * (`own`), the time the fanout join of a mean batch holds the client's fetcher at the one
- * transfer cost (`join_s`: the batch's emulated bytes / the link; 0 in dataset mode, where
- * the join is a real copy) and the mean step's compute.
+ * transfer cost (`join_s`: the batch's emulated bytes / the link; emulated mode) and the
+ * mean step's compute.
  *
  * Tier 2 moves parts within their step and in exchange (each rank keeps its number of
  * parts per batch), so at fanout 1 it can only swap whole batches between ranks, which
@@ -157,7 +157,11 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
  * fanout 2 (parts of ~2 samples: the gate kept 93% of the rounds); at 1 Gb/s (join
  * 0.42 s, 6 steps) fanout = batch ran 0.18x, the fetcher joining, while its own fanout ran
  * as cost-ddl. So auto: the batch where the join takes at most half a step, else the
- * system's own. */
+ * system's own. In dataset mode the join is a real copy on the real cores, and fanout =
+ * batch makes packing give every rank exactly `batch` samples: real decode, 4 ranks x
+ * batch 2 on 2 cores (docs/benchmarks.md, "Real decode"), one run: ddlb at fanout 2 ran
+ * 0.93x cost-ddl, balance 0.90 -> 0.84, no round applied. So there auto is the system's
+ * own. */
 static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double join_s,
                              double mean_step_s)
 {
@@ -167,7 +171,7 @@ static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double
         return opt->batch;
     if (opt->rebalance_fanout)
         return opt->rebalance_fanout;
-    return join_s <= 0.5 * mean_step_s ? opt->batch : own;
+    return !opt->dataset && join_s <= 0.5 * mean_step_s ? opt->batch : own;
 }
 
 /* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
