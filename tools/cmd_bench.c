@@ -39,7 +39,7 @@ static void usage(FILE *out)
         "  --seed N              sample order and generation seed (1)\n"
         "\n"
         "systems (--systems LIST, default native,pool,helix; ablation ladder:\n"
-        "base,transport,prefetch-token,cost-ddl):\n"
+        "base,transport,prefetch-token,cost-ddl,ddlb):\n"
         "  native                rank-local loaders: a DataServer per rank, the native\n"
         "                        budget split evenly, sample-count batching, prefetch 2 per\n"
         "                        worker\n"
@@ -51,7 +51,11 @@ static void usage(FILE *out)
         "  transport             base with zero-copy shared-memory delivery\n"
         "  prefetch-token        transport + tier-1 token planning (packing: batch sizes\n"
         "                        vary, tokens even), deep prefetch, fanout (--fanout)\n"
-        "  helix (= cost-ddl)    prefetch-token + deadline placement\n"
+        "  cost-ddl              prefetch-token + deadline placement (tier 1 alone)\n"
+        "  helix (= ddlb)        cost-ddl + tier 2: the ranks rebalance materialized\n"
+        "                        batches in one group of all ranks (each on its own node\n"
+        "                        in the paper layout, so a move crosses a link, charged\n"
+        "                        at --link-gbps, and the cost gate prices it the same)\n"
         "\n"
         "cluster:\n"
         "  --local-servers N     local DataServers, one per node (8); rank r is on node r%%N\n"
@@ -62,11 +66,31 @@ static void usage(FILE *out)
         "                        pool's in-flight depth, 2 x cores per rank, if deeper)\n"
         "  --prefetch-max Q      how deep their adaptive prefetch may grow when next()\n"
         "                        waits (default 2 x P; Q = P: fixed)\n"
-        "  --fanout F            their requests per rank's batch, at most --batch (default\n"
-        "                        2 where the system has 2 or more cores per rank, counting\n"
-        "                        only real cores with --dataset, else 1): the parts decode\n"
-        "                        in parallel, the client joins them by one copy, and\n"
-        "                        packing gives each rank at least F samples\n"
+        "  --fanout F            their requests per rank's batch, at most --batch: the\n"
+        "                        parts decode in parallel, the client joins them by one\n"
+        "                        copy, and packing gives each rank at least F samples\n"
+        "                        (default: 1, unless one worker cannot decode a batch\n"
+        "                        within the prefetch horizon's compute; then that many\n"
+        "                        parts, at most the cores per rank, counting only real\n"
+        "                        cores with --dataset)\n"
+        "\n"
+        "tier 2 (rebalancing of materialized batches, docs/rebalancing.md):\n"
+        "  --rebalance           on for every deep system (prefetch-token, cost-ddl,\n"
+        "                        ddlb, helix); default: on for ddlb and helix only\n"
+        "  --no-rebalance        off everywhere (ddlb and helix then run as cost-ddl)\n"
+        "  --rebalance-buffer N  samples per round across the group (64)\n"
+        "  --rebalance-min-gain G  the cost gate's margin: a round moves samples only when\n"
+        "                        the projected cut of the largest rank's compute exceeds\n"
+        "                        the transfer cost by G x that compute (0.05)\n"
+        "  --rebalance-fanout auto|batch|own|F  the fanout of the systems with tier 2:\n"
+        "                        tier 2 moves parts (a request's microbatch) within their\n"
+        "                        step, in exchange, so batch moves single samples and\n"
+        "                        fanout 1 can only swap whole batches, but a batch of\n"
+        "                        several parts costs a join copy on the client's fetcher\n"
+        "                        (--link-gbps); own: the system's own fanout (--fanout,\n"
+        "                        else its default); auto (default): batch where that join\n"
+        "                        takes at most half the mean step's compute (emulated),\n"
+        "                        else own (always with --dataset)\n"
         "\n"
         "compute and metrics:\n"
         "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
@@ -100,7 +124,10 @@ static void usage(FILE *out)
         "                        \"input_wait_p99_s\",\"batch_ready_p95_s\",\"ddl_miss_rate\",\n"
         "                        \"barrier_wait_mean_s\",\"cross_node_bytes\",\"copy_bytes\",\n"
         "                        \"sched_us_per_decision\",\"ideal_sps\",\"efficiency\",\n"
-        "                        \"balance\",\"cores\",\"cpu_work_s\",...}}}\n"
+        "                        \"balance\",\"cores\",\"cpu_work_s\",\"rebalance_rounds\",\n"
+        "                        \"rebalance_applied\",\"rebalance_kept_by_gate\",\n"
+        "                        \"rebalance_moved_samples\",\"rebalance_moved_parts\",\n"
+        "                        \"rebalance_bytes\",\"rebalance_s_p95\",...}}}\n"
         "  --trace FILE          a Chrome/Perfetto trace: per rank data wait, compute,\n"
         "                        barrier; per DataServer each batch from request to ready\n"
         "  --plot DIR            PNG plots in DIR (scripts/bench_plots.py, with matplotlib,\n"
@@ -200,6 +227,11 @@ int dh_cmd_bench(int argc, char **argv)
         O_BIAS,
         O_NOISE,
         O_TNOISE,
+        O_REBALANCE,
+        O_NO_REBALANCE,
+        O_RB_BUFFER,
+        O_RB_GAIN,
+        O_RB_FANOUT,
         O_JSON,
         O_TRACE,
         O_PLOT
@@ -232,6 +264,11 @@ int dh_cmd_bench(int argc, char **argv)
         {"cost-bias", required_argument, NULL, O_BIAS},
         {"cost-noise", required_argument, NULL, O_NOISE},
         {"token-noise", required_argument, NULL, O_TNOISE},
+        {"rebalance", no_argument, NULL, O_REBALANCE},
+        {"no-rebalance", no_argument, NULL, O_NO_REBALANCE},
+        {"rebalance-buffer", required_argument, NULL, O_RB_BUFFER},
+        {"rebalance-min-gain", required_argument, NULL, O_RB_GAIN},
+        {"rebalance-fanout", required_argument, NULL, O_RB_FANOUT},
         {"json", required_argument, NULL, O_JSON},
         {"trace", required_argument, NULL, O_TRACE},
         {"plot", required_argument, NULL, O_PLOT},
@@ -354,6 +391,36 @@ int dh_cmd_bench(int argc, char **argv)
         case O_TNOISE:
             if (parse_double("--token-noise", optarg, 0, &o.token_noise))
                 return 2;
+            break;
+        case O_REBALANCE:
+            o.rebalance = 1;
+            break;
+        case O_NO_REBALANCE:
+            o.rebalance = 0;
+            break;
+        case O_RB_BUFFER:
+            U64("--rebalance-buffer", 1, 1000000, o.rebalance_buffer);
+            break;
+        case O_RB_GAIN:
+            if (parse_double("--rebalance-min-gain", optarg, 0, &o.rebalance_min_gain))
+                return 2;
+            if (o.rebalance_min_gain > 1) {
+                fprintf(stderr,
+                        "datahelix bench: --rebalance-min-gain: expected at most 1, got "
+                        "'%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_RB_FANOUT:
+            if (strcmp(optarg, "batch") == 0)
+                o.rebalance_fanout = DH_BENCH_FANOUT_BATCH;
+            else if (strcmp(optarg, "auto") == 0)
+                o.rebalance_fanout = 0;
+            else if (strcmp(optarg, "own") == 0)
+                o.rebalance_fanout = DH_BENCH_FANOUT_OWN;
+            else
+                U64("--rebalance-fanout", 1, 64, o.rebalance_fanout);
             break;
         case O_JSON:
             json = optarg;

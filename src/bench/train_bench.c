@@ -63,6 +63,10 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->prefetch = 0;     /* auto: deep_prefetch() */
     opt->fanout = 0;       /* auto */
     opt->prefetch_max = 0; /* 2 x prefetch */
+    opt->rebalance = -1;   /* auto: ddlb and helix */
+    opt->rebalance_buffer = 64;
+    opt->rebalance_min_gain = 0.05;
+    opt->rebalance_fanout = 0; /* auto: tier2_fanout() */
     opt->seed = 1;
     opt->systems = "native,pool,helix";
 }
@@ -76,8 +80,18 @@ typedef struct spec {
     dh_share_mode_t token_plan;
     int copy;       /* copy every batch out of the arena (object-store hop) */
     int deep;       /* prefetch opt->prefetch and microbatch fanout (else PyTorch-like) */
+    int tier2;      /* tier 2 (rebalancing) under --rebalance auto: ddlb, helix */
     uint32_t cores; /* native-N: N; 0 = the default budget */
 } spec_t;
+
+/* Whether a system runs tier 2: --rebalance auto (-1) the system's own choice, 0 none, 1
+ * every deep system. */
+static int tier2_on(const dh_bench_options_t *opt, const spec_t *sp)
+{
+    if (!sp->deep || opt->rebalance == 0)
+        return 0;
+    return opt->rebalance > 0 || sp->tier2;
+}
 
 static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
 {
@@ -113,16 +127,51 @@ static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
         out->deep = 1;
         return 0;
     }
-    if (strcmp(name, "cost-ddl") == 0 || strcmp(name, "helix") == 0) {
+    if (strcmp(name, "cost-ddl") == 0 || strcmp(name, "ddlb") == 0 || strcmp(name, "helix") == 0) {
         out->policy = DH_POLICY_DEADLINE;
         out->token_plan = DH_SHARE_TOKEN_PACKED;
         out->deep = 1;
+        out->tier2 = strcmp(name, "cost-ddl") != 0; /* ddlb = helix = cost-ddl + tier 2 */
         return 0;
     }
     return dh__set_error(DH_EINVAL,
                          "bench: --systems: unknown system '%s' (known: native, native-N, pool, "
-                         "helix, base, transport, prefetch-token, cost-ddl)",
+                         "helix, base, transport, prefetch-token, cost-ddl, ddlb)",
                          name);
+}
+
+/* The fanout of a system with tier 2 (dh_bench_options_t.rebalance_fanout), given its own
+ * (`own`), the time the fanout join of a mean batch holds the client's fetcher at the one
+ * transfer cost (`join_s`: the batch's emulated bytes / the link; emulated mode) and the
+ * mean step's compute.
+ *
+ * Tier 2 moves parts within their step and in exchange (each rank keeps its number of
+ * parts per batch), so at fanout 1 it can only swap whole batches between ranks, which
+ * changes no step's largest rank; single samples (fanout = batch) are the finest grain and
+ * the cheapest moves. But a batch of several parts is joined by a copy on the fetcher, one
+ * batch after another, so where that copy takes a large share of a step the fetcher
+ * becomes the bottleneck. Measured at 8 ranks x batch 4, kinetics-mixed, --token-noise 0.3
+ * (docs/benchmarks.md, "Tier 2"; a mean batch is ~52 MB emulated, a step 66 ms): at 25
+ * Gb/s (join 17 ms, a quarter of the step) ddlb ran 1.04x cost-ddl at fanout = batch
+ * against 1.00x at its own fanout (1: every round kept, nothing to gain) and 1.00x at
+ * fanout 2 (parts of ~2 samples: the gate kept 93% of the rounds); at 1 Gb/s (join
+ * 0.42 s, 6 steps) fanout = batch ran 0.18x, the fetcher joining, while its own fanout ran
+ * as cost-ddl. So auto: the batch where the join takes at most half a step, else the
+ * system's own. In dataset mode the join is a real copy on the real cores, and fanout =
+ * batch makes packing give every rank exactly `batch` samples: real decode, 4 ranks x
+ * batch 2 on 2 cores (docs/benchmarks.md, "Real decode"), one run: ddlb at fanout 2 ran
+ * 0.93x cost-ddl, balance 0.90 -> 0.84, no round applied. So there auto is the system's
+ * own. */
+static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double join_s,
+                             double mean_step_s)
+{
+    if (opt->rebalance_fanout == DH_BENCH_FANOUT_OWN)
+        return own;
+    if (opt->rebalance_fanout == DH_BENCH_FANOUT_BATCH)
+        return opt->batch;
+    if (opt->rebalance_fanout)
+        return opt->rebalance_fanout;
+    return !opt->dataset && join_s <= 0.5 * mean_step_s ? opt->batch : own;
 }
 
 /* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
@@ -564,7 +613,11 @@ static int prediction_metrics(const dh_bench_options_t *opt, const dh_coordinato
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
         goto out;
     }
-    n = dh_coordinator_predictions(coord, p, n);
+    /* the coordinator still runs (the clients prefetch past the window): it may keep more
+     * records by now than p holds; only the first n were copied */
+    size_t kept = dh_coordinator_predictions(coord, p, n);
+    if (kept < n)
+        n = kept;
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint64_t step = p[i].seq / (fanout ? fanout : 1);
         if (step >= total || !(p[i].actual_cpu_s > 0))
@@ -606,9 +659,9 @@ out:
 
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
                       const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
-                      double b, double threshold, double batch_decode_s, double mean_step_s,
-                      uint32_t real_cores, dh_bench_system_result_t *res, FILE *trace,
-                      int *trace_first, size_t sys_index, uint64_t trace_t0)
+                      double b, double threshold, double batch_decode_s, double batch_join_s,
+                      double mean_step_s, uint32_t real_cores, dh_bench_system_result_t *res,
+                      FILE *trace, int *trace_first, size_t sys_index, uint64_t trace_t0)
 {
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
@@ -624,6 +677,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     pthread_mutex_init(&run.names_lock, NULL);
     pthread_barrier_init(&run.barrier, NULL, opt->ranks);
     uint32_t total = opt->warmup + opt->steps;
+    uint32_t *group_of = NULL; /* tier 2's groups (below) */
     rank_ctx_t *ranks = dh_calloc(opt->ranks, sizeof *ranks);
     if (!ranks) {
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
@@ -636,15 +690,27 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
      * (dh_plan_fanout_width, from the estimates). On 2 real cores for 4 ranks fanout 2 cost 8% of
      * throughput (docs/benchmarks.md). */
     uint32_t fanout = 1;
+    int tier2 = tier2_on(opt, sp);
     if (sp->deep) {
         fanout = opt->fanout
                      ? opt->fanout
                      : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
                                             deep_prefetch(opt, cl.cores) * mean_step_s);
+        /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
+        if (tier2)
+            fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
         if (fanout > opt->batch)
             fanout = opt->batch;
     }
     res->fanout = fanout;
+    res->rebalance = tier2;
+    /* one load-balance group of all the bench's ranks (group id 0): in the emulated paper
+     * layout every rank has its own node, so the group spans nodes */
+    group_of = tier2 ? dh_calloc(opt->ranks, sizeof *group_of) : NULL;
+    if (tier2 && !group_of) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto done;
+    }
     for (uint32_t r = 0; r < opt->ranks; r++) {
         ranks[r].run = &run;
         ranks[r].rank = r;
@@ -676,6 +742,20 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         /* the join copy (fanout > 1) at the one transfer cost, per payload byte */
         if (!opt->dataset && opt->link_gbps > 0 && opt->bytes_scale > 0)
             cfg.emulate_copy_s_per_B = opt->time_scale / (opt->bytes_scale * link_Bps(opt));
+        if (tier2) {
+            cfg.rebalance.enabled = 1;
+            cfg.rebalance.group_of = group_of;
+            cfg.rebalance.buffer_size = opt->rebalance_buffer;
+            cfg.rebalance.min_gain = opt->rebalance_min_gain;
+            /* the gate's price of a move across nodes: the one transfer cost, per payload
+             * byte (emulated: a byte stands for 1 / bytes_scale, time-scaled), as the
+             * join copy's above; 0 = free */
+            cfg.rebalance.move_s_per_B = opt->link_gbps <= 0 ? 0
+                                         : opt->dataset      ? 1 / link_Bps(opt)
+                                         : opt->bytes_scale > 0
+                                             ? opt->time_scale / (opt->bytes_scale * link_Bps(opt))
+                                             : opt->time_scale / link_Bps(opt);
+        }
         if (sp->deep) {
             cfg.prefetch = deep_prefetch(opt, cl.cores);
             cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * cfg.prefetch;
@@ -786,12 +866,34 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         dh_client_stats_t st;
         dh_client_stats(ranks[r].client, &st);
         res->copy_bytes += emulated(opt, (double)st.copy_bytes) + ranks[r].copy_bytes;
+        /* tier 2: rounds are group-wide (rank 0's count); moves summed over receivers */
+        if (r == 0) {
+            res->rebalance_rounds = st.rebalance_rounds;
+            res->rebalance_applied = st.rebalance_applied;
+            res->rebalance_kept_by_gate = st.rebalance_kept_by_gate;
+        }
+        res->rebalance_moved_samples += st.rebalance_moved_samples;
+        res->rebalance_moved_parts += st.rebalance_moved_parts;
+        res->rebalance_bytes += emulated(opt, (double)st.rebalance_bytes);
+        res->rebalance_bytes_remote += emulated(opt, (double)st.rebalance_bytes_remote);
+        if (st.rebalance_s_p95 > res->rebalance_s_p95)
+            res->rebalance_s_p95 = st.rebalance_s_p95;
     }
     progress(opt,
              "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f), input wait p95 "
              "%.3f s, misses %.0f%%, prefetch %u",
              sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
              res->input_wait_p95_s, 100 * res->ddl_miss_rate, res->prefetch_reached);
+    if (tier2)
+        progress(opt,
+                 "%s: tier 2: %llu rounds, %llu applied, %llu kept by the gate; %llu samples "
+                 "in %llu parts moved (%.1f MB), round p95 %.4f s",
+                 sp->name, (unsigned long long)res->rebalance_rounds,
+                 (unsigned long long)res->rebalance_applied,
+                 (unsigned long long)res->rebalance_kept_by_gate,
+                 (unsigned long long)res->rebalance_moved_samples,
+                 (unsigned long long)res->rebalance_moved_parts, res->rebalance_bytes / 1e6,
+                 res->rebalance_s_p95);
     progress(opt,
              "%s: CPU prediction error p50 %.3f p90 %.3f (profile alone: p50 %.3f); learning: "
              "first %u steps misses %.1f%% error p50 %.3f, rest misses %.1f%% error p50 %.3f",
@@ -805,6 +907,7 @@ done:
         dh_free(ranks[r].steps);
     }
     dh_free(ranks);
+    dh_free(group_of);
     cluster_stop(&cl);
     pthread_barrier_destroy(&run.barrier);
     pthread_mutex_destroy(&run.names_lock);
@@ -838,6 +941,15 @@ static int check_options(const dh_bench_options_t *o)
                              o->link_gbps);
     if (!o->compute_auto && (o->a < 0 || o->b < 0))
         return dh__set_error(DH_EINVAL, "bench: --compute a,b must be >= 0");
+    if (o->rebalance < -1 || o->rebalance > 1)
+        return dh__set_error(DH_EINVAL, "bench: rebalance must be -1 (auto), 0 or 1, got %d",
+                             o->rebalance);
+    if (o->rebalance_buffer < 1 || o->rebalance_buffer > 1000000)
+        return dh__set_error(DH_EINVAL, "bench: --rebalance-buffer must be in [1, 1000000], got %u",
+                             o->rebalance_buffer);
+    if (!(o->rebalance_min_gain >= 0 && o->rebalance_min_gain <= 1))
+        return dh__set_error(DH_EINVAL, "bench: --rebalance-min-gain must be in [0, 1], got %g",
+                             o->rebalance_min_gain);
     return 0;
 }
 
@@ -899,7 +1011,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         goto done;
     }
     /* cpu_sum, tok_sum: the estimates (the workload as its user would size it) */
-    double cpu_sum = 0, tok_sum = 0;
+    double cpu_sum = 0, tok_sum = 0, out_sum = 0;
     for (size_t i = 0; i < n; i++) {
         const dh_profile_row_t *row = dh_profile_set_row(set, i);
         double est = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
@@ -908,6 +1020,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
             opt->dataset ? est : dh__rt_synth_actual_cpu_s(&synth, row->id, row->profile_key, est);
         cpu_sum += est;
         tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
+        out_sum += row->out_bytes > 0 ? (double)row->out_bytes : 0;
     }
     qsort(refs, n, sizeof *refs, cmp_ref);
     double mean_cpu = cpu_sum / (double)n, mean_tok = tok_sum / (double)n;
@@ -965,8 +1078,12 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         if ((rc = spec_of(name, opt, &sp)))
             goto done;
         progress(opt, "%s: starting", name);
+        /* the fanout join of a mean batch at the one transfer cost (emulated bytes) */
+        double join_s = opt->dataset || !(opt->link_gbps > 0)
+                            ? 0
+                            : opt->batch * out_sum / (double)n * ts / link_Bps(opt);
         rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold,
-                        opt->batch * mean_cpu * ts, out->mean_step_compute_s, real_cores,
+                        opt->batch * mean_cpu * ts, join_s, out->mean_step_compute_s, real_cores,
                         &out->systems[out->n_systems], trace, &trace_first, out->n_systems, t0);
         out->n_systems++;
         if (rc)
@@ -1008,6 +1125,15 @@ static void json_str(FILE *f, const char *s)
 
 int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_report_t *r)
 {
+    char fanout_text[16]; /* "auto", "batch", "own" or N, as --rebalance-fanout takes it */
+    if (o->rebalance_fanout == 0 || o->rebalance_fanout == DH_BENCH_FANOUT_BATCH ||
+        o->rebalance_fanout == DH_BENCH_FANOUT_OWN)
+        snprintf(fanout_text, sizeof fanout_text, "\"%s\"",
+                 o->rebalance_fanout == 0                     ? "auto"
+                 : o->rebalance_fanout == DH_BENCH_FANOUT_OWN ? "own"
+                                                              : "batch");
+    else
+        snprintf(fanout_text, sizeof fanout_text, "%u", o->rebalance_fanout);
     fprintf(f, "{\"config\":{\"mode\":\"%s\",\"source\":", o->dataset ? "dataset" : "emulate");
     json_str(f, o->dataset ? o->dataset : o->mix);
     fprintf(f,
@@ -1016,7 +1142,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
             "\"bytes_scale\":%.9g,\"link_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
             "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
-            "\"fanout\":%u,\"seed\":%llu,"
+            "\"fanout\":%u,\"rebalance\":%d,\"rebalance_buffer\":%u,"
+            "\"rebalance_min_gain\":%.9g,\"rebalance_fanout\":%s,\"seed\":%llu,"
             "\"rows\":%zu,"
             "\"systems\":",
             o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
@@ -1025,7 +1152,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
             o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
             o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
-            o->prefetch_max, o->fanout, (unsigned long long)o->seed, r->rows);
+            o->prefetch_max, o->fanout, o->rebalance, o->rebalance_buffer, o->rebalance_min_gain,
+            fanout_text, (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {
@@ -1048,6 +1176,18 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);
+        /* tier 2 (zeros where it is off) */
+        fprintf(f,
+                ",\"rebalance\":%s,\"rebalance_rounds\":%llu,\"rebalance_applied\":%llu,"
+                "\"rebalance_kept_by_gate\":%llu,\"rebalance_moved_samples\":%llu,"
+                "\"rebalance_moved_parts\":%llu,\"rebalance_bytes\":%.6g,"
+                "\"rebalance_bytes_remote\":%.6g,\"rebalance_s_p95\":%.6g",
+                s->rebalance ? "true" : "false", (unsigned long long)s->rebalance_rounds,
+                (unsigned long long)s->rebalance_applied,
+                (unsigned long long)s->rebalance_kept_by_gate,
+                (unsigned long long)s->rebalance_moved_samples,
+                (unsigned long long)s->rebalance_moved_parts, s->rebalance_bytes,
+                s->rebalance_bytes_remote, s->rebalance_s_p95);
         fprintf(f,
                 ",\"prediction_error_p50\":%.6g,\"prediction_error_p90\":%.6g,"
                 "\"prediction_error_p50_profile\":%.6g,\"ready_error_p50\":%.6g,"
@@ -1103,10 +1243,23 @@ void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
                 s->input_wait_p99_s, s->batch_ready_p95_s, 100 * s->ddl_miss_rate,
                 s->barrier_wait_mean_s, s->sched_us_per_decision, s->efficiency, s->balance,
                 s->cross_node_bytes / 1e6, s->copy_bytes / 1e6);
+        if (s->rebalance)
+            fprintf(f,
+                    "  tier 2: %llu rounds (%llu applied, %llu kept by the gate), %llu samples "
+                    "in %llu parts moved, %.1f MB, round p95 %.3f s\n",
+                    (unsigned long long)s->rebalance_rounds,
+                    (unsigned long long)s->rebalance_applied,
+                    (unsigned long long)s->rebalance_kept_by_gate,
+                    (unsigned long long)s->rebalance_moved_samples,
+                    (unsigned long long)s->rebalance_moved_parts, s->rebalance_bytes / 1e6,
+                    s->rebalance_s_p95);
     }
-    /* Ratios of one system (helix, else cost-ddl, else the last) to every other, each
-     * labelled with both systems' cores: the equal-budget ones first (docs/design.md §8). */
+    /* Ratios of one system (helix, else ddlb, else cost-ddl, else the last) to every other,
+     * each labelled with both systems' cores: the equal-budget ones first (docs/design.md
+     * §8). */
     const dh_bench_system_result_t *subj = find(r, "helix");
+    if (!subj)
+        subj = find(r, "ddlb");
     if (!subj)
         subj = find(r, "cost-ddl");
     if (!subj && r->n_systems)

@@ -19,7 +19,12 @@
  *                hop of a Ray actor pool)
  *   transport    base with zero-copy delivery
  *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F
- *   cost-ddl, helix  prefetch-token + deadline placement
+ *   cost-ddl     prefetch-token + deadline placement (tier 1 alone)
+ *   ddlb, helix  cost-ddl + tier 2: every rank's client rebalances materialized batches
+ *                (client.h, "Tier 2") in one load-balance group of all the bench's ranks
+ *                (in the emulated paper layout every rank has its own node, so a move
+ *                crosses a link, charged like any forwarding); the gate's move cost is
+ *                the same 8 / (link_gbps x 1e9) s per emulated byte
  * One transfer-cost model for every system (link_gbps): a byte that crosses nodes holds the
  * forwarding DataServer's link (dh_dataserver_config_t.emulate_link_Bps), a byte a system
  * copies holds the copying thread (pool's copy: the rank's training thread; the fanout
@@ -37,6 +42,11 @@
 #include <stdio.h>
 
 #define DH_BENCH_MAX_SYSTEMS 12
+
+/* dh_bench_options_t.rebalance_fanout: the batch (every part a single sample), or the
+ * system's own fanout. */
+#define DH_BENCH_FANOUT_BATCH UINT32_MAX
+#define DH_BENCH_FANOUT_OWN (UINT32_MAX - 1)
 
 typedef struct dh_bench_options {
     uint32_t ranks, batch, steps, warmup;
@@ -64,16 +74,33 @@ typedef struct dh_bench_options {
      * 0.1); every draw a pure function of (seed, key or sample id), the same for every
      * system; 0 = the estimates exactly. Schedulers see only the estimates. */
     double cost_bias, cost_noise, token_noise;
-    uint32_t prefetch;     /* prefetch depth of prefetch-token / cost-ddl / helix; 0 (the
-                            * default) = at least 16 and at least the PyTorch-like systems'
-                            * depth on the same cores, 2 x cores per rank (24 at 96 cores for
-                            * 8 ranks) */
+    uint32_t prefetch;     /* prefetch depth of the deep systems (prefetch-token, cost-ddl,
+                            * ddlb, helix); 0 (the default) = at least 16 and at least the
+                            * PyTorch-like systems' depth on the same cores, 2 x cores per
+                            * rank (24 at 96 cores for 8 ranks) */
     uint32_t prefetch_max; /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
                             * prefetch: fixed) */
     uint32_t fanout;       /* their microbatch fanout: requests per rank's batch, at
-                            * most batch; 0 (default) = 2 where the system has at
-                            * least 2 cores per rank (capped at the real cores with
-                            * --dataset), else 1 */
+                            * most batch; 0 (default) = dh_plan_fanout_width (plan.h:
+                            * 1 unless one worker cannot decode a batch within the
+                            * prefetch horizon; cores per rank capped at the real cores
+                            * with --dataset) */
+    /* Tier 2 (rebalancing of materialized batches, client.h):
+     * rebalance -1 (default): on for ddlb and helix only; 0: off everywhere; 1: on for
+     * every deep system (prefetch-token, cost-ddl, ddlb, helix). */
+    int rebalance;
+    uint32_t rebalance_buffer; /* samples per round across the group (64) */
+    double rebalance_min_gain; /* the gate's margin, a fraction of the largest rank's
+                                * compute (0.05) */
+    uint32_t rebalance_fanout; /* the fanout of a system with tier 2 on (tier 2 moves
+                                * parts, a request's microbatch): 0 (the default) = auto,
+                                * emulated: the batch (single samples) where the fanout
+                                * join of a batch takes at most half a step at the
+                                * transfer cost, else the system's own; dataset: the
+                                * system's own (train_bench.c, tier2_fanout);
+                                * DH_BENCH_FANOUT_BATCH = the batch; DH_BENCH_FANOUT_OWN =
+                                * the system's own (--fanout, else its default); else N,
+                                * at most batch */
     uint64_t seed;
     const char *systems; /* comma-separated list (see above) */
     const char *trace_path;
@@ -110,7 +137,17 @@ typedef struct dh_bench_system_result {
      * bytes_scale): */
     double cross_node_bytes; /* forwarded from a DataServer to another node's */
     double copy_bytes;       /* copied by the system: fanout joins and pool's copy */
-    double *rank_step_s;     /* ranks x steps: each rank's step time (wait + compute), for plots */
+    /* Tier 2 over the whole run (0 where it is off): rounds are group-wide (rank 0's
+     * counts: rounds, applied, kept by the gate); the samples and parts moved and their
+     * bytes are summed over the receiving ranks (bytes emulated, like cross_node_bytes;
+     * _remote: those forwarded across nodes); rebalance_s_p95 is the largest rank's p95 of
+     * the time from a round's last part materialized to its decision applied. */
+    int rebalance;
+    uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
+    uint64_t rebalance_moved_samples, rebalance_moved_parts;
+    double rebalance_bytes, rebalance_bytes_remote;
+    double rebalance_s_p95;
+    double *rank_step_s; /* ranks x steps: each rank's step time (wait + compute), for plots */
     /* ---- online feedback: predicted vs actual (dh_coordinator_predictions) ----
      * A request's error is |predicted - actual| / actual CPU seconds; its step is its seq /
      * fanout. prediction_error_*: over the requests of the measured steps. The learning split

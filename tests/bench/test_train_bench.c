@@ -2,9 +2,10 @@
  * the end on a tiny emulated cluster, the metrics are within their definitions (efficiency
  * at most 1, the bound and balance as the JSON's own inputs give them, every system doing
  * the same CPU work under the default misprediction noise), the transfers counted per
- * system, the prediction error per system, the JSON report and the trace are well formed, the noise
- * is seeded and mean-one, and bad options name the option. Timings and ratios are not asserted:
- * that is the benchmark's job, not a test's. */
+ * system, the prediction error per system, tier 2's counts per system (ddlb, and off with
+ * rebalance 0), the JSON report and the trace are well formed, the noise is seeded and
+ * mean-one, and bad options name the option. Timings and ratios are not asserted: that is
+ * the benchmark's job, not a test's. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -331,6 +332,139 @@ static void bench_prediction_error_shows_the_model_learning(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Tier 2 per system: ddlb (= cost-ddl + tier 2) runs it and reports its counts in the
+ * JSON; cost-ddl does not (its counts 0, "rebalance": false); the report's config carries
+ * the tier-2 options. */
+static void bench_ddlb_reports_tier2_per_system(void **state)
+{
+    dh_bench_options_t o;
+    tiny(&o);
+    o.systems = "cost-ddl,ddlb";
+    o.rebalance_buffer = 8;
+    dh_bench_report_t r;
+    int rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.n_systems, 2);
+    const dh_bench_system_result_t *cost = &r.systems[0], *ddlb = &r.systems[1];
+    assert_int_equal(cost->rebalance, 0);
+    assert_int_equal(ddlb->rebalance, 1);
+    assert_true(cost->rebalance_rounds == 0 && cost->rebalance_moved_samples == 0 &&
+                cost->rebalance_bytes == 0);
+    /* a round holds 8 / (2 ranks x batch 2) = 2 steps, and next() yields a batch only once
+     * its round is decided: the 8 steps consumed took at least 4 rounds */
+    assert_true(ddlb->rebalance_rounds >= 4);
+    assert_int_equal(ddlb->fanout, 2); /* the default: the batch, single samples move */
+    assert_int_equal(cost->fanout, 1);
+    /* rank 0's rounds are decided one way or another; moves come in whole parts */
+    assert_true(ddlb->rebalance_applied + ddlb->rebalance_kept_by_gate <= ddlb->rebalance_rounds);
+    assert_true(ddlb->rebalance_moved_parts <= ddlb->rebalance_moved_samples);
+    assert_true(ddlb->rebalance_s_p95 >= 0);
+    FILE *f = fopen(dh_test_path("ddlb.json"), "w");
+    assert_non_null(f);
+    assert_int_equal(dh_bench_write_json(f, &o, &r), 0);
+    fclose(f);
+    json_error_t err;
+    json_t *j = json_load_file(dh_test_path("ddlb.json"), 0, &err);
+    if (!j)
+        print_error("report: %s (line %d)\n", err.text, err.line);
+    assert_non_null(j);
+    json_t *systems = json_object_get(j, "systems");
+    static const char *keys[] = {
+        "rebalance_rounds",        "rebalance_applied",     "rebalance_kept_by_gate",
+        "rebalance_moved_samples", "rebalance_moved_parts", "rebalance_bytes",
+        "rebalance_bytes_remote",  "rebalance_s_p95",       "balance"};
+    for (size_t i = 0; i < r.n_systems; i++) {
+        json_t *sys = json_object_get(systems, r.systems[i].name);
+        assert_non_null(sys);
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            json_t *v = json_object_get(sys, keys[k]);
+            if (!json_is_number(v) || !(json_number_value(v) >= 0))
+                print_error("%s: %s missing or not a number >= 0\n", r.systems[i].name, keys[k]);
+            assert_true(json_is_number(v) && json_number_value(v) >= 0);
+        }
+        assert_true(json_is_boolean(json_object_get(sys, "rebalance")));
+    }
+    json_t *jd = json_object_get(systems, "ddlb");
+    assert_true(json_is_true(json_object_get(jd, "rebalance")));
+    assert_true(json_is_false(json_object_get(json_object_get(systems, "cost-ddl"), "rebalance")));
+    assert_true((uint64_t)json_integer_value(json_object_get(jd, "rebalance_rounds")) ==
+                ddlb->rebalance_rounds);
+    assert_true((uint64_t)json_integer_value(json_object_get(jd, "rebalance_moved_samples")) ==
+                ddlb->rebalance_moved_samples);
+    json_t *config = json_object_get(j, "config");
+    assert_int_equal(json_integer_value(json_object_get(config, "rebalance")), -1);
+    assert_int_equal(json_integer_value(json_object_get(config, "rebalance_buffer")), 8);
+    assert_true(json_number_value(json_object_get(config, "rebalance_min_gain")) == 0.05);
+    json_decref(j);
+
+    /* the table shows ddlb's tier-2 counts on a line under its row, and cost-ddl's none */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    assert_non_null(m);
+    dh_bench_print_table(m, &r);
+    fclose(m);
+    const char *row = strstr(text, "\nddlb ");
+    assert_non_null(row);
+    const char *line = strchr(row + 1, '\n');
+    assert_non_null(line);
+    assert_int_equal(strncmp(line + 1, "  tier 2: ", 10), 0);
+    assert_null(strstr(line + 1 + 10, "tier 2: "));
+    free(text);
+    dh_bench_report_clear(&r);
+    cl_assert_no_leftovers();
+}
+
+/* rebalance 0 (--no-rebalance) turns tier 2 off everywhere: ddlb runs as cost-ddl, no
+ * round; 1 (--rebalance) turns it on for every deep system, and never for the others; the
+ * fanout of a tier-2 system follows rebalance_fanout. */
+static void bench_rebalance_option_switches_tier2(void **state)
+{
+    dh_bench_options_t o;
+    tiny(&o);
+    o.systems = "ddlb";
+    o.rebalance = 0;
+    dh_bench_report_t r;
+    int rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.systems[0].rebalance, 0);
+    assert_true(r.systems[0].rebalance_rounds == 0 && r.systems[0].rebalance_moved_samples == 0);
+    dh_bench_report_clear(&r);
+
+    tiny(&o);
+    o.systems = "transport,prefetch-token";
+    o.rebalance = 1;
+    o.rebalance_fanout = DH_BENCH_FANOUT_BATCH;
+    rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.systems[0].rebalance, 0);
+    assert_int_equal(r.systems[0].fanout, 1);
+    assert_int_equal(r.systems[1].rebalance, 1);
+    assert_int_equal(r.systems[1].fanout, 2); /* the batch: single samples move */
+    dh_bench_report_clear(&r);
+
+    /* auto fanout: the batch where its join copy is cheap (above), the system's own where
+     * the link makes it cost more than half a step (a batch of ~26 MB emulated at 0.2 Gb/s,
+     * ~20 ms x time_scale 0.02, against ~3 ms of compute) */
+    tiny(&o);
+    o.systems = "ddlb";
+    o.link_gbps = 0.2;
+    rc = dh_bench_run(&o, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.systems[0].rebalance, 1);
+    assert_int_equal(r.systems[0].fanout, 1);
+    dh_bench_report_clear(&r);
+    cl_assert_no_leftovers();
+}
+
 static void bench_rejects_bad_options_by_name(void **state)
 {
     dh_bench_options_t o;
@@ -352,6 +486,15 @@ static void bench_rejects_bad_options_by_name(void **state)
     o.systems = "native-1";
     assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "native-N"));
+    dh_bench_report_clear(&r);
+    tiny(&o);
+    o.rebalance_min_gain = -0.1;
+    assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--rebalance-min-gain"));
+    tiny(&o);
+    o.rebalance_buffer = 0;
+    assert_int_equal(dh_bench_run(&o, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--rebalance-buffer"));
     dh_bench_report_clear(&r);
     tiny(&o);
     o.dataset = "/nonexistent";
@@ -480,6 +623,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bench_noise_is_seeded_mean_one_and_off_at_zero),
     cmocka_unit_test(bench_counts_transfers_per_system),
     cmocka_unit_test(bench_prediction_error_shows_the_model_learning),
+    cmocka_unit_test(bench_ddlb_reports_tier2_per_system),
+    cmocka_unit_test(bench_rebalance_option_switches_tier2),
     cmocka_unit_test(bench_rejects_bad_options_by_name),
     cmocka_unit_test(bench_table_leads_with_equal_budget_ratios),
 };
