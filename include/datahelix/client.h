@@ -262,8 +262,8 @@ typedef struct dh_client_stats {
      * the gate or the policy, or ended by the coordinator), those that moved parts, those
      * the cost gate kept; the parts and samples this rank received, and their bytes (on one
      * node handed over, across nodes forwarded: rebalance_bytes_remote); the time from the
-     * round's last part materialized on this rank to the decision applied (p95 and max over
-     * the rounds so far). */
+     * round's last part materialized (in any member's arena: this host's clock) to the
+     * decision applied here (p95 and max over the rounds so far). */
     uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
     uint64_t rebalance_moved_parts, rebalance_moved_samples;
     uint64_t rebalance_bytes, rebalance_bytes_remote;

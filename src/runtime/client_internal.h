@@ -98,7 +98,7 @@ typedef struct rb_state {
     uint64_t offered;             /* rounds below it have been offered */
     uint64_t applied;             /* rounds below it are applied (lock) */
     dh_msg_t got[RB_WINDOW];      /* the ROUND or END of round r at r % RB_WINDOW (type 0: none) */
-    uint64_t ready_ns[RB_WINDOW]; /* when round r's last part was ready here */
+    uint64_t ready_ns[RB_WINDOW]; /* when round r's last part was ready in an arena */
     /* the round being applied: the parts still to come from other nodes */
     bool applying;
     uint64_t applying_since_ns;

@@ -232,6 +232,7 @@ static int features_of(dh_client_t *c, const part_t *p, const dh_wire_rb_part_t 
             (dh_client_sample_t){p->samples[i].id, p->samples[i].tokens, p->samples[i].status,
                                  p->samples[i].status ? p->samples[i].error : NULL};
     double f[DH_REBALANCE_MAX_FEATURES] = {0};
+    dh_clear_error(); /* what feature_fn sets, it says */
     int err =
         rc->feature_fn(rc->feature_user, p->tensors, p->n_tensors, samples, p->n_samples, f, n);
     for (size_t i = 0; err == 0 && i < n; i++)
@@ -318,7 +319,7 @@ static int offer(dh_client_t *c, uint64_t r)
         }
         pthread_mutex_unlock(&c->lock);
     }
-    rb->ready_ns[r % RB_WINDOW] = ready;
+    (void)ready;
     dh_free(w);
     dh_free(tensors);
     dh_free(features);
@@ -799,6 +800,14 @@ static void start(dh_client_t *c)
     dh__count(&c->counters.rebalance_rounds, 1);
     rb->applying = true;
     rb->applying_since_ns = dh_clock_now_ns();
+    /* the round's last part materialized, in any member's arena (ready_ns: this host's
+     * clock; a value from another host's clock, ahead of ours, counts as now) */
+    uint64_t last = 0;
+    for (uint32_t i = 0; m->kind == DH_RB_ROUND && i < m->n_parts; i++)
+        if (m->parts[i].ready_ns > last)
+            last = m->parts[i].ready_ns;
+    rb->ready_ns[r % RB_WINDOW] =
+        last && last <= rb->applying_since_ns ? last : rb->applying_since_ns;
     if (m->kind == DH_RB_END || (m->reason && m->reason[0])) {
         dh_log_debug("client '%s': rebalance round %llu kept: %s", c->id, (unsigned long long)r,
                      m->reason && m->reason[0] ? m->reason : "ended");
