@@ -8,7 +8,7 @@ each part (here its tokens and mean pixel), sort_fn decides on the gathered meas
 (here: in each batch, the heaviest part of the most loaded rank trades places with the
 lightest part of the least loaded one, when that lowers the larger of the two). Every rank
 runs sort_fn on the same round, so it must be deterministic. At the end the ranks check
-together that every sample came exactly once, and print what tier 2 did.
+together that every sample came exactly once, and rank 0 prints what tier 2 did on each.
 """
 import argparse
 import os
@@ -83,17 +83,18 @@ def main():
         tokens += int(batch["tokens"].sum())
     stats = loader.stats()
     every = [None] * world
-    dist.all_gather_object(every, seen)
+    dist.all_gather_object(every, (seen, tokens, stats))
     if rank == 0:
-        ids = [i for ids in every for i in ids]
+        ids = [i for rank_ids, _, _ in every for i in rank_ids]
         assert len(ids) == len(set(ids)), "a sample came twice"
         assert len(ids) == len(loader) * args.batch * world, "a sample is missing"
-        print(f"{world} ranks: {len(ids)} samples, each exactly once", flush=True)
-    print(f"rank {rank}: {len(seen)} samples, {tokens} tokens; rebalance rounds "
-          f"{stats['rebalance_rounds']}, applied {stats['rebalance_applied']}, kept by the "
-          f"gate {stats['rebalance_kept_by_gate']}, parts received "
-          f"{stats['rebalance_moved_parts']}, callback errors "
-          f"{stats['rebalance_callback_errors']}", flush=True)
+        print(f"{world} ranks: {len(ids)} samples, each exactly once")
+        for r, (rank_ids, rank_tokens, s) in enumerate(every):
+            print(f"rank {r}: {len(rank_ids)} samples, {rank_tokens} tokens; rebalance rounds "
+                  f"{s['rebalance_rounds']}, applied {s['rebalance_applied']}, kept by the "
+                  f"gate {s['rebalance_kept_by_gate']}, parts received "
+                  f"{s['rebalance_moved_parts']}, callback errors "
+                  f"{s['rebalance_callback_errors']}")
     loader.close()
     dist.barrier()  # every rank is done with the node's DataServer before rank 0 leaves
     dist.destroy_process_group()

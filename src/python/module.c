@@ -160,8 +160,12 @@ typedef struct {
 static void Batch_dealloc(BatchObject *self)
 {
     if (self->batch) {
-        dh_client_batch_release(&self->batch);
-        g_live_batches--;
+        /* without the GIL: the release may wait on client state that a rebalance callback
+         * holds on the fetcher thread while it waits for the GIL */
+        dh_client_batch_t *b = self->batch;
+        self->batch = NULL;
+        Py_BEGIN_ALLOW_THREADS dh_client_batch_release(&b);
+        Py_END_ALLOW_THREADS g_live_batches--;
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
