@@ -77,9 +77,9 @@ typedef struct dh_rebalance_part {
 
 /* A round, as every member of the group sees it (identical on every member). */
 typedef struct dh_rebalance_round {
-    uint32_t group;                   /* the group's id */
-    uint64_t round;                   /* the round number (batches round x steps ...) */
-    const uint32_t *ranks;            /* the group's ranks, ascending */
+    uint32_t group;        /* the group's id */
+    uint64_t round;        /* the round number (batches round x steps ...) */
+    const uint32_t *ranks; /* the group's ranks, ascending */
     uint32_t n_ranks;
     const dh_rebalance_part_t *parts; /* ordered by (batch, rank, slot) */
     size_t n_parts;
@@ -178,12 +178,12 @@ typedef struct dh_client_config {
      * returned, stay within this rank's share of its local DataServer's arena: the arena's
      * capacity / local_ranks, less a margin (dh_deadline_rank_budget). One batch is always
      * requested, however large. */
-    uint32_t local_ranks;        /* ranks sharing the local DataServer's arena; 0 = ranks
-                                  * (all on one node: safe, but a smaller share than needed
-                                  * when ranks span nodes) */
-    uint64_t arena_budget_bytes; /* embedded mode: the memory the arena may take; 0 =
-                                  * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
-                                  * quarter of physical memory) */
+    uint32_t local_ranks;            /* ranks sharing the local DataServer's arena; 0 = ranks
+                                      * (all on one node: safe, but a smaller share than needed
+                                      * when ranks span nodes) */
+    uint64_t arena_budget_bytes;     /* embedded mode: the memory the arena may take; 0 =
+                                      * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
+                                      * quarter of physical memory) */
     dh_rebalance_config_t rebalance; /* tier 2 (off by default) */
 } dh_client_config_t;
 

@@ -79,7 +79,8 @@ DH_EXTERN void dh_coordinator_destroy(dh_coordinator_t **c);
 typedef struct dh_coordinator_stats {
     uint64_t requests, dispatches, redispatches, completes, delivered, decisions;
     uint64_t servers_alive, servers_dead_declared, clients;
-    double sched_s; /* time in dh_place, total */
+    uint64_t rebalance_rounds; /* tier-2 rounds gathered and sent to their members */
+    double sched_s;            /* time in dh_place, total */
 } dh_coordinator_stats_t;
 
 /* A snapshot of the counters. Thread-safe. */
@@ -204,6 +205,8 @@ typedef struct dh_dataserver_stats {
     uint64_t undeliverable;       /* batches dropped because their client was gone */
     uint64_t arena_spills;        /* tensors sent by copy after the arena stayed full (see
                                      docs/shared-memory.md, "Full arena") */
+    uint64_t rebalance_sent;      /* tier 2: parts its clients moved to another node (their
+                                   * bytes are in bytes_forwarded and bytes_cross_node) */
 } dh_dataserver_stats_t;
 
 DH_EXTERN void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);

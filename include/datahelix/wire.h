@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define DH_WIRE_MAGIC "DHX1"
-#define DH_WIRE_VERSION 2
+#define DH_WIRE_VERSION 3
 #define DH_WIRE_HEADER_SIZE 20
 #define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
@@ -56,9 +56,10 @@ typedef enum {
     DH_MSG_DELIVER = 6,   /* DataServer -> client / local DataServer: the batch's tensors */
     DH_MSG_ERROR = 7,     /* either way: a refusal or failure, code and message */
     DH_MSG_GOODBYE = 8,   /* a process leaves cleanly */
+    DH_MSG_REBALANCE = 9, /* tier 2: a round's offer, the gathered round, its end, a move */
 } dh_msg_type_t;
 
-#define DH_MSG_TYPE_MAX 8
+#define DH_MSG_TYPE_MAX 9
 
 typedef enum {
     DH_WIRE_ROLE_LOCAL = 0,  /* a training node's local DataServer */
@@ -182,6 +183,7 @@ typedef struct dh_wire_sample_result {
     int64_t tokens; /* tokens produced (>= 0) */
     int32_t status; /* 0 or a negative DH_E* code */
     char *error;    /* "" when status is 0; else names the sample, path and cause */
+    double cpu_s;   /* measured decode seconds on the executor (0 = not measured) */
 } dh_wire_sample_result_t;
 
 typedef struct dh_msg_deliver {
@@ -194,6 +196,63 @@ typedef struct dh_msg_deliver {
     uint64_t ready_ns; /* sender's dh_clock_now_ns() when the batch was ready (same host only) */
     char *server;      /* the DataServer that executed the request */
 } dh_msg_deliver_t;
+
+/* Tier 2 (docs/rebalancing.md). A REBALANCE's kind: */
+typedef enum {
+    DH_RB_OFFER = 0, /* client -> coordinator: its parts of a round, with their features */
+    DH_RB_ROUND = 1, /* coordinator -> each member: every member's offer, the same for all */
+    DH_RB_END = 2,   /* coordinator -> members: the round ended without every offer (keep) */
+    DH_RB_SEND = 3,  /* client -> its local DataServer: forward these parts to another node's
+                      * DataServer, for client_id under seq (parts[i] goes as seq + i) */
+} dh_rb_kind_t;
+
+/* A member of a round's group (ROUND). */
+typedef struct dh_wire_rb_member {
+    uint32_t rank;
+    char *client_id;
+    char *node;         /* its node */
+    char *endpoint;     /* its local DataServer's data endpoint */
+    double s_per_token; /* its learned compute seconds per token (0 = none yet) */
+} dh_wire_rb_member_t;
+
+/* A real number of a feature vector (any sign, finite). */
+typedef struct dh_wire_real {
+    double v;
+} dh_wire_real_t;
+
+/* A materialized part of a round: where it is (its tensors' handles in its node's arena)
+ * and what it is (its samples, features). */
+typedef struct dh_wire_rb_part {
+    uint32_t rank;  /* its holder */
+    uint64_t batch; /* its batch index */
+    uint32_t slot;  /* its part index in the batch */
+    double tokens, bytes, cpu_s;
+    uint32_t n_features;
+    dh_wire_real_t *features;
+    uint32_t n_tensors;
+    dh_wire_tensor_t *tensors; /* DH_WIRE_LOC_SHM only */
+    uint32_t n_samples;
+    dh_wire_sample_result_t *samples;
+    char *server;      /* the DataServer that executed it */
+    uint64_t ready_ns; /* when it was ready in its arena (same host only) */
+} dh_wire_rb_part_t;
+
+typedef struct dh_msg_rebalance {
+    uint8_t kind;    /* dh_rb_kind_t */
+    uint32_t group;  /* the group's id */
+    uint64_t round;  /* the round number */
+    uint32_t rank;   /* OFFER: the sender's rank */
+    char *client_id; /* OFFER: the sender; SEND: the receiving client */
+    char *node;      /* SEND: the receiving client's node */
+    char *endpoint;  /* SEND: the receiving node's DataServer data endpoint */
+    uint64_t seq;    /* SEND: the receiver files parts[i] as seq + i */
+    char *reason;    /* END: why the round ended; "" otherwise */
+    uint32_t n_members;
+    dh_wire_rb_member_t *members; /* OFFER: the group's ranks (rank only); ROUND: all */
+    uint32_t n_parts;
+    dh_wire_rb_part_t *parts; /* OFFER, SEND: the sender's; ROUND: every member's, by
+                               * (batch, rank, slot) */
+} dh_msg_rebalance_t;
 
 typedef struct dh_msg_error {
     int32_t code; /* a negative DH_E* code */
@@ -212,6 +271,7 @@ typedef struct dh_msg {
         dh_msg_complete_t complete;
         dh_msg_deliver_t deliver;
         dh_msg_error_t error;
+        dh_msg_rebalance_t rebalance;
     };
 } dh_msg_t;
 

@@ -135,6 +135,7 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
     out->bytes_outstanding = c->bytes_outstanding;
     out->bytes_outstanding_peak = c->bytes_outstanding_peak;
     out->byte_budget = c->byte_budget;
+    dh__client_rb_stats(c, out);
     pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
 }
 
@@ -446,6 +447,8 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         nanosleep(&pause, NULL);
     }
     set_byte_budget(c);
+    if ((rc = dh__client_rb_init(c, cfg)))
+        goto fail;
     dh_log_info("client '%s': rank %u/%u, node '%s', %llu batches of %u (fanout %u, prefetch "
                 "%u, %.0f MiB of the arena), local DataServer '%s'",
                 c->id, cfg->rank, cfg->ranks, c->node, (unsigned long long)c->total, cfg->batch,
@@ -529,8 +532,15 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
         bool all = true;
         for (uint32_t p = 0; p < parts; p++) {
             part_t *s = &c->ring[(b * parts + p) % c->ring_size];
-            if (!s->ready || s->seq != b * parts + p || (parts > 1 && p == 0 && !s->joined))
+            if (!s->ready || s->seq != b * parts + p ||
+                (p == 0 && (c->rb.on ? !s->final : parts > 1 && !s->joined)))
                 all = false;
+        }
+        if (c->rb.err && c->rb.err_batch <= b) { /* a round's policy failed: said once */
+            int err = c->rb.err;
+            c->rb.err = 0;
+            pthread_mutex_unlock(&c->lock);
+            return dh__set_error(err, "client '%s': %s", c->id, c->rb.err_msg);
         }
         if (all)
             break;
@@ -694,6 +704,7 @@ void dh_client_destroy(dh_client_t **pc)
     dh_free(c->requested_of);
     dh_free(c->bytes_of);
     dh_free(c->bytes_scratch);
+    dh__client_rb_destroy(c);
     dh_wire_socket_destroy(&c->coord);
     dh_wire_socket_destroy(&c->data);
     if (c->notice_fd >= 0)

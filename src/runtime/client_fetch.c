@@ -101,7 +101,7 @@ int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds)
     return 0;
 }
 
-static arena_ref_t *arena_by_id(dh_client_t *c, uint64_t id)
+arena_ref_t *dh__client_arena_by_id(dh_client_t *c, uint64_t id)
 {
     for (size_t i = 0; i < c->n_arenas; i++)
         if (c->arenas[i]->id == id)
@@ -114,7 +114,8 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
 {
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const dh_wire_tensor_t *t = &m->tensors[i];
-        arena_ref_t *a = t->location == DH_WIRE_LOC_SHM ? arena_by_id(c, t->arena_id) : NULL;
+        arena_ref_t *a =
+            t->location == DH_WIRE_LOC_SHM ? dh__client_arena_by_id(c, t->arena_id) : NULL;
         if (a) {
             dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
             dh_shm_arena_unref(a->arena, &h);
@@ -130,7 +131,7 @@ static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
  * keeps its samples' slots as zero rows of every per-sample tensor (dimension 0 = the
  * samples, as frames and mask; a tensor like the synthetic payload gets no rows from it).
  * On failure the parts are left as they were and the message is returned in *why. */
-static int join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
+int dh__client_join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap)
 {
     part_t *p0 = &parts[0];
     size_t ref = 0; /* the first part with tensors: the names, dtypes and ranks */
@@ -192,16 +193,9 @@ static void sleep_s(double s)
     }
 }
 
-static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
+int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *out,
+                                 uint64_t *copied_out)
 {
-    dh_msg_deliver_t *m = &r->msg.deliver;
-    uint64_t now = dh_clock_now_ns();
-    if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
-        dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
-                    m->n_tensors);
-        drop_deliver(c, m);
-        return;
-    }
     part_t p = {0};
     p.seq = m->seq;
     uint64_t copied = 0;
@@ -217,14 +211,14 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
                 dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
                             c->id, (unsigned long long)m->seq, t->tensor.name);
                 dh__client_part_release(&p);
-                return;
+                return DH_ENOMEM;
             }
             if (size)
                 memcpy(ptr, t->tensor.data, size);
             p.copies[i] = ptr;
             copied++;
         } else {
-            arena_ref_t *a = arena_by_id(c, t->arena_id);
+            arena_ref_t *a = dh__client_arena_by_id(c, t->arena_id);
             h = (dh_shm_handle_t){t->arena_id, t->offset, t->length, t->generation};
             if (!a || (p.arena && p.arena != a) || dh_shm_arena_resolve(a->arena, &h, &ptr) != 0) {
                 dh_log_warn("client '%s': batch %llu: tensor '%s' is not a valid handle of a "
@@ -233,8 +227,9 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
                             a ? dh_last_error() : "unknown arena");
                 for (uint32_t k = i + 1; k < m->n_tensors; k++) {
                     const dh_wire_tensor_t *u = &m->tensors[k];
-                    arena_ref_t *ua =
-                        u->location == DH_WIRE_LOC_SHM ? arena_by_id(c, u->arena_id) : NULL;
+                    arena_ref_t *ua = u->location == DH_WIRE_LOC_SHM
+                                          ? dh__client_arena_by_id(c, u->arena_id)
+                                          : NULL;
                     dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
                     if (ua)
                         dh_shm_arena_unref(ua->arena, &uh);
@@ -242,7 +237,7 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
                 if (a && !(p.arena && p.arena != a))
                     dh_shm_arena_unref(a->arena, &h);
                 dh__client_part_release(&p);
-                return;
+                return DH_EINVAL;
             }
             if (!p.arena) {
                 p.arena = a;
@@ -260,8 +255,31 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     m->n_samples = 0;
     snprintf(p.server, NAME_CAP, "%s", m->server ? m->server : "");
     p.ready_ns = m->ready_ns;
-    p.received_ns = now;
+    p.received_ns = dh_clock_now_ns();
     p.ready = true;
+    *out = p;
+    *copied_out = copied;
+    return 0;
+}
+
+static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
+{
+    dh_msg_deliver_t *m = &r->msg.deliver;
+    if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
+        dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
+                    m->n_tensors);
+        drop_deliver(c, m);
+        return;
+    }
+    part_t p = {0};
+    uint64_t copied = 0;
+    if (dh__client_part_from_deliver(c, m, &p, &copied) != 0)
+        return;
+    if (p.seq & RB_SEQ_BIT) { /* a part moved here from another node (tier 2) */
+        dh__count(&c->counters.copied_tensors, copied);
+        dh__client_rb_on_moved(c, &p);
+        return;
+    }
 
     uint32_t parts = c->cfg.fanout;
     double arena_used = -1;
@@ -287,7 +305,7 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     /* fanout > 1: the batch's last part joins the batch, here rather than in next() */
     part_t *held = NULL;
     uint64_t batch = p.seq / parts;
-    bool join = !dup && parts > 1;
+    bool join = !dup && parts > 1 && !c->rb.on; /* tier 2 joins once the round is applied */
     for (uint32_t k = 0; join && k < parts; k++) {
         part_t *q = &c->ring[(batch * parts + k) % c->ring_size];
         join = q->ready && q->seq == batch * parts + k && !q->joined;
@@ -313,7 +331,7 @@ static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
     pthread_mutex_unlock(&c->lock);
     if (join) {
         char why[sizeof held->join_error] = "";
-        int rc = join_parts(held, parts, batch, why, sizeof why);
+        int rc = dh__client_join_parts(held, parts, batch, why, sizeof why);
         if (rc == 0) {
             uint64_t bytes = 0;
             for (size_t t = 0; t < held[0].n_tensors; t++)
@@ -386,10 +404,31 @@ void *dh__client_fetcher_main(void *arg)
                 continue;
             }
         }
-        zmq_pollitem_t items[2] = {{dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0},
-                                   {NULL, c->notice_fd, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, c->notice_fd >= 0 ? 2 : 1, 50) <= 0)
+        zmq_pollitem_t items[3] = {
+            {dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0},
+            {NULL, c->notice_fd, ZMQ_POLLIN, 0},
+            {c->rb.sock ? dh_wire_socket_handle(c->rb.sock) : NULL, -1, ZMQ_POLLIN, 0}};
+        /* the tier-2 socket, when there is one, is the last item (without a notice
+         * channel, in the second place) */
+        int n_items = 1;
+        if (c->notice_fd >= 0)
+            n_items++;
+        if (c->rb.sock) {
+            if (n_items == 1)
+                items[1] = items[2];
+            n_items++;
+        }
+        if (c->rb.on)
+            dh__client_rb_progress(c);
+        if (zmq_poll(items, n_items, c->rb.on ? 5 : 50) <= 0)
             continue;
+        if (c->rb.sock && (items[n_items - 1].revents & ZMQ_POLLIN)) {
+            while (dh_wire_recv(c->rb.sock, 0, &r) == 0) {
+                if (r.msg.type == DH_MSG_REBALANCE)
+                    dh__client_rb_on_message(c, &r);
+                dh_wire_received_release(&r);
+            }
+        }
         if (c->notice_fd >= 0 && (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
             notice_receive(c);
         if (!(items[0].revents & ZMQ_POLLIN))

@@ -34,7 +34,14 @@
     XX(bytes_delivered)                                                                            \
     XX(copied_tensors)                                                                             \
     XX(copy_bytes)                                                                                 \
-    XX(notices)
+    XX(notices)                                                                                    \
+    XX(rebalance_rounds)                                                                           \
+    XX(rebalance_applied)                                                                          \
+    XX(rebalance_kept_by_gate)                                                                     \
+    XX(rebalance_moved_parts)                                                                      \
+    XX(rebalance_moved_samples)                                                                    \
+    XX(rebalance_bytes)                                                                            \
+    XX(rebalance_bytes_remote)
 
 typedef struct dh__client_counters {
     DH__CLIENT_COUNTERS(DH__COUNTER_FIELD)
@@ -64,7 +71,52 @@ typedef struct part {
     bool joined;
     int join_rc;
     char join_error[256];
+    /* tier 2 on, in the batch's first part: its round is applied (and the batch joined):
+     * next() may take it */
+    bool final;
 } part_t;
+
+/* Tier 2's state (client_rebalance.c). The fetcher thread owns it; the fields marked
+ * "lock" are also read by next() and dh_client_stats under c->lock. */
+#define RB_WINDOW 8 /* rounds offered and not yet applied, at most */
+#define RB_DURATIONS 512
+
+typedef struct rb_expect {
+    uint64_t seq; /* the DELIVER seq the part comes under (RB_SEQ_BIT set) */
+    size_t slot;  /* its ring slot */
+    bool done;
+} rb_expect_t;
+
+typedef struct rb_state {
+    bool on;
+    uint32_t group;  /* this rank's group id */
+    uint32_t *ranks; /* the group's ranks, ascending */
+    uint32_t n_ranks;
+    uint32_t steps;               /* batches per round */
+    char *args;                   /* the config's args (owned copy) */
+    dh_wire_socket_t *sock;       /* DEALER "<id>/rb" to the coordinator */
+    uint64_t offered;             /* rounds below it have been offered */
+    uint64_t applied;             /* rounds below it are applied (lock) */
+    dh_msg_t got[RB_WINDOW];      /* the ROUND or END of round r at r % RB_WINDOW (type 0: none) */
+    uint64_t ready_ns[RB_WINDOW]; /* when round r's last part was ready here */
+    /* the round being applied: the parts still to come from other nodes */
+    bool applying;
+    uint64_t applying_since_ns;
+    rb_expect_t *expect;
+    size_t n_expect, cap_expect;
+    part_t *early; /* parts from other nodes that came before their round was applied */
+    size_t n_early, cap_early;
+    double durations[RB_DURATIONS]; /* lock: the last rounds' apply times */
+    size_t n_durations;
+    double duration_max; /* lock */
+    int err;             /* lock: a round's error for next() (0: none) */
+    uint64_t err_batch;  /* lock: the batch next() reports it at */
+    char err_msg[768];   /* lock */
+} rb_state_t;
+
+/* A DELIVER seq of a part moved to this rank from another node: the bit, the round in the
+ * bits above 24, the part's index in the round below. */
+#define RB_SEQ_BIT (1ull << 63)
 
 typedef struct ds_info {
     char name[NAME_CAP];
@@ -129,6 +181,8 @@ struct dh_client {
     int refused;
     char refused_msg[2 * NAME_CAP];
 
+    rb_state_t rb; /* tier 2 */
+
     atomic_int stop;
     pthread_t sender, fetcher;
     bool threads_started;
@@ -175,5 +229,43 @@ int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds);
 
 /* The fetcher thread (pthread_create's start routine; arg is the client). */
 void *dh__client_fetcher_main(void *arg);
+
+/* Joins a batch's parts into parts[0] (fanout > 1; see client_fetch.c). 0 or a code, with
+ * the reason in why. */
+int dh__client_join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap);
+
+/* The arena mapping with this id, or NULL (fetcher thread). */
+arena_ref_t *dh__client_arena_by_id(dh_client_t *c, uint64_t id);
+
+/* Builds a part from a DELIVER's tensors and samples (resolving handles in the mapped
+ * arenas, copying spilled frames; the samples are moved out of m). 0, or a negative code
+ * with every slab of m given back. */
+int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *p, uint64_t *copied);
+
+/* ---- client_rebalance.c ---- */
+
+/* Sets up tier 2 from the config (group, steps per round). 0 or DH_EINVAL / DH_ENOMEM. */
+int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg);
+
+/* Fills the rebalance_s_* stats (lock held). */
+void dh__client_rb_stats(const dh_client_t *c, dh_client_stats_t *out);
+
+/* Frees tier 2's state (after the threads stopped). */
+void dh__client_rb_destroy(dh_client_t *c);
+
+/* The fetcher's tier-2 work: offers rounds whose parts are all here, applies rounds that
+ * came back, finishes rounds whose parts from other nodes arrived. */
+void dh__client_rb_progress(dh_client_t *c);
+
+/* A REBALANCE from the coordinator on the tier-2 socket (fetcher thread; r->msg may be
+ * taken). */
+void dh__client_rb_on_message(dh_client_t *c, dh_wire_received_t *r);
+
+/* A DELIVER of a part moved here from another node (seq has RB_SEQ_BIT): takes the part. */
+void dh__client_rb_on_moved(dh_client_t *c, part_t *p);
+
+/* Whether batch b is in the round of the batch next() waits for (its requests go out
+ * whatever the byte budget, or the round could never complete). Lock held. */
+bool dh__client_rb_must_request(const dh_client_t *c, uint64_t b);
 
 #endif

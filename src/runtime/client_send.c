@@ -256,8 +256,9 @@ void *dh__client_sender_main(void *arg)
             uint64_t inflight = (b - c->consumed + 1) * per_batch;
             uint64_t max_inflight =
                 c->cfg.max_inflight ? c->cfg.max_inflight : (uint64_t)c->horizon * per_batch;
-            bool go = b < c->total && b < c->consumed + c->horizon &&
-                      (inflight <= max_inflight || b == c->consumed);
+            bool must = b == c->consumed || dh__client_rb_must_request(c, b);
+            bool go = b < c->total && (b < c->consumed + c->horizon || must) &&
+                      (inflight <= max_inflight || must);
             pthread_mutex_unlock(&c->lock);
             if (!go || atomic_load(&c->stop))
                 break;
@@ -267,7 +268,7 @@ void *dh__client_sender_main(void *arg)
              * send is inside the fetcher's window; a batch whose bytes the rank's share of
              * the arena cannot hold yet waits for next() to consume (never the first). */
             pthread_mutex_lock(&c->lock);
-            go = rc != 0 || bytes_admit(c, b, pl.bytes);
+            go = rc != 0 || bytes_admit(c, b, pl.bytes) || dh__client_rb_must_request(c, b);
             double d = go ? deadline_s(c, b) : 0;
             if (go)
                 c->planned++;

@@ -156,7 +156,7 @@ static server_t *find_server(dh_coordinator_t *c, const char *name, int32_t *idx
     return NULL;
 }
 
-static client_t *find_client(dh_coordinator_t *c, const char *name, int32_t *idx)
+client_t *dh__coord_find_client(dh_coordinator_t *c, const char *name, int32_t *idx)
 {
     for (size_t i = 0; i < c->n_clients; i++)
         if (strcmp(c->clients[i].name, name) == 0) {
@@ -231,7 +231,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     }
     if (h->role == DH_WIRE_ROLE_CLIENT) {
         int32_t idx;
-        client_t *cl = find_client(c, peer, &idx);
+        client_t *cl = dh__coord_find_client(c, peer, &idx);
         if (!cl) {
             int rc = dh__coord_grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1,
                                     sizeof *c->clients);
@@ -458,7 +458,7 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
 {
     dh_msg_request_t *q = &r->msg.request;
     int32_t ci;
-    if (!find_client(c, q->client_id, &ci) || strcmp(peer, q->client_id) != 0) {
+    if (!dh__coord_find_client(c, q->client_id, &ci) || strcmp(peer, q->client_id) != 0) {
         send_error(c, peer, DH_EINVAL, "REQUEST from a client that has not sent HELLO");
         return;
     }
@@ -647,7 +647,7 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
         dh__coord_declare_dead(c, idx, "it said GOODBYE");
         return;
     }
-    if (!find_client(c, peer, &idx))
+    if (!dh__coord_find_client(c, peer, &idx))
         return;
     size_t dropped = 0;
     for (size_t i = 0; i < c->n_book;) {
@@ -736,6 +736,9 @@ static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
     case DH_MSG_GOODBYE:
         on_goodbye(c, peer);
         break;
+    case DH_MSG_REBALANCE:
+        dh__coord_on_rebalance(c, peer, r);
+        break;
     case DH_MSG_ERROR:
         dh_log_warn("coordinator: '%s' reports %s: %s", peer, dh_err_name(r->msg.error.code),
                     r->msg.error.message);
@@ -775,6 +778,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
             last_tick = now;
             check_liveness(c);
             anchor_speeds(c);
+            dh__coord_rb_tick(c);
             if (c->telemetry)
                 fflush(c->telemetry);
         }
@@ -816,6 +820,7 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     for (size_t i = 0; i < c->n_book; i++)
         dh_msg_clear(&c->book[i].msg);
     dh_free(c->book);
+    dh__coord_rb_destroy(c);
     dh_free(c->predictions);
     pthread_mutex_destroy(&c->learn_lock);
     dh_free(c->servers);

@@ -77,7 +77,8 @@ typedef struct entry {
     XX(decisions)                                                                                  \
     XX(servers_alive)                                                                              \
     XX(servers_dead_declared)                                                                      \
-    XX(clients)
+    XX(clients)                                                                                    \
+    XX(rebalance_rounds)
 
 typedef struct dh__coord_counters {
     DH__COORD_COUNTERS(DH__COUNTER_FIELD)
@@ -121,12 +122,17 @@ struct dh_coordinator {
     pthread_mutex_t learn_lock;
     dh_prediction_t *predictions; /* n_predictions kept; a ring once at the maximum */
     size_t n_predictions, cap_predictions, next_prediction;
+
+    struct dh__coord_rb *rb; /* tier 2's open rounds (coordinator_rebalance.c); NULL = none yet */
 };
 
 /* ---- coordinator.c ---- */
 
 /* Grows *arr (of *cap elements of elem bytes, zero-filled) to hold need. 0 or DH_ENOMEM. */
 int dh__coord_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+/* The registered client named `name` (its index in *idx when idx is not NULL), or NULL. */
+client_t *dh__coord_find_client(dh_coordinator_t *c, const char *name, int32_t *idx);
 
 /* The index of the live local DataServer of a node, or -1. */
 int32_t dh__coord_local_server_of(dh_coordinator_t *c, uint32_t node);
@@ -143,5 +149,16 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why);
 /* Places and dispatches every request of the book not yet placed, in arrival order, until
  * one cannot be placed because every candidate is full; sets c->pending_work when some wait. */
 void dh__coord_place_pending(dh_coordinator_t *c);
+
+/* ---- coordinator_rebalance.c ---- */
+
+/* A REBALANCE from `peer` (an OFFER; the message may be taken: in->msg is then zeroed). */
+void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_received_t *in);
+
+/* Ends the rounds whose timeout passed (the loop's tick). */
+void dh__coord_rb_tick(dh_coordinator_t *c);
+
+/* Frees tier 2's state. */
+void dh__coord_rb_destroy(dh_coordinator_t *c);
 
 #endif

@@ -486,6 +486,13 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
             dh__ds_add_pending(s, p);
         }
         break;
+    case DH_MSG_REBALANCE:
+        if (r->msg.rebalance.kind == DH_RB_SEND)
+            dh__ds_rebalance_send(s, peer, &r->msg.rebalance);
+        else
+            dh_log_warn("DataServer '%s': unexpected REBALANCE kind %u from '%s' ignored", s->name,
+                        r->msg.rebalance.kind, peer);
+        break;
     case DH_MSG_GOODBYE: {
         pthread_mutex_lock(&s->lock);
         for (size_t i = 0; i < s->n_clients; i++)

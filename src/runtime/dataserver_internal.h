@@ -38,7 +38,8 @@
     XX(bytes_cross_node)                                                                           \
     XX(arena_waits)                                                                                \
     XX(undeliverable)                                                                              \
-    XX(arena_spills)
+    XX(arena_spills)                                                                               \
+    XX(rebalance_sent)
 
 typedef struct dh__ds_counters {
     DH__DS_COUNTERS(DH__COUNTER_FIELD)
@@ -223,6 +224,10 @@ bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns);
 
 /* A sidecar's finished task: the frames go to the target's DataServer over its link. */
 void dh__ds_forward_result(dh_dataserver_t *s, task_t *t);
+
+/* A client's REBALANCE SEND (tier 2): its parts go to another node's DataServer, each as a
+ * DELIVER for the receiving client (forward.c). */
+void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_rebalance_t *m);
 
 /* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
  * Returns true when done with (delivered, dropped or refused), false to retry later (the

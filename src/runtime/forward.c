@@ -430,3 +430,82 @@ void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r
     if (dt > 0 && l->sent_bytes[slot] > (1u << 16))
         link_observe(l, (double)l->sent_bytes[slot], dt);
 }
+
+/* Tier 2 (docs/rebalancing.md): a client of this node hands parts of a round to a client on
+ * another node. Each part's tensors are read out of this arena into payload frames (the
+ * client's reference to its slabs is this server's to drop, which it does at once: the
+ * frames are copies, so nothing on the link points into the arena), and the part goes as a
+ * DELIVER for the receiver under seq + i, over the link to the receiver's DataServer like a
+ * sidecar's forward: the same emulated link, the same placement at the other end. */
+void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_rebalance_t *m)
+{
+    link_t *l = m->endpoint && m->endpoint[0] ? link_for(s, m->endpoint) : NULL;
+    if (l && m->node && m->node[0])
+        snprintf(l->node, NAME_CAP, "%s", m->node);
+    for (uint32_t i = 0; i < m->n_parts; i++) {
+        const dh_wire_rb_part_t *p = &m->parts[i];
+        dh_wire_tensor_t wire[DH__RT_MAX_TENSORS];
+        dh_wire_payload_t payloads[DH__RT_MAX_TENSORS];
+        size_t np = 0;
+        uint64_t bytes = 0;
+        int rc = p->n_tensors <= DH__RT_MAX_TENSORS ? 0 : DH_EINVAL;
+        for (uint32_t k = 0; k < p->n_tensors && rc == 0; k++) {
+            const dh_wire_tensor_t *t = &p->tensors[k];
+            dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
+            void *src = NULL;
+            size_t size = t->tensor.nbytes;
+            void *copy = dh_malloc(size ? size : 1);
+            if (!copy) {
+                rc = DH_ENOMEM;
+                break;
+            }
+            if (t->location != DH_WIRE_LOC_SHM || dh_shm_arena_resolve(s->arena, &h, &src) != 0 ||
+                size > t->length) {
+                dh_free(copy);
+                rc = DH_EINVAL;
+                break;
+            }
+            if (size)
+                memcpy(copy, src, size);
+            dh_shm_arena_unref(s->arena, &h); /* the client's reference, handed to us */
+            wire[k] = *t;
+            wire[k].location = DH_WIRE_LOC_FRAME;
+            wire[k].tensor.data = copy;
+            payloads[np++] = (dh_wire_payload_t){copy, size, dh__ds_free_payload, NULL};
+            bytes += size;
+        }
+        if (rc == 0 && !l)
+            rc = DH_EINVAL;
+        if (rc) {
+            dh_log_warn("DataServer '%s': cannot move part %u of rebalance round %llu from '%s' "
+                        "to '%s' (%s): %s",
+                        s->name, i, (unsigned long long)m->round, peer, m->client_id, m->endpoint,
+                        rc == DH_ENOMEM ? "out of memory" : "bad handle or target");
+            free_payloads(payloads, np);
+            dh__count(&s->counters.undeliverable, 1);
+            continue;
+        }
+        dh_msg_t d = {.type = DH_MSG_DELIVER};
+        d.deliver.client_id = m->client_id;
+        d.deliver.seq = m->seq + i;
+        d.deliver.n_tensors = p->n_tensors;
+        d.deliver.tensors = wire;
+        d.deliver.n_samples = p->n_samples;
+        d.deliver.samples = p->samples;
+        d.deliver.ready_ns = p->ready_ns;
+        d.deliver.server = p->server;
+        dh__count(&s->counters.rebalance_sent, 1);
+        if (s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0) {
+            if ((rc = hold(s, l, &d, payloads, np, bytes)))
+                dh_log_warn("DataServer '%s': cannot move a rebalanced part to %s: %s", s->name,
+                            m->endpoint, dh_last_error());
+            continue;
+        }
+        uint64_t now = dh_clock_now_ns();
+        if ((rc = dh_wire_send(l->sock, NULL, 0, &d, payloads, np, 1000)))
+            dh_log_warn("DataServer '%s': cannot move a rebalanced part to %s: %s", s->name,
+                        m->endpoint, dh_last_error());
+        else
+            sent(s, l, d.deliver.seq, bytes, emulated_bytes(s, bytes), now);
+    }
+}

@@ -461,9 +461,13 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
     }
     int rc = w->spec.synthetic ? execute_synthetic(w, samples, n, alloc, release, ctx, out)
                                : execute_video(w, samples, n, alloc, release, ctx, out);
-    if (rc)
+    if (rc) {
         dh__rt_result_clear(out);
-    return rc;
+        return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) /* the DELIVER carries them too (tier 2's features) */
+        out->samples[i].cpu_s = out->sample_cpu_s[i] > 0 ? out->sample_cpu_s[i] : 0;
+    return 0;
 }
 
 void dh__rt_wire_tensors(const dh__rt_tensor_t *tensors, size_t n, dh_wire_tensor_t *wire)

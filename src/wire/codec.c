@@ -26,7 +26,8 @@
 #include "wire/internal.h"
 
 static const char *const type_names[DH_MSG_TYPE_MAX + 1] = {
-    "type?", "HELLO", "HEARTBEAT", "REQUEST", "DISPATCH", "COMPLETE", "DELIVER", "ERROR", "GOODBYE",
+    "type?",    "HELLO",   "HEARTBEAT", "REQUEST", "DISPATCH",
+    "COMPLETE", "DELIVER", "ERROR",     "GOODBYE", "REBALANCE",
 };
 
 const char *dh_msg_type_name(unsigned type)
@@ -76,6 +77,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
  *   ERRCODE         i32, a negative DH_E* code
  *   TOKENS          i64, >= 0
  *   F64             f64, finite and >= 0
+ *   REAL            f64, finite
+ *   RBKIND          u8, a dh_rb_kind_t; others are refused
  *   STR             a u32 length and that many bytes, no NUL (char *; NULL encodes as "")
  *   ARRAY, codec    a u32 count (the member n_<field>) then that many <codec> structs
  *   SUB, codec      a <codec> struct inline (DISPATCH carries a REQUEST)
@@ -156,7 +159,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(STR, id)                                                                                    \
     XX(TOKENS, tokens)                                                                             \
     XX(STATUS, status)                                                                             \
-    XX(STR, error)
+    XX(STR, error)                                                                                 \
+    XX(F64, cpu_s)
 
 #define DELIVER_FIELDS(XX)                                                                         \
     XX(STR, client_id)                                                                             \
@@ -165,6 +169,41 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(ARRAY, samples, sample_result)                                                              \
     XX(U64, ready_ns)                                                                              \
     XX(STR, server)
+
+#define RB_MEMBER_FIELDS(XX)                                                                       \
+    XX(U32, rank)                                                                                  \
+    XX(STR, client_id)                                                                             \
+    XX(STR, node)                                                                                  \
+    XX(STR, endpoint)                                                                              \
+    XX(F64, s_per_token)
+
+#define REAL_FIELDS(XX) XX(REAL, v)
+
+#define RB_PART_FIELDS(XX)                                                                         \
+    XX(U32, rank)                                                                                  \
+    XX(U64, batch)                                                                                 \
+    XX(U32, slot)                                                                                  \
+    XX(F64, tokens)                                                                                \
+    XX(F64, bytes)                                                                                 \
+    XX(F64, cpu_s)                                                                                 \
+    XX(ARRAY, features, real)                                                                      \
+    XX(TENSORS, tensors)                                                                           \
+    XX(ARRAY, samples, sample_result)                                                              \
+    XX(STR, server)                                                                                \
+    XX(U64, ready_ns)
+
+#define REBALANCE_FIELDS(XX)                                                                       \
+    XX(RBKIND, kind)                                                                               \
+    XX(U32, group)                                                                                 \
+    XX(U64, round)                                                                                 \
+    XX(U32, rank)                                                                                  \
+    XX(STR, client_id)                                                                             \
+    XX(STR, node)                                                                                  \
+    XX(STR, endpoint)                                                                              \
+    XX(U64, seq)                                                                                   \
+    XX(STR, reason)                                                                                \
+    XX(ARRAY, members, rb_member)                                                                  \
+    XX(ARRAY, parts, rb_part)
 
 #define ERROR_FIELDS(XX)                                                                           \
     XX(ERRCODE, code)                                                                              \
@@ -179,7 +218,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(DISPATCH, dispatch)                                                                         \
     XX(COMPLETE, complete)                                                                         \
     XX(DELIVER, deliver)                                                                           \
-    XX(ERROR, error)
+    XX(ERROR, error)                                                                               \
+    XX(REBALANCE, rebalance)
 
 /* ---- encoder ---- */
 
@@ -372,7 +412,28 @@ static int get_f64(reader_t *r, const char *field, double *out)
     return 0;
 }
 
+/* A double that must be finite, of any sign (a feature of a user's feature function). */
+static int get_finite(reader_t *r, const char *field, double *out)
+{
+    uint64_t bits = 0;
+    int rc = get_u64(r, field, &bits);
+    if (rc)
+        return rc;
+    double v;
+    memcpy(&v, &bits, sizeof v);
+    if (!isfinite(v))
+        return refuse(r, 8, field, "%g is not a finite number", v);
+    *out = v;
+    return 0;
+}
+
 /* The checked integers: a value outside the field's range is refused. */
+static int get_rbkind(reader_t *r, const char *field, uint8_t *out)
+{
+    int rc = get_u8(r, field, out);
+    return (rc || *out <= DH_RB_SEND) ? rc : refuse(r, 1, field, "unknown REBALANCE kind %u", *out);
+}
+
 static int get_role(reader_t *r, const char *field, uint8_t *out)
 {
     int rc = get_u8(r, field, out);
@@ -583,6 +644,8 @@ static void free_tensor(dh_wire_tensor_t *t)
 #define K_I64(op, f) op##_LEAF(f, put_i64, get_i64, (void), 8)
 #define K_TOKENS(op, f) op##_LEAF(f, put_i64, get_tokens, (void), 8)
 #define K_F64(op, f) op##_LEAF(f, put_f64, get_f64, (void), 8)
+#define K_REAL(op, f) op##_LEAF(f, put_f64, get_finite, (void), 8)
+#define K_RBKIND(op, f) op##_LEAF(f, put_u8, get_rbkind, (void), 1)
 #define K_STR(op, f) op##_LEAF(f, put_str, get_str, dh_free, 4)
 #define K_ARRAY(op, f, codec) op##_ARRAY(f, codec)
 #define K_SUB(op, f, codec) op##_SUB(f, codec)
@@ -597,11 +660,15 @@ static void free_tensor(dh_wire_tensor_t *t)
     put_u32(w, m->n_##f);                                                                          \
     for (uint32_t i = 0; i < m->n_##f; i++)                                                        \
         put_##codec(w, &m->f[i]);
+/* An element's own arrays (a REBALANCE part's features, tensors, samples) name themselves in
+ * errors while they are read; the loop keeps its own index. */
 #define GET_ARRAY(f, codec)                                                                        \
     TRY(get_array(r, "n_" #f, #f, MIN_##codec, sizeof *m->f, &m->n_##f, (void **)&m->f));          \
-    r->elem = #f;                                                                                  \
-    for (r->index = 0; r->index < m->n_##f; r->index++)                                            \
-        TRY(get_##codec(r, &m->f[r->index]));                                                      \
+    for (uint32_t i_ = 0; i_ < m->n_##f; i_++) {                                                   \
+        r->elem = #f;                                                                              \
+        r->index = i_;                                                                             \
+        TRY(get_##codec(r, &m->f[i_]));                                                            \
+    }                                                                                              \
     r->elem = NULL;
 #define FREE_ARRAY(f, codec)                                                                       \
     for (uint32_t i = 0; i < m->n_##f && m->f; i++)                                                \
@@ -653,6 +720,10 @@ DEFINE_CODEC(complete, dh_msg_complete_t, COMPLETE_FIELDS)
 DEFINE_CODEC(sample_result, dh_wire_sample_result_t, SAMPLE_RESULT_FIELDS)
 DEFINE_CODEC(deliver, dh_msg_deliver_t, DELIVER_FIELDS)
 DEFINE_CODEC(error, dh_msg_error_t, ERROR_FIELDS)
+DEFINE_CODEC(rb_member, dh_wire_rb_member_t, RB_MEMBER_FIELDS)
+DEFINE_CODEC(real, dh_wire_real_t, REAL_FIELDS)
+DEFINE_CODEC(rb_part, dh_wire_rb_part_t, RB_PART_FIELDS)
+DEFINE_CODEC(rebalance, dh_msg_rebalance_t, REBALANCE_FIELDS)
 
 /* ---- messages ---- */
 

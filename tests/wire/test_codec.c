@@ -26,8 +26,9 @@ static dh_wire_sample_t samples[] = {
      INT64_MAX},
 };
 static dh_wire_sample_result_t results[] = {
-    {(char *)"kinetics/abc123", 1024, 0, (char *)""},
-    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found"},
+    {(char *)"kinetics/abc123", 1024, 0, (char *)"", 0.25},
+    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found",
+     0},
 };
 static dh_wire_sample_status_t statuses[] = {
     {0, (char *)"", 0.375},
@@ -52,6 +53,26 @@ static dh_wire_tensor_t tensors[] = {
     {.tensor =
          {.name = "mask", .dtype = DH_DTYPE_FLOAT32, .ndim = 2, .shape = {2, 3}, .strides = {3, 1}},
      .location = DH_WIRE_LOC_FRAME},
+};
+
+static dh_wire_tensor_t shm_tensors[] = {
+    {.tensor =
+         {.name = "frames", .dtype = DH_DTYPE_UINT8, .ndim = 1, .shape = {64}, .strides = {1}},
+     .location = DH_WIRE_LOC_SHM,
+     .arena_id = 9,
+     .offset = 1 << 20,
+     .length = 64,
+     .generation = 3},
+};
+static dh_wire_real_t features[] = {{-1.5}, {2048}};
+static dh_wire_rb_part_t rb_parts[] = {
+    {0, 12, 1, 1024, 2408448, 0.125, DH_ARRAY_LEN(features), features, DH_ARRAY_LEN(shm_tensors),
+     shm_tensors, 1, results, (char *)"ds-remote-2", 99},
+    {1, 12, 0, 0, 0, 0, 0, NULL, 0, NULL, 0, NULL, (char *)"", 0},
+};
+static dh_wire_rb_member_t rb_members[] = {
+    {0, (char *)"node-a-rank0-1", (char *)"node-a", (char *)"tcp://10.0.0.1:7000", 1e-4},
+    {1, (char *)"node-b-rank1-2", (char *)"node-b", (char *)"tcp://10.0.0.2:7000", 0},
 };
 
 static dh_wire_frame_t payload_frames[] = {
@@ -121,6 +142,21 @@ static dh_msg_t fixture(unsigned type)
         break;
     case DH_MSG_ERROR:
         m.error = (dh_msg_error_t){DH_ENOSERVER, (char *)"no live DataServer for rank 3"};
+        break;
+    case DH_MSG_REBALANCE:
+        m.rebalance = (dh_msg_rebalance_t){.kind = DH_RB_ROUND,
+                                           .group = 2,
+                                           .round = 6,
+                                           .rank = 1,
+                                           .client_id = (char *)"node-b-rank1-2",
+                                           .node = (char *)"node-b",
+                                           .endpoint = (char *)"tcp://10.0.0.2:7000",
+                                           .seq = 1ull << 63,
+                                           .reason = (char *)"",
+                                           .n_members = DH_ARRAY_LEN(rb_members),
+                                           .members = rb_members,
+                                           .n_parts = DH_ARRAY_LEN(rb_parts),
+                                           .parts = rb_parts};
         break;
     case DH_MSG_GOODBYE:
         break;
@@ -433,7 +469,9 @@ static void wire_bodies_keep_their_bytes(void **state)
         [DH_MSG_REQUEST] = {275, 0x3ceda5964782051cull},
         [DH_MSG_DISPATCH] = {337, 0x54e1b55911b19955ull},
         [DH_MSG_COMPLETE] = {111, 0x0187a04a218cb67bull},
-        [DH_MSG_DELIVER] = {328, 0xe7b76a899420b5abull},
+        /* 344: each sample result's cpu_s (f64, 2 results) */
+        [DH_MSG_DELIVER] = {344, 0x002d4f89f164db4cull},
+        [DH_MSG_REBALANCE] = {473, 0x6daa2c96fe0f4e85ull},
         [DH_MSG_ERROR] = {37, 0xcdfb63b239f772cfull},
         [DH_MSG_GOODBYE] = {0, 0xcbf29ce484222325ull},
     };
@@ -462,7 +500,7 @@ static void wire_header_layout_is_little_endian(void **state)
     in.sender_seq = 0x1122334455667788ull;
     encoded_t e = encode(&in);
     const uint8_t want[DH_WIRE_HEADER_SIZE] = {
-        'D', 'H', 'X', '1', 2, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+        'D', 'H', 'X', '1', 3, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
     assert_memory_equal(e.header, want, sizeof want);
     assert_int_equal(e.body_len, 0);
     dh_wire_header_t h;
@@ -481,7 +519,7 @@ static void wire_refuses_another_version(void **state)
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
                      DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "version 1"));
-    assert_non_null(strstr(dh_last_error(), "version 2"));
+    assert_non_null(strstr(dh_last_error(), "version 3"));
     e.header[4] = 0;
     e.header[5] = 1; /* version 256 */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
@@ -514,7 +552,7 @@ static void wire_rejects_bad_headers(void **state)
     assert_non_null(strstr(dh_last_error(), "unknown message type 0"));
     h[6] = DH_MSG_TYPE_MAX + 1;
     assert_int_equal(decode_copy(h, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
-    assert_non_null(strstr(dh_last_error(), "unknown message type 9"));
+    assert_non_null(strstr(dh_last_error(), "unknown message type 10"));
     /* Body length disagreeing with the frame. */
     memcpy(h, e.header, 20);
     set_body_len(h, (uint32_t)e.body_len + 1);
@@ -790,8 +828,8 @@ static void wire_rejects_bad_values(void **state)
     assert_non_null(strstr(dh_last_error(), "COMPLETE: field 'delivered'"));
     dh_free(e.body);
 
-    dh_wire_sample_result_t bad_results[2][1] = {{{(char *)"a", -1, 0, (char *)""}},
-                                                 {{(char *)"a", 0, 3, (char *)"x"}}};
+    dh_wire_sample_result_t bad_results[2][1] = {{{(char *)"a", -1, 0, (char *)"", 0}},
+                                                 {{(char *)"a", 0, 3, (char *)"x", 0}}};
     const char *const bad_field[2] = {"samples[0].tokens", "samples[0].status"};
     for (int k = 0; k < 2; k++) {
         in = fixture(DH_MSG_DELIVER);

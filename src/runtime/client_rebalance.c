@@ -1,0 +1,883 @@
+/* client_rebalance.c: a client's part in tier 2 (docs/rebalancing.md; the API is in client.h).
+ *
+ * Everything here runs on the fetcher thread, which owns the ring's parts until a batch is
+ * final; next() takes a batch only once its round is applied (part 0's `final`).
+ *
+ *   offer   round r holds batches [r x steps, (r+1) x steps). Once every part of them is in
+ *           the ring, the client computes each part's features (feature_fn, else tokens,
+ *           bytes, measured decode seconds) and sends an OFFER to the coordinator on its own
+ *           socket ("<id>/rb"): the parts' handles, samples and features, its learned
+ *           seconds per token, the group's ranks.
+ *   decide  the coordinator answers with the ROUND (every member's parts, the same bytes
+ *           for every member) or END (every member keeps). Every member runs the same
+ *           policy on the same ROUND: sort_fn, else the default per batch
+ *           (dh_rebalance_plan, part counts kept, its cost gate). Rounds apply in order.
+ *   apply   each part leaving this rank gives its ring slot to a part coming in (in slot
+ *           order, per batch). On one node the incoming part's slabs change owner: this
+ *           client takes a reference for itself (dh_shm_arena_ref_for) and drops the
+ *           sender's, which the sender no longer holds; no byte is copied. From another
+ *           node, the sender's DataServer forwards the bytes (REBALANCE SEND, forward.c) and
+ *           the part arrives as a DELIVER under RB_SEQ_BIT | round << 24 | its index.
+ *   final   once every incoming part is in, batches of several parts are joined (as
+ *           fanout > 1 always is), the batches become final, and next() may take them.
+ * A policy that fails (an error code, a bad assignment) keeps the round: the batches are
+ * yielded as planned, and next() reports the error once, naming the round.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/internal.h"
+#include "datahelix/alloc.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/log.h"
+#include "datahelix/rebalance.h"
+#include "datahelix/shm.h"
+#include "datahelix/wire.h"
+#include "runtime/client_internal.h"
+#include "wire/internal.h"
+
+#define DEFAULT_FEATURES 3
+
+int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
+{
+    rb_state_t *rb = &c->rb;
+    const dh_rebalance_config_t *rc = &cfg->rebalance;
+    memset(rb, 0, sizeof *rb);
+    if (!rc->enabled)
+        return 0;
+    if (rc->buffer_size == 0)
+        return dh__set_error(DH_EINVAL, "client: rebalance.buffer_size must be at least 1");
+    if (!(rc->min_gain >= 0) || !isfinite(rc->min_gain) || !(rc->move_s_per_B >= 0) ||
+        !isfinite(rc->move_s_per_B))
+        return dh__set_error(DH_EINVAL,
+                             "client: rebalance.min_gain (%g) and move_s_per_B (%g) "
+                             "must be finite and >= 0",
+                             rc->min_gain, rc->move_s_per_B);
+    if (rc->feature_fn && (rc->n_features < 1 || rc->n_features > DH_REBALANCE_MAX_FEATURES))
+        return dh__set_error(DH_EINVAL,
+                             "client: rebalance.n_features must be in [1, %d] with a feature_fn, "
+                             "got %zu",
+                             DH_REBALANCE_MAX_FEATURES, rc->n_features);
+    if (rc->round_timeout_ms <= 0)
+        return dh__set_error(DH_EINVAL, "client: rebalance.round_timeout_ms must be > 0, got %d",
+                             rc->round_timeout_ms);
+    uint32_t first = 0, count = 0;
+    if (rc->group_of) {
+        rb->group = rc->group_of[cfg->rank];
+    } else {
+        uint32_t local = cfg->local_ranks ? cfg->local_ranks : cfg->ranks;
+        rb->group = cfg->rank / local;
+        first = rb->group * local;
+        count = first + local <= cfg->ranks ? local : cfg->ranks - first;
+    }
+    rb->ranks = dh_calloc(cfg->ranks, sizeof *rb->ranks);
+    if (!rb->ranks)
+        return dh__set_error(DH_ENOMEM, "out of memory for the rebalance group");
+    for (uint32_t r = 0; r < cfg->ranks; r++)
+        if (rc->group_of ? rc->group_of[r] == rb->group : r >= first && r < first + count)
+            rb->ranks[rb->n_ranks++] = r;
+    if (rb->n_ranks < 2) {
+        dh_log_info("client '%s': rank %u is alone in its rebalance group %u: no tier 2", c->id,
+                    cfg->rank, rb->group);
+        return 0;
+    }
+    uint64_t per_round = (uint64_t)rb->n_ranks * cfg->batch;
+    rb->steps = (uint32_t)(rc->buffer_size / per_round ? rc->buffer_size / per_round : 1);
+    if (rb->steps > cfg->prefetch)
+        rb->steps = cfg->prefetch; /* a round must fit the prefetch horizon */
+    if (rc->args && !(rb->args = dh_strdup(rc->args)))
+        return dh__set_error(DH_ENOMEM, "out of memory for rebalance.args");
+    char id[NAME_CAP + 4];
+    snprintf(id, sizeof id, "%s/rb", c->id);
+    int err;
+    if ((err = dh_wire_socket_new(&rb->sock, c->ctx, ZMQ_DEALER, NULL)) ||
+        (err = dh__wire_set_routing_id(rb->sock, id)) ||
+        (err = dh_wire_socket_connect(rb->sock, c->coord_endpoint)))
+        return err;
+    rb->on = true;
+    dh_log_info("client '%s': tier 2 on: group %u of %u ranks, rounds of %u steps (%llu "
+                "samples), min_gain %g",
+                c->id, rb->group, rb->n_ranks, rb->steps,
+                (unsigned long long)(rb->steps * per_round), rc->min_gain);
+    return 0;
+}
+
+void dh__client_rb_destroy(dh_client_t *c)
+{
+    rb_state_t *rb = &c->rb;
+    for (size_t i = 0; i < RB_WINDOW; i++)
+        dh_msg_clear(&rb->got[i]);
+    for (size_t i = 0; i < rb->n_early; i++)
+        dh__client_part_release(&rb->early[i]);
+    dh_free(rb->early);
+    dh_free(rb->expect);
+    dh_free(rb->ranks);
+    dh_free(rb->args);
+    dh_wire_socket_destroy(&rb->sock);
+    memset(rb, 0, sizeof *rb);
+}
+
+bool dh__client_rb_must_request(const dh_client_t *c, uint64_t b)
+{
+    return c->rb.on && b / c->rb.steps == c->consumed / c->rb.steps;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void dh__client_rb_stats(const dh_client_t *c, dh_client_stats_t *out)
+{
+    const rb_state_t *rb = &c->rb;
+    size_t n = rb->n_durations < RB_DURATIONS ? rb->n_durations : RB_DURATIONS;
+    if (!n)
+        return;
+    double sorted[RB_DURATIONS];
+    memcpy(sorted, rb->durations, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_double);
+    size_t k = (size_t)ceil(0.95 * (double)n);
+    out->rebalance_s_p95 = sorted[k ? k - 1 : 0];
+    out->rebalance_s_max = rb->duration_max;
+}
+
+/* ---- offer ---- */
+
+static uint64_t round_end(const dh_client_t *c, uint64_t r)
+{
+    uint64_t end = (r + 1) * c->rb.steps;
+    return end < c->total ? end : c->total;
+}
+
+static part_t *slot_of(dh_client_t *c, uint64_t b, uint32_t k)
+{
+    return &c->ring[(b * c->cfg.fanout + k) % c->ring_size];
+}
+
+/* Whether every part of round r is in the ring (lock held). */
+static bool round_ready(dh_client_t *c, uint64_t r)
+{
+    uint32_t parts = c->cfg.fanout;
+    uint64_t end = round_end(c, r);
+    if (r * c->rb.steps >= end || end > c->planned)
+        return false;
+    for (uint64_t b = r * c->rb.steps; b < end; b++)
+        for (uint32_t k = 0; k < parts; k++) {
+            const part_t *p = slot_of(c, b, k);
+            if (!p->ready || p->seq != b * parts + k)
+                return false;
+        }
+    return true;
+}
+
+/* Whether a part can move: every tensor in an arena (a spilled one came by copy). */
+static bool movable(const part_t *p)
+{
+    for (size_t t = 0; t < p->n_tensors; t++)
+        if (!p->handles[t].arena_id)
+            return false;
+    return true;
+}
+
+static void wire_part_of(const part_t *p, uint32_t rank, uint64_t b, uint32_t k,
+                         dh_wire_rb_part_t *w, dh_wire_tensor_t *tensors)
+{
+    memset(w, 0, sizeof *w);
+    w->rank = rank;
+    w->batch = b;
+    w->slot = k;
+    for (uint32_t i = 0; i < p->n_samples; i++) {
+        w->tokens += (double)p->samples[i].tokens;
+        w->cpu_s += p->samples[i].cpu_s;
+    }
+    for (size_t t = 0; t < p->n_tensors; t++) {
+        const dh_shm_handle_t *h = &p->handles[t];
+        tensors[t] = (dh_wire_tensor_t){.tensor = p->tensors[t],
+                                        .location = DH_WIRE_LOC_SHM,
+                                        .arena_id = h->arena_id,
+                                        .offset = h->offset,
+                                        .length = h->length,
+                                        .generation = h->generation};
+        w->bytes += (double)p->tensors[t].nbytes;
+    }
+    w->n_tensors = (uint32_t)p->n_tensors;
+    w->tensors = tensors;
+    w->n_samples = p->n_samples;
+    w->samples = p->samples;
+    w->server = (char *)p->server;
+    w->ready_ns = p->ready_ns;
+}
+
+/* The user's features of part p, or the defaults. 0 or the feature_fn's code (why set). */
+static int features_of(dh_client_t *c, const part_t *p, const dh_wire_rb_part_t *w,
+                       dh_wire_real_t *out, size_t n, char *why, size_t why_cap)
+{
+    const dh_rebalance_config_t *rc = &c->cfg.rebalance;
+    if (!rc->feature_fn) {
+        out[0].v = w->tokens;
+        out[1].v = w->bytes;
+        out[2].v = w->cpu_s;
+        return 0;
+    }
+    dh_client_sample_t samples[p->n_samples ? p->n_samples : 1];
+    for (uint32_t i = 0; i < p->n_samples; i++)
+        samples[i] =
+            (dh_client_sample_t){p->samples[i].id, p->samples[i].tokens, p->samples[i].status,
+                                 p->samples[i].status ? p->samples[i].error : NULL};
+    double f[DH_REBALANCE_MAX_FEATURES] = {0};
+    int err =
+        rc->feature_fn(rc->feature_user, p->tensors, p->n_tensors, samples, p->n_samples, f, n);
+    for (size_t i = 0; err == 0 && i < n; i++)
+        if (!isfinite(f[i]))
+            err = dh__set_error(DH_EINVAL, "feature %zu is %g, not a finite number", i, f[i]);
+    if (err) {
+        snprintf(why, why_cap, "feature_fn failed on batch %llu part %u of rank %u: %s",
+                 (unsigned long long)w->batch, w->slot, w->rank, dh_last_error());
+        return err < 0 ? err : DH_EINVAL;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i].v = f[i];
+    return 0;
+}
+
+/* Sends round r's OFFER. 0 or a negative code (logged; the round then waits for END). */
+static int offer(dh_client_t *c, uint64_t r)
+{
+    rb_state_t *rb = &c->rb;
+    uint32_t parts = c->cfg.fanout;
+    uint64_t b0 = r * rb->steps, end = round_end(c, r);
+    size_t cap = (size_t)(end - b0) * parts;
+    size_t nf = c->cfg.rebalance.feature_fn ? c->cfg.rebalance.n_features : DEFAULT_FEATURES;
+    dh_wire_rb_part_t *w = dh_calloc(cap, sizeof *w);
+    dh_wire_tensor_t *tensors = dh_calloc(cap * DH__RT_MAX_TENSORS, sizeof *tensors);
+    dh_wire_real_t *features = dh_calloc(cap * nf, sizeof *features);
+    dh_wire_rb_member_t *members = dh_calloc(rb->n_ranks, sizeof *members);
+    char why[512] = "";
+    int rc = w && tensors && features && members
+                 ? 0
+                 : dh__set_error(DH_ENOMEM, "out of memory for a rebalance offer");
+    size_t n = 0;
+    uint64_t ready = 0;
+    for (uint64_t b = b0; rc == 0 && b < end; b++)
+        for (uint32_t k = 0; k < parts; k++) {
+            const part_t *p = slot_of(c, b, k);
+            if (p->received_ns > ready)
+                ready = p->received_ns;
+            if (!movable(p))
+                continue;
+            wire_part_of(p, c->cfg.rank, b, k, &w[n], &tensors[n * DH__RT_MAX_TENSORS]);
+            w[n].features = &features[n * nf];
+            w[n].n_features = (uint32_t)nf;
+            if (!why[0])
+                features_of(c, p, &w[n], w[n].features, nf, why, sizeof why);
+            n++;
+        }
+    if (rc == 0) {
+        pthread_mutex_lock(&c->lock);
+        double spt = c->s_per_token;
+        pthread_mutex_unlock(&c->lock);
+        for (uint32_t i = 0; i < rb->n_ranks; i++) {
+            members[i].rank = rb->ranks[i];
+            members[i].client_id = (char *)"";
+            members[i].node = (char *)"";
+            members[i].endpoint = (char *)"";
+            members[i].s_per_token = rb->ranks[i] == c->cfg.rank ? spt : 0;
+        }
+        dh_msg_t m = {.type = DH_MSG_REBALANCE};
+        m.rebalance.kind = DH_RB_OFFER;
+        m.rebalance.group = rb->group;
+        m.rebalance.round = r;
+        m.rebalance.rank = c->cfg.rank;
+        m.rebalance.client_id = c->id;
+        m.rebalance.seq = (uint64_t)c->cfg.rebalance.round_timeout_ms;
+        m.rebalance.reason = why;
+        m.rebalance.n_members = rb->n_ranks;
+        m.rebalance.members = members;
+        m.rebalance.n_parts = (uint32_t)n;
+        m.rebalance.parts = w;
+        rc = dh_wire_send(rb->sock, NULL, 0, &m, NULL, 0, 1000);
+        if (rc)
+            dh_log_warn("client '%s': cannot offer rebalance round %llu to the coordinator %s: %s",
+                        c->id, (unsigned long long)r, c->coord_endpoint, dh_last_error());
+    }
+    if (why[0]) { /* this rank's features failed: the round keeps (the coordinator ends it
+                   * for everyone), and next() says why */
+        pthread_mutex_lock(&c->lock);
+        if (!rb->err) {
+            rb->err = DH_EINVAL;
+            rb->err_batch = b0;
+            snprintf(rb->err_msg, sizeof rb->err_msg, "rebalance round %llu: %s (kept)",
+                     (unsigned long long)r, why);
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+    rb->ready_ns[r % RB_WINDOW] = ready;
+    dh_free(w);
+    dh_free(tensors);
+    dh_free(features);
+    dh_free(members);
+    return rc;
+}
+
+/* ---- decide ---- */
+
+typedef struct decision {
+    uint32_t *new_rank; /* per part of the ROUND */
+    bool apply;
+    bool gate_kept;
+    double gain_s, cost_s, max_before_s;
+    uint32_t moved;
+    int err;
+    char why[512];
+} decision_t;
+
+static int member_of(const dh_msg_rebalance_t *m, uint32_t rank)
+{
+    for (uint32_t i = 0; i < m->n_members; i++)
+        if (m->members[i].rank == rank)
+            return (int)i;
+    return -1;
+}
+
+static bool spans_nodes(const dh_msg_rebalance_t *m)
+{
+    for (uint32_t i = 1; i < m->n_members; i++)
+        if (strcmp(m->members[i].node, m->members[0].node) != 0)
+            return true;
+    return false;
+}
+
+/* Checks an assignment: a rank of the group for every part, and each rank's part count per
+ * batch unchanged. 0, or DH_EINVAL with why. */
+static int check_assignment(const dh_msg_rebalance_t *m, const uint32_t *new_rank, char *why,
+                            size_t cap)
+{
+    uint32_t n = m->n_parts;
+    for (uint32_t i = 0; i < n; i++)
+        if (member_of(m, new_rank[i]) < 0) {
+            snprintf(why, cap,
+                     "part %u (batch %llu, rank %u) is given to rank %u, not in the group", i,
+                     (unsigned long long)m->parts[i].batch, m->parts[i].rank, new_rank[i]);
+            return DH_EINVAL;
+        }
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i;
+        while (j < n && m->parts[j].batch == m->parts[i].batch)
+            j++;
+        for (uint32_t k = 0; k < m->n_members; k++) {
+            uint32_t rank = m->members[k].rank, had = 0, gets = 0;
+            for (uint32_t x = i; x < j; x++) {
+                had += m->parts[x].rank == rank;
+                gets += new_rank[x] == rank;
+            }
+            if (had != gets) {
+                snprintf(why, cap,
+                         "the assignment gives rank %u %u parts of batch %llu; it holds %u (parts "
+                         "move in exchange, within their batch)",
+                         rank, gets, (unsigned long long)m->parts[i].batch, had);
+                return DH_EINVAL;
+            }
+        }
+        i = j;
+    }
+    return 0;
+}
+
+static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double spt, decision_t *d)
+{
+    uint32_t n = m->n_parts;
+    dh_rebalance_item_t *items = dh_calloc(n ? n : 1, sizeof *items);
+    if (!items) {
+        d->err = dh__set_error(DH_ENOMEM, "out of memory deciding a round");
+        snprintf(d->why, sizeof d->why, "%s", dh_last_error());
+        return;
+    }
+    dh_rebalance_params_t p;
+    dh_rebalance_params_default(&p);
+    p.ranks = m->n_members;
+    p.keep_counts = 1;
+    p.s_per_token = spt;
+    p.move_s_per_B = spans_nodes(m) ? c->cfg.rebalance.move_s_per_B : 0;
+    p.min_gain = c->cfg.rebalance.min_gain;
+    bool proposed = false;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i;
+        while (j < n && m->parts[j].batch == m->parts[i].batch)
+            j++;
+        for (uint32_t x = i; x < j; x++)
+            items[x - i] = (dh_rebalance_item_t){(uint32_t)member_of(m, m->parts[x].rank),
+                                                 m->parts[x].tokens, m->parts[x].bytes};
+        dh_rebalance_verdict_t v;
+        int rc = dh_rebalance_plan(items, j - i, &p, &d->new_rank[i], &v);
+        if (rc) {
+            d->err = rc;
+            snprintf(d->why, sizeof d->why, "%s", dh_last_error());
+            break;
+        }
+        for (uint32_t x = i; x < j; x++)
+            d->new_rank[x] = m->members[d->new_rank[x]].rank;
+        d->gain_s += v.applied ? v.gain_s : 0;
+        d->cost_s += v.applied ? v.cost_s : 0;
+        d->max_before_s += v.max_before_s;
+        d->moved += v.moved;
+        proposed |= v.gain_s > 0;
+        d->apply |= v.applied != 0;
+        i = j;
+    }
+    d->gate_kept = !d->apply && proposed && d->err == 0;
+    dh_free(items);
+}
+
+static void decide(dh_client_t *c, const dh_msg_rebalance_t *m, decision_t *d)
+{
+    const dh_rebalance_config_t *rc = &c->cfg.rebalance;
+    uint32_t n = m->n_parts;
+    for (uint32_t i = 0; i < n; i++) {
+        d->new_rank[i] = m->parts[i].rank;
+        if (member_of(m, m->parts[i].rank) < 0) {
+            d->err = DH_EPARSE;
+            snprintf(d->why, sizeof d->why, "part %u names rank %u, not in the group", i,
+                     m->parts[i].rank);
+            return;
+        }
+    }
+    double spt = 0;
+    uint32_t known = 0;
+    for (uint32_t i = 0; i < m->n_members; i++)
+        if (m->members[i].s_per_token > 0) {
+            spt += m->members[i].s_per_token;
+            known++;
+        }
+    spt = known ? spt / known : 0;
+    if (!(spt > 0) && !spans_nodes(m))
+        spt = 1; /* on one node a move costs nothing: the decision does not depend on it */
+    if (!rc->sort_fn) {
+        if (spt > 0 && n) /* else no compute rate learned yet: nothing to weigh a move
+                           * against */
+            decide_default(c, m, spt, d);
+        return;
+    }
+    size_t nf = rc->feature_fn ? rc->n_features : DEFAULT_FEATURES;
+    dh_rebalance_part_t *views = dh_calloc(n ? n : 1, sizeof *views);
+    double *f = dh_calloc((n ? n : 1) * nf, sizeof *f);
+    uint32_t ranks[m->n_members ? m->n_members : 1];
+    if (!views || !f) {
+        dh_free(views);
+        dh_free(f);
+        d->err = dh__set_error(DH_ENOMEM, "out of memory for the round's views");
+        snprintf(d->why, sizeof d->why, "%s", dh_last_error());
+        return;
+    }
+    for (uint32_t i = 0; i < m->n_members; i++)
+        ranks[i] = m->members[i].rank;
+    for (uint32_t i = 0; i < n; i++) {
+        const dh_wire_rb_part_t *p = &m->parts[i];
+        for (size_t k = 0; k < nf && k < p->n_features; k++)
+            f[i * nf + k] = p->features[k].v;
+        views[i] = (dh_rebalance_part_t){p->rank,   p->batch, p->slot,  p->n_samples,
+                                         p->tokens, p->bytes, p->cpu_s, &f[i * nf]};
+    }
+    dh_rebalance_round_t round = {.group = m->group,
+                                  .round = m->round,
+                                  .ranks = ranks,
+                                  .n_ranks = m->n_members,
+                                  .parts = views,
+                                  .n_parts = n,
+                                  .n_features = nf,
+                                  .s_per_token = spt,
+                                  .min_gain = rc->min_gain,
+                                  .move_s_per_B = spans_nodes(m) ? rc->move_s_per_B : 0,
+                                  .args = c->rb.args};
+    dh__set_error(0, "%s", ""); /* what sort_fn sets, it says */
+    int r = rc->sort_fn(rc->sort_user, &round, d->new_rank);
+    if (r < 0) {
+        d->err = r;
+        snprintf(d->why, sizeof d->why, "sort_fn failed: %s",
+                 dh_last_error()[0] ? dh_last_error() : dh_strerror(r));
+    } else if (r == 0) {
+        d->err = check_assignment(m, d->new_rank, d->why, sizeof d->why);
+        for (uint32_t i = 0; d->err == 0 && i < n; i++)
+            if (d->new_rank[i] != m->parts[i].rank) {
+                d->apply = true;
+                d->moved++;
+            }
+    }
+    if (!d->apply || d->err)
+        for (uint32_t i = 0; i < n; i++)
+            d->new_rank[i] = m->parts[i].rank;
+    dh_free(views);
+    dh_free(f);
+}
+
+/* ---- apply ---- */
+
+/* Forgets a part that left this rank: its slabs are the receiver's now (on one node) or
+ * the local DataServer's to drop (across nodes); only this client's own things go. */
+static void forget(part_t *p)
+{
+    for (size_t t = 0; t < p->n_tensors; t++) {
+        dh_free(p->copies[t]);
+        p->copies[t] = NULL;
+    }
+    dh__client_arena_ref_drop(p->arena);
+    for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
+        dh_free(p->samples[i].id);
+        dh_free(p->samples[i].error);
+    }
+    dh_free(p->samples);
+    uint64_t seq = p->seq;
+    memset(p, 0, sizeof *p);
+    p->seq = seq;
+    p->ready = true; /* the slot stays taken: a duplicate of its request is still one */
+}
+
+/* Takes over a part of this node from the round (its slabs change owner). 0 or a code. */
+static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
+{
+    part_t p = {0};
+    p.seq = slot->seq;
+    size_t t = 0;
+    int rc = 0;
+    for (; t < w->n_tensors && t < DH__RT_MAX_TENSORS; t++) {
+        const dh_wire_tensor_t *x = &w->tensors[t];
+        arena_ref_t *a = dh__client_arena_by_id(c, x->arena_id);
+        dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
+        void *ptr = NULL;
+        if (!a || (p.arena && p.arena != a) ||
+            (rc = dh_shm_arena_ref_for(a->arena, &h, getpid())) != 0) {
+            rc = rc ? rc : DH_EINVAL;
+            break;
+        }
+        dh_shm_arena_resolve(a->arena, &h, &ptr);
+        if (!p.arena) {
+            p.arena = a;
+            atomic_fetch_add(&a->refs, 1);
+        }
+        p.handles[t] = h;
+        p.tensors[t] = x->tensor;
+        p.tensors[t].data = ptr;
+        p.n_tensors++;
+    }
+    if (rc) {
+        dh__client_part_release(&p); /* the references taken so far */
+        return rc;
+    }
+    /* the sender's references, which it no longer holds */
+    for (size_t k = 0; k < p.n_tensors; k++)
+        dh_shm_arena_unref(p.arena->arena, &p.handles[k]);
+    p.samples = dh_calloc(w->n_samples ? w->n_samples : 1, sizeof *p.samples);
+    for (uint32_t i = 0; p.samples && i < w->n_samples; i++) {
+        p.samples[i] = w->samples[i];
+        p.samples[i].id = dh_strdup(w->samples[i].id ? w->samples[i].id : "");
+        p.samples[i].error = dh_strdup(w->samples[i].error ? w->samples[i].error : "");
+        p.n_samples++;
+    }
+    snprintf(p.server, NAME_CAP, "%s", w->server ? w->server : "");
+    p.ready_ns = w->ready_ns;
+    p.received_ns = dh_clock_now_ns();
+    p.ready = true;
+    *slot = p;
+    return 0;
+}
+
+static void set_error(dh_client_t *c, uint64_t r, int code, const char *what)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->rb.err) {
+        c->rb.err = code;
+        c->rb.err_batch = r * c->rb.steps;
+        snprintf(c->rb.err_msg, sizeof c->rb.err_msg, "rebalance round %llu (group %u): %s",
+                 (unsigned long long)r, c->rb.group, what);
+    }
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Waits for the part coming as seq into ring slot `slot`, or takes it at once if it came
+ * early (lock held). 0 or DH_ENOMEM. */
+static int expect(dh_client_t *c, uint64_t seq, size_t slot)
+{
+    rb_state_t *rb = &c->rb;
+    for (size_t i = 0; i < rb->n_early; i++)
+        if (rb->early[i].seq == seq) {
+            part_t *dst = &c->ring[slot];
+            uint64_t keep = dst->seq;
+            *dst = rb->early[i];
+            dst->seq = keep;
+            rb->early[i] = rb->early[--rb->n_early];
+            return 0;
+        }
+    if (rb->n_expect == rb->cap_expect) {
+        size_t cap = rb->cap_expect ? 2 * rb->cap_expect : 16;
+        rb_expect_t *e = dh_realloc(rb->expect, cap * sizeof *e);
+        if (!e)
+            return DH_ENOMEM;
+        rb->expect = e;
+        rb->cap_expect = cap;
+    }
+    rb->expect[rb->n_expect++] = (rb_expect_t){seq, slot, false};
+    return 0;
+}
+
+void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
+{
+    rb_state_t *rb = &c->rb;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < rb->n_expect; i++)
+        if (rb->expect[i].seq == p->seq && !rb->expect[i].done) {
+            part_t *dst = &c->ring[rb->expect[i].slot];
+            uint64_t keep = dst->seq;
+            *dst = *p;
+            dst->seq = keep;
+            rb->expect[i].done = true;
+            pthread_mutex_unlock(&c->lock);
+            return;
+        }
+    pthread_mutex_unlock(&c->lock);
+    if (rb->n_early == rb->cap_early) {
+        size_t cap = rb->cap_early ? 2 * rb->cap_early : 16;
+        part_t *e = dh_realloc(rb->early, cap * sizeof *e);
+        if (!e) {
+            dh__client_part_release(p);
+            set_error(c, rb->applied, DH_ENOMEM, "out of memory keeping a moved part");
+            return;
+        }
+        rb->early = e;
+        rb->cap_early = cap;
+    }
+    rb->early[rb->n_early++] = *p;
+}
+
+static int send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
+                     const dh_wire_rb_member_t *to)
+{
+    dh_msg_t s = {.type = DH_MSG_REBALANCE};
+    s.rebalance.kind = DH_RB_SEND;
+    s.rebalance.group = m->group;
+    s.rebalance.round = m->round;
+    s.rebalance.rank = c->cfg.rank;
+    s.rebalance.client_id = to->client_id;
+    s.rebalance.node = to->node;
+    s.rebalance.endpoint = to->endpoint;
+    s.rebalance.seq = RB_SEQ_BIT | (m->round << 24) | i;
+    s.rebalance.reason = (char *)"";
+    s.rebalance.n_parts = 1;
+    s.rebalance.parts = &m->parts[i];
+    return dh_wire_send(c->data, NULL, 0, &s, NULL, 0, 1000);
+}
+
+/* Applies round r's decision to this rank's ring. */
+static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *new_rank)
+{
+    uint32_t me = c->cfg.rank, n = m->n_parts;
+    int mi = member_of(m, me);
+    const char *my_node = mi >= 0 ? m->members[mi].node : "";
+    int err = 0;
+    const char *what = NULL;
+    /* the sender thread reads ring slots under the lock (learn_from_ring) */
+    pthread_mutex_lock(&c->lock);
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i;
+        while (j < n && m->parts[j].batch == m->parts[i].batch)
+            j++;
+        uint32_t next_in = i;
+        for (uint32_t x = i; x < j; x++) {
+            const dh_wire_rb_part_t *out = &m->parts[x];
+            if (out->rank != me || new_rank[x] == me)
+                continue;
+            /* slot out->slot goes; the next incoming part of this batch takes it */
+            while (next_in < j && !(new_rank[next_in] == me && m->parts[next_in].rank != me))
+                next_in++;
+            size_t slot = (size_t)((out->batch * c->cfg.fanout + out->slot) % c->ring_size);
+            const dh_wire_rb_member_t *to = &m->members[member_of(m, new_rank[x])];
+            bool same_node = strcmp(to->node, my_node) == 0;
+            if (!same_node && send_part(c, m, x, to) && !err) {
+                err = DH_EIO;
+                what = "cannot hand a part to the local DataServer";
+            }
+            forget(&c->ring[slot]);
+            if (next_in == j) {
+                err = err ? err : DH_EINVAL;
+                what = what ? what : "a part left with none to take its place";
+                continue;
+            }
+            const dh_wire_rb_part_t *in = &m->parts[next_in];
+            const dh_wire_rb_member_t *from = &m->members[member_of(m, in->rank)];
+            dh__count(&c->counters.rebalance_moved_parts, 1);
+            dh__count(&c->counters.rebalance_moved_samples, in->n_samples);
+            dh__count(&c->counters.rebalance_bytes, (uint64_t)in->bytes);
+            if (strcmp(from->node, my_node) == 0) {
+                int rc = take_over(c, in, &c->ring[slot]);
+                if (rc && !err) {
+                    err = rc;
+                    what = "a part of this node could not change owner";
+                }
+            } else {
+                dh__count(&c->counters.rebalance_bytes_remote, (uint64_t)in->bytes);
+                if (expect(c, RB_SEQ_BIT | (m->round << 24) | next_in, slot) && !err) {
+                    err = DH_ENOMEM;
+                    what = "out of memory waiting for a moved part";
+                }
+            }
+            next_in++;
+        }
+        i = j;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (err)
+        set_error(c, m->round, err, what);
+}
+
+/* The round being applied has all its parts: join, make final, move on. */
+static void finish(dh_client_t *c)
+{
+    rb_state_t *rb = &c->rb;
+    uint64_t r = rb->applied;
+    uint32_t parts = c->cfg.fanout;
+    uint64_t b0 = r * rb->steps, end = round_end(c, r);
+    part_t held[parts];
+    for (uint64_t b = b0; b < end; b++) {
+        int rc = 0;
+        char why[sizeof held[0].join_error] = "";
+        if (parts > 1) {
+            pthread_mutex_lock(&c->lock);
+            for (uint32_t k = 0; k < parts; k++)
+                held[k] = *slot_of(c, b, k);
+            pthread_mutex_unlock(&c->lock);
+            rc = dh__client_join_parts(held, parts, b, why, sizeof why);
+            if (rc == 0) {
+                uint64_t bytes = 0;
+                for (size_t t = 0; t < held[0].n_tensors; t++)
+                    bytes += held[0].tensors[t].nbytes;
+                dh__count(&c->counters.copy_bytes, bytes);
+                double s = (double)bytes * c->cfg.emulate_copy_s_per_B;
+                if (s > 0) {
+                    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+                    nanosleep(&ts, NULL);
+                }
+            }
+        }
+        pthread_mutex_lock(&c->lock);
+        if (parts > 1)
+            for (uint32_t k = 0; k < parts; k++)
+                *slot_of(c, b, k) = held[k];
+        part_t *p0 = slot_of(c, b, 0);
+        p0->joined = parts > 1;
+        p0->join_rc = rc;
+        snprintf(p0->join_error, sizeof p0->join_error, "%s", why);
+        p0->final = true;
+        pthread_mutex_unlock(&c->lock);
+    }
+    double s = rb->ready_ns[r % RB_WINDOW]
+                   ? dh_clock_elapsed_s(rb->ready_ns[r % RB_WINDOW], dh_clock_now_ns())
+                   : 0;
+    pthread_mutex_lock(&c->lock);
+    rb->durations[rb->n_durations++ % RB_DURATIONS] = s;
+    if (s > rb->duration_max)
+        rb->duration_max = s;
+    rb->applied++;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    dh_msg_clear(&rb->got[r % RB_WINDOW]);
+    rb->applying = false;
+    rb->n_expect = 0;
+}
+
+/* Decides and applies round `applied`, whose ROUND or END is here. */
+static void start(dh_client_t *c)
+{
+    rb_state_t *rb = &c->rb;
+    uint64_t r = rb->applied;
+    dh_msg_rebalance_t *m = &rb->got[r % RB_WINDOW].rebalance;
+    dh__count(&c->counters.rebalance_rounds, 1);
+    rb->applying = true;
+    rb->applying_since_ns = dh_clock_now_ns();
+    if (m->kind == DH_RB_END || (m->reason && m->reason[0])) {
+        dh_log_debug("client '%s': rebalance round %llu kept: %s", c->id, (unsigned long long)r,
+                     m->reason && m->reason[0] ? m->reason : "ended");
+        return;
+    }
+    decision_t d = {0};
+    d.new_rank = dh_calloc(m->n_parts ? m->n_parts : 1, sizeof *d.new_rank);
+    if (!d.new_rank) {
+        set_error(c, r, DH_ENOMEM, "out of memory deciding it (kept)");
+        return;
+    }
+    decide(c, m, &d);
+    if (d.err) {
+        char what[640];
+        snprintf(what, sizeof what, "%s (kept)", d.why);
+        set_error(c, r, d.err, what);
+    } else if (d.apply) {
+        dh__count(&c->counters.rebalance_applied, 1);
+        apply(c, m, d.new_rank);
+    } else if (d.gate_kept) {
+        dh__count(&c->counters.rebalance_kept_by_gate, 1);
+    }
+    dh_log_debug("client '%s': rebalance round %llu (group %u, %u parts): largest rank %.4f s, "
+                 "gain %.4f s, cost %.4f s, min_gain %g: %s, %u parts move",
+                 c->id, (unsigned long long)r, m->group, m->n_parts, d.max_before_s, d.gain_s,
+                 d.cost_s, c->cfg.rebalance.min_gain,
+                 d.err         ? "error"
+                 : d.apply     ? "applied"
+                 : d.gate_kept ? "kept by the gate"
+                               : "kept",
+                 d.moved);
+    dh_free(d.new_rank);
+}
+
+void dh__client_rb_on_message(dh_client_t *c, dh_wire_received_t *r)
+{
+    rb_state_t *rb = &c->rb;
+    dh_msg_rebalance_t *m = &r->msg.rebalance;
+    if ((m->kind != DH_RB_ROUND && m->kind != DH_RB_END) || m->group != rb->group ||
+        m->round < rb->applied || m->round >= rb->offered || rb->got[m->round % RB_WINDOW].type) {
+        dh_log_debug("client '%s': REBALANCE kind %u for round %llu of group %u ignored", c->id,
+                     m->kind, (unsigned long long)m->round, m->group);
+        return;
+    }
+    rb->got[m->round % RB_WINDOW] = r->msg; /* taken */
+    memset(&r->msg, 0, sizeof r->msg);
+}
+
+void dh__client_rb_progress(dh_client_t *c)
+{
+    rb_state_t *rb = &c->rb;
+    for (;;) { /* offer what is ready */
+        pthread_mutex_lock(&c->lock);
+        bool go = rb->offered < rb->applied + RB_WINDOW && round_ready(c, rb->offered);
+        pthread_mutex_unlock(&c->lock);
+        if (!go)
+            break;
+        offer(c, rb->offered);
+        rb->offered++;
+    }
+    for (;;) {
+        if (!rb->applying) {
+            if (rb->applied >= rb->offered || !rb->got[rb->applied % RB_WINDOW].type)
+                return;
+            start(c);
+        }
+        bool all = true;
+        for (size_t i = 0; i < rb->n_expect; i++)
+            all &= rb->expect[i].done;
+        if (!all) {
+            double waited = dh_clock_elapsed_s(rb->applying_since_ns, dh_clock_now_ns());
+            if (waited * 1000 < c->cfg.rebalance.round_timeout_ms)
+                return;
+            char what[160];
+            snprintf(what, sizeof what,
+                     "parts moved here from another node did not come within %d ms (lost)",
+                     c->cfg.rebalance.round_timeout_ms);
+            set_error(c, rb->applied, DH_EIO, what);
+        }
+        finish(c);
+    }
+}

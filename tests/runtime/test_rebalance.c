@@ -1,0 +1,415 @@
+/* test_rebalance.c: tier 2 in the runtime (client_rebalance.c, coordinator_rebalance.c, the
+ * DataServer's REBALANCE SEND). A coordinator, one local DataServer per node and one client
+ * per rank run as threads of this process (each rank consumes on its own thread: a round
+ * needs every member's parts). Every test checks the ledger: over the epoch, each step's
+ * samples are yielded exactly once across the ranks, and each rank yields what the
+ * decision gave it.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "cluster.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/mix.h"
+#include "datahelix/profile.h"
+#include "datahelix/runtime.h"
+
+#define RANKS 2
+#define BATCH 2
+#define ROWS 64
+#define STEPS (ROWS / (RANKS * BATCH))
+#define SYNTH                                                                                      \
+    "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.001,\"token_noise\":0.3}"
+
+typedef struct world {
+    void *ctx;
+    dh_coordinator_t *coord;
+    dh_dataserver_t *ds[RANKS];
+    size_t n_ds;
+    dh_client_t *client[RANKS];
+    /* what each rank yielded: ids per step */
+    char ids[RANKS][STEPS][8][64];
+    size_t n_ids[RANKS][STEPS];
+    int errors[RANKS]; /* next() errors seen (a policy error is said once) */
+    char error_msg[RANKS][512];
+    int fatal[RANKS];
+} world_t;
+
+typedef struct rank_arg {
+    world_t *w;
+    uint32_t rank;
+} rank_arg_t;
+
+static const char *write_profiles(void)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s", dh_test_path("p.jsonl"));
+    dh_mix_t *mix = NULL;
+    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profiles_generate(mix, ROWS, 5, set), 0);
+    assert_int_equal(dh_profile_set_write(set, path), 0);
+    dh_profile_set_destroy(&set);
+    dh_mix_destroy(&mix);
+    return path;
+}
+
+/* nodes: 1 (both ranks share node-0's DataServer and arena) or RANKS (one node each). */
+static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *rb)
+{
+    memset(w, 0, sizeof *w);
+    w->ctx = zmq_ctx_new();
+    assert_non_null(w->ctx);
+    char ep[128];
+    snprintf(ep, sizeof ep, "inproc://rb-coordinator-%s", cl_test_tag());
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = ep;
+    cc.zmq_ctx = w->ctx;
+    assert_int_equal(dh_coordinator_new(&w->coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(w->coord), 0);
+    for (size_t i = 0; i < nodes; i++) {
+        dh_dataserver_config_t dc;
+        dh_dataserver_config_default(&dc);
+        dc.coordinator = dh_coordinator_endpoint(w->coord);
+        dc.zmq_ctx = w->ctx;
+        dc.pipeline_json = SYNTH;
+        char data_ep[128], node[32], name[32];
+        snprintf(data_ep, sizeof data_ep, "inproc://rb-data-%zu-%s", i, cl_test_tag());
+        snprintf(node, sizeof node, "node-%zu", i);
+        snprintf(name, sizeof name, "local-%zu", i);
+        dc.data_listen = data_ep;
+        dc.node = node;
+        dc.name = name;
+        dc.workers = 2;
+        dc.arena_bytes = (uint64_t)64 << 20;
+        assert_int_equal(dh_dataserver_new(&w->ds[i], &dc), 0);
+        assert_int_equal(dh_dataserver_start(w->ds[i]), 0);
+    }
+    w->n_ds = nodes;
+    uint64_t t0 = dh_clock_now_ns();
+    for (;;) {
+        dh_coordinator_stats_t st;
+        dh_coordinator_stats(w->coord, &st);
+        if (st.servers_alive >= nodes)
+            break;
+        assert_true(dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 10);
+        cl_nap_ms(2);
+    }
+    const char *profiles = write_profiles();
+    for (uint32_t r = 0; r < RANKS; r++) {
+        dh_client_config_t cfg;
+        dh_client_config_default(&cfg);
+        cfg.coordinator = dh_coordinator_endpoint(w->coord);
+        cfg.zmq_ctx = w->ctx;
+        cfg.profiles = profiles;
+        char node[32];
+        snprintf(node, sizeof node, "node-%zu", nodes == 1 ? (size_t)0 : (size_t)r);
+        cfg.node = node;
+        cfg.rank = r;
+        cfg.ranks = RANKS;
+        cfg.local_ranks = nodes == 1 ? RANKS : 1;
+        cfg.batch = BATCH;
+        cfg.fanout = BATCH; /* one sample per part: single samples move */
+        cfg.seed = 7;
+        cfg.prefetch = 4;
+        cfg.epochs = 1;
+        cfg.next_timeout_ms = 60000;
+        cfg.connect_timeout_ms = 10000;
+        cfg.rebalance = *rb;
+        int rc = dh_client_new(&w->client[r], &cfg);
+        if (rc)
+            print_error("%s\n", dh_last_error());
+        assert_int_equal(rc, 0);
+    }
+}
+
+static void *consume(void *arg)
+{
+    rank_arg_t *a = arg;
+    world_t *w = a->w;
+    uint32_t r = a->rank;
+    for (;;) {
+        dh_client_batch_t *b = NULL;
+        int rc = dh_client_next(w->client[r], &b);
+        if (rc == DH_EEOF)
+            break;
+        if (rc) {
+            if (++w->errors[r] == 1)
+                snprintf(w->error_msg[r], sizeof w->error_msg[r], "%s", dh_last_error());
+            if (w->errors[r] > STEPS) {
+                w->fatal[r] = rc;
+                break;
+            }
+            continue;
+        }
+        uint64_t s = b->index;
+        for (size_t i = 0; i < b->n_samples && s < STEPS && i < 8; i++)
+            snprintf(w->ids[r][s][w->n_ids[r][s]++], 64, "%s", b->samples[i].id);
+        cl_nap_ms(1 + (int)(b->tokens / 20000)); /* "compute": a rate to learn */
+        dh_client_batch_release(&b);
+    }
+    return NULL;
+}
+
+static void world_run(world_t *w)
+{
+    pthread_t t[RANKS];
+    rank_arg_t a[RANKS];
+    for (uint32_t r = 0; r < RANKS; r++) {
+        a[r] = (rank_arg_t){w, r};
+        assert_int_equal(pthread_create(&t[r], NULL, consume, &a[r]), 0);
+    }
+    for (uint32_t r = 0; r < RANKS; r++)
+        pthread_join(t[r], NULL);
+    for (uint32_t r = 0; r < RANKS; r++)
+        assert_int_equal(w->fatal[r], 0);
+}
+
+static void world_stop(world_t *w)
+{
+    for (uint32_t r = 0; r < RANKS; r++)
+        dh_client_destroy(&w->client[r]);
+    for (size_t i = 0; i < w->n_ds; i++) {
+        dh_dataserver_stop(w->ds[i]);
+        dh_dataserver_destroy(&w->ds[i]);
+    }
+    dh_coordinator_destroy(&w->coord);
+    zmq_ctx_term(w->ctx);
+}
+
+/* The ids rank r was planned at step s. */
+static size_t planned(world_t *w, uint32_t r, uint64_t s, char out[8][64])
+{
+    uint32_t rows[8];
+    int n = dh_client_plan_rank_step(w->client[0], s, r, rows, 8);
+    assert_true(n > 0);
+    /* the profile's row ids: read them back from the file */
+    static dh_profile_set_t *set;
+    if (!set) {
+        assert_int_equal(dh_profile_set_new(&set), 0);
+        assert_int_equal(dh_profile_set_load(set, dh_test_path("p.jsonl")), 0);
+    }
+    for (int i = 0; i < n; i++)
+        snprintf(out[i], 64, "%s", dh_profile_set_row(set, rows[i])->id);
+    return (size_t)n;
+}
+
+static bool has(char ids[][64], size_t n, const char *id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ids[i], id) == 0)
+            return true;
+    return false;
+}
+
+/* Every step: the ranks together yielded exactly the planned samples, each once. Returns
+ * how many samples were yielded by another rank than planned. */
+static size_t check_ledger(world_t *w)
+{
+    size_t moved = 0;
+    for (uint64_t s = 0; s < STEPS; s++) {
+        char plan[RANKS][8][64];
+        size_t n_plan[RANKS], total = 0, got = 0;
+        for (uint32_t r = 0; r < RANKS; r++) {
+            n_plan[r] = planned(w, r, s, plan[r]);
+            total += n_plan[r];
+            got += w->n_ids[r][s];
+            /* each rank keeps its number of samples (one sample per part) */
+            assert_int_equal(w->n_ids[r][s], n_plan[r]);
+        }
+        assert_int_equal(got, total);
+        for (uint32_t r = 0; r < RANKS; r++)
+            for (size_t i = 0; i < w->n_ids[r][s]; i++) {
+                const char *id = w->ids[r][s][i];
+                size_t seen = 0;
+                for (uint32_t q = 0; q < RANKS; q++)
+                    for (size_t k = 0; k < w->n_ids[q][s]; k++)
+                        seen += strcmp(w->ids[q][s][k], id) == 0;
+                assert_int_equal(seen, 1); /* exactly once */
+                bool mine = has(plan[r], n_plan[r], id), anyone = false;
+                for (uint32_t q = 0; q < RANKS; q++)
+                    anyone |= has(plan[q], n_plan[q], id);
+                assert_true(anyone);
+                moved += !mine;
+            }
+    }
+    return moved;
+}
+
+/* A user policy: every part goes to the other rank (counts kept: both hold as many). */
+static int swap_all(void *user, const dh_rebalance_round_t *round, uint32_t *new_rank)
+{
+    int *calls = user;
+    __atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < round->n_parts; i++)
+        new_rank[i] = round->parts[i].rank == round->ranks[0] ? round->ranks[1] : round->ranks[0];
+    return 0;
+}
+
+static void check_swapped(world_t *w)
+{
+    for (uint64_t s = 0; s < STEPS; s++)
+        for (uint32_t r = 0; r < RANKS; r++) {
+            char plan[8][64];
+            size_t n = planned(w, RANKS - 1 - r, s, plan);
+            assert_int_equal(w->n_ids[r][s], n);
+            for (size_t i = 0; i < n; i++)
+                assert_true(has(w->ids[r][s], n, plan[i]));
+        }
+}
+
+static void rebalance_user_policy_is_obeyed_on_one_node(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    int calls = 0;
+    dh_rebalance_config_t rb;
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    rb = d.rebalance;
+    rb.enabled = 1;
+    rb.buffer_size = 8; /* 2 steps a round */
+    rb.sort_fn = swap_all;
+    rb.sort_user = &calls;
+    world_start(w, 1, &rb);
+    world_run(w);
+    check_swapped(w);
+    assert_int_equal(check_ledger(w), (size_t)ROWS);
+    dh_client_stats_t st;
+    dh_client_stats(w->client[0], &st);
+    assert_int_equal(st.rebalance_rounds, STEPS / 2);
+    assert_int_equal(st.rebalance_applied, STEPS / 2);
+    assert_int_equal(st.rebalance_moved_samples, ROWS / RANKS);
+    assert_int_equal(st.rebalance_bytes_remote, 0); /* ownership handoff only */
+    assert_true(st.rebalance_bytes > 0);
+    assert_int_equal(calls, RANKS * STEPS / 2); /* every member decides every round */
+    world_stop(w);
+    free(w);
+}
+
+static void rebalance_user_policy_moves_bytes_across_nodes(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    int calls = 0;
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb = d.rebalance;
+    rb.enabled = 1;
+    rb.group_of = (const uint32_t[RANKS]){0, 0}; /* one group over both nodes */
+    rb.buffer_size = 4;
+    rb.sort_fn = swap_all;
+    rb.sort_user = &calls;
+    world_start(w, RANKS, &rb);
+    world_run(w);
+    check_swapped(w);
+    assert_int_equal(check_ledger(w), (size_t)ROWS);
+    dh_client_stats_t st;
+    dh_client_stats(w->client[1], &st);
+    assert_int_equal(st.rebalance_rounds, STEPS);
+    assert_true(st.rebalance_bytes_remote > 0);
+    assert_int_equal(st.rebalance_bytes_remote, st.rebalance_bytes);
+    dh_dataserver_stats_t ds;
+    dh_dataserver_stats(w->ds[0], &ds);
+    assert_int_equal(ds.rebalance_sent, ROWS / RANKS);
+    world_stop(w);
+    free(w);
+}
+
+/* The default policy on one node (moves cost nothing): it balances each step's tokens,
+ * and its decisions are the same from run to run. */
+static void rebalance_default_policy_is_deterministic(void **state)
+{
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb = d.rebalance;
+    rb.enabled = 1;
+    rb.min_gain = 0;
+    world_t *w[2];
+    for (int run = 0; run < 2; run++) {
+        w[run] = calloc(1, sizeof *w[run]);
+        world_start(w[run], 1, &rb);
+        world_run(w[run]);
+        assert_true(check_ledger(w[run]) > 0);
+        dh_client_stats_t st;
+        dh_client_stats(w[run]->client[0], &st);
+        assert_true(st.rebalance_applied > 0);
+        if (run == 1)
+            for (uint32_t r = 0; r < RANKS; r++)
+                for (uint64_t s = 0; s < STEPS; s++) {
+                    assert_int_equal(w[1]->n_ids[r][s], w[0]->n_ids[r][s]);
+                    for (size_t i = 0; i < w[1]->n_ids[r][s]; i++)
+                        assert_true(has(w[0]->ids[r][s], w[0]->n_ids[r][s], w[1]->ids[r][s][i]));
+                }
+    }
+    for (int run = 0; run < 2; run++) {
+        world_stop(w[run]);
+        free(w[run]);
+    }
+}
+
+/* Across nodes, a link too slow for any move to pay: the gate keeps every round. */
+static void rebalance_gate_keeps_when_the_link_is_slow(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb = d.rebalance;
+    rb.enabled = 1;
+    rb.group_of = (const uint32_t[RANKS]){0, 0};
+    rb.move_s_per_B = 1; /* a second per byte */
+    world_start(w, RANKS, &rb);
+    world_run(w);
+    assert_int_equal(check_ledger(w), 0);
+    dh_client_stats_t st;
+    dh_client_stats(w->client[0], &st);
+    assert_true(st.rebalance_rounds > 0);
+    assert_int_equal(st.rebalance_applied, 0);
+    assert_true(st.rebalance_kept_by_gate > 0);
+    assert_int_equal(st.rebalance_moved_parts, 0);
+    world_stop(w);
+    free(w);
+}
+
+/* A policy that breaks the rules (every part to one rank): each round keeps, next() says
+ * so once per round, naming it, and no sample is lost. */
+static int all_to_first(void *user, const dh_rebalance_round_t *round, uint32_t *new_rank)
+{
+    for (size_t i = 0; i < round->n_parts; i++)
+        new_rank[i] = round->ranks[0];
+    return 0;
+}
+
+static void rebalance_policy_error_names_the_round_and_keeps(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb = d.rebalance;
+    rb.enabled = 1;
+    rb.sort_fn = all_to_first;
+    world_start(w, 1, &rb);
+    world_run(w);
+    for (uint32_t r = 0; r < RANKS; r++) {
+        assert_int_equal(w->errors[r], STEPS / 4); /* rounds of 4 steps (buffer 16) */
+        assert_non_null(strstr(w->error_msg[r], "rebalance round 0"));
+        assert_non_null(strstr(w->error_msg[r], "kept"));
+    }
+    assert_int_equal(check_ledger(w), 0);
+    world_stop(w);
+    free(w);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(rebalance_user_policy_is_obeyed_on_one_node),
+    cmocka_unit_test(rebalance_user_policy_moves_bytes_across_nodes),
+    cmocka_unit_test(rebalance_default_policy_is_deterministic),
+    cmocka_unit_test(rebalance_gate_keeps_when_the_link_is_slow),
+    cmocka_unit_test(rebalance_policy_error_names_the_round_and_keeps),
+};
+DH_TEST_MAIN(tests)
