@@ -608,12 +608,15 @@ typedef struct rebalance_bridge {
     char *args_json;      /* json.dumps(args) for the C side, or NULL */
     uint32_t *group_of;   /* ranks entries, or NULL (by node) */
     size_t n_features;    /* the C side's vector length */
-    int n_features_auto;  /* 1: not given with a feature_fn: n_features is the maximum,
-                           * unused entries NaN, trailing NaNs left out of sort_fn's view */
+    int n_features_auto;  /* 1: not given with a feature_fn: n_features is the maximum, the
+                           * entries past the returned ones FEATURE_UNUSED, which
+                           * sort_fn's view leaves out */
     /* The first callback failure next() has not reported yet (under the GIL). */
     int error_code;
-    PyObject *error_summary; /* str: names the round (or the part) and the exception */
-    PyObject *error_detail;  /* str: the traceback, or None */
+    PyObject *error_cause;   /* str: what failed ("sort_fn raised ValueError: ..."), for
+                              * the runtime's message, which names the round */
+    PyObject *error_summary; /* str: the same, naming the round or the part itself */
+    PyObject *error_detail;  /* str: the traceback, or NULL */
     PyObject *error_exc;     /* the exception raised by the callable, or NULL */
     unsigned long errors;    /* callback failures so far */
 } rebalance_bridge_t;
@@ -621,6 +624,7 @@ typedef struct rebalance_bridge {
 static void bridge_clear_error(rebalance_bridge_t *br)
 {
     br->error_code = 0;
+    Py_CLEAR(br->error_cause);
     Py_CLEAR(br->error_summary);
     Py_CLEAR(br->error_detail);
     Py_CLEAR(br->error_exc);
@@ -652,19 +656,32 @@ static int py_exiting(void)
 #endif
 }
 
-/* Records a callback failure (GIL held): `summary` (stolen) names the round or part and
- * the cause; the Python error in flight, if any, is taken and its traceback kept. Keeps
- * the first failure until next() reports it. Returns `code`. */
-static int bridge_fail(rebalance_bridge_t *br, int code, PyObject *summary)
+/* The unused feature slots of an automatic-length vector: the smallest negative
+ * subnormal, finite (the runtime refuses others) and never a measure in practice; compared
+ * by its bits, so that a denormals-are-zero mode cannot confuse it with -0. */
+static const double FEATURE_UNUSED = -4.9406564584124654e-324;
+
+static int feature_unused(double v)
 {
+    uint64_t a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, &FEATURE_UNUSED, sizeof b);
+    return a == b;
+}
+
+/* Records a callback failure (GIL held), and returns DH_EINVAL, the code the C side gets:
+ * `cause` (stolen) says what failed, `where` names the round or part for a report without
+ * the runtime's message ("rebalance round 3 (group 0): "). The Python error in flight, if
+ * any, is taken and its traceback kept. Keeps the first failure until next() reports it. */
+static int bridge_fail(rebalance_bridge_t *br, const char *where, PyObject *cause)
+{
+    int code = DH_EINVAL;
     PyObject *type = NULL, *value = NULL, *tb = NULL, *detail = NULL;
     if (PyErr_Occurred()) {
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
         if (value && tb)
             PyException_SetTraceback(value, tb);
-        if (PyErr_GivenExceptionMatches(type, PyExc_MemoryError))
-            code = DH_ENOMEM;
         PyObject *mod = PyImport_ImportModule("traceback");
         if (mod) {
             PyObject *lines =
@@ -682,13 +699,16 @@ static int bridge_fail(rebalance_bridge_t *br, int code, PyObject *summary)
         PyErr_Clear();
     }
     br->errors++;
+    PyObject *summary = cause ? PyUnicode_FromFormat("%s%U", where, cause) : NULL;
     if (!br->error_code && summary) {
         br->error_code = code;
+        br->error_cause = cause;
         br->error_summary = summary;
         br->error_detail = detail;
         br->error_exc = value;
-        summary = detail = value = NULL;
+        cause = summary = detail = value = NULL;
     }
+    Py_XDECREF(cause);
     Py_XDECREF(summary);
     Py_XDECREF(detail);
     Py_XDECREF(value);
@@ -784,7 +804,7 @@ static int feature_call(rebalance_bridge_t *br, const dh_tensor_t *tensors, size
     if (!list) {
         Py_XDECREF(where);
         Py_XDECREF(views);
-        return bridge_fail(br, DH_ENOMEM, NULL);
+        return bridge_fail(br, "", NULL);
     }
     result = PyObject_CallFunctionObjArgs(br->feature_fn, views, list, NULL);
     { /* the views end with the call */
@@ -795,47 +815,46 @@ static int feature_call(rebalance_bridge_t *br, const dh_tensor_t *tensors, size
     }
     if (!result) {
         PyObject *what = pending_exception_text();
-        rc = bridge_fail(br, DH_EINVAL,
-                         PyUnicode_FromFormat("rebalance feature_fn raised %U on %U", what, where));
+        rc = bridge_fail(br, "rebalance ",
+                         PyUnicode_FromFormat("feature_fn raised %U on %U", what, where));
         Py_XDECREF(what);
         goto done;
     }
     seq = PySequence_Fast(result, "");
     if (!seq) {
         PyErr_Clear();
-        rc = bridge_fail(br, DH_EINVAL,
-                         PyUnicode_FromFormat("rebalance feature_fn returned %s on %U, not a "
-                                              "sequence of numbers",
+        rc = bridge_fail(br, "rebalance ",
+                         PyUnicode_FromFormat("feature_fn returned %s on %U, not a sequence of "
+                                              "numbers",
                                               Py_TYPE(result)->tp_name, where));
         goto done;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int bad_len = br->n_features_auto ? (n < 1 || (size_t)n > n_features) : (size_t)n != n_features;
     if (bad_len) {
-        rc = bridge_fail(
-            br, DH_EINVAL,
-            br->n_features_auto
-                ? PyUnicode_FromFormat("rebalance feature_fn returned %zd values on %U: "
-                                       "between 1 and %zu are allowed",
-                                       n, where, n_features)
-                : PyUnicode_FromFormat("rebalance feature_fn returned %zd values on %U, "
-                                       "n_features is %zu",
-                                       n, where, n_features));
+        rc = bridge_fail(br, "rebalance ",
+                         br->n_features_auto
+                             ? PyUnicode_FromFormat("feature_fn returned %zd values on %U: "
+                                                    "between 1 and %zu are allowed",
+                                                    n, where, n_features)
+                             : PyUnicode_FromFormat("feature_fn returned %zd values on %U, "
+                                                    "n_features is %zu",
+                                                    n, where, n_features));
         goto done;
     }
     for (size_t k = 0; k < n_features; k++) {
         if ((Py_ssize_t)k >= n) {
-            features[k] = Py_NAN;
+            features[k] = FEATURE_UNUSED;
             continue;
         }
         PyObject *item = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k);
         double v = PyFloat_AsDouble(item);
-        if (v == -1.0 && PyErr_Occurred()) {
+        if ((v == -1.0 && PyErr_Occurred()) || !isfinite(v)) {
             PyErr_Clear();
-            rc = bridge_fail(br, DH_EINVAL,
-                             PyUnicode_FromFormat("rebalance feature_fn returned %s at index %zu "
-                                                  "on %U, not a number",
-                                                  Py_TYPE(item)->tp_name, k, where));
+            rc = bridge_fail(br, "rebalance ",
+                             PyUnicode_FromFormat("feature_fn returned %R at index %zu on %U, not "
+                                                  "a finite number",
+                                                  item, k, where));
             goto done;
         }
         features[k] = v;
@@ -880,8 +899,8 @@ static PyObject *round_dict(const rebalance_bridge_t *br, const dh_rebalance_rou
     for (size_t i = 0; parts && i < r->n_parts; i++) {
         const dh_rebalance_part_t *p = &r->parts[i];
         size_t n = r->n_features;
-        if (br->n_features_auto && br->feature_fn) /* trailing NaNs: unused entries */
-            while (n > 0 && p->features && isnan(p->features[n - 1]))
+        if (br->n_features_auto && br->feature_fn) /* the slots feature_fn did not fill */
+            while (n > 0 && p->features && feature_unused(p->features[n - 1]))
                 n--;
         PyObject *feats = PyList_New((Py_ssize_t)(p->features ? n : 0));
         for (size_t k = 0; feats && p->features && k < n; k++) {
@@ -916,23 +935,20 @@ static PyObject *round_dict(const rebalance_bridge_t *br, const dh_rebalance_rou
 
 static int sort_call(rebalance_bridge_t *br, const dh_rebalance_round_t *r, uint32_t *new_rank)
 {
-    unsigned long long round = (unsigned long long)r->round;
-    unsigned group = (unsigned)r->group;
+    char where[96];
+    snprintf(where, sizeof where, "rebalance round %llu (group %u): ", (unsigned long long)r->round,
+             (unsigned)r->group);
     PyObject *arg = round_dict(br, r), *result = NULL, *seq = NULL;
     int rc = 0;
     if (!arg) {
-        rc = bridge_fail(br, DH_ENOMEM,
-                         PyUnicode_FromFormat("rebalance round %llu (group %u): could not "
-                                              "build sort_fn's view of the round",
-                                              round, group));
+        rc = bridge_fail(br, where,
+                         PyUnicode_FromString("could not build sort_fn's view of the round"));
         goto done;
     }
     result = PyObject_CallFunctionObjArgs(br->sort_fn, arg, br->args, NULL);
     if (!result) {
         PyObject *what = pending_exception_text();
-        rc = bridge_fail(br, DH_EINVAL,
-                         PyUnicode_FromFormat("rebalance round %llu (group %u): sort_fn raised %U",
-                                              round, group, what));
+        rc = bridge_fail(br, where, PyUnicode_FromFormat("sort_fn raised %U", what));
         Py_XDECREF(what);
         goto done;
     }
@@ -943,18 +959,17 @@ static int sort_call(rebalance_bridge_t *br, const dh_rebalance_round_t *r, uint
     seq = PySequence_Fast(result, "");
     if (!seq || PyUnicode_Check(result) || PyBytes_Check(result)) {
         PyErr_Clear();
-        rc = bridge_fail(br, DH_EINVAL,
-                         PyUnicode_FromFormat("rebalance round %llu (group %u): sort_fn returned "
-                                              "%s, not a list of ranks (one per part) or None",
-                                              round, group, Py_TYPE(result)->tp_name));
+        rc = bridge_fail(
+            br, where,
+            PyUnicode_FromFormat("sort_fn returned %s, not a list of ranks (one per part) or None",
+                                 Py_TYPE(result)->tp_name));
         goto done;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if ((size_t)n != r->n_parts) {
-        rc = bridge_fail(br, DH_EINVAL,
-                         PyUnicode_FromFormat("rebalance round %llu (group %u): sort_fn returned "
-                                              "%zd ranks for %zu parts",
-                                              round, group, n, r->n_parts));
+        rc = bridge_fail(
+            br, where,
+            PyUnicode_FromFormat("sort_fn returned %zd ranks for %zu parts", n, r->n_parts));
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -965,25 +980,24 @@ static int sort_call(rebalance_bridge_t *br, const dh_rebalance_round_t *r, uint
         Py_XDECREF(index);
         if (!index || (v == -1 && PyErr_Occurred())) {
             PyErr_Clear();
-            rc = bridge_fail(br, DH_EINVAL,
-                             PyUnicode_FromFormat("rebalance round %llu (group %u): sort_fn "
-                                                  "returned %s for part %zd (batch %llu, rank %u, "
-                                                  "slot %u), not an int rank",
-                                                  round, group, Py_TYPE(item)->tp_name, i,
-                                                  (unsigned long long)p->batch, (unsigned)p->rank,
-                                                  (unsigned)p->slot));
+            rc = bridge_fail(
+                br, where,
+                PyUnicode_FromFormat("sort_fn returned %s for part %zd (batch %llu, rank %u, "
+                                     "slot %u), not an int rank",
+                                     Py_TYPE(item)->tp_name, i, (unsigned long long)p->batch,
+                                     (unsigned)p->rank, (unsigned)p->slot));
             goto done;
         }
         int member = 0;
         for (uint32_t k = 0; k < r->n_ranks && !member; k++)
             member = v >= 0 && (unsigned long long)v == r->ranks[k];
         if (!member) {
-            rc = bridge_fail(br, DH_EINVAL,
-                             PyUnicode_FromFormat("rebalance round %llu (group %u): sort_fn "
-                                                  "gave part %zd (batch %llu, rank %u, slot %u) "
-                                                  "rank %lld, not a rank of the group",
-                                                  round, group, i, (unsigned long long)p->batch,
-                                                  (unsigned)p->rank, (unsigned)p->slot, v));
+            rc = bridge_fail(
+                br, where,
+                PyUnicode_FromFormat("sort_fn gave part %zd (batch %llu, rank %u, slot %u) "
+                                     "rank %lld, not a rank of the group",
+                                     i, (unsigned long long)p->batch, (unsigned)p->rank,
+                                     (unsigned)p->slot, v));
             goto done;
         }
         new_rank[i] = (uint32_t)v;
@@ -1244,21 +1258,35 @@ fail:
 }
 
 /* After next() failed with rc (GIL held): when a callback failed with that code, raises
- * the error with the runtime's message, the callback's report and the user's exception as
- * __cause__, and returns 1 (the report is consumed); else 0. */
+ * the error with the runtime's message (which names the round and the part) completed by
+ * what the callback did, its traceback, and the user's exception as __cause__; returns 1
+ * (the report is consumed). Else 0. The C callbacks cannot pass a message (no public call
+ * sets dh_last_error()), so the runtime's says "" or the code's text where the callback's
+ * would go, before " (kept)": the cause takes that place. */
 static int bridge_raise(rebalance_bridge_t *br, int rc)
 {
     if (!br || !br->error_code || br->error_code != rc)
         return 0;
     const char *detail = dh_last_error();
-    PyObject *msg;
-    PyObject *summary = br->error_summary, *tb = br->error_detail;
-    if (detail && *detail)
-        msg = tb ? PyUnicode_FromFormat("%s: %U\n%U", detail, summary, tb)
-                 : PyUnicode_FromFormat("%s: %U", detail, summary);
-    else
-        msg =
-            tb ? PyUnicode_FromFormat("%U\n%U", summary, tb) : PyUnicode_FromFormat("%U", summary);
+    PyObject *head = NULL;
+    if (detail && *detail) {
+        const char *kept = strstr(detail, " (kept)"), *tail = kept ? kept : detail + strlen(detail);
+        size_t len = (size_t)(tail - detail), fallback = strlen(dh_strerror(rc));
+        if (len >= fallback && memcmp(tail - fallback, dh_strerror(rc), fallback) == 0)
+            len -= fallback;
+        while (len > 0 && (detail[len - 1] == ' ' || detail[len - 1] == ':'))
+            len--;
+        PyObject *runtime = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)len, "replace");
+        head = runtime ? PyUnicode_FromFormat("%U: %U%s", runtime, br->error_cause, tail) : NULL;
+        Py_XDECREF(runtime);
+    } else {
+        head = br->error_summary;
+        Py_INCREF(head);
+    }
+    PyObject *msg = head && br->error_detail
+                        ? PyUnicode_FromFormat("%U\n%U", head, br->error_detail)
+                        : (Py_XINCREF(head), head);
+    Py_XDECREF(head);
     PyObject *cause = br->error_exc;
     Py_XINCREF(cause);
     bridge_clear_error(br);
@@ -1527,7 +1555,7 @@ static PyObject *RebalanceSpec_sort(RebalanceSpecObject *self, PyObject *arg)
         q->n_samples = (uint32_t)n_samples;
         double *f = features + i * r.n_features;
         for (size_t k = 0; k < r.n_features; k++)
-            f[k] = Py_NAN;
+            f[k] = self->bridge && self->bridge->n_features_auto ? FEATURE_UNUSED : 0.0;
         PyObject *fv = PyDict_GetItemString(p, "features");
         PyObject *fs = fv ? PySequence_Fast(fv, "a part's 'features' must be a list") : NULL;
         if (fv && !fs)

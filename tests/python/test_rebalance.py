@@ -219,10 +219,11 @@ def test_feature_fn_sees_zero_copy_views_valid_during_the_call(datahelix):
 
 
 def test_feature_fn_vector_length(datahelix):
-    # without n_features: 1 to 16 values, as returned (trailing NaNs are the unused entries)
+    # without n_features: 1 to 16 values; the C side carries 16, the unused ones marked
+    # (by the smallest negative subnormal: the runtime takes finite numbers only)
     spec = datahelix._C.RebalanceSpec({"feature_fn": lambda t, s: (1.5, 2)}, 1)
     out = spec.feature({}, [("a", 1)])
-    assert out[:2] == [1.5, 2.0] and len(out) == 16 and all(np.isnan(out[2:]))
+    assert out[:2] == [1.5, 2.0] and len(out) == 16 and out[2:] == [-5e-324] * 14
     spec = datahelix._C.RebalanceSpec(
         {"feature_fn": lambda t, s: [1.0] * 17}, 1)
     with pytest.raises(datahelix.InvalidArgumentError, match="returned 17 values"):
@@ -232,7 +233,10 @@ def test_feature_fn_vector_length(datahelix):
                        match=r"returned 1 values on the part of 1 sample \['a'\], n_features is 2"):
         spec.feature({}, [("a", 1)])
     spec = datahelix._C.RebalanceSpec({"feature_fn": lambda t, s: ["x"], "n_features": 1}, 1)
-    with pytest.raises(datahelix.InvalidArgumentError, match="str at index 0 .* not a number"):
+    with pytest.raises(datahelix.InvalidArgumentError, match="'x' at index 0 .* not a finite"):
+        spec.feature({}, [("a", 1)])
+    spec = datahelix._C.RebalanceSpec({"feature_fn": lambda t, s: [1.0, float("nan")]}, 1)
+    with pytest.raises(datahelix.InvalidArgumentError, match="nan at index 1 .* not a finite"):
         spec.feature({}, [("a", 1)])
     # what sort_fn sees: the values returned, not the padding
     parts = []
@@ -283,6 +287,8 @@ def lockstep(loaders):
     """Iterates the ranks' loaders step by step (as synchronous training does): returns per
     rank {step: (sample ids, batch)}, and the loaders' stats."""
     got = [dict() for _ in loaders]
+    for dl in loaders:  # every rank's client runs before any waits for a round
+        len(dl)
     iters = [iter(dl) for dl in loaders]
     done = [False] * len(loaders)
     while not all(done):
@@ -299,11 +305,20 @@ def lockstep(loaders):
 
 def test_a_user_sort_fn_that_swaps_is_obeyed_exactly(datahelix, dataset):
     src, ids = dataset
+    order = profile_ids(src)
+    index = {sid: i for i, sid in enumerate(order)}
+    held = {}     # batch -> {(rank, slot): sample} as sort_fn saw the round (before moves)
     swapped = {}  # batch -> round, for every round's swap (every member runs sort_fn)
 
+    def which(tensors, samples):  # a part's feature: its sample (fanout = batch: one each)
+        (s,) = samples
+        return [index[s["id"]]]
+
     def swap_first_parts(rnd, args):
-        # parts are ordered by (batch, rank, slot): the first part of each rank is slot 0 of
+        # parts are ordered by (batch, rank, slot): each rank's first part is its slot 0 of
         # the round's first batch; those two trade places
+        for p in rnd["parts"]:
+            held.setdefault(p["batch"], {})[(p["rank"], p["slot"])] = order[int(p["features"][0])]
         new = [p["rank"] for p in rnd["parts"]]
         first = {}
         for i, p in enumerate(rnd["parts"]):
@@ -315,23 +330,24 @@ def test_a_user_sort_fn_that_swaps_is_obeyed_exactly(datahelix, dataset):
 
     with deadline(120), datahelix.start_cluster(src, workers=2,
                                                 arena_bytes=128 << 20) as cluster:
-        loaders = two_loaders(datahelix, cluster, src, sort_fn=swap_first_parts,
-                              args={"a": 0, "b": 1})
+        loaders = two_loaders(datahelix, cluster, src, feature_fn=which, n_features=1,
+                              sort_fn=swap_first_parts, args={"a": 0, "b": 1})
         got, stats = lockstep(loaders)
         for dl in loaders:
             dl.close()
     skip_unless_rounds_ran(stats, "the swap")
     assert swapped, "sort_fn was never called"
     steps = sorted(got[0])
-    assert steps == sorted(got[1]) == list(range(len(ids) // 4))
-    order = profile_ids(src)
+    assert steps == sorted(got[1]) == list(range(len(ids) // 4)) == sorted(held)
     for step in steps:
-        plan = [[order[row] for row in datahelix.plan(src, step, r, 2, 2, seed=3)]
-                for r in range(2)]
-        if step in swapped:  # slot 0 traded: each rank yields the other's planned sample
-            plan = [[plan[1][0], plan[0][1]], [plan[0][0], plan[1][1]]]
-        assert got[0][step][0] == plan[0], (step, swapped)
-        assert got[1][step][0] == plan[1], (step, swapped)
+        slots = held[step]
+        for r in range(2):  # the round held what tier 1 planned
+            planned = [order[row] for row in datahelix.plan(src, step, r, 2, 2, seed=3)]
+            assert sorted([slots[(r, 0)], slots[(r, 1)]]) == sorted(planned)
+        want = [[slots[(0, 0)], slots[(0, 1)]], [slots[(1, 0)], slots[(1, 1)]]]
+        if step in swapped:  # slot 0 traded: the part received takes the slot given up
+            want = [[slots[(1, 0)], slots[(0, 1)]], [slots[(0, 0)], slots[(1, 1)]]]
+        assert [got[0][step][0], got[1][step][0]] == want, (step, swapped)
     seen = [i for r in range(2) for step in steps for i in got[r][step][0]]
     assert sorted(seen) == sorted(ids)  # each sample exactly once
     for s in stats:
@@ -340,23 +356,54 @@ def test_a_user_sort_fn_that_swaps_is_obeyed_exactly(datahelix, dataset):
         assert s["rebalance_callback_errors"] == 0
 
 
-def test_a_raising_sort_fn_fails_next_naming_the_round_and_keeps_the_data(datahelix, dataset):
+def raise_in_first_round(what, first_ids):
+    """A callback that fails (raising or answering badly) in the first round it sees, on
+    every member (feature_fn: on the parts of `first_ids`, round 0's); later rounds keep.
+    Returns (the rebalance spec, the rounds it failed in)."""
+    failed = set()
+
+    def fail_once(rnd):
+        if not failed or rnd in failed:
+            failed.add(rnd)
+            return True
+        return False
+
+    if what == "sort_fn raises":
+        def sort_fn(rnd, args):
+            if fail_once(rnd["round"]):
+                raise RuntimeError("policy boom")
+        return {"sort_fn": sort_fn}, failed
+    if what == "sort_fn answers badly":
+        def sort_fn(rnd, args):
+            return [p["rank"] for p in rnd["parts"]][1:] if fail_once(rnd["round"]) else None
+        return {"sort_fn": sort_fn}, failed
+    assert what == "feature_fn raises"
+    def feature_fn(tensors, samples):
+        if samples[0]["id"] in first_ids:
+            failed.add(0)
+            raise KeyError("no frames2")
+        return [1.0]
+    return {"feature_fn": feature_fn, "n_features": 1}, failed
+
+
+@pytest.mark.parametrize("what, says", [
+    ("sort_fn raises", "sort_fn raised RuntimeError: policy boom"),
+    ("sort_fn answers badly", "sort_fn returned 3 ranks for 4 parts"),
+    ("feature_fn raises", "feature_fn raised KeyError: 'no frames2'"),
+])
+def test_a_failing_policy_fails_next_once_naming_the_round_and_keeps_the_data(
+        datahelix, dataset, what, says):
     src, ids = dataset
-    raised_in = set()
-
-    def policy(rnd, args):
-        if not raised_in or rnd["round"] in raised_in:  # the first round only
-            raised_in.add(rnd["round"])
-            raise RuntimeError("policy boom")
-        return None
-
+    order = profile_ids(src)
+    # one step per round (buffer_size 4 = 2 ranks x 2): round 0 is step 0
+    step0 = {order[i] for r in range(2) for i in datahelix.plan(src, 0, r, 2, 2, seed=3)}
+    spec, failed = raise_in_first_round(what, step0)
     profiles = os.path.join(src, "profiles.jsonl")
     with deadline(120), datahelix.start_cluster(src, workers=2,
                                                 arena_bytes=128 << 20) as cluster:
         clients = [datahelix._C.Client(profiles, r, 2, 2, coordinator=cluster.endpoint,
                                        fanout=2, prefetch=2, seed=3, next_timeout_ms=1000,
-                                       rebalance={"sort_fn": policy, "groups": [[0, 1]],
-                                                  "buffer_size": 4})
+                                       rebalance=dict(spec, groups=[[0, 1]], buffer_size=4))
                    for r in range(2)]
         got, errors, done = [dict(), dict()], [[], []], [False, False]
         while not all(done):
@@ -377,24 +424,23 @@ def test_a_raising_sort_fn_fails_next_naming_the_round_and_keeps_the_data(datahe
         plans = {(step, r): clients[0].plan(step, r) for step in range(3) for r in range(2)}
         for c in clients:
             c.close()
-    skip_unless_rounds_ran(stats, "the raising policy")
-    assert raised_in, "sort_fn was never called"
-    (bad_round,) = raised_in
-    order = profile_ids(src)
+    skip_unless_rounds_ran(stats, what)
+    assert failed, "the callback was never called"
+    (bad_round,) = failed
     for r in range(2):
-        assert len(errors[r]) == 1, errors[r]
-        msg = str(errors[r][0])
-        assert f"round {bad_round}" in msg and "RuntimeError: policy boom" in msg, msg
-        assert isinstance(errors[r][0].__cause__, RuntimeError)
-        # kept: whatever was yielded is where tier 1 put it
+        assert len(errors[r]) == 1, errors[r]  # said once
+        e = errors[r][0]
+        assert isinstance(e, datahelix.InvalidArgumentError), e
+        assert f"round {bad_round}" in str(e) and says in str(e), str(e)
+        if "raises" in what:
+            assert "Traceback" in str(e) and isinstance(e.__cause__, Exception)
+        # kept: every batch holds what tier 1 planned for it (in the order of its parts)
         for step, got_ids in got[r].items():
-            assert got_ids == [order[i] for i in plans[(step, r)]]
+            assert sorted(got_ids) == sorted(order[i] for i in plans[(step, r)])
         assert stats[r]["rebalance_applied"] == 0 and stats[r]["rebalance_moved_parts"] == 0
+        assert stats[r]["rebalance_callback_errors"] >= 1
     seen = [i for r in range(2) for step in got[r] for i in got[r][step]]
-    assert len(seen) == len(set(seen))  # nothing twice
-    # nothing lost beyond the batches that carried the error (if the design consumes them)
-    missing = set(ids) - set(seen)
-    assert len(missing) <= 2 * 2, missing
+    assert sorted(seen) == sorted(ids)  # the kept round's batches come after the error
 
 
 def test_a_user_feature_fn_vector_is_what_sort_fn_sees(datahelix, dataset):
