@@ -63,6 +63,14 @@ static void usage(FILE *out)
             "                              (default 120000)\n"
             "      --pipeline SPEC.json    embedded mode: the DataServer's pipeline spec\n"
             "      --workers N             embedded mode: its workers (default 2)\n"
+            "      --rebalance             tier 2: rebalance materialized batches among the\n"
+            "                              ranks, with the default policy and cost gate (the\n"
+            "                              client's default groups are by node, and consume\n"
+            "                              counts all --ranks as one node's: one group)\n"
+            "      --rebalance-buffer N    with --rebalance: samples per round across the\n"
+            "                              group (default 64)\n"
+            "      --rebalance-min-gain G  with --rebalance: the gate's margin, a fraction of\n"
+            "                              the largest rank's compute (default 0.05)\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Prints a JSON summary on standard output at the end. Exit status: 0 when every\n"
@@ -134,7 +142,10 @@ int dh_cmd_consume(int argc, char **argv)
         OPT_CHECK,
         OPT_PIPELINE,
         OPT_WORKERS,
-        OPT_PREFETCH_MAX
+        OPT_PREFETCH_MAX,
+        OPT_REBALANCE,
+        OPT_RB_BUFFER,
+        OPT_RB_GAIN
     };
     static const struct option options[] = {
         {"coordinator", required_argument, NULL, 'c'},
@@ -157,12 +168,15 @@ int dh_cmd_consume(int argc, char **argv)
         {"timeout-ms", required_argument, NULL, 't'},
         {"pipeline", required_argument, NULL, OPT_PIPELINE},
         {"workers", required_argument, NULL, OPT_WORKERS},
+        {"rebalance", no_argument, NULL, OPT_REBALANCE},
+        {"rebalance-buffer", required_argument, NULL, OPT_RB_BUFFER},
+        {"rebalance-min-gain", required_argument, NULL, OPT_RB_GAIN},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     int timeout_ms = 120000;
-    int have_rank = 0, have_ranks = 0, have_batch = 0, check = 0;
+    int have_rank = 0, have_ranks = 0, have_batch = 0, check = 0, rb_tuned = 0;
     double compute_ms = 0;
     const char *ledger_path = NULL;
     unsigned long long v;
@@ -271,6 +285,29 @@ int dh_cmd_consume(int argc, char **argv)
                 return 2;
             cfg.workers = (uint32_t)v;
             break;
+        case OPT_REBALANCE:
+            cfg.rebalance.enabled = 1; /* groups by node (group_of NULL), the defaults */
+            break;
+        case OPT_RB_BUFFER:
+            if (dh_cli_parse_u64(CMD, "--rebalance-buffer", optarg, 1, 1000000, &v))
+                return 2;
+            cfg.rebalance.buffer_size = (uint32_t)v;
+            rb_tuned = 1;
+            break;
+        case OPT_RB_GAIN: {
+            char *end = NULL;
+            double g = strtod(optarg, &end);
+            if (!end || end == optarg || *end || !(g >= 0 && g <= 1)) {
+                fprintf(stderr,
+                        "datahelix consume: --rebalance-min-gain expects a fraction in [0, 1], "
+                        "got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            cfg.rebalance.min_gain = g;
+            rb_tuned = 1;
+            break;
+        }
         case 'h':
             usage(stdout);
             return 0;
@@ -288,6 +325,11 @@ int dh_cmd_consume(int argc, char **argv)
                                         : NULL;
     if (missing) {
         fprintf(stderr, "datahelix consume: %s is required (see --help)\n", missing);
+        return 2;
+    }
+    if (rb_tuned && !cfg.rebalance.enabled) {
+        fprintf(stderr, "datahelix consume: --rebalance-buffer and --rebalance-min-gain go with "
+                        "--rebalance\n");
         return 2;
     }
     if (cfg.rank >= cfg.ranks) {
@@ -380,13 +422,22 @@ int dh_cmd_consume(int argc, char **argv)
     printf("{\"rank\":%u,\"client\":\"%s\",\"batches\":%llu,\"steps_total\":%llu,\"samples\":%llu,"
            "\"samples_failed\":%llu,\"errors_raised\":%llu,\"requests_sent\":%llu,"
            "\"duplicates_dropped\":%llu,\"bytes\":%llu,\"wait_s\":%.6f,\"s_per_token\":%.3g,"
-           "\"prefetch_now\":%llu}\n",
+           "\"prefetch_now\":%llu,\"rebalance\":%s,\"rebalance_rounds\":%llu,"
+           "\"rebalance_applied\":%llu,\"rebalance_kept_by_gate\":%llu,"
+           "\"rebalance_moved_parts\":%llu,\"rebalance_moved_samples\":%llu,"
+           "\"rebalance_bytes\":%llu,\"rebalance_bytes_remote\":%llu,"
+           "\"rebalance_s_p95\":%.6f,\"rebalance_s_max\":%.6f}\n",
            cfg.rank, dh_client_id(c), (unsigned long long)st.batches,
            (unsigned long long)st.steps_total, (unsigned long long)st.samples,
            (unsigned long long)st.samples_failed, (unsigned long long)errors_raised,
            (unsigned long long)st.requests_sent, (unsigned long long)st.duplicates_dropped,
            (unsigned long long)st.bytes_delivered, st.wait_s, st.s_per_token,
-           (unsigned long long)st.prefetch_now);
+           (unsigned long long)st.prefetch_now, cfg.rebalance.enabled ? "true" : "false",
+           (unsigned long long)st.rebalance_rounds, (unsigned long long)st.rebalance_applied,
+           (unsigned long long)st.rebalance_kept_by_gate,
+           (unsigned long long)st.rebalance_moved_parts,
+           (unsigned long long)st.rebalance_moved_samples, (unsigned long long)st.rebalance_bytes,
+           (unsigned long long)st.rebalance_bytes_remote, st.rebalance_s_p95, st.rebalance_s_max);
     fflush(stdout);
     dh_client_destroy(&c);
     if (ledger)

@@ -24,6 +24,7 @@ static const command_t commands[] = {
     {"server", dh_cmd_server, "run a DataServer (local, or a remote sidecar)"},
     {"consume", dh_cmd_consume, "run one rank's data loop (a client) and write a ledger"},
     {"transport-bench", dh_cmd_transport_bench, "local delivery overhead and remote throughput"},
+    {"rebalance-bench", dh_cmd_rebalance_bench, "cost of moving decoded clips between ranks"},
     {"bench", dh_cmd_bench, "the emulated training loop: native vs pool vs helix"},
 };
 

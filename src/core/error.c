@@ -60,9 +60,13 @@ void dh_clear_error(void)
 
 int dh__set_error(int err, const char *fmt, ...)
 {
+    /* Formatted aside first: a caller may pass dh_last_error() itself as an argument (to add
+     * context to the previous message), which vsnprintf must not write over as it reads. */
+    char text[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, sizeof last_error);
     return err;
 }

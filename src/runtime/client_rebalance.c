@@ -495,7 +495,7 @@ static void decide(dh_client_t *c, const dh_msg_rebalance_t *m, decision_t *d)
                                   .min_gain = rc->min_gain,
                                   .move_s_per_B = spans_nodes(m) ? rc->move_s_per_B : 0,
                                   .args = c->rb.args};
-    dh__set_error(0, "%s", ""); /* what sort_fn sets, it says */
+    dh_clear_error(); /* what sort_fn sets, it says */
     int r = rc->sort_fn(rc->sort_user, &round, d->new_rank);
     if (r < 0) {
         d->err = r;

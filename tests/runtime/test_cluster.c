@@ -4,7 +4,8 @@
  * ledgers against the tier-1 plan (every sample of the epoch exactly once, each rank's
  * batches in order with the planned samples), that every process exits cleanly, and that
  * nothing of ours is left (cluster.h). Faults: kill -9 of a sidecar and of a local DataServer
- * mid-epoch, SIGSTOP/SIGCONT, a client killed with its slabs held, failing samples. */
+ * mid-epoch, SIGSTOP/SIGCONT, a client killed with its slabs held, failing samples. And
+ * `consume`'s tier-2 flags. */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,6 +37,7 @@ typedef struct cluster {
     cl_proc_t ranks[RANKS];
     char ledgers[RANKS][512];
     const char *policy;
+    bool noisy; /* the pipeline's actual tokens differ from the estimates (tier 2 has work) */
 } cluster_t;
 
 static const char *const server_names[4] = {"local-a", "local-b", "remote-1", "remote-2"};
@@ -78,8 +80,11 @@ static void start_servers(cluster_t *c, bool tcp, const char *policy, int local_
     make_profiles(c->profiles, SAMPLES);
     /* kinetics-mixed costs 0.05-1 s of CPU per sample: scaled to ~1-20 ms of sleep, and
      * 1% of the decoded bytes (24 KB - 400 KB per sample). */
-    dh_test_write_file(c->pipeline, "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
-                                    "\"cpu_scale\": 0.02, \"bytes_scale\": 0.01}");
+    dh_test_write_file(c->pipeline, c->noisy ? "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
+                                               "\"cpu_scale\": 0.02, \"bytes_scale\": 0.01, "
+                                               "\"token_noise\": 0.3}"
+                                             : "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
+                                               "\"cpu_scale\": 0.02, \"bytes_scale\": 0.01}");
     c->policy = policy;
     char *cargv[] = {
         "datahelix",       "coordinator", "--listen",    c->coord_ep,  "--policy", (char *)policy,
@@ -119,7 +124,9 @@ static void start_servers(cluster_t *c, bool tcp, const char *policy, int local_
     }
 }
 
-static void start_ranks(cluster_t *c, const char *extra_opt, const char *compute_ms)
+/* Starts the ranks (`datahelix consume`) with extra options (up to 6, NULL-terminated; NULL:
+ * none). */
+static void start_ranks_with(cluster_t *c, const char *const *extra, const char *compute_ms)
 {
     for (int r = 0; r < RANKS; r++) {
         char rank[8], name[32];
@@ -152,10 +159,26 @@ static void start_ranks(cluster_t *c, const char *extra_opt, const char *compute
                         "--check-payload",
                         "--timeout-ms",
                         "60000",
-                        (char *)extra_opt,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
                         NULL};
+        size_t at = 0;
+        while (argv[at])
+            at++;
+        for (size_t k = 0; extra && extra[k] && k < 6; k++)
+            argv[at++] = (char *)extra[k];
         cl_spawn(&c->ranks[r], name, argv);
     }
+}
+
+static void start_ranks(cluster_t *c, const char *extra_opt, const char *compute_ms)
+{
+    const char *extra[] = {extra_opt, NULL};
+    start_ranks_with(c, extra, compute_ms);
 }
 
 static void finish_ranks(cluster_t *c)
@@ -484,16 +507,155 @@ static void cluster_failing_samples_skip_and_raise(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Tier 2 moved samples between ranks: checks every rank's ledger in order (line i is batch
+ * i, BATCH samples), and that each step's samples, over all ranks, are exactly the planned
+ * ones, each once. Returns the samples yielded by another rank than planned. */
+static int check_ledgers_rebalanced(cluster_t *c)
+{
+    plan_ref_t ref;
+    plan_ref_make(&ref, c->profiles);
+    int moved = 0;
+    char *got[STEPS][RANKS * BATCH];
+    int got_rank[STEPS][RANKS * BATCH];
+    memset(got, 0, sizeof got);
+    for (int r = 0; r < RANKS; r++) {
+        FILE *f = fopen(c->ledgers[r], "r");
+        assert_non_null(f);
+        char line[65536];
+        int index = 0;
+        while (fgets(line, sizeof line, f)) {
+            json_error_t err;
+            json_t *o = json_loads(line, 0, &err);
+            assert_non_null(o);
+            assert_null(json_object_get(o, "error"));
+            assert_int_equal((int)json_integer_value(json_object_get(o, "index")), index);
+            assert_true(index < STEPS);
+            json_t *ids = json_object_get(o, "ids");
+            assert_int_equal(json_array_size(ids), BATCH);
+            for (int k = 0; k < BATCH; k++) {
+                got[index][r * BATCH + k] =
+                    strdup(json_string_value(json_array_get(ids, (size_t)k)));
+                got_rank[index][r * BATCH + k] = r;
+            }
+            json_decref(o);
+            index++;
+        }
+        fclose(f);
+        assert_int_equal(index, STEPS);
+    }
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < RANKS * BATCH; i++) {
+            int found = -1, times = 0;
+            for (int k = 0; k < RANKS * BATCH; k++)
+                if (strcmp(got[s][k], ref.ids[s][i]) == 0) {
+                    found = k;
+                    times++;
+                }
+            if (times != 1)
+                print_error("step %d: planned sample '%s' yielded %d times\n", s, ref.ids[s][i],
+                            times);
+            assert_int_equal(times, 1);
+            moved += got_rank[s][found] != i / BATCH;
+        }
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < RANKS * BATCH; i++)
+            free(got[s][i]);
+    plan_ref_free(&ref);
+    return moved;
+}
+
+/* Tier 2 over the four ranks of two nodes (ranks 0-1 share node-a's arena: moves there are
+ * handoffs of slab ownership between processes; moves to node-b go DataServer to
+ * DataServer), one sample per part, while a sidecar is killed with SIGKILL mid-epoch: every
+ * step's samples are yielded exactly once, in order, and samples did move. */
+static void cluster_rebalance_exactly_once_under_kill9(void **state)
+{
+    cluster_t c = {0};
+    c.noisy = true;
+    start_servers(&c, true, "deadline", 1);
+    const char *extra[] = {"--rebalance", "--fanout", "2", "--rebalance-buffer", "16", NULL};
+    start_ranks_with(&c, extra, "2");
+    cl_wait_lines(c.ledgers[0], STEPS / 4, T_MS);
+    cl_signal(&c.servers[2], SIGKILL);
+    assert_true(cl_count(c.ledgers[0], "\n") < STEPS);
+    assert_int_equal(cl_wait_exit(&c.servers[2], 5000), 128 + SIGKILL);
+    finish_ranks(&c);
+    int moved = check_ledgers_rebalanced(&c);
+    if (moved == 0)
+        print_error("tier 2 moved no sample\n");
+    assert_true(moved > 0);
+    /* both ways of moving were used */
+    unsigned long long local = 0, remote = 0;
+    for (int r = 0; r < RANKS; r++) {
+        local += log_number(c.ranks[r].log, "\"rebalance_moved_samples\":");
+        remote += log_number(c.ranks[r].log, "\"rebalance_bytes_remote\":");
+    }
+    assert_int_equal(local, (unsigned long long)moved);
+    assert_true(remote > 0);
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
+/* `consume`'s tier-2 flags: in --help; a bad --rebalance-min-gain and a tuning flag
+ * without --rebalance are usage errors naming the flag; with --rebalance (embedded mode,
+ * one rank: a group of one, which does not rebalance) the epoch's steps come and the
+ * summary carries the tier-2 counts. */
+static void cluster_consume_rebalance_flags(void **state)
+{
+    cl_proc_t p;
+    char *help[] = {"datahelix", "consume", "--help", NULL};
+    cl_spawn(&p, "consume-help", help);
+    cl_expect_exit(&p, 0, 10000);
+    assert_int_equal(cl_count(p.log, "--rebalance-min-gain"), 1);
+    char *gain[] = {"datahelix", "consume", "--profiles",  "none.jsonl",
+                    "--rank",    "0",       "--ranks",     "1",
+                    "--batch",   "1",       "--rebalance", "--rebalance-min-gain",
+                    "2",         NULL};
+    cl_spawn(&p, "consume-gain", gain);
+    cl_expect_exit(&p, 2, 10000);
+    assert_true(cl_count(p.log, "--rebalance-min-gain") >= 1);
+    char *alone[] = {
+        "datahelix", "consume", "--profiles", "none.jsonl",         "--rank", "0", "--ranks",
+        "1",         "--batch", "1",          "--rebalance-buffer", "8",      NULL};
+    cl_spawn(&p, "consume-alone", alone);
+    cl_expect_exit(&p, 2, 10000);
+    assert_int_equal(cl_count(p.log, "go with --rebalance"), 1);
+
+    char profiles[512], pipeline[512];
+    snprintf(profiles, sizeof profiles, "%s", dh_test_path("profiles.jsonl"));
+    snprintf(pipeline, sizeof pipeline, "%s", dh_test_path("synthetic.json"));
+    make_profiles(profiles, 16);
+    dh_test_write_file(pipeline, "{\"type\": \"synthetic\", \"cost\": \"sleep\", "
+                                 "\"cpu_scale\": 0.001, \"bytes_scale\": 0.001}");
+    char *run[] = {"datahelix",   "consume",
+                   "--profiles",  profiles,
+                   "--pipeline",  pipeline,
+                   "--rank",      "0",
+                   "--ranks",     "1",
+                   "--batch",     "2",
+                   "--steps",     "3",
+                   "--rebalance", "--rebalance-buffer",
+                   "8",           "--rebalance-min-gain",
+                   "0.1",         NULL};
+    cl_spawn(&p, "consume-rebalance", run);
+    cl_expect_exit(&p, 0, 60000);
+    assert_int_equal(cl_count(p.log, "\"batches\":3,"), 1);
+    assert_int_equal(cl_count(p.log, "\"rebalance\":true,\"rebalance_rounds\":"), 1);
+    cl_assert_no_leftovers();
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(cluster_full_epoch_ipc, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
+        cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
         cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
         cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
         cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),
+        cmocka_unit_test_teardown(cluster_consume_rebalance_flags, cl_teardown),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

@@ -23,8 +23,7 @@
 #define BATCH 2
 #define ROWS 64
 #define STEPS (ROWS / (RANKS * BATCH))
-#define SYNTH                                                                                      \
-    "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.001,\"token_noise\":0.3}"
+#define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.001,\"token_noise\":0.3}"
 
 typedef struct world {
     void *ctx;
