@@ -6,8 +6,6 @@ Three layers:
     _C.RebalanceSpec, which calls the same C trampolines the runtime calls (nothing starts);
   - end to end, two ranks in this process against a coordinator and a DataServer on
     threads (as test_loader.py does), and examples/rebalance_example.py under torchrun.
-The end-to-end cases need the tier-2 runtime (src/runtime); where no round ran at all they
-skip, saying so (DH_REQUIRE_REBALANCE=1 makes that a failure instead).
 """
 import json
 import os
@@ -49,12 +47,9 @@ def deadline(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
-def skip_unless_rounds_ran(stats_list, what):
-    """The runtime has not landed when no rank took part in any round."""
-    if all(s["rebalance_rounds"] == 0 for s in stats_list) and \
-            not os.environ.get("DH_REQUIRE_REBALANCE"):
-        pytest.skip(f"{what}: no rebalance round ran (stats rebalance_rounds 0 on every rank): "
-                    f"the tier-2 runtime is not in this build")
+def assert_rounds_ran(stats_list, what):
+    assert all(s["rebalance_rounds"] > 0 for s in stats_list), \
+        f"{what}: a rank took part in no rebalance round: {stats_list}"
 
 
 def profile_ids(src):
@@ -335,7 +330,7 @@ def test_a_user_sort_fn_that_swaps_is_obeyed_exactly(datahelix, dataset):
         got, stats = lockstep(loaders)
         for dl in loaders:
             dl.close()
-    skip_unless_rounds_ran(stats, "the swap")
+    assert_rounds_ran(stats, "the swap")
     assert swapped, "sort_fn was never called"
     steps = sorted(got[0])
     assert steps == sorted(got[1]) == list(range(len(ids) // 4)) == sorted(held)
@@ -424,7 +419,7 @@ def test_a_failing_policy_fails_next_once_naming_the_round_and_keeps_the_data(
         plans = {(step, r): clients[0].plan(step, r) for step in range(3) for r in range(2)}
         for c in clients:
             c.close()
-    skip_unless_rounds_ran(stats, what)
+    assert_rounds_ran(stats, what)
     assert failed, "the callback was never called"
     (bad_round,) = failed
     for r in range(2):
@@ -472,7 +467,7 @@ def test_a_user_feature_fn_vector_is_what_sort_fn_sees(datahelix, dataset):
         del got
         for dl in loaders:
             dl.close()
-    skip_unless_rounds_ran(stats, "the feature vector")
+    assert_rounds_ran(stats, "the feature vector")
     assert kinds == {torch.Tensor}
     assert seen_parts, "sort_fn was never called"
     by_index = {vec[2]: vec for vec in measured.values()}
@@ -503,4 +498,4 @@ def test_the_docs_example_runs_under_torchrun(dataset):
                        r.stdout)
     assert sorted(int(x[0]) for x in lines) == [0, 1], r.stdout
     assert all(int(x[3]) == 0 for x in lines), r.stdout
-    skip_unless_rounds_ran([{"rebalance_rounds": int(x[2])} for x in lines], "the example")
+    assert_rounds_ran([{"rebalance_rounds": int(x[2])} for x in lines], "the example")
