@@ -1,5 +1,5 @@
 """Type annotations of datahelix._C, the CPython binding of the C client and runtime."""
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 class DataHelixError(Exception):
     code: int
@@ -38,6 +38,38 @@ class Batch:
     def tensors(self) -> Dict[str, Tensor]: ...
     def samples(self) -> List[Tuple[str, int, int, Optional[str]]]: ...
 
+class PartTensor:
+    """A tensor of one materialized part as a rebalance feature_fn gets it: buffer protocol
+    and DLPack over the part's memory (no copy), valid only during the call."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: Optional[bool] = None) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+# Client(rebalance=...): None/False (off), True (on, the C defaults), or a dict with any of
+#   feature_fn(tensors: Dict[str, PartTensor], samples: List[{"id", "tokens", "error"}])
+#       -> Sequence[float] (n_features values; without n_features: 1 to 16)
+#   sort_fn(round: {"group", "round", "ranks", "parts": [{"rank", "batch", "slot",
+#       "n_samples", "tokens", "bytes", "cpu_s", "features"}], "s_per_token", "min_gain",
+#       "move_s_per_B"}, args) -> a rank of the group per part, or None (keep)
+#   groups: List[List[int]] or None (by node), buffer_size: int, min_gain: float,
+#   move_s_per_B: float, n_features: int (1..16), args: JSON-able, round_timeout_ms: int
+RebalanceArg = Union[None, bool, Dict[str, Any]]
+FeatureFn = Callable[[Dict[str, Any], List[Dict[str, Any]]], Sequence[float]]
+SortFn = Callable[[Dict[str, Any], Any], Optional[Sequence[int]]]
+
+class RebalanceSpec:
+    """A Client's rebalance= argument checked and converted; feature() and sort() call its
+    callbacks through the C trampolines the runtime calls, and raise as next() would."""
+    config: Dict[str, Any]
+    def __init__(self, spec: RebalanceArg, ranks: int) -> None: ...
+    def feature(self, tensors: Dict[str, Any], samples: List[Tuple[str, int]]) -> List[float]: ...
+    def sort(self, round: Dict[str, Any]) -> Optional[List[int]]: ...
+
 def plan(profiles: str, step: int, rank: int, ranks: int, batch: int, *, seed: int = 0,
          shuffle: bool = True, token_plan: int = 1, fanout: int = 1) -> List[int]: ...
 
@@ -52,8 +84,9 @@ class Client:
                  on_error: str = "raise", next_timeout_ms: int = -1,
                  connect_timeout_ms: int = 30000, pipeline_json: Optional[str] = None,
                  pipeline_path: Optional[str] = None, workers: int = 2,
-                 arena_bytes: int = 268435456, policy: Optional[str] = None,
-                 prefetch_max: int = 0) -> None: ...
+                 arena_bytes: int = 0, policy: Optional[str] = None,
+                 prefetch_max: int = 0, local_ranks: int = 0,
+                 rebalance: RebalanceArg = None) -> None: ...
     def next(self) -> Optional[Batch]: ...
     def stats(self) -> Dict[str, Any]: ...
     def plan(self, step: int, rank: int) -> List[int]: ...

@@ -25,7 +25,8 @@ import json
 import os
 import socket
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Union
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from . import _C
 from ._C import (  # noqa: F401  (re-exported)
@@ -52,6 +53,7 @@ __all__ = [
     "start_cluster",
     "resolve_source",
     "plan",
+    "REBALANCE_KEYS",
     "DataHelixError",
     "EndOfInputError",
     "InfeasibleError",
@@ -212,6 +214,21 @@ def _close_clusters() -> None:
         _clusters.clear()
 
 
+# Loaders whose client calls Python back (rebalance callbacks, on its fetcher thread): closed
+# at exit before the clusters (atexit runs the later registration first), so that no
+# callback waits for the GIL while the interpreter shuts down.
+_rebalance_loaders: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_rebalance_loaders() -> None:
+    for loader in list(_rebalance_loaders):
+        try:
+            loader.close()
+        except Exception:
+            pass
+
+
 def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Optional[int] = None,
                   listen: str = "tcp://127.0.0.1:*", coordinator: Optional[str] = None,
                   node: Optional[str] = None, pipeline: Any = None,
@@ -321,6 +338,74 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
                    shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout)
 
 
+# The keys of DataLoader(rebalance={...}) (docs/rebalancing.md): the paper's shape
+# (feature_fn, sort_fn, client_ranks, buffer_size, args), "groups" as the C API names
+# client_ranks, and the knobs of dh_rebalance_config_t besides.
+REBALANCE_KEYS = ("feature_fn", "sort_fn", "client_ranks", "groups", "buffer_size", "min_gain",
+                  "args", "n_features", "move_s_per_B", "round_timeout_ms", "fanout")
+
+
+def _part_view(tensor: Any) -> Any:
+    """A part's tensor (a _C.PartTensor, zero-copy) as feature_fn gets it: a torch tensor
+    viewing it (DLPack), else a numpy array (buffer protocol), else the view itself."""
+    try:
+        import torch
+        return torch.from_dlpack(tensor)
+    except ImportError:
+        pass
+    try:
+        import numpy
+        return numpy.asarray(memoryview(tensor))
+    except ImportError:
+        return tensor
+
+
+def _feature_adapter(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """feature_fn over torch (or numpy) views, as the C bridge calls it with _C views."""
+    def feature_fn(tensors: Dict[str, Any], samples: List[Dict[str, Any]]) -> Any:
+        return fn({name: _part_view(t) for name, t in tensors.items()}, samples)
+    feature_fn.__wrapped__ = fn  # type: ignore[attr-defined]
+    return feature_fn
+
+
+def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: int,
+                      world_size: int) -> Optional[Dict[str, Any]]:
+    """DataLoader(rebalance=...) -> the _C.Client's rebalance dict plus "fanout" (parts
+    per batch), or None when off. Raises InvalidArgumentError naming a bad key or value
+    (checked here, before any client starts)."""
+    if rebalance is None or rebalance is False:
+        return None
+    if rebalance is True:
+        rebalance = {}
+    if not isinstance(rebalance, dict):
+        raise InvalidArgumentError(
+            f"rebalance must be None, True or a dict, not {type(rebalance).__name__}")
+    unknown = sorted(str(k) for k in rebalance if k not in REBALANCE_KEYS)
+    if unknown:
+        raise InvalidArgumentError(
+            f"rebalance: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            f"(allowed: {', '.join(REBALANCE_KEYS)})")
+    spec = {k: v for k, v in rebalance.items() if k not in ("client_ranks", "fanout")}
+    if rebalance.get("client_ranks") is not None:
+        if rebalance.get("groups") is not None and \
+                rebalance["groups"] != rebalance["client_ranks"]:
+            raise InvalidArgumentError(
+                "rebalance: client_ranks and groups are one setting (groups is its C name); "
+                "give one of them")
+        spec["groups"] = rebalance["client_ranks"]
+    fanout = rebalance.get("fanout")
+    fanout = batch_size if fanout is None else fanout
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or not 1 <= fanout <= batch_size:
+        raise InvalidArgumentError(
+            f"rebalance['fanout'] (parts per batch, the unit that moves) must be in "
+            f"[1, batch_size={batch_size}], not {fanout!r}")
+    if spec.get("feature_fn") is not None and callable(spec["feature_fn"]):
+        spec["feature_fn"] = _feature_adapter(spec["feature_fn"])
+    _C.RebalanceSpec(spec, world_size)  # the C binding's checks, now rather than at iter()
+    spec["fanout"] = fanout
+    return spec
+
+
 class DataLoader:
     """A drop-in for ``torch.utils.data.DataLoader`` over a DataHelix data set.
 
@@ -362,6 +447,22 @@ class DataLoader:
         max_steps: stop each pass after this many steps (0: no limit).
         epochs: epochs one pass yields back to back, from the set_epoch one (1; 0: no end,
             with max_steps the only limit): prefetch runs on across epoch boundaries.
+        rebalance: tier 2 (docs/rebalancing.md): the ranks of a group trade materialized
+            parts of batches not yet yielded, when the projected gain beats the cost.
+            None/False: off (the default). True: on, with the C defaults (groups by node,
+            buffer_size 64, min_gain 0.05, the default policy and its cost gate). A dict
+            with any of REBALANCE_KEYS: ``feature_fn(tensors, samples) -> floats`` (tensors:
+            name -> torch views of one part, valid during the call; samples: [{"id",
+            "tokens", "error"}]; default: tokens, bytes, decode seconds), ``sort_fn(round,
+            args) -> new rank per part, or None to keep`` (runs on every rank of the group:
+            it must be deterministic), ``client_ranks`` or ``groups`` (lists of ranks; a rank
+            in none does not rebalance), ``buffer_size`` (samples per round across the
+            group), ``min_gain``, ``args`` (JSON-able, given to sort_fn), ``n_features``
+            (feature_fn's vector length; default: as returned, up to 16),
+            ``move_s_per_B``, ``round_timeout_ms``, ``fanout`` (parts per batch, the unit
+            that moves: default batch_size, single samples; parts are joined into the
+            batch by one copy). The callbacks run on the client's fetcher thread (holding
+            the GIL); a failure makes next() raise an error naming the round.
     """
 
     def __init__(self, source: Union[str, os.PathLike], pipeline: Any = None,
@@ -374,7 +475,8 @@ class DataLoader:
                  node: Optional[str] = None, connect_timeout: float = 30.0,
                  max_steps: int = 0, epochs: int = 1,
                  prefetch_max: Optional[int] = None,
-                 arena_budget: Union[None, int, str] = None) -> None:
+                 arena_budget: Union[None, int, str] = None,
+                 rebalance: Union[None, bool, Dict[str, Any]] = None) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -412,6 +514,7 @@ class DataLoader:
         if not 0 <= self.rank < self.world_size:
             raise InvalidArgumentError(f"rank {self.rank} is not in [0, {self.world_size})")
         self._pipeline = _pipeline_json(pipeline)
+        rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
         if coordinator is None and self.world_size > 1:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy)
         self.coordinator = coordinator
@@ -424,6 +527,12 @@ class DataLoader:
             workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,
             # the ranks that share this node's arena (torchrun sets LOCAL_WORLD_SIZE); 0 = all
             local_ranks=(_env_int("LOCAL_WORLD_SIZE") or 0) if self.world_size > 1 else 0)
+        if rebalance_spec is not None:
+            # a part is the unit that moves: fanout parts per batch (default: single samples)
+            self._client_kwargs["fanout"] = rebalance_spec.pop("fanout")
+            self._client_kwargs["rebalance"] = rebalance_spec
+            _rebalance_loaders.add(self)
+        self.rebalance = rebalance_spec is not None
         self._captions = _load_captions(paths["manifest"])
         self._epoch = 0
         self._client: Optional[_C.Client] = None
