@@ -88,6 +88,8 @@ typedef struct dh_rebalance_round {
     double min_gain;     /* the config's */
     double move_s_per_B; /* seconds per byte of a move across nodes; 0 when the group is on
                           * one node (a move is then a change of owner) */
+    double slack_s;      /* the least time any member has left before it consumes the
+                          * round's first batch (moves done by then delay nothing) */
     const char *args;    /* the config's args (NULL: none) */
 } dh_rebalance_round_t;
 

@@ -9,14 +9,15 @@
  *
  *     gain_s - cost_s > min_gain x max_before_s
  *
- * where gain_s = (largest rank's tokens before - after) x s_per_token, and cost_s is the
- * transfer on the critical path: the largest bytes any one rank sends plus receives, x
- * move_s_per_B (each rank's link carries its own moves; 0 on one node, where a move is a
- * change of a slab's owner, not a copy). Every member of the group derives the same
- * decision from the same inputs: ties break by the lower item index.
- *
- * The runtime round, the feature and policy callbacks and the redistribution are not built
- * yet (issue 14); this is the decision they will share with the benchmark and the tests.
+ * where gain_s = (largest rank's tokens before - after) x s_per_token, and cost_s is what
+ * of the transfer lands on the critical path: transfer_s, the largest bytes any one rank
+ * sends plus receives x move_s_per_B (each rank's link carries its own moves; 0 on one
+ * node, where a move is a change of a slab's owner, not a copy), less slack_s, the time the
+ * moves have before the first of the round's batches is consumed (a move that is over
+ * before its batch is needed delays nothing): cost_s = max(0, transfer_s - slack_s). Every
+ * member of the group derives the same decision from the same inputs: ties break by the
+ * lower item index. The runtime's round (client_rebalance.c), the benchmark and the tests
+ * share it.
  */
 #ifndef DATAHELIX_REBALANCE_H
 #define DATAHELIX_REBALANCE_H
@@ -44,13 +45,16 @@ typedef struct dh_rebalance_params {
     double move_s_per_B; /* transfer seconds per byte moved (0: ownership handoff on-node) */
     double min_gain;     /* the gate's margin, a fraction of the largest rank's compute (0.05) */
     uint32_t max_moves;  /* at most this many moves or swaps (0 = n) */
+    double slack_s;      /* seconds before the round's first batch is consumed (0: none,
+                          * the whole transfer is on the critical path) */
 } dh_rebalance_params_t;
 
 /* The gate's inputs and verdict for one round (the runtime logs them). */
 typedef struct dh_rebalance_verdict {
     double max_before_s, max_after_s; /* the largest rank's compute, before and after */
     double gain_s;                    /* max_before_s - max_after_s */
-    double cost_s;                    /* the critical-path transfer of the proposed moves */
+    double transfer_s;                /* the proposed moves' transfer on the busiest link */
+    double cost_s;                    /* of it, past the slack: max(0, transfer_s - slack_s) */
     uint32_t moved;                   /* samples whose rank changes (0 when kept) */
     int applied;                      /* 1: new_rank is the proposal; 0: kept */
 } dh_rebalance_verdict_t;
@@ -62,7 +66,7 @@ DH_EXTERN void dh_rebalance_params_default(dh_rebalance_params_t *p);
 /* The round's decision: writes new_rank[i] for every item (its current rank when the gate
  * keeps the assignment) and *v. Deterministic. Returns 0, or DH_EINVAL (ranks 0, an item's
  * rank out of range, a negative or non-finite tokens/bytes, s_per_token <= 0, a negative
- * move cost or min_gain; new_rank and *v then unchanged) or DH_ENOMEM. n 0 is a kept
+ * move cost, min_gain or slack; new_rank and *v then unchanged) or DH_ENOMEM. n 0 is a kept
  * empty round. Each move or swap lowers the sum of the squared rank loads, so the search
  * ends; it is greedy (the most loaded rank first), not optimal. */
 DH_EXTERN int dh_rebalance_plan(const dh_rebalance_item_t *items, size_t n,

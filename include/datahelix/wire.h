@@ -213,6 +213,9 @@ typedef struct dh_wire_rb_member {
     char *node;         /* its node */
     char *endpoint;     /* its local DataServer's data endpoint */
     double s_per_token; /* its learned compute seconds per token (0 = none yet) */
+    double lead_s;      /* OFFER: seconds until it consumes the round's first batch (its
+                         * deadline model); ROUND: what is left of it when the round is
+                         * gathered (the coordinator's clock) */
 } dh_wire_rb_member_t;
 
 /* A real number of a feature vector (any sign, finite). */

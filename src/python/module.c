@@ -883,7 +883,7 @@ static int feature_cb(void *user, const dh_tensor_t *tensors, size_t n_tensors,
 
 /* A round as sort_fn sees it: {"group", "round", "ranks", "parts": [{"rank", "batch",
  * "slot", "n_samples", "tokens", "bytes", "cpu_s", "features"}], "s_per_token",
- * "min_gain", "move_s_per_B"}. */
+ * "min_gain", "move_s_per_B", "slack_s"}. */
 static PyObject *round_dict(const rebalance_bridge_t *br, const dh_rebalance_round_t *r)
 {
     PyObject *ranks = PyList_New((Py_ssize_t)r->n_ranks);
@@ -927,10 +927,10 @@ static PyObject *round_dict(const rebalance_bridge_t *br, const dh_rebalance_rou
         Py_XDECREF(ranks);
         return NULL;
     }
-    return Py_BuildValue("{s:I,s:K,s:N,s:N,s:d,s:d,s:d}", "group", (unsigned)r->group, "round",
+    return Py_BuildValue("{s:I,s:K,s:N,s:N,s:d,s:d,s:d,s:d}", "group", (unsigned)r->group, "round",
                          (unsigned long long)r->round, "ranks", ranks, "parts", parts,
                          "s_per_token", r->s_per_token, "min_gain", r->min_gain, "move_s_per_B",
-                         r->move_s_per_B);
+                         r->move_s_per_B, "slack_s", r->slack_s);
 }
 
 static int sort_call(rebalance_bridge_t *br, const dh_rebalance_round_t *r, uint32_t *new_rank)

@@ -206,6 +206,10 @@ int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t st
 
 /* ---- client_send.c ---- */
 
+/* docs/design.md §4.2: D(b), the seconds until the rank calls next() for batch b (lock
+ * held). */
+double dh__client_deadline_s(const dh_client_t *c, uint64_t b);
+
 /* The sender thread (pthread_create's start routine; arg is the client). */
 void *dh__client_sender_main(void *arg);
 

@@ -283,6 +283,7 @@ static int offer(dh_client_t *c, uint64_t r)
     if (rc == 0) {
         pthread_mutex_lock(&c->lock);
         double spt = c->s_per_token;
+        double lead = dh__client_deadline_s(c, b0);
         pthread_mutex_unlock(&c->lock);
         for (uint32_t i = 0; i < rb->n_ranks; i++) {
             members[i].rank = rb->ranks[i];
@@ -290,6 +291,7 @@ static int offer(dh_client_t *c, uint64_t r)
             members[i].node = (char *)"";
             members[i].endpoint = (char *)"";
             members[i].s_per_token = rb->ranks[i] == c->cfg.rank ? spt : 0;
+            members[i].lead_s = rb->ranks[i] == c->cfg.rank && lead > 0 ? lead : 0;
         }
         dh_msg_t m = {.type = DH_MSG_REBALANCE};
         m.rebalance.kind = DH_RB_OFFER;
@@ -333,7 +335,7 @@ typedef struct decision {
     uint32_t *new_rank; /* per part of the ROUND */
     bool apply;
     bool gate_kept;
-    double gain_s, cost_s, max_before_s;
+    double gain_s, cost_s, transfer_s, max_before_s;
     uint32_t moved;
     int err;
     char why[512];
@@ -391,6 +393,17 @@ static int check_assignment(const dh_msg_rebalance_t *m, const uint32_t *new_ran
     return 0;
 }
 
+/* The moves' slack: the least lead any member has left before it consumes the round's first
+ * batch (0 when a member has none: the whole transfer counts). */
+static double slack_of(const dh_msg_rebalance_t *m)
+{
+    double slack = -1;
+    for (uint32_t i = 0; i < m->n_members; i++)
+        if (slack < 0 || m->members[i].lead_s < slack)
+            slack = m->members[i].lead_s;
+    return slack > 0 ? slack : 0;
+}
+
 static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double spt, decision_t *d)
 {
     uint32_t n = m->n_parts;
@@ -407,6 +420,7 @@ static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double s
     p.s_per_token = spt;
     p.move_s_per_B = spans_nodes(m) ? c->cfg.rebalance.move_s_per_B : 0;
     p.min_gain = c->cfg.rebalance.min_gain;
+    p.slack_s = slack_of(m);
     bool proposed = false;
     for (uint32_t i = 0; i < n;) {
         uint32_t j = i;
@@ -426,6 +440,7 @@ static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double s
             d->new_rank[x] = m->members[d->new_rank[x]].rank;
         d->gain_s += v.applied ? v.gain_s : 0;
         d->cost_s += v.applied ? v.cost_s : 0;
+        d->transfer_s += v.applied ? v.transfer_s : 0;
         d->max_before_s += v.max_before_s;
         d->moved += v.moved;
         proposed |= v.gain_s > 0;
@@ -495,6 +510,7 @@ static void decide(dh_client_t *c, const dh_msg_rebalance_t *m, decision_t *d)
                                   .s_per_token = spt,
                                   .min_gain = rc->min_gain,
                                   .move_s_per_B = spans_nodes(m) ? rc->move_s_per_B : 0,
+                                  .slack_s = slack_of(m),
                                   .args = c->rb.args};
     dh_clear_error(); /* what sort_fn sets, it says */
     int r = rc->sort_fn(rc->sort_user, &round, d->new_rank);
@@ -830,15 +846,17 @@ static void start(dh_client_t *c)
     } else if (d.gate_kept) {
         dh__count(&c->counters.rebalance_kept_by_gate, 1);
     }
-    dh_log_debug("client '%s': rebalance round %llu (group %u, %u parts): largest rank %.4f s, "
-                 "gain %.4f s, cost %.4f s, min_gain %g: %s, %u parts move",
-                 c->id, (unsigned long long)r, m->group, m->n_parts, d.max_before_s, d.gain_s,
-                 d.cost_s, c->cfg.rebalance.min_gain,
-                 d.err         ? "error"
-                 : d.apply     ? "applied"
-                 : d.gate_kept ? "kept by the gate"
-                               : "kept",
-                 d.moved);
+    dh_log_debug(
+        "client '%s': rebalance round %llu (group %u, %u parts): largest rank %.4f s, "
+        "gain %.4f s, transfer %.4f s, cost past the slack %.4f s, min_gain %g: %s, %u parts "
+        "move",
+        c->id, (unsigned long long)r, m->group, m->n_parts, d.max_before_s, d.gain_s, d.transfer_s,
+        d.cost_s, c->cfg.rebalance.min_gain,
+        d.err         ? "error"
+        : d.apply     ? "applied"
+        : d.gate_kept ? "kept by the gate"
+                      : "kept",
+        d.moved);
     dh_free(d.new_rank);
 }
 

@@ -28,7 +28,7 @@
 #include "runtime/descriptor.h"
 
 /* docs/design.md §4.2: D(b), the time until the rank calls next() for batch b (lock held). */
-static double deadline_s(const dh_client_t *c, uint64_t b)
+double dh__client_deadline_s(const dh_client_t *c, uint64_t b)
 {
     dh_deadline_model_t m = {.s_per_token = c->s_per_token,
                              .mean_window_s = c->mean_window_s,
@@ -269,7 +269,7 @@ void *dh__client_sender_main(void *arg)
              * the arena cannot hold yet waits for next() to consume (never the first). */
             pthread_mutex_lock(&c->lock);
             go = rc != 0 || bytes_admit(c, b, pl.bytes) || dh__client_rb_must_request(c, b);
-            double d = go ? deadline_s(c, b) : 0;
+            double d = go ? dh__client_deadline_s(c, b) : 0;
             if (go)
                 c->planned++;
             pthread_mutex_unlock(&c->lock);

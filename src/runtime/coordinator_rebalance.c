@@ -33,6 +33,7 @@ typedef struct rb_round {
     uint32_t *ranks;         /* the group's ranks, as the first offer named them */
     dh_msg_t *offers;        /* n_ranks; type 0 = not yet */
     char (*peers)[NAME_CAP]; /* the offers' routing ids (a client's tier-2 socket) */
+    uint64_t *recv_ns;       /* when each offer came */
 } rb_round_t;
 
 struct dh__coord_rb {
@@ -53,6 +54,7 @@ static void round_free(rb_round_t *r)
     dh_free(r->offers);
     dh_free(r->ranks);
     dh_free(r->peers);
+    dh_free(r->recv_ns);
     memset(r, 0, sizeof *r);
 }
 
@@ -142,9 +144,13 @@ static void complete_round(dh_coordinator_t *c, size_t i)
             snprintf(reason, sizeof reason, "rank %u: %s", o->rank, o->reason);
         members[k].node = cl ? c->nodes[cl->node] : (char *)"";
         members[k].endpoint = ds >= 0 ? c->servers[ds].endpoint : (char *)"";
+        double since = (double)(dh_clock_now_ns() - r->recv_ns[k]) / 1e9;
         for (uint32_t j = 0; j < o->n_members; j++)
-            if (o->members[j].rank == r->ranks[k])
+            if (o->members[j].rank == r->ranks[k]) {
                 members[k].s_per_token = o->members[j].s_per_token;
+                double left = o->members[j].lead_s - since; /* the lead it has left */
+                members[k].lead_s = left > 0 ? left : 0;
+            }
         for (uint32_t j = 0; j < o->n_parts; j++)
             parts[at++] = o->parts[j]; /* borrowed: the offers own them */
     }
@@ -215,7 +221,8 @@ void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_recei
         r->ranks = dh_calloc(o->n_members, sizeof *r->ranks);
         r->offers = dh_calloc(o->n_members, sizeof *r->offers);
         r->peers = dh_calloc(o->n_members, sizeof *r->peers);
-        if (!r->ranks || !r->offers || !r->peers) {
+        r->recv_ns = dh_calloc(o->n_members, sizeof *r->recv_ns);
+        if (!r->ranks || !r->offers || !r->peers || !r->recv_ns) {
             round_free(r);
             send_end(c, peer, o->group, o->round, "the coordinator is out of memory");
             return;
@@ -244,6 +251,7 @@ void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_recei
     r->offers[k] = in->msg; /* taken */
     memset(&in->msg, 0, sizeof in->msg);
     snprintf(r->peers[k], NAME_CAP, "%s", peer);
+    r->recv_ns[k] = dh_clock_now_ns();
     for (uint32_t j = 0; j < r->n_ranks; j++)
         if (!r->offers[j].type)
             return;

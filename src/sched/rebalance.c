@@ -24,9 +24,9 @@ static int check(const dh_rebalance_item_t *items, size_t n, const dh_rebalance_
         return dh__set_error(DH_EINVAL, "rebalance: s_per_token must be > 0 (got %g)",
                              p->s_per_token);
     if (!(p->move_s_per_B >= 0) || !isfinite(p->move_s_per_B) || !(p->min_gain >= 0) ||
-        !isfinite(p->min_gain))
-        return dh__set_error(DH_EINVAL,
-                             "rebalance: move_s_per_B and min_gain must be finite and >= 0");
+        !isfinite(p->min_gain) || !(p->slack_s >= 0) || !isfinite(p->slack_s))
+        return dh__set_error(
+            DH_EINVAL, "rebalance: move_s_per_B, min_gain and slack_s must be finite and >= 0");
     for (size_t i = 0; i < n; i++) {
         if (items[i].rank >= p->ranks)
             return dh__set_error(DH_EINVAL, "rebalance: item %zu: rank %u of %u ranks", i,
@@ -138,7 +138,8 @@ int dh_rebalance_plan(const dh_rebalance_item_t *items, size_t n, const dh_rebal
     for (uint32_t r = 0; r < p->ranks; r++)
         if (out[r] + in[r] > link)
             link = out[r] + in[r];
-    vd.cost_s = link * p->move_s_per_B;
+    vd.transfer_s = link * p->move_s_per_B;
+    vd.cost_s = vd.transfer_s > p->slack_s ? vd.transfer_s - p->slack_s : 0;
     vd.applied = moved > 0 && vd.gain_s - vd.cost_s > p->min_gain * vd.max_before_s;
     vd.moved = vd.applied ? moved : 0;
     for (size_t i = 0; i < n; i++)

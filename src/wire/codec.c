@@ -175,7 +175,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(STR, client_id)                                                                             \
     XX(STR, node)                                                                                  \
     XX(STR, endpoint)                                                                              \
-    XX(F64, s_per_token)
+    XX(F64, s_per_token)                                                                           \
+    XX(F64, lead_s)
 
 #define REAL_FIELDS(XX) XX(REAL, v)
 

@@ -115,6 +115,13 @@ static void gate_keeps_the_assignment_when_moving_costs_more(void **state)
     assert_true(fabs(v.gain_s - 0.6) < 1e-9 && fabs(v.cost_s - 0.625) < 1e-9);
     for (int i = 0; i < 4; i++)
         assert_int_equal(nr[i], skewed[i].rank);
+    /* with 0.5 s of slack before the batch is consumed only 0.125 s of it lands on the
+     * critical path: applied */
+    p.slack_s = 0.5;
+    assert_int_equal(dh_rebalance_plan(skewed, 4, &p, nr, &v), 0);
+    assert_true(v.applied);
+    assert_true(fabs(v.transfer_s - 0.625) < 1e-9 && fabs(v.cost_s - 0.125) < 1e-9);
+    p.slack_s = 0;
     /* the margin alone: with min_gain above the gain's share, kept */
     p.move_s_per_B = 0;
     p.min_gain = 0.5; /* 0.8 s > 0.6 s */
@@ -167,6 +174,10 @@ static void bad_inputs_are_named(void **state)
     assert_int_equal(dh_rebalance_plan(skewed, 4, &p, nr, &v), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "s_per_token"));
     p.s_per_token = 1;
+    p.slack_s = -1;
+    assert_int_equal(dh_rebalance_plan(skewed, 4, &p, nr, &v), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "slack_s"));
+    p.slack_s = 0;
     p.move_s_per_B = -1;
     assert_int_equal(dh_rebalance_plan(skewed, 4, &p, nr, &v), DH_EINVAL);
     p.move_s_per_B = 0;

@@ -71,8 +71,8 @@ static dh_wire_rb_part_t rb_parts[] = {
     {1, 12, 0, 0, 0, 0, 0, NULL, 0, NULL, 0, NULL, (char *)"", 0},
 };
 static dh_wire_rb_member_t rb_members[] = {
-    {0, (char *)"node-a-rank0-1", (char *)"node-a", (char *)"tcp://10.0.0.1:7000", 1e-4},
-    {1, (char *)"node-b-rank1-2", (char *)"node-b", (char *)"tcp://10.0.0.2:7000", 0},
+    {0, (char *)"node-a-rank0-1", (char *)"node-a", (char *)"tcp://10.0.0.1:7000", 1e-4, 0.75},
+    {1, (char *)"node-b-rank1-2", (char *)"node-b", (char *)"tcp://10.0.0.2:7000", 0, 0},
 };
 
 static dh_wire_frame_t payload_frames[] = {
@@ -471,7 +471,7 @@ static void wire_bodies_keep_their_bytes(void **state)
         [DH_MSG_COMPLETE] = {111, 0x0187a04a218cb67bull},
         /* 344: each sample result's cpu_s (f64, 2 results) */
         [DH_MSG_DELIVER] = {344, 0x002d4f89f164db4cull},
-        [DH_MSG_REBALANCE] = {473, 0x6daa2c96fe0f4e85ull},
+        [DH_MSG_REBALANCE] = {489, 0x94de86d84d809b84ull},
         [DH_MSG_ERROR] = {37, 0xcdfb63b239f772cfull},
         [DH_MSG_GOODBYE] = {0, 0xcbf29ce484222325ull},
     };
