@@ -426,7 +426,7 @@ int dh_cmd_consume(int argc, char **argv)
            "\"rebalance_applied\":%llu,\"rebalance_kept_by_gate\":%llu,"
            "\"rebalance_moved_parts\":%llu,\"rebalance_moved_samples\":%llu,"
            "\"rebalance_bytes\":%llu,\"rebalance_bytes_remote\":%llu,"
-           "\"rebalance_s_p95\":%.6f,\"rebalance_s_max\":%.6f}\n",
+           "\"rebalance_s_p95\":%.6f,\"rebalance_s_max\":%.6f,\"rebalance_final_s_p95\":%.6f}\n",
            cfg.rank, dh_client_id(c), (unsigned long long)st.batches,
            (unsigned long long)st.steps_total, (unsigned long long)st.samples,
            (unsigned long long)st.samples_failed, (unsigned long long)errors_raised,
@@ -437,7 +437,8 @@ int dh_cmd_consume(int argc, char **argv)
            (unsigned long long)st.rebalance_kept_by_gate,
            (unsigned long long)st.rebalance_moved_parts,
            (unsigned long long)st.rebalance_moved_samples, (unsigned long long)st.rebalance_bytes,
-           (unsigned long long)st.rebalance_bytes_remote, st.rebalance_s_p95, st.rebalance_s_max);
+           (unsigned long long)st.rebalance_bytes_remote, st.rebalance_s_p95, st.rebalance_s_max,
+           st.rebalance_final_s_p95);
     fflush(stdout);
     dh_client_destroy(&c);
     if (ledger)

@@ -264,12 +264,15 @@ typedef struct dh_client_stats {
      * the gate or the policy, or ended by the coordinator), those that moved parts, those
      * the cost gate kept; the parts and samples this rank received, and their bytes (on one
      * node handed over, across nodes forwarded: rebalance_bytes_remote); the time from the
-     * round's last part materialized (in any member's arena: this host's clock) to the
-     * decision applied here (p95 and max over the rounds so far). */
+     * round's last part materialized (in any member's arena: this host's clock; rounds apply
+     * in order, so the parts of the rounds before it count too) to the decision applied
+     * here: its moves handed over or sent (p95 and max over the rounds so far); and to the
+     * round's batches final: the parts from other nodes arrived, the batches joined
+     * (rebalance_final_s_p95). */
     uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
     uint64_t rebalance_moved_parts, rebalance_moved_samples;
     uint64_t rebalance_bytes, rebalance_bytes_remote;
-    double rebalance_s_p95, rebalance_s_max;
+    double rebalance_s_p95, rebalance_s_max, rebalance_final_s_p95;
 } dh_client_stats_t;
 
 DH_EXTERN void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);

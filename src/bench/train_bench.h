@@ -141,12 +141,13 @@ typedef struct dh_bench_system_result {
      * counts: rounds, applied, kept by the gate); the samples and parts moved and their
      * bytes are summed over the receiving ranks (bytes emulated, like cross_node_bytes;
      * _remote: those forwarded across nodes); rebalance_s_p95 is the largest rank's p95 of
-     * the time from a round's last part materialized to its decision applied. */
+     * the time from a round's last part materialized to its decision applied,
+     * rebalance_final_s_p95 the same to its batches final (moved parts arrived, joined). */
     int rebalance;
     uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
     uint64_t rebalance_moved_samples, rebalance_moved_parts;
     double rebalance_bytes, rebalance_bytes_remote;
-    double rebalance_s_p95;
+    double rebalance_s_p95, rebalance_final_s_p95;
     double *rank_step_s; /* ranks x steps: each rank's step time (wait + compute), for plots */
     /* ---- online feedback: predicted vs actual (dh_coordinator_predictions) ----
      * A request's error is |predicted - actual| / actual CPU seconds; its step is its seq /

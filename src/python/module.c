@@ -1850,6 +1850,7 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
                        PyLong_FromUnsignedLongLong(s.rebalance_bytes_remote)) ||
         dict_set_steal(d, "rebalance_s_p95", PyFloat_FromDouble(s.rebalance_s_p95)) ||
         dict_set_steal(d, "rebalance_s_max", PyFloat_FromDouble(s.rebalance_s_max)) ||
+        dict_set_steal(d, "rebalance_final_s_p95", PyFloat_FromDouble(s.rebalance_final_s_p95)) ||
         dict_set_steal(d, "rebalance_callback_errors",
                        PyLong_FromUnsignedLong(self->rebalance ? self->rebalance->errors : 0))) {
         Py_XDECREF(d);

@@ -691,6 +691,7 @@ void dh_client_destroy(dh_client_t **pc)
         pthread_join(c->sender, NULL);
         pthread_join(c->fetcher, NULL);
     }
+    dh__client_rb_stop(c);
     dh_msg_t bye = {.type = DH_MSG_GOODBYE};
     if (c->coord)
         dh_wire_send(c->coord, NULL, 0, &bye, NULL, 0, 0);

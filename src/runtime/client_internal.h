@@ -99,6 +99,7 @@ typedef struct rb_state {
     uint64_t applied;             /* rounds below it are applied (lock) */
     dh_msg_t got[RB_WINDOW];      /* the ROUND or END of round r at r % RB_WINDOW (type 0: none) */
     uint64_t ready_ns[RB_WINDOW]; /* when round r's last part was ready in an arena */
+    uint64_t got_ns[RB_WINDOW];   /* when its ROUND or END came */
     /* the round being applied: the parts still to come from other nodes */
     bool applying;
     uint64_t applying_since_ns;
@@ -106,12 +107,20 @@ typedef struct rb_state {
     size_t n_expect, cap_expect;
     part_t *early; /* parts from other nodes that came before their round was applied */
     size_t n_early, cap_early;
-    double durations[RB_DURATIONS]; /* lock: the last rounds' apply times */
+    uint64_t last_ready_ns; /* the latest part materialized in the rounds started */
+    /* the joiner thread (fanout > 1): joins batches [join_next, join_until) (lock) */
+    pthread_t joiner;
+    bool joiner_started, join_cond_made, join_stop;
+    pthread_cond_t join_cond;
+    uint64_t join_next, join_until;
+    double durations[RB_DURATIONS]; /* lock: the last rounds' decision times */
     size_t n_durations;
-    double duration_max; /* lock */
-    int err;             /* lock: a round's error for next() (0: none) */
-    uint64_t err_batch;  /* lock: the batch next() reports it at */
-    char err_msg[768];   /* lock */
+    double duration_max;                  /* lock */
+    double final_durations[RB_DURATIONS]; /* lock: the last rounds' times to final batches */
+    size_t n_final;
+    int err;            /* lock: a round's error for next() (0: none) */
+    uint64_t err_batch; /* lock: the batch next() reports it at */
+    char err_msg[768];  /* lock */
 } rb_state_t;
 
 /* A DELIVER seq of a part moved to this rank from another node: the bit, the round in the
@@ -253,6 +262,9 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg);
 
 /* Fills the rebalance_s_* stats (lock held). */
 void dh__client_rb_stats(const dh_client_t *c, dh_client_stats_t *out);
+
+/* Stops tier 2's joiner thread (before the ring is released). */
+void dh__client_rb_stop(dh_client_t *c);
 
 /* Frees tier 2's state (after the threads stopped). */
 void dh__client_rb_destroy(dh_client_t *c);

@@ -24,6 +24,7 @@
  * yielded as planned, and next() reports the error once, naming the round.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,8 @@
 #include "wire/internal.h"
 
 #define DEFAULT_FEATURES 3
+
+static void *joiner_main(void *arg);
 
 int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
 {
@@ -100,6 +103,14 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
         (err = dh__wire_set_routing_id(rb->sock, id)) ||
         (err = dh_wire_socket_connect(rb->sock, c->coord_endpoint)))
         return err;
+    pthread_cond_init(&rb->join_cond, NULL);
+    rb->join_cond_made = true;
+    if (cfg->fanout > 1) {
+        int e = pthread_create(&rb->joiner, NULL, joiner_main, c);
+        if (e)
+            return dh__set_error(-e, "client: pthread_create (tier-2 joiner): %s", strerror(e));
+        rb->joiner_started = true;
+    }
     rb->on = true;
     dh_log_info("client '%s': tier 2 on: group %u of %u ranks, rounds of %u steps (%llu "
                 "samples), min_gain %g",
@@ -108,9 +119,25 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
     return 0;
 }
 
+void dh__client_rb_stop(dh_client_t *c)
+{
+    rb_state_t *rb = &c->rb;
+    if (!rb->joiner_started)
+        return;
+    pthread_mutex_lock(&c->lock);
+    rb->join_stop = true;
+    pthread_cond_signal(&rb->join_cond);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(rb->joiner, NULL);
+    rb->joiner_started = false;
+}
+
 void dh__client_rb_destroy(dh_client_t *c)
 {
     rb_state_t *rb = &c->rb;
+    dh__client_rb_stop(c);
+    if (rb->join_cond_made)
+        pthread_cond_destroy(&rb->join_cond);
     for (size_t i = 0; i < RB_WINDOW; i++)
         dh_msg_clear(&rb->got[i]);
     for (size_t i = 0; i < rb->n_early; i++)
@@ -134,17 +161,23 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double p95(const double *ring, size_t count)
+{
+    size_t n = count < RB_DURATIONS ? count : RB_DURATIONS;
+    if (!n)
+        return 0;
+    double sorted[RB_DURATIONS];
+    memcpy(sorted, ring, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_double);
+    size_t k = (size_t)ceil(0.95 * (double)n);
+    return sorted[k ? k - 1 : 0];
+}
+
 void dh__client_rb_stats(const dh_client_t *c, dh_client_stats_t *out)
 {
     const rb_state_t *rb = &c->rb;
-    size_t n = rb->n_durations < RB_DURATIONS ? rb->n_durations : RB_DURATIONS;
-    if (!n)
-        return;
-    double sorted[RB_DURATIONS];
-    memcpy(sorted, rb->durations, n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, cmp_double);
-    size_t k = (size_t)ceil(0.95 * (double)n);
-    out->rebalance_s_p95 = sorted[k ? k - 1 : 0];
+    out->rebalance_s_p95 = p95(rb->durations, rb->n_durations);
+    out->rebalance_final_s_p95 = p95(rb->final_durations, rb->n_final);
     out->rebalance_s_max = rb->duration_max;
 }
 
@@ -604,6 +637,18 @@ static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
     return 0;
 }
 
+/* Records the time since `ready` (when a round's parts, and those of the rounds before it,
+ * were all materialized). */
+static void record(dh_client_t *c, uint64_t ready, double *ring, size_t *n, double *max)
+{
+    double s = ready ? dh_clock_elapsed_s(ready, dh_clock_now_ns()) : 0;
+    pthread_mutex_lock(&c->lock);
+    ring[(*n)++ % RB_DURATIONS] = s;
+    if (max && s > *max)
+        *max = s;
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void set_error(dh_client_t *c, uint64_t r, int code, const char *what)
 {
     pthread_mutex_lock(&c->lock);
@@ -753,52 +798,98 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
 }
 
 /* The round being applied has all its parts: join, make final, move on. */
+/* Joins batch b's parts (several, fanout > 1) and makes it final. The emulated copy is
+ * spent here too (the joiner thread's time, not the fetcher's). */
+static void join_batch(dh_client_t *c, uint64_t b)
+{
+    uint32_t parts = c->cfg.fanout;
+    part_t held[parts];
+    int rc = 0;
+    char why[sizeof held[0].join_error] = "";
+    if (parts > 1) {
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t k = 0; k < parts; k++)
+            held[k] = *slot_of(c, b, k);
+        pthread_mutex_unlock(&c->lock);
+        rc = dh__client_join_parts(held, parts, b, why, sizeof why);
+        if (rc == 0) {
+            uint64_t bytes = 0;
+            for (size_t t = 0; t < held[0].n_tensors; t++)
+                bytes += held[0].tensors[t].nbytes;
+            dh__count(&c->counters.copy_bytes, bytes);
+            double s = (double)bytes * c->cfg.emulate_copy_s_per_B;
+            if (s > 0) {
+                struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    uint64_t r = b / c->rb.steps;
+    bool last = b + 1 == round_end(c, r);
+    pthread_mutex_lock(&c->lock);
+    if (parts > 1)
+        for (uint32_t k = 0; k < parts; k++)
+            *slot_of(c, b, k) = held[k];
+    part_t *p0 = slot_of(c, b, 0);
+    p0->joined = parts > 1;
+    p0->join_rc = rc;
+    snprintf(p0->join_error, sizeof p0->join_error, "%s", why);
+    p0->final = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    if (last)
+        record(c, c->rb.ready_ns[r % RB_WINDOW], c->rb.final_durations, &c->rb.n_final, NULL);
+}
+
+/* The joiner thread (tier 2, fanout > 1): joins the batches of applied rounds in order, so
+ * that the fetcher goes on receiving, offering and applying meanwhile. */
+static void *joiner_main(void *arg)
+{
+    dh_client_t *c = arg;
+    rb_state_t *rb = &c->rb;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (!rb->join_stop && rb->join_next == rb->join_until)
+            pthread_cond_wait(&rb->join_cond, &c->lock);
+        if (rb->join_stop)
+            break;
+        uint64_t b = rb->join_next;
+        pthread_mutex_unlock(&c->lock);
+        join_batch(c, b);
+        pthread_mutex_lock(&c->lock);
+        rb->join_next++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* The round being applied has all its parts: its batches go to be joined (or are final at
+ * once with one part each), and the next round may start. */
 static void finish(dh_client_t *c)
 {
     rb_state_t *rb = &c->rb;
     uint64_t r = rb->applied;
-    uint32_t parts = c->cfg.fanout;
     uint64_t b0 = r * rb->steps, end = round_end(c, r);
-    part_t held[parts];
-    for (uint64_t b = b0; b < end; b++) {
-        int rc = 0;
-        char why[sizeof held[0].join_error] = "";
-        if (parts > 1) {
-            pthread_mutex_lock(&c->lock);
-            for (uint32_t k = 0; k < parts; k++)
-                held[k] = *slot_of(c, b, k);
-            pthread_mutex_unlock(&c->lock);
-            rc = dh__client_join_parts(held, parts, b, why, sizeof why);
-            if (rc == 0) {
-                uint64_t bytes = 0;
-                for (size_t t = 0; t < held[0].n_tensors; t++)
-                    bytes += held[0].tensors[t].nbytes;
-                dh__count(&c->counters.copy_bytes, bytes);
-                double s = (double)bytes * c->cfg.emulate_copy_s_per_B;
-                if (s > 0) {
-                    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-                    nanosleep(&ts, NULL);
-                }
-            }
-        }
-        pthread_mutex_lock(&c->lock);
-        if (parts > 1)
-            for (uint32_t k = 0; k < parts; k++)
-                *slot_of(c, b, k) = held[k];
-        part_t *p0 = slot_of(c, b, 0);
-        p0->joined = parts > 1;
-        p0->join_rc = rc;
-        snprintf(p0->join_error, sizeof p0->join_error, "%s", why);
-        p0->final = true;
-        pthread_mutex_unlock(&c->lock);
+    {
+        uint64_t ready = rb->ready_ns[r % RB_WINDOW], got = rb->got_ns[r % RB_WINDOW];
+        dh_log_debug("client '%s': rebalance round %llu applied: %.4f s after its parts were "
+                     "ready (the ROUND %.4f s after them, applied %.4f s after the ROUND, its "
+                     "moved parts in %.4f s after that)",
+                     c->id, (unsigned long long)r, dh_clock_elapsed_s(ready, dh_clock_now_ns()),
+                     got > ready ? dh_clock_elapsed_s(ready, got) : 0,
+                     dh_clock_elapsed_s(got, rb->applying_since_ns),
+                     dh_clock_elapsed_s(rb->applying_since_ns, dh_clock_now_ns()));
     }
-    double s = rb->ready_ns[r % RB_WINDOW]
-                   ? dh_clock_elapsed_s(rb->ready_ns[r % RB_WINDOW], dh_clock_now_ns())
-                   : 0;
+    if (c->cfg.fanout > 1) {
+        pthread_mutex_lock(&c->lock);
+        rb->join_until = end;
+        pthread_cond_signal(&rb->join_cond);
+        pthread_mutex_unlock(&c->lock);
+    } else {
+        for (uint64_t b = b0; b < end; b++)
+            join_batch(c, b);
+    }
     pthread_mutex_lock(&c->lock);
-    rb->durations[rb->n_durations++ % RB_DURATIONS] = s;
-    if (s > rb->duration_max)
-        rb->duration_max = s;
     rb->applied++;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
@@ -822,8 +913,11 @@ static void start(dh_client_t *c)
     for (uint32_t i = 0; m->kind == DH_RB_ROUND && i < m->n_parts; i++)
         if (m->parts[i].ready_ns > last)
             last = m->parts[i].ready_ns;
-    rb->ready_ns[r % RB_WINDOW] =
-        last && last <= rb->applying_since_ns ? last : rb->applying_since_ns;
+    last = last && last <= rb->applying_since_ns ? last : rb->applying_since_ns;
+    /* rounds apply in order: this one waits for the parts of those before it as well */
+    if (last > rb->last_ready_ns)
+        rb->last_ready_ns = last;
+    rb->ready_ns[r % RB_WINDOW] = rb->last_ready_ns;
     if (m->kind == DH_RB_END || (m->reason && m->reason[0])) {
         dh_log_debug("client '%s': rebalance round %llu kept: %s", c->id, (unsigned long long)r,
                      m->reason && m->reason[0] ? m->reason : "ended");
@@ -858,6 +952,7 @@ static void start(dh_client_t *c)
                       : "kept",
         d.moved);
     dh_free(d.new_rank);
+    record(c, rb->ready_ns[r % RB_WINDOW], rb->durations, &rb->n_durations, &rb->duration_max);
 }
 
 void dh__client_rb_on_message(dh_client_t *c, dh_wire_received_t *r)
@@ -871,6 +966,7 @@ void dh__client_rb_on_message(dh_client_t *c, dh_wire_received_t *r)
         return;
     }
     rb->got[m->round % RB_WINDOW] = r->msg; /* taken */
+    rb->got_ns[m->round % RB_WINDOW] = dh_clock_now_ns();
     memset(&r->msg, 0, sizeof r->msg);
 }
 
