@@ -157,6 +157,28 @@ static void balanced_rounds_are_kept_and_decisions_repeat(void **state)
     assert_true(fabs(max_load(many, first, 64, 8) - v.max_after_s) < 1e-9);
 }
 
+/* Fixed counts, several large items: the plan reaches the even split (11 tokens on each of
+ * 3 ranks, 2 items each), whatever the start, and keeps every rank's count. */
+static void fixed_counts_reach_the_even_split(void **state)
+{
+    (void)state;
+    const dh_rebalance_item_t start[6] = {{0, 8, 1}, {0, 7, 1}, {1, 6, 1},
+                                          {1, 5, 1}, {2, 4, 1}, {2, 3, 1}};
+    dh_rebalance_params_t p;
+    dh_rebalance_params_default(&p);
+    p.ranks = 3;
+    p.min_gain = 0;
+    uint32_t nr[6], c[3];
+    dh_rebalance_verdict_t v;
+    assert_int_equal(dh_rebalance_plan(start, 6, &p, nr, &v), 0);
+    assert_true(v.applied);
+    assert_true(fabs(v.max_before_s - 15) < 1e-9);
+    assert_true(fabs(v.max_after_s - 11) < 1e-9);
+    counts(nr, 6, 3, c);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(c[r], 2);
+}
+
 static void bad_inputs_are_named(void **state)
 {
     (void)state;
@@ -191,6 +213,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(moves_balance_when_counts_may_change),
     cmocka_unit_test(gate_keeps_the_assignment_when_moving_costs_more),
     cmocka_unit_test(balanced_rounds_are_kept_and_decisions_repeat),
+    cmocka_unit_test(fixed_counts_reach_the_even_split),
     cmocka_unit_test(bad_inputs_are_named),
 };
 DH_TEST_MAIN(tests)
