@@ -71,6 +71,9 @@ static void usage(FILE *out)
             "                              group (default 64)\n"
             "      --rebalance-min-gain G  with --rebalance: the gate's margin, a fraction of\n"
             "                              the largest rank's compute (default 0.05)\n"
+            "      --rebalance-late-ms MS  with --rebalance: how long past its deadline this rank\n"
+            "                              lets a round be gathered (default 0: a round that is\n"
+            "                              not ready when the batch is needed is kept as planned)\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Prints a JSON summary on standard output at the end. Exit status: 0 when every\n"
@@ -145,7 +148,8 @@ int dh_cmd_consume(int argc, char **argv)
         OPT_PREFETCH_MAX,
         OPT_REBALANCE,
         OPT_RB_BUFFER,
-        OPT_RB_GAIN
+        OPT_RB_GAIN,
+        OPT_RB_LATE
     };
     static const struct option options[] = {
         {"coordinator", required_argument, NULL, 'c'},
@@ -171,6 +175,7 @@ int dh_cmd_consume(int argc, char **argv)
         {"rebalance", no_argument, NULL, OPT_REBALANCE},
         {"rebalance-buffer", required_argument, NULL, OPT_RB_BUFFER},
         {"rebalance-min-gain", required_argument, NULL, OPT_RB_GAIN},
+        {"rebalance-late-ms", required_argument, NULL, OPT_RB_LATE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     dh_client_config_t cfg;
@@ -294,6 +299,12 @@ int dh_cmd_consume(int argc, char **argv)
             cfg.rebalance.buffer_size = (uint32_t)v;
             rb_tuned = 1;
             break;
+        case OPT_RB_LATE:
+            if (dh_cli_parse_u64(CMD, "--rebalance-late-ms", optarg, 0, 3600000, &v))
+                return 2;
+            cfg.rebalance.late_ms = (int)v;
+            rb_tuned = 1;
+            break;
         case OPT_RB_GAIN: {
             char *end = NULL;
             double g = strtod(optarg, &end);
@@ -328,8 +339,8 @@ int dh_cmd_consume(int argc, char **argv)
         return 2;
     }
     if (rb_tuned && !cfg.rebalance.enabled) {
-        fprintf(stderr, "datahelix consume: --rebalance-buffer and --rebalance-min-gain go with "
-                        "--rebalance\n");
+        fprintf(stderr, "datahelix consume: --rebalance-buffer, --rebalance-min-gain and "
+                        "--rebalance-late-ms go with --rebalance\n");
         return 2;
     }
     if (cfg.rank >= cfg.ranks) {

@@ -127,6 +127,12 @@ typedef struct dh_rebalance_config {
     const char *args;     /* handed to sort_fn (e.g. JSON text); copied at creation */
     int round_timeout_ms; /* the coordinator ends a round that has not heard from every
                            * member within this (every member keeps): 10000 */
+    int late_ms;          /* how long past its own deadline (the time its next() asks for the
+                           * round's first batch) a member lets its round be gathered: the
+                           * coordinator ends a round not gathered by then (every member
+                           * keeps), so a round adds no wait to the training loop. 0 (the
+                           * default); more makes the decisions independent of timing (the
+                           * tests), at the cost of waiting */
 } dh_rebalance_config_t;
 
 typedef struct dh_client_config {

@@ -342,7 +342,8 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
 # (feature_fn, sort_fn, client_ranks, buffer_size, args), "groups" as the C API names
 # client_ranks, and the knobs of dh_rebalance_config_t besides.
 REBALANCE_KEYS = ("feature_fn", "sort_fn", "client_ranks", "groups", "buffer_size", "min_gain",
-                  "args", "n_features", "move_s_per_B", "round_timeout_ms", "fanout")
+                  "args", "n_features", "move_s_per_B", "round_timeout_ms", "late_ms",
+                  "fanout")
 
 
 def _part_view(tensor: Any) -> Any:
@@ -459,7 +460,9 @@ class DataLoader:
             in none does not rebalance), ``buffer_size`` (samples per round across the
             group), ``min_gain``, ``args`` (JSON-able, given to sort_fn), ``n_features``
             (feature_fn's vector length; default: as returned, up to 16),
-            ``move_s_per_B``, ``round_timeout_ms``, ``fanout`` (parts per batch, the unit
+            ``move_s_per_B``, ``round_timeout_ms``, ``late_ms`` (how long past its deadline
+            a rank lets a round be gathered: 0, the default, never waits; more makes
+            decisions independent of timing), ``fanout`` (parts per batch, the unit
             that moves: default batch_size, single samples; parts are joined into the
             batch by one copy). The callbacks run on the client's fetcher thread (holding
             the GIL); a failure makes next() raise an error naming the round.

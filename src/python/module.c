@@ -1157,9 +1157,9 @@ fail:
 static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t *cfg,
                            rebalance_bridge_t **out)
 {
-    static const char *const keys[] = {"feature_fn",  "sort_fn",  "groups",
-                                       "buffer_size", "min_gain", "move_s_per_B",
-                                       "n_features",  "args",     "round_timeout_ms"};
+    static const char *const keys[] = {
+        "feature_fn",   "sort_fn",    "groups", "buffer_size",      "min_gain",
+        "move_s_per_B", "n_features", "args",   "round_timeout_ms", "late_ms"};
     *out = NULL;
     if (!spec || spec == Py_None || spec == Py_False)
         return 0;
@@ -1180,8 +1180,8 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
             known = PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, keys[k]) == 0;
         if (!known) {
             raise_inval("rebalance: unknown key %R (allowed: args, buffer_size, feature_fn, "
-                        "groups, min_gain, move_s_per_B, n_features, round_timeout_ms, "
-                        "sort_fn)",
+                        "groups, late_ms, min_gain, move_s_per_B, n_features, "
+                        "round_timeout_ms, sort_fn)",
                         key);
             return -1;
         }
@@ -1192,13 +1192,15 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
         return -1;
     }
     long long buffer_size = cfg->buffer_size, n_features = 0,
-              timeout = cfg->round_timeout_ms > 0 ? cfg->round_timeout_ms : 10000;
+              timeout = cfg->round_timeout_ms > 0 ? cfg->round_timeout_ms : 10000,
+              late = cfg->late_ms;
     PyObject *groups = PyDict_GetItemString(spec, "groups");
     if (spec_callable(spec, "feature_fn", &br->feature_fn) < 0 ||
         spec_callable(spec, "sort_fn", &br->sort_fn) < 0 ||
         spec_uint(spec, "buffer_size", 1, UINT32_MAX, &buffer_size) < 0 ||
         spec_uint(spec, "n_features", 1, DH_REBALANCE_MAX_FEATURES, &n_features) < 0 ||
         spec_uint(spec, "round_timeout_ms", 1, INT32_MAX, &timeout) < 0 ||
+        spec_uint(spec, "late_ms", 0, INT32_MAX, &late) < 0 ||
         spec_double(spec, "min_gain", &cfg->min_gain) < 0 ||
         spec_double(spec, "move_s_per_B", &cfg->move_s_per_B) < 0 ||
         (groups && groups != Py_None && spec_groups(groups, ranks, &br->group_of) < 0))
@@ -1240,6 +1242,7 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
     cfg->group_of = br->group_of;
     cfg->buffer_size = (uint32_t)buffer_size;
     cfg->round_timeout_ms = (int)timeout;
+    cfg->late_ms = (int)late;
     cfg->args = br->args_json;
     if (br->feature_fn) {
         cfg->feature_fn = feature_cb;
@@ -1346,11 +1349,11 @@ static PyObject *RebalanceSpec_get_config(RebalanceSpecObject *self, void *unuse
             return NULL;
     }
     return Py_BuildValue(
-        "{s:O,s:N,s:I,s:d,s:d,s:n,s:z,s:i,s:O,s:O}", "enabled", c->enabled ? Py_True : Py_False,
+        "{s:O,s:N,s:I,s:d,s:d,s:n,s:z,s:i,s:i,s:O,s:O}", "enabled", c->enabled ? Py_True : Py_False,
         "group_of", groups, "buffer_size", (unsigned)c->buffer_size, "min_gain", c->min_gain,
         "move_s_per_B", c->move_s_per_B, "n_features", (Py_ssize_t)c->n_features, "args", c->args,
-        "round_timeout_ms", c->round_timeout_ms, "feature_fn", c->feature_fn ? Py_True : Py_False,
-        "sort_fn", c->sort_fn ? Py_True : Py_False);
+        "round_timeout_ms", c->round_timeout_ms, "late_ms", c->late_ms, "feature_fn",
+        c->feature_fn ? Py_True : Py_False, "sort_fn", c->sort_fn ? Py_True : Py_False);
 }
 
 /* After a trampoline failed: raises as next() would (no runtime message here). */

@@ -67,6 +67,9 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
                              "client: rebalance.n_features must be in [1, %d] with a feature_fn, "
                              "got %zu",
                              DH_REBALANCE_MAX_FEATURES, rc->n_features);
+    if (rc->late_ms < 0)
+        return dh__set_error(DH_EINVAL, "client: rebalance.late_ms must be >= 0, got %d",
+                             rc->late_ms);
     if (rc->round_timeout_ms <= 0)
         return dh__set_error(DH_EINVAL, "client: rebalance.round_timeout_ms must be > 0, got %d",
                              rc->round_timeout_ms);
@@ -324,7 +327,9 @@ static int offer(dh_client_t *c, uint64_t r)
             members[i].node = (char *)"";
             members[i].endpoint = (char *)"";
             members[i].s_per_token = rb->ranks[i] == c->cfg.rank ? spt : 0;
-            members[i].lead_s = rb->ranks[i] == c->cfg.rank && lead > 0 ? lead : 0;
+            members[i].lead_s = rb->ranks[i] == c->cfg.rank
+                                    ? (lead > 0 ? lead : 0) + c->cfg.rebalance.late_ms / 1e3
+                                    : 0;
         }
         dh_msg_t m = {.type = DH_MSG_REBALANCE};
         m.rebalance.kind = DH_RB_OFFER;

@@ -5,9 +5,11 @@
  * A round (group, round) opens with its first OFFER, which names the group's ranks. When an
  * offer from every rank is in, each member gets one ROUND: the members (rank, client, node,
  * the node's local DataServer endpoint, learned seconds per token) and every offered part,
- * ordered by (batch, rank, slot). A round that has not heard from every rank within its
- * timeout (the offers carry it) ends: every member that offered gets END, and so does any
- * later offer for it (the ended rounds are remembered), so every member keeps its parts.
+ * ordered by (batch, rank, slot). A round that is not gathered when a member that offered
+ * is due to consume its first batch (the offer's lead, its deadline model), or within its
+ * timeout (the offers carry it), ends: every member that offered gets END, and so does any
+ * later offer for it (the ended rounds are remembered), so every member keeps its parts
+ * and no rank waits on the round longer than it would have waited for its own batch.
  * Threads: the coordinator's loop only.
  */
 #include <stdio.h>
@@ -29,6 +31,9 @@ typedef struct rb_round {
     uint64_t round;
     uint64_t opened_ns;
     uint64_t timeout_ns;
+    uint64_t due_ns; /* the earliest a member that offered consumes the round's first batch
+                      * (its lead from its offer): the round ends then if not gathered */
+    uint32_t due_rank;
     uint32_t n_ranks;
     uint32_t *ranks;         /* the group's ranks, as the first offer named them */
     dh_msg_t *offers;        /* n_ranks; type 0 = not yet */
@@ -89,13 +94,18 @@ static void send_end(dh_coordinator_t *c, const char *peer, uint32_t group, uint
 }
 
 /* Ends round i: END to each member that offered, remembered for late offers. */
-static void end_round(dh_coordinator_t *c, size_t i, const char *why)
+static void end_round(dh_coordinator_t *c, size_t i, const char *why, bool quiet)
 {
     struct dh__coord_rb *rb = c->rb;
     rb_round_t *r = &rb->rounds[i];
-    dh_log_warn("coordinator: rebalance round %llu of group %u ended, every member keeps its "
-                "parts: %s",
-                (unsigned long long)r->round, r->group, why);
+    if (quiet)
+        dh_log_debug("coordinator: rebalance round %llu of group %u ended, every member keeps "
+                     "its parts: %s",
+                     (unsigned long long)r->round, r->group, why);
+    else
+        dh_log_warn("coordinator: rebalance round %llu of group %u ended, every member keeps its "
+                    "parts: %s",
+                    (unsigned long long)r->round, r->group, why);
     for (uint32_t k = 0; k < r->n_ranks; k++)
         if (r->offers[k].type)
             send_end(c, r->peers[k], r->group, r->round, why);
@@ -129,7 +139,7 @@ static void complete_round(dh_coordinator_t *c, size_t i)
     if (!members || !parts) {
         dh_free(members);
         dh_free(parts);
-        end_round(c, i, "the coordinator ran out of memory gathering it");
+        end_round(c, i, "the coordinator ran out of memory gathering it", false);
         return;
     }
     size_t at = 0;
@@ -173,6 +183,19 @@ static void complete_round(dh_coordinator_t *c, size_t i)
     dh_free(parts);
     round_free(r);
     c->rb->rounds[i] = c->rb->rounds[--c->rb->n_rounds];
+}
+
+/* Ends round i if a member that offered is about to consume its first batch (the round
+ * must add no wait to the training loop): returns whether it did. */
+static bool end_if_due(dh_coordinator_t *c, size_t i, uint64_t now)
+{
+    rb_round_t *r = &c->rb->rounds[i];
+    if (!r->due_ns || now < r->due_ns)
+        return false;
+    char why[160];
+    snprintf(why, sizeof why, "not gathered before rank %u needs its first batch", r->due_rank);
+    end_round(c, i, why, true);
+    return true;
 }
 
 void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_received_t *in)
@@ -244,7 +267,7 @@ void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_recei
                  k == r->n_ranks || !same ? "names another group than the first offer's"
                                           : "came twice",
                  peer);
-        end_round(c, i, why);
+        end_round(c, i, why, false);
         send_end(c, peer, o->group, o->round, why);
         return;
     }
@@ -252,9 +275,20 @@ void dh__coord_on_rebalance(dh_coordinator_t *c, const char *peer, dh_wire_recei
     memset(&in->msg, 0, sizeof in->msg);
     snprintf(r->peers[k], NAME_CAP, "%s", peer);
     r->recv_ns[k] = dh_clock_now_ns();
+    const dh_msg_rebalance_t *mine = &r->offers[k].rebalance;
+    for (uint32_t j = 0; j < mine->n_members; j++)
+        if (mine->members[j].rank == mine->rank) {
+            uint64_t due = r->recv_ns[k] + (uint64_t)(mine->members[j].lead_s * 1e9);
+            if (!r->due_ns || due < r->due_ns) {
+                r->due_ns = due;
+                r->due_rank = mine->rank;
+            }
+        }
     for (uint32_t j = 0; j < r->n_ranks; j++)
-        if (!r->offers[j].type)
+        if (!r->offers[j].type) {
+            end_if_due(c, i, r->recv_ns[k]);
             return;
+        }
     complete_round(c, i);
 }
 
@@ -265,6 +299,8 @@ void dh__coord_rb_tick(dh_coordinator_t *c)
     uint64_t now = dh_clock_now_ns();
     for (size_t i = 0; i < c->rb->n_rounds;) {
         rb_round_t *r = &c->rb->rounds[i];
+        if (end_if_due(c, i, now))
+            continue;
         if (now - r->opened_ns <= r->timeout_ns) {
             i++;
             continue;
@@ -275,6 +311,6 @@ void dh__coord_rb_tick(dh_coordinator_t *c)
         for (uint32_t k = 0; k < r->n_ranks && len > 0 && (size_t)len < sizeof why; k++)
             if (!r->offers[k].type)
                 len += snprintf(why + len, sizeof why - (size_t)len, " %u", r->ranks[k]);
-        end_round(c, i, why);
+        end_round(c, i, why, false);
     }
 }

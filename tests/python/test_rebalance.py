@@ -274,7 +274,8 @@ def test_the_loader_gives_feature_fn_torch_views(datahelix, profiles):
 def two_loaders(datahelix, cluster, src, **rebalance):
     return [datahelix.DataLoader(src, batch_size=2, seed=3, prefetch=2, timeout=1.0,
                                  coordinator=cluster.endpoint, rank=r, world_size=2,
-                                 rebalance=dict(groups=[[0, 1]], buffer_size=4, **rebalance))
+                                 rebalance=dict(groups=[[0, 1]], buffer_size=4, late_ms=30000,
+                                                   **rebalance))
             for r in range(2)]
 
 
@@ -398,7 +399,8 @@ def test_a_failing_policy_fails_next_once_naming_the_round_and_keeps_the_data(
                                                 arena_bytes=128 << 20) as cluster:
         clients = [datahelix._C.Client(profiles, r, 2, 2, coordinator=cluster.endpoint,
                                        fanout=2, prefetch=2, seed=3, next_timeout_ms=1000,
-                                       rebalance=dict(spec, groups=[[0, 1]], buffer_size=4))
+                                       rebalance=dict(spec, groups=[[0, 1]], buffer_size=4,
+                                                          late_ms=30000))
                    for r in range(2)]
         got, errors, done = [dict(), dict()], [[], []], [False, False]
         while not all(done):

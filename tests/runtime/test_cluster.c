@@ -124,7 +124,7 @@ static void start_servers(cluster_t *c, bool tcp, const char *policy, int local_
     }
 }
 
-/* Starts the ranks (`datahelix consume`) with extra options (up to 6, NULL-terminated; NULL:
+/* Starts the ranks (`datahelix consume`) with extra options (up to 8, NULL-terminated; NULL:
  * none). */
 static void start_ranks_with(cluster_t *c, const char *const *extra, const char *compute_ms)
 {
@@ -165,11 +165,13 @@ static void start_ranks_with(cluster_t *c, const char *const *extra, const char 
                         NULL,
                         NULL,
                         NULL,
+                        NULL,
+                        NULL,
                         NULL};
         size_t at = 0;
         while (argv[at])
             at++;
-        for (size_t k = 0; extra && extra[k] && k < 6; k++)
+        for (size_t k = 0; extra && extra[k] && k < 8; k++)
             argv[at++] = (char *)extra[k];
         cl_spawn(&c->ranks[r], name, argv);
     }
@@ -573,7 +575,8 @@ static void cluster_rebalance_exactly_once_under_kill9(void **state)
     cluster_t c = {0};
     c.noisy = true;
     start_servers(&c, true, "deadline", 1);
-    const char *extra[] = {"--rebalance", "--fanout", "2", "--rebalance-buffer", "16", NULL};
+    const char *extra[] = {"--rebalance",         "--fanout", "2", "--rebalance-buffer", "16",
+                           "--rebalance-late-ms", "30000",    NULL};
     start_ranks_with(&c, extra, "2");
     cl_wait_lines(c.ledgers[0], STEPS / 4, T_MS);
     cl_signal(&c.servers[2], SIGKILL);

@@ -122,6 +122,10 @@ static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *r
         cfg.next_timeout_ms = 60000;
         cfg.connect_timeout_ms = 10000;
         cfg.rebalance = *rb;
+        /* the consumers here ask for every batch at once: without a wait allowance every
+         * round would end ungathered (the default: a round adds no wait) */
+        if (!cfg.rebalance.late_ms)
+            cfg.rebalance.late_ms = 30000;
         int rc = dh_client_new(&w->client[r], &cfg);
         if (rc)
             print_error("%s\n", dh_last_error());
