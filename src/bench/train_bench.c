@@ -171,7 +171,10 @@ static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double
         return opt->batch;
     if (opt->rebalance_fanout)
         return opt->rebalance_fanout;
-    return !opt->dataset && join_s <= 0.5 * mean_step_s ? opt->batch : own;
+    /* single samples in one-sample slots: tier 1's packing is kept, and a sample may move
+     * to another rank's empty slot (measured below 0.95 balance with fanout = batch, which
+     * fixes every rank at `batch` samples; 0.96 with slots: docs/benchmarks.md) */
+    return !opt->dataset && join_s <= 0.5 * mean_step_s ? opt->ranks * opt->batch : own;
 }
 
 /* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
@@ -699,7 +702,11 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
         if (tier2)
             fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
-        if (fanout > opt->batch)
+        /* one-sample slots (fanout = ranks x batch): tier 2 with packing, where a sample
+         * may move to another rank's empty slot */
+        bool slots =
+            tier2 && sp->token_plan == DH_SHARE_TOKEN_PACKED && fanout == opt->ranks * opt->batch;
+        if (fanout > opt->batch && !slots)
             fanout = opt->batch;
     }
     res->fanout = fanout;

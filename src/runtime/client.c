@@ -141,6 +141,11 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 
 /* ---- planning (pure calls) ---- */
 
+bool dh__client_slots(const dh_client_t *c)
+{
+    return c->cfg.fanout > c->cfg.batch;
+}
+
 /* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
  * client's config). Returns the count or < 0. */
 int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
@@ -150,7 +155,7 @@ int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t st
                             .algo = c->cfg.plan_algo,
                             .ranks = c->cfg.ranks,
                             .batch = c->cfg.batch,
-                            .min_rows = c->cfg.fanout};
+                            .min_rows = dh__client_slots(c) ? 1 : c->cfg.fanout};
     return dh_plan_rank_share(&sc, sampler, c->profiles, step, rank, rows, cap);
 }
 
@@ -300,9 +305,16 @@ static int check_config(const dh_client_config_t *cfg)
                              "client: token_plan must be 0 (sample count), 1 (token-balanced, "
                              "fixed batch) or 2 (token-balanced packing), got %d",
                              (int)cfg->token_plan);
-    if (cfg->fanout == 0 || cfg->fanout > cfg->batch)
-        return dh__set_error(DH_EINVAL, "client: fanout must be in [1, batch=%u], got %u",
-                             cfg->batch, cfg->fanout);
+    /* Tier 2 with packing may take more parts than rows (slots): a rank's batch has `fanout`
+     * slots of one sample each, the rows it was planned filling the first and the rest
+     * empty, so a sample can move to another rank's empty slot (a packing move). */
+    bool slots = cfg->rebalance.enabled && cfg->token_plan == DH_SHARE_TOKEN_PACKED;
+    uint32_t most = slots ? cfg->ranks * cfg->batch : cfg->batch;
+    if (cfg->fanout == 0 || (cfg->fanout > cfg->batch && cfg->fanout != most))
+        return dh__set_error(DH_EINVAL,
+                             "client: fanout must be in [1, batch=%u]%s, got %u", cfg->batch,
+                             slots ? ", or ranks x batch (one-sample slots for tier 2)" : "",
+                             cfg->fanout);
     if (cfg->prefetch == 0 || cfg->prefetch > 1024)
         return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
                              cfg->prefetch);

@@ -199,6 +199,10 @@ struct dh_client {
 
 /* ---- client.c ---- */
 
+/* Whether a batch is `fanout` one-sample slots (tier 2 with packing, fanout > batch): the
+ * rows planned fill the first slots, the others are empty and never requested. */
+bool dh__client_slots(const dh_client_t *c);
+
 /* Drops one reference to an arena mapping; the last one unmaps it. Thread-safe. */
 void dh__client_arena_ref_drop(arena_ref_t *a);
 

@@ -765,7 +765,8 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             size_t slot = (size_t)((out->batch * c->cfg.fanout + out->slot) % c->ring_size);
             const dh_wire_rb_member_t *to = &m->members[member_of(m, new_rank[x])];
             bool same_node = strcmp(to->node, my_node) == 0;
-            if (!same_node && send_part(c, m, x, to) && !err) {
+            bool empty = out->n_samples == 0 && out->n_tensors == 0; /* an empty slot */
+            if (!same_node && !empty && send_part(c, m, x, to) && !err) {
                 err = DH_EIO;
                 what = "cannot hand a part to the local DataServer";
             }
@@ -777,10 +778,14 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             }
             const dh_wire_rb_part_t *in = &m->parts[next_in];
             const dh_wire_rb_member_t *from = &m->members[member_of(m, in->rank)];
-            dh__count(&c->counters.rebalance_moved_parts, 1);
-            dh__count(&c->counters.rebalance_moved_samples, in->n_samples);
-            dh__count(&c->counters.rebalance_bytes, (uint64_t)in->bytes);
-            if (strcmp(from->node, my_node) == 0) {
+            if (in->n_samples || in->n_tensors) {
+                dh__count(&c->counters.rebalance_moved_parts, 1);
+                dh__count(&c->counters.rebalance_moved_samples, in->n_samples);
+                dh__count(&c->counters.rebalance_bytes, (uint64_t)in->bytes);
+            }
+            if (in->n_samples == 0 && in->n_tensors == 0) {
+                /* an empty slot comes: the slot stays empty (forgotten above) */
+            } else if (strcmp(from->node, my_node) == 0) {
                 int rc = take_over(c, in, &c->ring[slot]);
                 if (rc && !err) {
                     err = rc;

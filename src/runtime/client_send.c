@@ -154,7 +154,11 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
     if (rc)
         goto done;
     uint32_t parts = c->cfg.fanout;
-    if (parts > 1) {
+    bool slots = dh__client_slots(c);
+    if (slots) {
+        for (int i = 0; i < n; i++) /* row i in slot i; the slots past the rows stay empty */
+            part_of[i] = (uint32_t)i;
+    } else if (parts > 1) {
         for (int i = 0; i < n; i++)
             load[i] = (double)dh_profile_set_row(c->profiles, rows[i])->tokens_est;
         if ((rc = dh_plan_fanout(load, (size_t)n, parts, part_of)))
@@ -170,7 +174,17 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
     c->tokens_of[b % c->tokens_ring] = tokens;
     c->requested_of[b % c->tokens_ring] = dh_clock_now_ns();
     pthread_mutex_unlock(&c->lock);
-    for (uint32_t p = 0; p < parts; p++) {
+    if (slots) { /* the empty slots are there at once: nothing to request */
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t p = (uint32_t)n; p < parts; p++) {
+            part_t *e = &c->ring[(b * parts + p) % c->ring_size];
+            memset(e, 0, sizeof *e);
+            e->seq = b * parts + p;
+            e->ready = true;
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+    for (uint32_t p = 0; p < (slots ? (uint32_t)n : parts); p++) {
         uint32_t k = 0;
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
