@@ -81,16 +81,19 @@ static void usage(FILE *out)
         "  --rebalance-buffer N  samples per round across the group (64)\n"
         "  --rebalance-min-gain G  the cost gate's margin: a round moves samples only when\n"
         "                        the projected cut of the largest rank's compute exceeds\n"
-        "                        the transfer cost by G x that compute (0.05)\n"
+        "                        the part of the transfer that does not fit before the\n"
+        "                        round is consumed by G x that compute (0.05)\n"
         "  --rebalance-fanout auto|batch|own|F  the fanout of the systems with tier 2:\n"
         "                        tier 2 moves parts (a request's microbatch) within their\n"
-        "                        step, in exchange, so batch moves single samples and\n"
-        "                        fanout 1 can only swap whole batches, but a batch of\n"
-        "                        several parts costs a join copy on the client's fetcher\n"
-        "                        (--link-gbps); own: the system's own fanout (--fanout,\n"
-        "                        else its default); auto (default): batch where that join\n"
-        "                        takes at most half the mean step's compute (emulated),\n"
-        "                        else own (always with --dataset)\n"
+        "                        step, in exchange, so batch moves single samples (each\n"
+        "                        rank keeps `batch`), ranks x batch gives one-sample slots\n"
+        "                        (packing kept: a sample may move to an empty slot), and\n"
+        "                        fanout 1 can only swap whole batches; a batch of several\n"
+        "                        parts costs a join copy (--link-gbps); own: the system's\n"
+        "                        own fanout (--fanout, else its default); auto (default):\n"
+        "                        ranks x batch where that join takes at most half the\n"
+        "                        mean step's compute (emulated), else own (always with\n"
+        "                        --dataset)\n"
         "\n"
         "compute and metrics:\n"
         "  --compute auto|A,B    seconds per token and per step; auto (default): the\n"
@@ -420,7 +423,7 @@ int dh_cmd_bench(int argc, char **argv)
             else if (strcmp(optarg, "own") == 0)
                 o.rebalance_fanout = DH_BENCH_FANOUT_OWN;
             else
-                U64("--rebalance-fanout", 1, 64, o.rebalance_fanout);
+                U64("--rebalance-fanout", 1, 4096, o.rebalance_fanout);
             break;
         case O_JSON:
             json = optarg;

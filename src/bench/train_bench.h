@@ -94,8 +94,8 @@ typedef struct dh_bench_options {
                                 * compute (0.05) */
     uint32_t rebalance_fanout; /* the fanout of a system with tier 2 on (tier 2 moves
                                 * parts, a request's microbatch): 0 (the default) = auto,
-                                * emulated: the batch (single samples) where the fanout
-                                * join of a batch takes at most half a step at the
+                                * emulated: ranks x batch (one-sample slots) where the
+                                * fanout join of a batch takes at most half a step at the
                                 * transfer cost, else the system's own; dataset: the
                                 * system's own (train_bench.c, tier2_fanout);
                                 * DH_BENCH_FANOUT_BATCH = the batch; DH_BENCH_FANOUT_OWN =
