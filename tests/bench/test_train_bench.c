@@ -239,7 +239,7 @@ static void bench_counts_transfers_per_system(void **state)
                                    *helix = &r.systems[2];
     assert_true(native->cross_node_bytes == 0 && native->copy_bytes == 0);
     assert_true(pool->cross_node_bytes > 0 && pool->copy_bytes > 0);
-    assert_int_equal(helix->fanout, 2);
+    assert_int_equal(helix->fanout, 4); /* tier 2's auto: one-sample slots, 2 ranks x 2 */
     assert_int_equal(pool->prefetch, 2 * 6 / 2); /* 2 per worker of a rank's 3 cores */
     assert_int_equal(helix->prefetch, 16);
     assert_true(helix->cross_node_bytes > 0 && helix->copy_bytes > 0);
@@ -355,7 +355,7 @@ static void bench_ddlb_reports_tier2_per_system(void **state)
     /* a round holds 8 / (2 ranks x batch 2) = 2 steps, and next() yields a batch only once
      * its round is decided: the 8 steps consumed took at least 4 rounds */
     assert_true(ddlb->rebalance_rounds >= 4);
-    assert_int_equal(ddlb->fanout, 2); /* the default: the batch, single samples move */
+    assert_int_equal(ddlb->fanout, 4); /* the default: one-sample slots, ranks x batch */
     assert_int_equal(cost->fanout, 1);
     /* rank 0's rounds are decided one way or another; moves come in whole parts */
     assert_true(ddlb->rebalance_applied + ddlb->rebalance_kept_by_gate <= ddlb->rebalance_rounds);
