@@ -311,10 +311,9 @@ static int check_config(const dh_client_config_t *cfg)
     bool slots = cfg->rebalance.enabled && cfg->token_plan == DH_SHARE_TOKEN_PACKED;
     uint32_t most = slots ? cfg->ranks * cfg->batch : cfg->batch;
     if (cfg->fanout == 0 || (cfg->fanout > cfg->batch && cfg->fanout != most))
-        return dh__set_error(DH_EINVAL,
-                             "client: fanout must be in [1, batch=%u]%s, got %u", cfg->batch,
-                             slots ? ", or ranks x batch (one-sample slots for tier 2)" : "",
-                             cfg->fanout);
+        return dh__set_error(
+            DH_EINVAL, "client: fanout must be in [1, batch=%u]%s, got %u", cfg->batch,
+            slots ? ", or ranks x batch (one-sample slots for tier 2)" : "", cfg->fanout);
     if (cfg->prefetch == 0 || cfg->prefetch > 1024)
         return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
                              cfg->prefetch);

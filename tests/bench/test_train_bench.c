@@ -239,7 +239,7 @@ static void bench_counts_transfers_per_system(void **state)
                                    *helix = &r.systems[2];
     assert_true(native->cross_node_bytes == 0 && native->copy_bytes == 0);
     assert_true(pool->cross_node_bytes > 0 && pool->copy_bytes > 0);
-    assert_int_equal(helix->fanout, 4); /* tier 2's auto: one-sample slots, 2 ranks x 2 */
+    assert_int_equal(helix->fanout, 4);          /* tier 2's auto: one-sample slots, 2 ranks x 2 */
     assert_int_equal(pool->prefetch, 2 * 6 / 2); /* 2 per worker of a rank's 3 cores */
     assert_int_equal(helix->prefetch, 16);
     assert_true(helix->cross_node_bytes > 0 && helix->copy_bytes > 0);
