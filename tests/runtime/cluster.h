@@ -21,6 +21,8 @@
 
 #include "dh_test.h"
 #include "datahelix/clock.h"
+#include "datahelix/mix.h"
+#include "datahelix/profile.h"
 
 typedef struct cl_proc {
     char name[64];
@@ -43,6 +45,23 @@ static __attribute__((unused)) void cl_nap_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* Writes `count` profile rows generated from the kinetics-mixed mix (seed 5) to the test's
+ * file `name`; returns its path (static storage: the next call overwrites it). */
+static __attribute__((unused)) const char *cl_write_profiles(const char *name, size_t count)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s", dh_test_path(name));
+    dh_mix_t *mix = NULL;
+    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profiles_generate(mix, count, 5, set), 0);
+    assert_int_equal(dh_profile_set_write(set, path), 0);
+    dh_profile_set_destroy(&set);
+    dh_mix_destroy(&mix);
+    return path;
 }
 
 /* A tag unique to this test process, put in every child's environment. */

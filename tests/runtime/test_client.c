@@ -27,21 +27,6 @@
 #include "datahelix/wire.h"
 #include "runtime/rt.h"
 
-static const char *write_profiles(const char *name, size_t count)
-{
-    static char path[512];
-    snprintf(path, sizeof path, "%s", dh_test_path(name));
-    dh_mix_t *mix = NULL;
-    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
-    dh_profile_set_t *set = NULL;
-    assert_int_equal(dh_profile_set_new(&set), 0);
-    assert_int_equal(dh_profiles_generate(mix, count, 5, set), 0);
-    assert_int_equal(dh_profile_set_write(set, path), 0);
-    dh_profile_set_destroy(&set);
-    dh_mix_destroy(&mix);
-    return path;
-}
-
 static const dh_tensor_t *tensor(const dh_client_batch_t *b, const char *name)
 {
     for (size_t i = 0; i < b->n_tensors; i++)
@@ -94,7 +79,7 @@ static void base_config(dh_client_config_t *cfg, const char *profiles, const cha
 
 static void embedded_epoch_in_order_exactly_once(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 64);
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, SYNTH);
     dh_client_t *c = NULL;
@@ -131,7 +116,7 @@ static void embedded_epoch_in_order_exactly_once(void **state)
  * so batch 0 cannot be ready within 50 ms. */
 static void next_times_out_with_eagain(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 16);
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"sleep\"}");
     cfg.next_timeout_ms = 50;
@@ -201,14 +186,14 @@ static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefet
 
 static void embedded_every_sample_once(void **state)
 {
-    run_epoch_ids(write_profiles("p.jsonl", 48), 1, 4, 0, SYNTH);
+    run_epoch_ids(cl_write_profiles("p.jsonl", 48), 1, 4, 0, SYNTH);
     cl_assert_no_leftovers();
 }
 
 static void embedded_fanout_joins_microbatches(void **state)
 {
-    run_epoch_ids(write_profiles("p.jsonl", 48), 2, 3, 0, SYNTH);
-    run_epoch_ids(write_profiles("p.jsonl", 48), 4, 2, 0, SYNTH);
+    run_epoch_ids(cl_write_profiles("p.jsonl", 48), 2, 3, 0, SYNTH);
+    run_epoch_ids(cl_write_profiles("p.jsonl", 48), 4, 2, 0, SYNTH);
     cl_assert_no_leftovers();
 }
 
@@ -217,7 +202,7 @@ static void embedded_fanout_joins_microbatches(void **state)
  * with nothing spilled, and no joined tensor lies in the arena. */
 static void embedded_fanout_join_gives_slabs_back(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 32);
+    const char *profiles = cl_write_profiles("p.jsonl", 32);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.1}");
     cfg.fanout = 2;
@@ -259,7 +244,7 @@ static void embedded_fanout_join_gives_slabs_back(void **state)
  * returns no earlier than the charge after the client began. */
 static void embedded_join_copy_is_charged_and_counted(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 16);
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
     const double s_per_B = 2e-6; /* a batch of ~200 KB of payload: ~0.4 s */
     for (int charged = 0; charged < 2; charged++) {
         dh_client_config_t cfg;
@@ -332,7 +317,7 @@ static uint64_t horizon_after_epoch(const char *profiles, uint32_t prefetch_max)
 
 static void adaptive_prefetch_deepens_when_next_waits(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 64);
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
     assert_int_equal(horizon_after_epoch(profiles, 8), 8);
     assert_int_equal(horizon_after_epoch(profiles, 0), 1);
     cl_assert_no_leftovers();
@@ -344,7 +329,7 @@ static void adaptive_prefetch_deepens_when_next_waits(void **state)
  * arena's capacity / local_ranks, less the margin. */
 static void prefetch_keeps_to_its_share_of_the_arena(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 64);
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
     for (uint32_t local = 1; local <= 2; local++) {
         dh_client_config_t cfg;
         base_config(&cfg, profiles,
@@ -387,7 +372,7 @@ static void prefetch_keeps_to_its_share_of_the_arena(void **state)
  * numbers and the option. */
 static void embedded_arena_sized_from_data_within_budget(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 64);
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
     size_t n = 0;
     dh_profile_set_t *set = load_rows(profiles, &n);
     int64_t largest = 0;
@@ -420,14 +405,14 @@ static void embedded_full_arena_is_backpressure(void **state)
 {
     /* ~0.5-4 MB per sample with 8 batches of prefetch in a 16 MiB arena: workers wait for
      * slabs that next() releases, and every batch still comes in order. */
-    run_epoch_ids(write_profiles("p.jsonl", 32), 1, 8, (uint64_t)16 << 20,
+    run_epoch_ids(cl_write_profiles("p.jsonl", 32), 1, 8, (uint64_t)16 << 20,
                   "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.1}");
     cl_assert_no_leftovers();
 }
 
 static void embedded_zero_copy_and_batch_outlives_client(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 16);
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, SYNTH);
     dh_client_t *c = NULL;
@@ -501,7 +486,7 @@ static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, 
 
 static void packing_plans_every_row_once_and_balances_tokens(void **state)
 {
-    const char *profiles = write_profiles("packing.jsonl", 256);
+    const char *profiles = cl_write_profiles("packing.jsonl", 256);
     long long none = packed_epoch(profiles, DH_SHARE_SAMPLE_COUNT, 1);
     long long fixed = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1);
     long long packed = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2);
@@ -515,7 +500,7 @@ static void coordinator_refused_request_fails_next(void **state)
 {
     if (!dh_fault_enabled())
         skip();
-    const char *profiles = write_profiles("refused.jsonl", 16);
+    const char *profiles = cl_write_profiles("refused.jsonl", 16);
     dh_client_config_t cfg;
     base_config(&cfg, profiles, SYNTH);
     long hits = dh_fault_hits(DH_FAULT_COORD_BOOK);
@@ -536,7 +521,7 @@ static void coordinator_refused_request_fails_next(void **state)
 
 static void client_config_errors_name_the_field(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 16);
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
     dh_client_config_t cfg;
     dh_client_t *c = NULL;
     base_config(&cfg, profiles, SYNTH);
@@ -636,7 +621,7 @@ static void *destroy_main(void *arg)
  * zmq_ctx_term wait forever: a rank that had finished hung at exit in fresh-clone CI). */
 static void client_asks_again_when_named_server_is_gone(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 16);
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
     char coord_ep[600], data_ep[600], ghost_shm[64];
     snprintf(coord_ep, sizeof coord_ep, "ipc://%s", dh_test_path("coord.ipc"));
     snprintf(data_ep, sizeof data_ep, "ipc://%s", dh_test_path("data.ipc"));
@@ -717,7 +702,7 @@ static void client_asks_again_when_named_server_is_gone(void **state)
  * used to hold them 5 s and then warn "dropped batch ... Host unreachable" for each). */
 static void dataserver_drops_a_departed_clients_batches_quietly(void **state)
 {
-    const char *profiles = write_profiles("p.jsonl", 64);
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
     char coord_ep[600], data_ep[600], log_path[600];
     snprintf(coord_ep, sizeof coord_ep, "ipc://%s", dh_test_path("coord.ipc"));
     snprintf(data_ep, sizeof data_ep, "ipc://%s", dh_test_path("data.ipc"));

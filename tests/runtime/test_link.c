@@ -28,21 +28,6 @@ typedef struct world {
     dh_client_t *client;
 } world_t;
 
-static const char *write_profiles(void)
-{
-    static char path[512];
-    snprintf(path, sizeof path, "%s", dh_test_path("p.jsonl"));
-    dh_mix_t *mix = NULL;
-    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
-    dh_profile_set_t *set = NULL;
-    assert_int_equal(dh_profile_set_new(&set), 0);
-    assert_int_equal(dh_profiles_generate(mix, 32, 5, set), 0);
-    assert_int_equal(dh_profile_set_write(set, path), 0);
-    dh_profile_set_destroy(&set);
-    dh_mix_destroy(&mix);
-    return path;
-}
-
 /* The world: every request runs on the sidecar (node-b, `workers` workers, the emulated
  * link) and is forwarded to the rank's local DataServer (node-a, delivery only). */
 static void world_start(world_t *w, uint32_t workers, uint32_t prefetch, uint64_t steps)
@@ -96,7 +81,7 @@ static void world_start(world_t *w, uint32_t workers, uint32_t prefetch, uint64_
     dh_client_config_default(&cfg);
     cfg.coordinator = dh_coordinator_endpoint(w->coord);
     cfg.zmq_ctx = w->ctx;
-    cfg.profiles = write_profiles();
+    cfg.profiles = cl_write_profiles("p.jsonl", 32);
     cfg.node = "node-a";
     cfg.ranks = 1;
     cfg.batch = 4;

@@ -46,21 +46,6 @@ typedef struct rank_arg {
     uint32_t rank;
 } rank_arg_t;
 
-static const char *write_profiles(void)
-{
-    static char path[512];
-    snprintf(path, sizeof path, "%s", dh_test_path("p.jsonl"));
-    dh_mix_t *mix = NULL;
-    assert_int_equal(dh_mix_load("kinetics-mixed", &mix), 0);
-    dh_profile_set_t *set = NULL;
-    assert_int_equal(dh_profile_set_new(&set), 0);
-    assert_int_equal(dh_profiles_generate(mix, ROWS, 5, set), 0);
-    assert_int_equal(dh_profile_set_write(set, path), 0);
-    dh_profile_set_destroy(&set);
-    dh_mix_destroy(&mix);
-    return path;
-}
-
 /* nodes: 1 (both ranks share node-0's DataServer and arena) or RANKS (one node each). */
 static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *rb)
 {
@@ -103,7 +88,7 @@ static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *r
         assert_true(dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 10);
         cl_nap_ms(2);
     }
-    const char *profiles = write_profiles();
+    const char *profiles = cl_write_profiles("p.jsonl", ROWS);
     for (uint32_t r = 0; r < RANKS; r++) {
         dh_client_config_t cfg;
         dh_client_config_default(&cfg);
