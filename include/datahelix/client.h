@@ -109,6 +109,23 @@ typedef int (*dh_rebalance_feature_fn)(void *user, const dh_tensor_t *tensors, s
 typedef int (*dh_rebalance_sort_fn)(void *user, const dh_rebalance_round_t *round,
                                     uint32_t *new_rank);
 
+/* A user exchange of the bytes a round moves across nodes, e.g. one all_to_all over a
+ * torch.distributed process group (Python: rebalance={"process_group": pg}). Without it, a
+ * DataServer forwards each such part to the receiver's node (REBALANCE SEND). It is a
+ * collective: every member of the group calls it, on its fetcher thread and in round
+ * order, for each applied round that moves a part across nodes (every member derives the
+ * same decision, so all call it for the same rounds; a member with nothing to send or
+ * receive calls it with zero counts). ranks: the group's ranks, ascending (n_ranks). send:
+ * this rank's outgoing bytes packed by destination (ranks' order), send_counts[k] of them
+ * for ranks[k]; recv: to be filled with recv_counts[k] bytes from ranks[k], in the same
+ * order (each destination's bytes are its parts' tensors, by part index, then tensor).
+ * Returns 0, or a negative DH_E* code: the parts coming to this rank in that round are then
+ * lost, and next() fails naming the round. */
+typedef int (*dh_rebalance_exchange_fn)(void *user, uint32_t group, uint64_t round,
+                                        const uint32_t *ranks, uint32_t n_ranks, const void *send,
+                                        const size_t *send_counts, void *recv,
+                                        const size_t *recv_counts);
+
 typedef struct dh_rebalance_config {
     int enabled;              /* 0: no tier 2 (the default) */
     const uint32_t *group_of; /* `ranks` entries: each rank's group id (a rank alone in its
@@ -133,6 +150,8 @@ typedef struct dh_rebalance_config {
                            * keeps), so a round adds no wait to the training loop. 0 (the
                            * default); more makes the decisions independent of timing (the
                            * tests), at the cost of waiting */
+    dh_rebalance_exchange_fn exchange_fn; /* NULL: DataServers forward cross-node moves */
+    void *exchange_user;
 } dh_rebalance_config_t;
 
 typedef struct dh_client_config {
@@ -274,11 +293,16 @@ typedef struct dh_client_stats {
      * in order, so the parts of the rounds before it count too) to the decision applied
      * here: its moves handed over or sent (p95 and max over the rounds so far); and to the
      * round's batches final: the parts from other nodes arrived, the batches joined
-     * (rebalance_final_s_p95). */
+     * (rebalance_final_s_p95). Rounds that brought parts from other nodes: those whose
+     * bytes came through exchange_fn (rebalance_exchanges), and the time their bytes took
+     * (p95 and total over those rounds: the exchange_fn call, or from the decision applied
+     * to the last forwarded part in). */
     uint64_t rebalance_rounds, rebalance_applied, rebalance_kept_by_gate;
     uint64_t rebalance_moved_parts, rebalance_moved_samples;
     uint64_t rebalance_bytes, rebalance_bytes_remote;
     double rebalance_s_p95, rebalance_s_max, rebalance_final_s_p95;
+    uint64_t rebalance_exchanges;
+    double rebalance_transfer_s_p95, rebalance_transfer_s_total;
 } dh_client_stats_t;
 
 DH_EXTERN void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out);

@@ -41,7 +41,8 @@
     XX(rebalance_moved_parts)                                                                      \
     XX(rebalance_moved_samples)                                                                    \
     XX(rebalance_bytes)                                                                            \
-    XX(rebalance_bytes_remote)
+    XX(rebalance_bytes_remote)                                                                     \
+    XX(rebalance_exchanges)
 
 typedef struct dh__client_counters {
     DH__CLIENT_COUNTERS(DH__COUNTER_FIELD)
@@ -118,9 +119,12 @@ typedef struct rb_state {
     double duration_max;                  /* lock */
     double final_durations[RB_DURATIONS]; /* lock: the last rounds' times to final batches */
     size_t n_final;
-    int err;            /* lock: a round's error for next() (0: none) */
-    uint64_t err_batch; /* lock: the batch next() reports it at */
-    char err_msg[768];  /* lock */
+    double transfer_durations[RB_DURATIONS]; /* lock: the last cross-node transfers' times */
+    size_t n_transfer;
+    double transfer_total; /* lock */
+    int err;               /* lock: a round's error for next() (0: none) */
+    uint64_t err_batch;    /* lock: the batch next() reports it at */
+    char err_msg[768];     /* lock */
 } rb_state_t;
 
 /* A DELIVER seq of a part moved to this rank from another node: the bit, the round in the

@@ -46,8 +46,9 @@ typedef struct rank_arg {
     uint32_t rank;
 } rank_arg_t;
 
-/* nodes: 1 (both ranks share node-0's DataServer and arena) or RANKS (one node each). */
-static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *rb)
+/* nodes: 1 (both ranks share node-0's DataServer and arena) or RANKS (one node each);
+ * rb[r]: rank r's tier-2 configuration. */
+static void world_start_each(world_t *w, size_t nodes, const dh_rebalance_config_t *rb)
 {
     memset(w, 0, sizeof *w);
     w->ctx = zmq_ctx_new();
@@ -112,7 +113,7 @@ static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *r
         cfg.epochs = 1;
         cfg.next_timeout_ms = 60000;
         cfg.connect_timeout_ms = 10000;
-        cfg.rebalance = *rb;
+        cfg.rebalance = rb[r];
         /* the consumers here ask for every batch at once: without a wait allowance every
          * round would end ungathered (the default: a round adds no wait) */
         if (!cfg.rebalance.late_ms)
@@ -121,6 +122,44 @@ static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *r
         if (rc)
             print_error("%s\n", dh_last_error());
         assert_int_equal(rc, 0);
+    }
+}
+
+/* The same tier-2 configuration on every rank. */
+static void world_start(world_t *w, size_t nodes, const dh_rebalance_config_t *rb)
+{
+    dh_rebalance_config_t each[RANKS];
+    for (uint32_t r = 0; r < RANKS; r++)
+        each[r] = *rb;
+    world_start_each(w, nodes, each);
+}
+
+/* The synthetic payload starts each sample's bytes with its id: the bytes a rank yields
+ * are the samples it says (whichever way they moved). */
+static void check_payload(const dh_client_batch_t *b)
+{
+    const dh_tensor_t *sizes = NULL, *payload = NULL;
+    for (size_t t = 0; t < b->n_tensors; t++) {
+        if (strcmp(b->tensors[t].name, "sizes") == 0)
+            sizes = &b->tensors[t];
+        else if (strcmp(b->tensors[t].name, "payload") == 0)
+            payload = &b->tensors[t];
+    }
+    if (!b->n_samples)
+        return;
+    assert_non_null(sizes);
+    assert_non_null(payload);
+    assert_int_equal(sizes->shape[0], (int64_t)b->n_samples);
+    const int64_t *sz = sizes->data;
+    const char *at = payload->data;
+    int64_t off = 0;
+    for (size_t i = 0; i < b->n_samples; i++) {
+        size_t len = strlen(b->samples[i].id);
+        if ((int64_t)len > sz[i])
+            len = (size_t)sz[i];
+        assert_true(off + sz[i] <= payload->shape[0]);
+        assert_memory_equal(at + off, b->samples[i].id, len);
+        off += sz[i];
     }
 }
 
@@ -144,6 +183,7 @@ static void *consume(void *arg)
             continue;
         }
         uint64_t s = b->index;
+        check_payload(b);
         for (size_t i = 0; i < b->n_samples && s < STEPS && i < 8; i++)
             snprintf(w->ids[r][s][w->n_ids[r][s]++], 64, "%s", b->samples[i].id);
         cl_nap_ms(1 + (int)(b->tokens / 20000)); /* "compute": a rate to learn */
@@ -316,6 +356,164 @@ static void rebalance_user_policy_moves_bytes_across_nodes(void **state)
     free(w);
 }
 
+/* An in-process all_to_all between the two ranks' fetcher threads: each deposits what it
+ * sends, waits for the other's, takes its share, and waits until the other has taken its
+ * own (the send buffers are the callers'). */
+typedef struct a2a {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const char *send[RANKS];
+    size_t counts[RANKS][RANKS]; /* [from][to] */
+    uint64_t round[RANKS];
+    int posted, taken, calls[RANKS], fail_round;
+    unsigned long generation;
+} a2a_t;
+
+typedef struct a2a_arg {
+    a2a_t *x;
+    uint32_t rank;
+} a2a_arg_t;
+
+static void a2a_wait(a2a_t *x, int *counter)
+{
+    unsigned long gen = x->generation;
+    if (++*counter == RANKS) {
+        *counter = 0;
+        x->generation++;
+        pthread_cond_broadcast(&x->cond);
+    } else {
+        while (gen == x->generation)
+            pthread_cond_wait(&x->cond, &x->lock);
+    }
+}
+
+static int a2a_exchange(void *user, uint32_t group, uint64_t round, const uint32_t *ranks,
+                        uint32_t n_ranks, const void *send, const size_t *send_counts, void *recv,
+                        const size_t *recv_counts)
+{
+    a2a_arg_t *a = user;
+    a2a_t *x = a->x;
+    uint32_t me = a->rank;
+    (void)group;
+    if (n_ranks != RANKS || ranks[0] != 0 || ranks[1] != 1)
+        return DH_EINVAL;
+    pthread_mutex_lock(&x->lock);
+    x->calls[me]++;
+    x->send[me] = send;
+    x->round[me] = round;
+    for (uint32_t k = 0; k < RANKS; k++)
+        x->counts[me][k] = send_counts[k];
+    a2a_wait(x, &x->posted);
+    int rc = x->round[0] == x->round[1] ? 0 : DH_EINVAL; /* the same round on both */
+    size_t at = 0;
+    for (uint32_t k = 0; k < RANKS && rc == 0; k++) {
+        if (recv_counts[k] != x->counts[k][me]) {
+            rc = DH_EINVAL; /* what it expects is what the other sends */
+            break;
+        }
+        size_t off = 0;
+        for (uint32_t j = 0; j < me; j++)
+            off += x->counts[k][j];
+        memcpy((char *)recv + at, x->send[k] + off, recv_counts[k]);
+        at += recv_counts[k];
+    }
+    a2a_wait(x, &x->taken);
+    if ((int)round == x->fail_round && me == 1)
+        rc = DH_EIO; /* the transport failed on rank 1 */
+    pthread_mutex_unlock(&x->lock);
+    return rc;
+}
+
+/* With an exchange_fn (what rebalance={"process_group": pg} gives in Python), the bytes of
+ * cross-node moves go through it, not through the DataServers; the ledger holds. */
+static void rebalance_exchange_fn_carries_cross_node_moves(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    int calls = 0;
+    a2a_t *x = calloc(1, sizeof *x);
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
+    x->fail_round = -1;
+    a2a_arg_t args[RANKS] = {{x, 0}, {x, 1}};
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb[RANKS];
+    static const uint32_t one_group[RANKS] = {0, 0};
+    for (uint32_t r = 0; r < RANKS; r++) {
+        rb[r] = d.rebalance;
+        rb[r].enabled = 1;
+        rb[r].group_of = one_group;
+        rb[r].buffer_size = 4;
+        rb[r].sort_fn = swap_all;
+        rb[r].sort_user = &calls;
+        rb[r].exchange_fn = a2a_exchange;
+        rb[r].exchange_user = &args[r];
+    }
+    world_start_each(w, RANKS, rb);
+    world_run(w);
+    check_swapped(w);
+    assert_int_equal(check_ledger(w), (size_t)ROWS);
+    for (uint32_t r = 0; r < RANKS; r++) {
+        dh_client_stats_t st;
+        dh_client_stats(w->client[r], &st);
+        assert_int_equal(st.rebalance_rounds, STEPS);
+        assert_int_equal(st.rebalance_exchanges, STEPS); /* every round crossed */
+        assert_int_equal(x->calls[r], STEPS);
+        assert_true(st.rebalance_bytes_remote > 0);
+        assert_int_equal(st.rebalance_bytes_remote, st.rebalance_bytes);
+        assert_true(st.rebalance_transfer_s_total > 0);
+        assert_true(st.rebalance_transfer_s_p95 <= st.rebalance_transfer_s_total);
+        dh_dataserver_stats_t ds;
+        dh_dataserver_stats(w->ds[r], &ds);
+        assert_int_equal(ds.rebalance_sent, 0); /* no DataServer forwarded a part */
+    }
+    world_stop(w);
+    pthread_cond_destroy(&x->cond);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    free(w);
+}
+
+/* An exchange_fn that fails loses the parts it was to bring, and next() says so once,
+ * naming the round; the other rounds deliver. */
+static void rebalance_exchange_fn_failure_names_the_round(void **state)
+{
+    world_t *w = calloc(1, sizeof *w);
+    int calls = 0;
+    a2a_t *x = calloc(1, sizeof *x);
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
+    x->fail_round = 2;
+    a2a_arg_t args[RANKS] = {{x, 0}, {x, 1}};
+    dh_client_config_t d;
+    dh_client_config_default(&d);
+    dh_rebalance_config_t rb[RANKS];
+    static const uint32_t one_group[RANKS] = {0, 0};
+    for (uint32_t r = 0; r < RANKS; r++) {
+        rb[r] = d.rebalance;
+        rb[r].enabled = 1;
+        rb[r].group_of = one_group;
+        rb[r].buffer_size = 4;
+        rb[r].sort_fn = swap_all;
+        rb[r].sort_user = &calls;
+        rb[r].exchange_fn = a2a_exchange;
+        rb[r].exchange_user = &args[r];
+    }
+    world_start_each(w, RANKS, rb);
+    world_run(w);
+    assert_int_equal(w->errors[0], 0);
+    assert_int_equal(w->errors[1], 1);
+    assert_non_null(strstr(w->error_msg[1], "rebalance round 2 (group 0): exchange_fn failed"));
+    /* rank 1 lost round 2's parts (its step 2); every other step is whole */
+    for (uint64_t s = 0; s < STEPS; s++)
+        assert_int_equal(w->n_ids[1][s], s == 2 ? 0 : BATCH);
+    world_stop(w);
+    pthread_cond_destroy(&x->cond);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    free(w);
+}
+
 /* The default policy on one node (moves cost nothing): it balances each step's tokens,
  * and its decisions are the same from run to run. */
 static void rebalance_default_policy_is_deterministic(void **state)
@@ -432,6 +630,8 @@ static void rebalance_packing_moves_samples_between_counts(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rebalance_user_policy_is_obeyed_on_one_node),
     cmocka_unit_test(rebalance_user_policy_moves_bytes_across_nodes),
+    cmocka_unit_test(rebalance_exchange_fn_carries_cross_node_moves),
+    cmocka_unit_test(rebalance_exchange_fn_failure_names_the_round),
     cmocka_unit_test(rebalance_default_policy_is_deterministic),
     cmocka_unit_test(rebalance_gate_keeps_when_the_link_is_slow),
     cmocka_unit_test(rebalance_policy_error_names_the_round_and_keeps),
