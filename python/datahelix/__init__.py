@@ -340,10 +340,41 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
 
 # The keys of DataLoader(rebalance={...}) (docs/rebalancing.md): the paper's shape
 # (feature_fn, sort_fn, client_ranks, buffer_size, args), "groups" as the C API names
-# client_ranks, and the knobs of dh_rebalance_config_t besides.
+# client_ranks, and the knobs of dh_rebalance_config_t besides; "process_group" (a
+# torch.distributed group that carries cross-node moves in one all_to_all per round) or
+# "exchange_fn" (any collective of the same shape).
 REBALANCE_KEYS = ("feature_fn", "sort_fn", "client_ranks", "groups", "buffer_size", "min_gain",
                   "args", "n_features", "move_s_per_B", "round_timeout_ms", "late_ms",
-                  "fanout")
+                  "fanout", "process_group", "exchange_fn")
+
+
+def _all_to_all_exchange(group: Any) -> Callable[..., None]:
+    """rebalance["process_group"] -> the exchange_fn that carries a round's cross-node moves
+    in one ``torch.distributed.all_to_all_single`` over ``group``, whose ranks must be
+    exactly the load-balance group's (torch's global ranks = DataHelix ranks). It runs on
+    the client's fetcher thread, so the group must be one the training loop does not use
+    (``dist.new_group(ranks, backend="gloo")``: collectives on one group from two threads
+    would interleave); give it a timeout, which bounds a member that does not come."""
+    import torch
+    import torch.distributed as dist
+
+    def exchange(round_no: int, ranks: List[int], send: memoryview, send_counts: List[int],
+                 recv: memoryview, recv_counts: List[int]) -> None:
+        members = dist.get_process_group_ranks(group)
+        if list(members) != list(ranks):
+            raise ValueError(
+                f"rebalance['process_group'] holds ranks {list(members)}, but the "
+                f"load-balance group is {list(ranks)}: give a group of exactly its ranks "
+                f"(dist.new_group({list(ranks)}, backend='gloo'))")
+        empty = torch.empty(0, dtype=torch.uint8)
+        out = torch.frombuffer(recv, dtype=torch.uint8) if len(recv) else empty
+        inp = torch.frombuffer(send, dtype=torch.uint8) if len(send) else empty
+        dist.all_to_all_single(out, inp, output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=group)
+        del out, inp  # the views end with the call
+
+    exchange.process_group = group  # type: ignore[attr-defined]
+    return exchange
 
 
 def _part_view(tensor: Any) -> Any:
@@ -386,7 +417,19 @@ def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: 
         raise InvalidArgumentError(
             f"rebalance: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
             f"(allowed: {', '.join(REBALANCE_KEYS)})")
-    spec = {k: v for k, v in rebalance.items() if k not in ("client_ranks", "fanout")}
+    spec = {k: v for k, v in rebalance.items()
+            if k not in ("client_ranks", "fanout", "process_group")}
+    if rebalance.get("process_group") is not None:
+        if rebalance.get("exchange_fn") is not None:
+            raise InvalidArgumentError(
+                "rebalance: process_group makes the exchange_fn (one all_to_all over it); "
+                "give one of them")
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise InvalidArgumentError(
+                "rebalance['process_group'] needs torch.distributed initialized "
+                "(dist.init_process_group) before the DataLoader")
+        spec["exchange_fn"] = _all_to_all_exchange(rebalance["process_group"])
     if rebalance.get("client_ranks") is not None:
         if rebalance.get("groups") is not None and \
                 rebalance["groups"] != rebalance["client_ranks"]:
@@ -464,7 +507,11 @@ class DataLoader:
             a rank lets a round be gathered: 0, the default, never waits; more makes
             decisions independent of timing), ``fanout`` (parts per batch, the unit
             that moves: default batch_size, single samples; parts are joined into the
-            batch by one copy). The callbacks run on the client's fetcher thread (holding
+            batch by one copy), ``process_group`` (a torch.distributed group of exactly
+            the group's ranks, used by no one else, e.g. ``dist.new_group(backend="gloo")``:
+            moves across nodes go in one all_to_all over it per round instead of
+            DataServer to DataServer) or ``exchange_fn(round, ranks, send, send_counts,
+            recv, recv_counts)`` (any collective of that shape). The callbacks run on the client's fetcher thread (holding
             the GIL); a failure makes next() raise an error naming the round.
     """
 

@@ -602,15 +602,16 @@ static void raise_inval(const char *fmt, ...)
 }
 
 typedef struct rebalance_bridge {
-    PyObject *feature_fn; /* callable or NULL (the C defaults) */
-    PyObject *sort_fn;    /* callable or NULL (the default policy and its gate) */
-    PyObject *args;       /* what sort_fn gets as args (None when not given) */
-    char *args_json;      /* json.dumps(args) for the C side, or NULL */
-    uint32_t *group_of;   /* ranks entries, or NULL (by node) */
-    size_t n_features;    /* the C side's vector length */
-    int n_features_auto;  /* 1: not given with a feature_fn: n_features is the maximum, the
-                           * entries past the returned ones FEATURE_UNUSED, which
-                           * sort_fn's view leaves out */
+    PyObject *feature_fn;  /* callable or NULL (the C defaults) */
+    PyObject *sort_fn;     /* callable or NULL (the default policy and its gate) */
+    PyObject *exchange_fn; /* callable or NULL (DataServers forward cross-node moves) */
+    PyObject *args;        /* what sort_fn gets as args (None when not given) */
+    char *args_json;       /* json.dumps(args) for the C side, or NULL */
+    uint32_t *group_of;    /* ranks entries, or NULL (by node) */
+    size_t n_features;     /* the C side's vector length */
+    int n_features_auto;   /* 1: not given with a feature_fn: n_features is the maximum, the
+                            * entries past the returned ones FEATURE_UNUSED, which
+                            * sort_fn's view leaves out */
     /* The first callback failure next() has not reported yet (under the GIL). */
     int error_code;
     PyObject *error_cause;   /* str: what failed ("sort_fn raised ValueError: ..."), for
@@ -639,6 +640,7 @@ static void bridge_free(rebalance_bridge_t **p)
     bridge_clear_error(br);
     Py_XDECREF(br->feature_fn);
     Py_XDECREF(br->sort_fn);
+    Py_XDECREF(br->exchange_fn);
     Py_XDECREF(br->args);
     PyMem_RawFree(br->args_json);
     PyMem_RawFree(br->group_of);
@@ -1151,6 +1153,93 @@ fail:
     return -1;
 }
 
+/* A byte buffer of the C side as a memoryview for the call, released after it (a view
+ * kept past the call is refused, not dangling; an export taken from it, e.g. a torch
+ * tensor, is the caller's to drop: docs/rebalancing.md). */
+static PyObject *bytes_view(void *data, size_t len)
+{
+    static char empty;
+    return PyMemoryView_FromMemory(len ? data : &empty, (Py_ssize_t)len, PyBUF_WRITE);
+}
+
+static void view_release(PyObject *view)
+{
+    if (!view)
+        return;
+    PyObject *r = PyObject_CallMethod(view, "release", NULL);
+    if (!r)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_DECREF(view);
+}
+
+static PyObject *counts_list(const size_t *counts, uint32_t n)
+{
+    PyObject *l = PyList_New(n);
+    for (uint32_t k = 0; l && k < n; k++) {
+        PyObject *v = PyLong_FromSize_t(counts[k]);
+        if (!v) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, k, v);
+    }
+    return l;
+}
+
+/* The C side's exchange_fn: exchange_fn(round, ranks, send, send_counts, recv, recv_counts)
+ * under the GIL on the fetcher thread (send and recv: memoryviews valid during the call). */
+static int exchange_cb(void *user, uint32_t group, uint64_t round, const uint32_t *ranks,
+                       uint32_t n_ranks, const void *send, const size_t *send_counts, void *recv,
+                       const size_t *recv_counts)
+{
+    rebalance_bridge_t *br = user;
+    if (py_exiting())
+        return DH_EINVAL;
+    PyGILState_STATE g = PyGILState_Ensure();
+    char where[96];
+    snprintf(where, sizeof where, "rebalance round %llu (group %u): ", (unsigned long long)round,
+             (unsigned)group);
+    size_t sent = 0, got = 0;
+    for (uint32_t k = 0; k < n_ranks; k++) {
+        sent += send_counts[k];
+        got += recv_counts[k];
+    }
+    int rc = 0;
+    PyObject *rank_list = PyList_New(n_ranks);
+    for (uint32_t k = 0; rank_list && k < n_ranks; k++) {
+        PyObject *v = PyLong_FromUnsignedLong(ranks[k]);
+        if (!v) {
+            Py_CLEAR(rank_list);
+            break;
+        }
+        PyList_SET_ITEM(rank_list, k, v);
+    }
+    PyObject *sc = counts_list(send_counts, n_ranks), *rcv = counts_list(recv_counts, n_ranks);
+    PyObject *sv = bytes_view((void *)send, sent), *rv = bytes_view(recv, got);
+    PyObject *result = NULL;
+    if (!rank_list || !sc || !rcv || !sv || !rv) {
+        rc =
+            bridge_fail(br, where, PyUnicode_FromString("could not build exchange_fn's arguments"));
+    } else {
+        result = PyObject_CallFunction(br->exchange_fn, "KOOOOO", (unsigned long long)round,
+                                       rank_list, sv, sc, rv, rcv);
+        if (!result) {
+            PyObject *what = pending_exception_text();
+            rc = bridge_fail(br, where, PyUnicode_FromFormat("exchange_fn raised %U", what));
+            Py_XDECREF(what);
+        }
+    }
+    Py_XDECREF(result);
+    view_release(sv);
+    view_release(rv);
+    Py_XDECREF(sc);
+    Py_XDECREF(rcv);
+    Py_XDECREF(rank_list);
+    PyGILState_Release(g);
+    return rc;
+}
+
 /* rebalance=None/False (off), True (the C defaults) or a dict (docs/python.md) -> cfg->rebalance
  * and the bridge behind its callbacks (*out, NULL when off). Returns 0 or -1 with an error
  * set. */
@@ -1158,8 +1247,8 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
                            rebalance_bridge_t **out)
 {
     static const char *const keys[] = {
-        "feature_fn",   "sort_fn",    "groups", "buffer_size",      "min_gain",
-        "move_s_per_B", "n_features", "args",   "round_timeout_ms", "late_ms"};
+        "feature_fn", "sort_fn",          "groups",  "buffer_size", "min_gain",   "move_s_per_B",
+        "n_features", "round_timeout_ms", "late_ms", "args",        "exchange_fn"};
     *out = NULL;
     if (!spec || spec == Py_None || spec == Py_False)
         return 0;
@@ -1179,8 +1268,8 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
         for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
             known = PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, keys[k]) == 0;
         if (!known) {
-            raise_inval("rebalance: unknown key %R (allowed: args, buffer_size, feature_fn, "
-                        "groups, late_ms, min_gain, move_s_per_B, n_features, "
+            raise_inval("rebalance: unknown key %R (allowed: args, buffer_size, exchange_fn, "
+                        "feature_fn, groups, late_ms, min_gain, move_s_per_B, n_features, "
                         "round_timeout_ms, sort_fn)",
                         key);
             return -1;
@@ -1197,6 +1286,7 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
     PyObject *groups = PyDict_GetItemString(spec, "groups");
     if (spec_callable(spec, "feature_fn", &br->feature_fn) < 0 ||
         spec_callable(spec, "sort_fn", &br->sort_fn) < 0 ||
+        spec_callable(spec, "exchange_fn", &br->exchange_fn) < 0 ||
         spec_uint(spec, "buffer_size", 1, UINT32_MAX, &buffer_size) < 0 ||
         spec_uint(spec, "n_features", 1, DH_REBALANCE_MAX_FEATURES, &n_features) < 0 ||
         spec_uint(spec, "round_timeout_ms", 1, INT32_MAX, &timeout) < 0 ||
@@ -1252,6 +1342,10 @@ static int rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
     if (br->sort_fn) {
         cfg->sort_fn = sort_cb;
         cfg->sort_user = br;
+    }
+    if (br->exchange_fn) {
+        cfg->exchange_fn = exchange_cb;
+        cfg->exchange_user = br;
     }
     *out = br;
     return 0;
@@ -1348,12 +1442,14 @@ static PyObject *RebalanceSpec_get_config(RebalanceSpecObject *self, void *unuse
         if (!groups)
             return NULL;
     }
-    return Py_BuildValue(
-        "{s:O,s:N,s:I,s:d,s:d,s:n,s:z,s:i,s:i,s:O,s:O}", "enabled", c->enabled ? Py_True : Py_False,
-        "group_of", groups, "buffer_size", (unsigned)c->buffer_size, "min_gain", c->min_gain,
-        "move_s_per_B", c->move_s_per_B, "n_features", (Py_ssize_t)c->n_features, "args", c->args,
-        "round_timeout_ms", c->round_timeout_ms, "late_ms", c->late_ms, "feature_fn",
-        c->feature_fn ? Py_True : Py_False, "sort_fn", c->sort_fn ? Py_True : Py_False);
+    return Py_BuildValue("{s:O,s:N,s:I,s:d,s:d,s:n,s:z,s:i,s:i,s:O,s:O,s:O}", "enabled",
+                         c->enabled ? Py_True : Py_False, "group_of", groups, "buffer_size",
+                         (unsigned)c->buffer_size, "min_gain", c->min_gain, "move_s_per_B",
+                         c->move_s_per_B, "n_features", (Py_ssize_t)c->n_features, "args", c->args,
+                         "round_timeout_ms", c->round_timeout_ms, "late_ms", c->late_ms,
+                         "feature_fn", c->feature_fn ? Py_True : Py_False, "sort_fn",
+                         c->sort_fn ? Py_True : Py_False, "exchange_fn",
+                         c->exchange_fn ? Py_True : Py_False);
 }
 
 /* After a trampoline failed: raises as next() would (no runtime message here). */
@@ -1854,6 +1950,12 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
         dict_set_steal(d, "rebalance_s_p95", PyFloat_FromDouble(s.rebalance_s_p95)) ||
         dict_set_steal(d, "rebalance_s_max", PyFloat_FromDouble(s.rebalance_s_max)) ||
         dict_set_steal(d, "rebalance_final_s_p95", PyFloat_FromDouble(s.rebalance_final_s_p95)) ||
+        dict_set_steal(d, "rebalance_exchanges",
+                       PyLong_FromUnsignedLongLong(s.rebalance_exchanges)) ||
+        dict_set_steal(d, "rebalance_transfer_s_p95",
+                       PyFloat_FromDouble(s.rebalance_transfer_s_p95)) ||
+        dict_set_steal(d, "rebalance_transfer_s_total",
+                       PyFloat_FromDouble(s.rebalance_transfer_s_total)) ||
         dict_set_steal(d, "rebalance_callback_errors",
                        PyLong_FromUnsignedLong(self->rebalance ? self->rebalance->errors : 0))) {
         Py_XDECREF(d);
@@ -2135,8 +2237,8 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks", (unsigned long long)s.tasks,
-        "samples", (unsigned long long)s.samples, "sample_errors",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
+        (unsigned long long)s.tasks, "samples", (unsigned long long)s.samples, "sample_errors",
         (unsigned long long)s.sample_errors, "delivered_local",
         (unsigned long long)s.delivered_local, "delivered_forwarded",
         (unsigned long long)s.delivered_forwarded, "forwarded", (unsigned long long)s.forwarded,
@@ -2144,7 +2246,7 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
         (unsigned long long)s.bytes_received, "bytes_cross_node",
         (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
         "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
-        (unsigned long long)s.arena_spills);
+        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent);
 }
 
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)

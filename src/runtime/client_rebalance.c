@@ -922,7 +922,7 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
     if (c->cfg.rebalance.exchange_fn)
         exchange(c, m, new_rank, &x);
     if (x.rc) {
-        err = x.rc == DH_ENOMEM ? DH_ENOMEM : DH_EIO;
+        err = x.rc < 0 ? x.rc : DH_EIO; /* the callback's code: a report may go with it */
         what = "exchange_fn failed: the parts it was to bring are lost";
     }
     /* the sender thread reads ring slots under the lock (learn_from_ring) */

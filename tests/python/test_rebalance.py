@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -501,3 +502,119 @@ def test_the_docs_example_runs_under_torchrun(dataset):
     assert sorted(int(x[0]) for x in lines) == [0, 1], r.stdout
     assert all(int(x[3]) == 0 for x in lines), r.stdout
     assert_rounds_ran([{"rebalance_rounds": int(x[2])} for x in lines], "the example")
+
+
+# ---- moves across nodes in one all_to_all (rebalance["process_group"]) ----------------------
+
+def test_a_process_group_carries_cross_node_moves_in_all_to_all(datahelix, dataset, tmp_path):
+    src, ids = dataset
+    order = profile_ids(src)
+    with socket.socket() as s:  # a free port for the ranks' gloo rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rebalance_a2a_worker.py")
+    with datahelix.start_cluster(src, workers=1, node="node-0",
+                                 arena_bytes=128 << 20) as first, \
+            datahelix.start_cluster(src, workers=1, node="node-1", coordinator=first.endpoint,
+                                    arena_bytes=128 << 20) as second:
+        procs = [subprocess.Popen([sys.executable, worker, src, first.endpoint, str(port), str(r),
+                                   str(tmp_path / f"rank{r}.json")], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(2)]
+        outputs = []
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=240)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+        forwarded = [first.stats()["server"]["rebalance_sent"],
+                     second.stats()["server"]["rebalance_sent"]]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-4000:]
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in range(2):
+        assert res[r]["wrong"] == [], f"rank {r} yielded pixels not its samples': {res[r]['wrong']}"
+    steps = len(ids) // 4
+    for step in range(steps):  # every part swapped: each rank yields the other's plan
+        for r in range(2):
+            planned = [order[i] for i in datahelix.plan(src, step, 1 - r, 2, 2, seed=3)]
+            assert sorted(res[r]["got"][str(step)]) == sorted(planned), (step, r)
+    seen = [i for r in range(2) for step in range(steps) for i in res[r]["got"][str(step)]]
+    assert sorted(seen) == sorted(ids)
+    for r in range(2):
+        st = res[r]["stats"]
+        assert st["rebalance_rounds"] == st["rebalance_applied"] == steps, st
+        assert st["rebalance_exchanges"] == steps, st  # one all_to_all per round
+        assert st["rebalance_bytes_remote"] == st["rebalance_bytes"] > 0, st
+        assert st["rebalance_transfer_s_total"] > 0, st
+        assert st["rebalance_callback_errors"] == 0, st
+    assert forwarded == [0, 0]  # no DataServer forwarded a part
+
+
+def test_an_exchange_fn_that_raises_fails_next_once_naming_the_round(datahelix, dataset):
+    # two ranks on two nodes in this process; their exchange_fn meet on a barrier (an
+    # in-process all_to_all); rank 1's raises in round 1, so the parts it was to bring are
+    # lost: next() says so once, naming the round, with the exception as its cause
+    src, ids = dataset
+    profiles = os.path.join(src, "profiles.jsonl")
+    barrier = threading.Barrier(2, timeout=60)
+    posted = {}
+
+    def exchange_for(rank):
+        def exchange(rnd, ranks, send, send_counts, recv, recv_counts):
+            assert ranks == [0, 1] and recv_counts[rank] == send_counts[rank] == 0
+            posted[rank] = (bytes(send), list(send_counts))
+            barrier.wait()
+            data, counts = posted[1 - rank]
+            start = sum(counts[:rank])
+            recv[:] = data[start:start + counts[rank]]
+            barrier.wait()
+            if rnd == 1 and rank == 1:
+                raise RuntimeError("link boom")
+        return exchange
+
+    def swap_all(rnd, args):
+        return [1 - p["rank"] for p in rnd["parts"]]
+
+    with deadline(120), datahelix.start_cluster(src, workers=1, node="node-0",
+                                                arena_bytes=128 << 20) as first, \
+            datahelix.start_cluster(src, workers=1, node="node-1", coordinator=first.endpoint,
+                                    arena_bytes=128 << 20):
+        clients = [datahelix._C.Client(profiles, r, 2, 2, coordinator=first.endpoint,
+                                       node=f"node-{r}", fanout=2, prefetch=2, seed=3,
+                                       next_timeout_ms=1000,
+                                       rebalance=dict(groups=[[0, 1]], buffer_size=4,
+                                                      late_ms=30000, sort_fn=swap_all,
+                                                      exchange_fn=exchange_for(r)))
+                   for r in range(2)]
+        got, errors, done = [dict(), dict()], [[], []], [False, False]
+        while not all(done):
+            for r, c in enumerate(clients):
+                if done[r]:
+                    continue
+                try:
+                    b = c.next()
+                except datahelix.DataHelixError as e:
+                    errors[r].append(e)
+                    assert len(errors[r]) <= 3, errors[r]
+                    continue
+                if b is None:
+                    done[r] = True
+                    continue
+                got[r][b.info["step"]] = [s[0] for s in b.samples()]
+        stats = [c.stats() for c in clients]
+        for c in clients:
+            c.close()
+    assert errors[0] == []
+    (e,) = errors[1]
+    assert "rebalance round 1 (group 0): exchange_fn failed" in str(e), str(e)
+    assert "exchange_fn raised RuntimeError: link boom" in str(e), str(e)
+    assert isinstance(e.__cause__, RuntimeError)
+    # rank 1 lost step 1's parts (both came from rank 0); every other batch is whole
+    assert got[1].get(1, []) == [] and all(len(got[r][s]) == 2 for r in range(2)
+                                           for s in got[r] if (r, s) != (1, 1))
+    assert stats[0]["rebalance_exchanges"] == stats[1]["rebalance_exchanges"] == len(ids) // 4
