@@ -65,6 +65,7 @@ void dh_bench_options_default(dh_bench_options_t *opt)
     opt->prefetch_max = 0; /* 2 x prefetch */
     opt->rebalance = -1;   /* auto: ddlb and helix */
     opt->rebalance_buffer = 64;
+    opt->plan_window = 1;
     opt->rebalance_min_gain = 0.05;
     opt->rebalance_fanout = 0; /* auto: tier2_fanout() */
     opt->seed = 1;
@@ -212,6 +213,7 @@ static double cpu_of(const row_ref_t *refs, size_t n, const char *id)
 typedef struct step_rec {
     double wait_s, compute_s, barrier_s, ready_s, cpu_s;
     uint32_t samples;
+    double *tok;       /* the batch's samples' actual tokens (samples of them), for the bound */
     uint64_t start_ns; /* next() called */
     uint64_t ready_ns; /* batch ready in the arena */
     uint64_t req_ns;   /* requests sent */
@@ -320,6 +322,9 @@ static void *rank_main(void *arg)
                           : 0;
         st->samples = (uint32_t)b->n_samples;
         st->server = server_index(run, b->server);
+        st->tok = b->n_samples ? dh_malloc(b->n_samples * sizeof *st->tok) : NULL;
+        for (size_t i = 0; st->tok && i < b->n_samples; i++)
+            st->tok[i] = b->samples[i].tokens > 0 ? (double)b->samples[i].tokens : 0;
         for (size_t i = 0; i < b->n_samples; i++)
             st->cpu_s += cpu_of(run->refs, run->n_refs, b->samples[i].id);
         double compute = run->a * (double)b->tokens + run->b;
@@ -660,6 +665,80 @@ out:
     return rc;
 }
 
+/* ---- the balance bound ---- */
+
+/* res->balance_bound: the best balance any plan can reach that keeps every sample in the step
+ * it was consumed in (tier 1's window; tier 2 moves samples within their step), with the
+ * per-rank counts free (packing) and the compute model a x tokens + b. Per measured step the
+ * samples all ranks consumed are partitioned among the ranks by the exact planner on their
+ * actual tokens; where it gives up (DH_ETOOBIG, large windows) the step's largest rank is
+ * taken as max(total / ranks, largest sample), a lower bound, so the figure stays an upper
+ * bound on the balance. A step whose tokens were not all recorded (out of memory) leaves the
+ * bound at 0 (unknown). */
+static int balance_bound(const dh_bench_options_t *opt, const rank_ctx_t *ranks, double a, double b,
+                         double mean_sum, dh_bench_system_result_t *res)
+{
+    uint32_t total = opt->warmup + opt->steps;
+    size_t cap = 0;
+    for (uint32_t s = opt->warmup; s < total; s++) {
+        size_t n = 0;
+        for (uint32_t r = 0; r < opt->ranks; r++)
+            n += ranks[r].steps[s].samples;
+        if (n > cap)
+            cap = n;
+    }
+    res->balance_bound = 0;
+    if (cap == 0)
+        return 0;
+    double *load = dh_malloc(cap * sizeof *load);
+    int32_t *rank_of = dh_malloc(cap * sizeof *rank_of);
+    double *rank_load = dh_malloc(opt->ranks * sizeof *rank_load);
+    int rc = 0;
+    if (!load || !rank_of || !rank_load) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
+        goto done;
+    }
+    double opt_sum = 0;
+    for (uint32_t s = opt->warmup; s < total; s++) {
+        size_t n = 0;
+        for (uint32_t r = 0; r < opt->ranks; r++) {
+            const step_rec_t *st = &ranks[r].steps[s];
+            if (st->samples && !st->tok)
+                goto done; /* unknown */
+            for (uint32_t i = 0; i < st->samples; i++)
+                load[n++] = st->tok[i];
+        }
+        double sum = 0;
+        for (size_t i = 0; i < n; i++)
+            sum += load[i];
+        double largest = dh_plan_lower_bound(load, n, opt->ranks);
+        if (n > 0) {
+            dh_plan_config_t pc = {.mode = DH_PLAN_TOKEN_BUDGET,
+                                   .algo = DH_PLAN_EXACT,
+                                   .ranks = opt->ranks,
+                                   .batch = opt->batch,
+                                   .token_budget = sum + 1};
+            int e = dh_plan_step(&pc, load, NULL, n, rank_of, rank_load);
+            if (e == 0) {
+                largest = 0;
+                for (uint32_t r = 0; r < opt->ranks; r++)
+                    if (rank_load[r] > largest)
+                        largest = rank_load[r];
+            } else if (e != DH_ETOOBIG) {
+                rc = e;
+                goto done;
+            }
+        }
+        opt_sum += a * largest + b;
+    }
+    res->balance_bound = opt_sum > 0 ? mean_sum / opt_sum : 0;
+done:
+    dh_free(load);
+    dh_free(rank_of);
+    dh_free(rank_load);
+    return rc;
+}
+
 static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
                       const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
                       double b, double threshold, double batch_decode_s, double batch_join_s,
@@ -741,6 +820,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         cfg.epochs = 0;
         cfg.max_steps = 0; /* set below, past the last measured step */
         cfg.token_plan = sp->token_plan;
+        cfg.plan_window = sp->deep ? opt->plan_window : 1;
         /* the ranks of this rank's node share its local DataServer's arena */
         cfg.local_ranks =
             sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
@@ -850,6 +930,8 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
     res->ideal_sps = bound > 0 ? samples / bound : 0;
     res->efficiency = res->ideal_sps > 0 ? res->throughput_sps / res->ideal_sps : 0;
     res->balance = max_sum > 0 ? mean_sum / max_sum : 0;
+    if ((rc = balance_bound(opt, ranks, run.a, run.b, mean_sum, res)))
+        goto done;
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
@@ -889,10 +971,11 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
             res->rebalance_final_s_p95 = st.rebalance_final_s_p95;
     }
     progress(opt,
-             "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f), input wait p95 "
-             "%.3f s, misses %.0f%%, prefetch %u",
+             "%s: %.1f samples/s (ideal %.1f, efficiency %.2f, balance %.2f of at most %.2f), "
+             "input wait p95 %.3f s, misses %.0f%%, prefetch %u",
              sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
-             res->input_wait_p95_s, 100 * res->ddl_miss_rate, res->prefetch_reached);
+             res->balance_bound, res->input_wait_p95_s, 100 * res->ddl_miss_rate,
+             res->prefetch_reached);
     if (tier2)
         progress(opt,
                  "%s: tier 2: %llu rounds, %llu applied, %llu kept by the gate; %llu samples "
@@ -913,6 +996,8 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
 done:
     for (uint32_t r = 0; ranks && r < opt->ranks; r++) {
         dh_client_destroy(&ranks[r].client);
+        for (uint32_t s = 0; ranks[r].steps && s < opt->warmup + opt->steps; s++)
+            dh_free(ranks[r].steps[s].tok);
         dh_free(ranks[r].steps);
     }
     dh_free(ranks);
@@ -953,6 +1038,9 @@ static int check_options(const dh_bench_options_t *o)
     if (o->rebalance < -1 || o->rebalance > 1)
         return dh__set_error(DH_EINVAL, "bench: rebalance must be -1 (auto), 0 or 1, got %d",
                              o->rebalance);
+    if (o->plan_window < 1 || o->plan_window > 1024)
+        return dh__set_error(DH_EINVAL, "bench: --plan-window must be in [1, 1024], got %u",
+                             o->plan_window);
     if (o->rebalance_buffer < 1 || o->rebalance_buffer > 1000000)
         return dh__set_error(DH_EINVAL, "bench: --rebalance-buffer must be in [1, 1000000], got %u",
                              o->rebalance_buffer);
@@ -1151,7 +1239,7 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
             "\"bytes_scale\":%.9g,\"link_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
             "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
-            "\"fanout\":%u,\"rebalance\":%d,\"rebalance_buffer\":%u,"
+            "\"fanout\":%u,\"plan_window\":%u,\"rebalance\":%d,\"rebalance_buffer\":%u,"
             "\"rebalance_min_gain\":%.9g,\"rebalance_fanout\":%s,\"seed\":%llu,"
             "\"rows\":%zu,"
             "\"systems\":",
@@ -1161,8 +1249,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
             o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
             o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
             o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
-            o->prefetch_max, o->fanout, o->rebalance, o->rebalance_buffer, o->rebalance_min_gain,
-            fanout_text, (unsigned long long)o->seed, r->rows);
+            o->prefetch_max, o->fanout, o->plan_window, o->rebalance, o->rebalance_buffer,
+            o->rebalance_min_gain, fanout_text, (unsigned long long)o->seed, r->rows);
     json_str(f, o->systems);
     fprintf(f, "},\"systems\":{");
     for (size_t i = 0; i < r->n_systems; i++) {
@@ -1174,13 +1262,14 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
                 "\"barrier_wait_mean_s\":%.6g,"
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
-                "\"balance\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_compute_sum_s\":%.9g,"
+                "\"balance\":%.9g,\"balance_bound\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_"
+                "compute_sum_s\":%.9g,"
                 "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
                 "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
-                s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->cores,
-                s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
+                s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->balance_bound,
+                s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
                 s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s);
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,

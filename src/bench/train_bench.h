@@ -88,6 +88,9 @@ typedef struct dh_bench_options {
     /* Tier 2 (rebalancing of materialized batches, client.h):
      * rebalance -1 (default): on for ddlb and helix only; 0: off everywhere; 1: on for
      * every deep system (prefetch-token, cost-ddl, ddlb, helix). */
+    uint32_t plan_window; /* the deep systems' tier 1 across steps: W consecutive steps of
+                           * an epoch planned together (1, the default: each step alone;
+                           * dh_client_config_t.plan_window) */
     int rebalance;
     uint32_t rebalance_buffer; /* samples per round across the group (64) */
     double rebalance_min_gain; /* the gate's margin, a fraction of the largest rank's
@@ -124,6 +127,10 @@ typedef struct dh_bench_system_result {
     double barrier_wait_mean_s;
     double sched_us_per_decision;
     double ideal_sps, efficiency, balance;
+    double balance_bound; /* the best balance of any plan keeping each sample in its
+                           * step, per-rank counts free: each measured step's samples
+                           * partitioned exactly by their actual tokens (see
+                           * docs/benchmarks.md, "The balance bound") */
     double wall_s;
     double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
                                 * (emulated: their actual costs x time_scale) */

@@ -61,6 +61,10 @@ static void bench_runs_every_system_within_definitions(void **state)
             print_error("%s: efficiency %.4f\n", s->name, s->efficiency);
         assert_true(s->efficiency > 0 && s->efficiency <= 1.02);
         assert_true(s->balance > 0 && s->balance <= 1.0 + 1e-9);
+        /* no plan keeping the steps' samples beats the exact partition of each step */
+        if (!(s->balance <= s->balance_bound + 1e-9 && s->balance_bound <= 1.0 + 1e-9))
+            print_error("%s: balance %.9f, bound %.9f\n", s->name, s->balance, s->balance_bound);
+        assert_true(s->balance <= s->balance_bound + 1e-9 && s->balance_bound <= 1.0 + 1e-9);
         assert_true(s->input_wait_p50_s <= s->input_wait_p95_s);
         assert_true(s->input_wait_p95_s <= s->input_wait_p99_s);
         assert_true(s->ddl_miss_rate >= 0 && s->ddl_miss_rate <= 1);
@@ -95,7 +99,8 @@ static void bench_runs_every_system_within_definitions(void **state)
                                  "sched_us_per_decision",
                                  "ideal_sps",
                                  "efficiency",
-                                 "balance"};
+                                 "balance",
+                                 "balance_bound"};
     json_t *helix = json_object_get(systems, "helix");
     assert_non_null(helix);
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
