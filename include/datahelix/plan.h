@@ -105,14 +105,20 @@ typedef enum {
 
 typedef struct dh_share_config {
     dh_share_mode_t mode;
-    dh_plan_algo_t algo; /* the balanced and packed modes' algorithm */
-    uint32_t ranks;      /* > 0 */
-    uint32_t batch;      /* rows per rank per step (> 0); the window is ranks x batch */
-    uint32_t min_rows;   /* packed mode: the fewest rows a rank gets (the client's fanout) */
+    dh_plan_algo_t algo;   /* the balanced and packed modes' algorithm */
+    uint32_t ranks;        /* > 0 */
+    uint32_t batch;        /* rows per rank per step (> 0); the window is ranks x batch */
+    uint32_t min_rows;     /* packed mode: the fewest rows a rank gets (the client's fanout) */
+    uint32_t window_steps; /* 0 or 1: each step's window planned alone. W > 1 (balanced and
+                            * packed modes): W consecutive steps of an epoch (from a
+                            * multiple of W; the epoch's last window may be shorter) are
+                            * planned together, so a sample may be consumed up to W - 1
+                            * steps from its sampler step (dh_plan_rank_share) */
 } dh_share_config_t;
 
 /* The profile rows (indices into `profiles`) that `rank` gets at global step `step`, in
  * window order: the sampler draws the step's window (it must have per_step = ranks x batch),
+ * or with window_steps W > 1 the W steps' windows around it (see dh_plan_window_share),
  * the rows' tokens_est are the loads, their key_index the keys, and the window is shared by
  * cfg->mode. Writes up to cap rows and returns how many (batch, except in packed mode), or
  * DH_EINVAL (rank >= ranks, ranks or batch 0, an unknown mode), DH_ENOMEM, or the sampler's
@@ -121,6 +127,23 @@ typedef struct dh_share_config {
 DH_EXTERN int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
                                  const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
                                  uint32_t *rows, size_t cap);
+
+/* Planning across steps (window_steps = W > 1): the n = W x ranks x batch items of W
+ * consecutive windows (load[], in window order: step 0's ranks x batch items, then step
+ * 1's...) go to W x ranks bins (step t, rank r) so that the sum over the W steps of each
+ * step's largest rank load is small: largest first, each item to the least-loaded bin with
+ * room (ties: fewer items, then its own step, then the lower step and rank), a bin holding
+ * at most `batch` items in balanced mode (every bin then exactly `batch`) and ranks x batch in
+ * packed mode; then each step's items are planned again by cfg->algo and the better of the
+ * two plans of that step is kept (packed: every rank at least min_rows rows). A per-step
+ * plan cannot balance better than the best partition of the sampler's step, which a single
+ * heavy sample may cap (docs/planner.md, "Planning across steps"); this one evens the
+ * steps' compositions first. Writes step_of[i] (0..W-1) and rank_of[i]. Deterministic.
+ * Returns 0, DH_EINVAL (a bad config, n not W x ranks x batch, a bad load) or DH_ENOMEM.
+ * Cost O(n log n + n W ranks) plus W per-step plans. */
+DH_EXTERN int dh_plan_window_share(const dh_share_config_t *cfg, uint32_t steps, const double *load,
+                                   const uint32_t *key, size_t n, uint32_t *step_of,
+                                   int32_t *rank_of);
 
 /* Packing may leave a rank fewer than min_rows rows: gives it the lightest row of the rank
  * with the most rows (the lowest such rank) until none is short or no rank has more than

@@ -1,6 +1,7 @@
-/* Tests of a rank's share of a step (dh_plan_rank_share and dh_plan_min_rows in
- * src/sched/plan.c): each mode's rows per rank, that the ranks' shares cover the window
- * exactly once, the minimum-rows rule and its edges, errors and allocation failures. */
+/* Tests of a rank's share of a step (dh_plan_rank_share, dh_plan_window_share and
+ * dh_plan_min_rows in src/sched/plan.c): each mode's rows per rank, that the ranks' shares
+ * cover the window (or the window of steps) exactly once, the minimum-rows rule and its
+ * edges, planning across steps, errors and allocation failures. */
 #include <stdio.h>
 #include <string.h>
 
@@ -220,6 +221,201 @@ static void fanout_splits_only_what_the_horizon_cannot_cover(void **state)
     assert_int_equal(dh_plan_fanout_width(1, 12, 9.0, 1.0), 1); /* one row */
 }
 
+/* ---- planning across steps (window_steps > 1, dh_plan_window_share) ---- */
+
+/* The instance that motivated it: a real-decode epoch of kinetics-mixed (48 clips: 21 of
+ * 8218 tokens, 17 of 2330, 10 of 537) over 6 steps of 4 ranks x 2. A step holding five
+ * large clips cannot be split better than two on one rank, so step by step the sum of the
+ * steps' largest rank is at least that of the best per-step partitions; across the epoch
+ * the large clips are spread one a rank. */
+static void kinetics_epoch(double *load)
+{
+    /* sampler-like order: the three sizes interleaved unevenly, five L in step 0 */
+    static const int cls[48] = {2, 2, 2, 2, 2, 1, 0, 1, 2, 2, 2, 1, 1, 0, 0, 1,
+                                2, 2, 2, 2, 1, 1, 1, 0, 2, 2, 2, 1, 1, 0, 0, 0,
+                                2, 2, 2, 1, 1, 1, 0, 0, 2, 2, 1, 1, 1, 1, 0, 0};
+    static const double size[3] = {537, 2330, 8218};
+    for (int i = 0; i < 48; i++)
+        load[i] = size[cls[i]];
+}
+
+/* Sum over steps of each step's largest rank load, and checks of the plan's shape: every
+ * item in one (step, rank), balanced bins exactly `batch`, packed ranks at least min_rows
+ * and at most ranks x batch. */
+static double window_cost(const dh_share_config_t *cfg, uint32_t steps, const double *load,
+                          size_t n, const uint32_t *step_of, const int32_t *rank_of)
+{
+    double bin[64] = {0};
+    int count[64] = {0};
+    assert_true(steps * cfg->ranks <= 64);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(step_of[i] < steps);
+        assert_true(rank_of[i] >= 0 && (uint32_t)rank_of[i] < cfg->ranks);
+        bin[step_of[i] * cfg->ranks + (uint32_t)rank_of[i]] += load[i];
+        count[step_of[i] * cfg->ranks + (uint32_t)rank_of[i]]++;
+    }
+    double sum = 0;
+    for (uint32_t t = 0; t < steps; t++) {
+        double mx = 0;
+        for (uint32_t r = 0; r < cfg->ranks; r++) {
+            int k = count[t * cfg->ranks + r];
+            if (cfg->mode == DH_SHARE_TOKEN_BALANCED)
+                assert_int_equal(k, (int)cfg->batch);
+            else
+                assert_true(k >= (int)cfg->min_rows && k <= (int)(cfg->ranks * cfg->batch));
+            if (bin[t * cfg->ranks + r] > mx)
+                mx = bin[t * cfg->ranks + r];
+        }
+        sum += mx;
+    }
+    return sum;
+}
+
+static void window_spreads_heavy_samples_across_steps(void **state)
+{
+    (void)state;
+    double load[48];
+    kinetics_epoch(load);
+    uint32_t step_of[48];
+    int32_t rank_of[48];
+    for (int mode = DH_SHARE_TOKEN_BALANCED; mode <= DH_SHARE_TOKEN_PACKED; mode++) {
+        dh_share_config_t cfg = {.mode = (dh_share_mode_t)mode,
+                                 .algo = DH_PLAN_EXACT,
+                                 .ranks = 4,
+                                 .batch = 2,
+                                 .min_rows = 1,
+                                 .window_steps = 6};
+        /* step by step: the exact per-step plans (the bound of any plan keeping each item
+         * in its step) */
+        double per_step = 0;
+        for (uint32_t t = 0; t < 6; t++) {
+            uint32_t so[8];
+            int32_t ro[8];
+            assert_int_equal(dh_plan_window_share(&cfg, 1, load + 8 * t, NULL, 8, so, ro), 0);
+            per_step += window_cost(&cfg, 1, load + 8 * t, 8, so, ro);
+        }
+        assert_int_equal(dh_plan_window_share(&cfg, 6, load, NULL, 48, step_of, rank_of), 0);
+        double across = window_cost(&cfg, 6, load, 48, step_of, rank_of);
+        double total = 0;
+        for (int i = 0; i < 48; i++)
+            total += load[i];
+        print_message("mode %d: sum of steps' largest rank %.0f per step, %.0f across 6 steps "
+                      "(the mean rank's sum %.0f)\n",
+                      mode, per_step, across, total / 4);
+        assert_true(across < per_step);
+        assert_true(across <= 1.03 * total / 4); /* 0.97 balance of tokens; per step 0.80 */
+        /* deterministic */
+        uint32_t step2[48];
+        int32_t rank2[48];
+        assert_int_equal(dh_plan_window_share(&cfg, 6, load, NULL, 48, step2, rank2), 0);
+        assert_memory_equal(step_of, step2, sizeof step2);
+        assert_memory_equal(rank_of, rank2, sizeof rank2);
+    }
+}
+
+/* Many light items: packed bins hold at most ranks x batch rows (a client's share), and the
+ * per-step re-plan may not pile a step's rows on one rank beyond that. */
+static void window_keeps_rows_within_the_share(void **state)
+{
+    (void)state;
+    double load[64];
+    for (int i = 0; i < 64; i++)
+        load[i] = i < 2 ? 10000 : 1 + i % 3;
+    uint32_t step_of[64];
+    int32_t rank_of[64];
+    dh_share_config_t cfg = {.mode = DH_SHARE_TOKEN_PACKED,
+                             .algo = DH_PLAN_ALGO_DEFAULT,
+                             .ranks = 2,
+                             .batch = 4,
+                             .min_rows = 2,
+                             .window_steps = 8};
+    assert_int_equal(dh_plan_window_share(&cfg, 8, load, NULL, 64, step_of, rank_of), 0);
+    (void)window_cost(&cfg, 8, load, 64, step_of, rank_of);
+}
+
+static void window_rejects_bad_input(void **state)
+{
+    (void)state;
+    double load[16] = {1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t step_of[16];
+    int32_t rank_of[16];
+    dh_share_config_t cfg = {.mode = DH_SHARE_SAMPLE_COUNT, .ranks = 2, .batch = 4};
+    assert_int_equal(dh_plan_window_share(&cfg, 2, load, NULL, 16, step_of, rank_of), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "balanced or packed"));
+    cfg.mode = DH_SHARE_TOKEN_BALANCED;
+    assert_int_equal(dh_plan_window_share(&cfg, 3, load, NULL, 16, step_of, rank_of), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "16 items, expected 3 steps x 8"));
+    load[5] = -1;
+    assert_int_equal(dh_plan_window_share(&cfg, 2, load, NULL, 16, step_of, rank_of), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "item 5"));
+    cfg.ranks = 0;
+    assert_int_equal(dh_plan_window_share(&cfg, 2, load, NULL, 16, step_of, rank_of), DH_EINVAL);
+}
+
+/* Through dh_plan_rank_share: over an epoch of 4 steps with windows of 3 (the last window is
+ * the epoch's fourth step alone), every row of the epoch goes to one rank at one step; the
+ * steps of a window hold that window's rows (none crosses into another window or epoch). */
+static void window_shares_cover_the_epoch_once(void **state)
+{
+    (void)state;
+    dh_profile_set_t *set = rows();
+    for (int mode = DH_SHARE_TOKEN_BALANCED; mode <= DH_SHARE_TOKEN_PACKED; mode++) {
+        dh_share_config_t cfg = share((dh_share_mode_t)mode, 1);
+        cfg.window_steps = 3;
+        dh_sampler_t *s = NULL, *w = NULL;
+        assert_int_equal(dh_sampler_new(&s, N, 16, 7, 1), 0);
+        assert_int_equal(dh_sampler_new(&w, N, 16, 7, 1), 0);
+        for (uint64_t epoch = 0; epoch < 2; epoch++) {
+            int seen[N] = {0};
+            int window_of[N];
+            for (uint64_t k = 0; k < 4; k++) {
+                uint32_t ids[16];
+                assert_int_equal(dh_sampler_step(w, epoch * 4 + k, ids), 0);
+                for (int i = 0; i < 16; i++)
+                    window_of[ids[i]] = (int)(k / 3);
+            }
+            for (uint64_t k = 0; k < 4; k++)
+                for (uint32_t r = 0; r < cfg.ranks; r++) {
+                    uint32_t got[16];
+                    int n = dh_plan_rank_share(&cfg, s, set, epoch * 4 + k, r, got, 16);
+                    assert_true(n >= 1);
+                    if (mode == DH_SHARE_TOKEN_BALANCED)
+                        assert_int_equal(n, 4);
+                    for (int i = 0; i < n; i++) {
+                        seen[got[i]]++;
+                        assert_int_equal(window_of[got[i]], (int)(k / 3));
+                    }
+                }
+            for (int i = 0; i < N; i++)
+                assert_int_equal(seen[i], 1);
+        }
+        dh_sampler_destroy(&s);
+        dh_sampler_destroy(&w);
+    }
+    dh_profile_set_destroy(&set);
+}
+
+static int window_share_once(void *arg)
+{
+    dh_profile_set_t *set = arg;
+    dh_share_config_t cfg = share(DH_SHARE_TOKEN_PACKED, 1);
+    cfg.window_steps = 4;
+    dh_sampler_t *s = NULL;
+    uint32_t got[16];
+    int rc = dh_sampler_new(&s, N, 16, 7, 1);
+    if (rc == 0)
+        rc = dh_plan_rank_share(&cfg, s, set, 5, 1, got, 16);
+    dh_sampler_destroy(&s);
+    return rc < 0 ? rc : 0;
+}
+
+static void window_share_survives_each_allocation_failure(void **state)
+{
+    dh_profile_set_t *set = rows();
+    assert_true(dh_test_each_allocation_failure(window_share_once, set) > 0);
+    dh_profile_set_destroy(&set);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sample_count_takes_consecutive_rows),
     cmocka_unit_test(balanced_gives_batch_rows_and_balances),
@@ -230,5 +426,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(min_rows_edges),
     cmocka_unit_test(share_survives_each_allocation_failure),
     cmocka_unit_test(fanout_splits_only_what_the_horizon_cannot_cover),
+    cmocka_unit_test(window_spreads_heavy_samples_across_steps),
+    cmocka_unit_test(window_keeps_rows_within_the_share),
+    cmocka_unit_test(window_rejects_bad_input),
+    cmocka_unit_test(window_shares_cover_the_epoch_once),
+    cmocka_unit_test(window_share_survives_each_allocation_failure),
 };
 DH_TEST_MAIN(tests)
