@@ -73,6 +73,10 @@ static void usage(FILE *out)
         "                        within the prefetch horizon's compute; then that many\n"
         "                        parts, at most the cores per rank, counting only real\n"
         "                        cores with --dataset)\n"
+        "  --plan-window W       their tier 1 plans W consecutive steps of an epoch\n"
+        "                        together, so a sample may be consumed up to W - 1 steps\n"
+        "                        from its sampler step (1: each step alone, the default;\n"
+        "                        docs/planner.md, \"Planning across steps\")\n"
         "\n"
         "tier 2 (rebalancing of materialized batches, docs/rebalancing.md):\n"
         "  --rebalance           on for every deep system (prefetch-token, cost-ddl,\n"
@@ -233,6 +237,7 @@ int dh_cmd_bench(int argc, char **argv)
         O_REBALANCE,
         O_NO_REBALANCE,
         O_RB_BUFFER,
+        O_PLAN_WINDOW,
         O_RB_GAIN,
         O_RB_FANOUT,
         O_JSON,
@@ -270,6 +275,7 @@ int dh_cmd_bench(int argc, char **argv)
         {"rebalance", no_argument, NULL, O_REBALANCE},
         {"no-rebalance", no_argument, NULL, O_NO_REBALANCE},
         {"rebalance-buffer", required_argument, NULL, O_RB_BUFFER},
+        {"plan-window", required_argument, NULL, O_PLAN_WINDOW},
         {"rebalance-min-gain", required_argument, NULL, O_RB_GAIN},
         {"rebalance-fanout", required_argument, NULL, O_RB_FANOUT},
         {"json", required_argument, NULL, O_JSON},
@@ -403,6 +409,9 @@ int dh_cmd_bench(int argc, char **argv)
             break;
         case O_RB_BUFFER:
             U64("--rebalance-buffer", 1, 1000000, o.rebalance_buffer);
+            break;
+        case O_PLAN_WINDOW:
+            U64("--plan-window", 1, 1024, o.plan_window);
             break;
         case O_RB_GAIN:
             if (parse_double("--rebalance-min-gain", optarg, 0, &o.rebalance_min_gain))

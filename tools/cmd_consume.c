@@ -63,6 +63,9 @@ static void usage(FILE *out)
             "                              (default 120000)\n"
             "      --pipeline SPEC.json    embedded mode: the DataServer's pipeline spec\n"
             "      --workers N             embedded mode: its workers (default 2)\n"
+            "      --plan-window W         tier 1 plans W consecutive steps of an epoch together\n"
+            "                              (a sample may come up to W - 1 steps from its\n"
+            "                              sampler step; default 1: each step alone)\n"
             "      --rebalance             tier 2: rebalance materialized batches among the\n"
             "                              ranks, with the default policy and cost gate (the\n"
             "                              client's default groups are by node, and consume\n"
@@ -148,6 +151,7 @@ int dh_cmd_consume(int argc, char **argv)
         OPT_PREFETCH_MAX,
         OPT_REBALANCE,
         OPT_RB_BUFFER,
+        OPT_PLAN_WINDOW,
         OPT_RB_GAIN,
         OPT_RB_LATE
     };
@@ -174,6 +178,7 @@ int dh_cmd_consume(int argc, char **argv)
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"rebalance", no_argument, NULL, OPT_REBALANCE},
         {"rebalance-buffer", required_argument, NULL, OPT_RB_BUFFER},
+        {"plan-window", required_argument, NULL, OPT_PLAN_WINDOW},
         {"rebalance-min-gain", required_argument, NULL, OPT_RB_GAIN},
         {"rebalance-late-ms", required_argument, NULL, OPT_RB_LATE},
         {"help", no_argument, NULL, 'h'},
@@ -292,6 +297,11 @@ int dh_cmd_consume(int argc, char **argv)
             break;
         case OPT_REBALANCE:
             cfg.rebalance.enabled = 1; /* groups by node (group_of NULL), the defaults */
+            break;
+        case OPT_PLAN_WINDOW:
+            if (dh_cli_parse_u64(CMD, "--plan-window", optarg, 1, 1024, &v))
+                return 2;
+            cfg.plan_window = (uint32_t)v;
             break;
         case OPT_RB_BUFFER:
             if (dh_cli_parse_u64(CMD, "--rebalance-buffer", optarg, 1, 1000000, &v))

@@ -182,6 +182,11 @@ typedef struct dh_client_config {
      * DH_SHARE_SAMPLE_COUNT (0): as rank-local loaders do, rank r takes rows
      *   [r x batch, (r+1) x batch) in sampler order. */
     dh_share_mode_t token_plan;
+    uint32_t plan_window; /* tier 1 across steps (balanced and packed modes): 0 or 1 (the
+                           * default) plans each step's window alone; W > 1 plans W
+                           * consecutive steps of an epoch together, so a sample may be
+                           * consumed up to W - 1 steps from its sampler step
+                           * (dh_plan_window_share; docs/planner.md) */
     dh_on_error_t on_error;
     int next_timeout_ms;         /* next() gives up with DH_EAGAIN after this (-1 = never) */
     int connect_timeout_ms;      /* creation waits this long for the coordinator (30000) */

@@ -322,12 +322,13 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
 
 def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
          batch_size: int, *, seed: int = 0, shuffle: bool = True, plan: str = "balanced",
-         fanout: int = 1) -> List[int]:
+         fanout: int = 1, plan_window: int = 1) -> List[int]:
     """The profile rows (indices into the data set's profile file) that ``rank`` gets at
     global step ``step``: the tier-1 plan a DataLoader with these arguments follows, worked
     out without starting a coordinator, a DataServer or a client (the pure rule of
     src/sched, ``dh_plan_rank_share``). ``source`` as for :func:`resolve_source`; ``plan``
-    as for :class:`DataLoader`; ``fanout`` is the fewest rows a rank gets with "packing".
+    and ``plan_window`` as for :class:`DataLoader`; ``fanout`` is the fewest rows a rank gets
+    with "packing".
     Step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``.
     """
     if plan not in _TOKEN_PLANS:
@@ -335,7 +336,8 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
             f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
     profiles = resolve_source(source)["profiles"]
     return _C.plan(profiles, step, rank, world_size, batch_size, seed=seed,
-                   shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout)
+                   shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout,
+                   plan_window=plan_window)
 
 
 # The keys of DataLoader(rebalance={...}) (docs/rebalancing.md): the paper's shape
@@ -477,6 +479,11 @@ class DataLoader:
         plan: tier-1 planning: "balanced" (token-balanced, batch_size rows per rank; the
             default), "packing" (token-balanced, rows per rank vary), "count" (rank r takes
             rows [r*B, (r+1)*B) of the order, as rank-local loaders do).
+        plan_window: with "balanced" or "packing", plan this many consecutive steps of an
+            epoch together (1, the default: each step alone), so heavy samples are spread
+            over the steps instead of meeting in one; a sample may then come up to
+            ``plan_window - 1`` steps from its place in the order (docs/planner.md,
+            "Planning across steps").
         timeout: seconds ``next()`` waits for a batch before raising TimeoutError (None:
             forever).
         arena_bytes: shared-memory arena of a DataServer this loader starts; 0 (default):
@@ -526,7 +533,8 @@ class DataLoader:
                  max_steps: int = 0, epochs: int = 1,
                  prefetch_max: Optional[int] = None,
                  arena_budget: Union[None, int, str] = None,
-                 rebalance: Union[None, bool, Dict[str, Any]] = None) -> None:
+                 rebalance: Union[None, bool, Dict[str, Any]] = None,
+                 plan_window: int = 1) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -543,6 +551,8 @@ class DataLoader:
         if plan not in _TOKEN_PLANS:
             raise InvalidArgumentError(
                 f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
+        if not 1 <= plan_window <= 1024:
+            raise InvalidArgumentError(f"plan_window must be in [1, 1024], not {plan_window}")
         _set_arena_budget(arena_budget)
         paths = resolve_source(source)
         self.source = os.fspath(source)
@@ -571,7 +581,8 @@ class DataLoader:
         self._client_kwargs = dict(
             coordinator=coordinator, node=node, prefetch=prefetch,
             prefetch_max=prefetch_max or 0, seed=seed,
-            shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], on_error=on_error,
+            shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], plan_window=plan_window,
+            on_error=on_error,
             next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
             workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,

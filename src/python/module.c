@@ -1776,6 +1776,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "prefetch_max",
                              "local_ranks",
                              "rebalance",
+                             "plan_window",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
@@ -1783,15 +1784,16 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes;
     unsigned rank = 0, ranks = 1, batch = 0, fanout = cfg.fanout, prefetch = cfg.prefetch,
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
-             workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks;
+             workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks,
+             plan_window = 1;
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     PyObject *rebalance = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIO", kwlist, &cfg.profiles, &rank, &ranks,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOI", kwlist, &cfg.profiles, &rank, &ranks,
             &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
             &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
             &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
-            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance))
+            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance, &plan_window))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -1819,6 +1821,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.first_epoch = first_epoch;
     cfg.max_steps = max_steps;
     cfg.token_plan = token_plan;
+    cfg.plan_window = plan_window;
     cfg.workers = workers;
     cfg.arena_bytes = arena;
     if (cfg.coordinator && !*cfg.coordinator)
@@ -2340,20 +2343,21 @@ static PyObject *mod_raise_error(PyObject *m, PyObject *args)
     return raise_dh(code, msg);
 }
 
-/* plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, fanout=1)
- * -> the profile rows rank `rank` gets at global step `step`: the client's tier-1 rule
- * (dh_plan_rank_share) without a client, coordinator or DataServer. Reads the profile set
- * each call (without the GIL); a planning script calls it per step and rank. */
+/* plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, fanout=1,
+ * plan_window=1) -> the profile rows rank `rank` gets at global step `step`: the client's tier-1
+ * rule (dh_plan_rank_share) without a client, coordinator or DataServer. Reads the profile set each
+ * call (without the GIL); a planning script calls it per step and rank. */
 static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"profiles", "step",    "rank",       "ranks",  "batch",
-                             "seed",     "shuffle", "token_plan", "fanout", NULL};
+    static char *kwlist[] = {"profiles", "step",       "rank",   "ranks",       "batch", "seed",
+                             "shuffle",  "token_plan", "fanout", "plan_window", NULL};
     const char *path;
     unsigned long long step, seed = 0;
-    unsigned rank, ranks, batch, fanout = 1;
+    unsigned rank, ranks, batch, fanout = 1, plan_window = 1;
     int shuffle = 1, token_plan = DH_SHARE_TOKEN_BALANCED;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sKIII|$KpiI", kwlist, &path, &step, &rank,
-                                     &ranks, &batch, &seed, &shuffle, &token_plan, &fanout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sKIII|$KpiII", kwlist, &path, &step, &rank,
+                                     &ranks, &batch, &seed, &shuffle, &token_plan, &fanout,
+                                     &plan_window))
         return NULL;
     if (token_plan < 0 || token_plan >= DH_SHARE_MODE_COUNT || ranks == 0 || batch == 0 ||
         fanout == 0 || rank >= ranks) {
@@ -2367,7 +2371,8 @@ static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
                              .algo = DH_PLAN_ALGO_DEFAULT,
                              .ranks = ranks,
                              .batch = batch,
-                             .min_rows = fanout};
+                             .min_rows = fanout,
+                             .window_steps = plan_window};
     size_t per_step = (size_t)ranks * batch;
     size_t cap = per_step; /* packing gives one rank at most the whole window */
     uint32_t *rows = PyMem_RawMalloc(cap * sizeof *rows);
@@ -2407,7 +2412,8 @@ static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
 static PyMethodDef module_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))mod_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, "
-     "fanout=1) -> profile rows that rank gets at that step (no client needed)"},
+     "fanout=1, plan_window=1) -> profile rows that rank gets at that step (no client "
+     "needed)"},
     {"live_batches", mod_live_batches, METH_NOARGS,
      "live_batches() -> batches of this process not yet released"},
     {"error_table", mod_error_table, METH_NOARGS,

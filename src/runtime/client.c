@@ -155,7 +155,8 @@ int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t st
                             .algo = c->cfg.plan_algo,
                             .ranks = c->cfg.ranks,
                             .batch = c->cfg.batch,
-                            .min_rows = dh__client_slots(c) ? 1 : c->cfg.fanout};
+                            .min_rows = dh__client_slots(c) ? 1 : c->cfg.fanout,
+                            .window_steps = c->cfg.plan_window};
     return dh_plan_rank_share(&sc, sampler, c->profiles, step, rank, rows, cap);
 }
 

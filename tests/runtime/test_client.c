@@ -444,7 +444,8 @@ static void embedded_zero_copy_and_batch_outlives_client(void **state)
 /* Packing (DH_SHARE_TOKEN_PACKED): over an epoch every row goes to exactly one rank, every rank
  * gets at least `fanout` rows a step, and the largest rank's tokens summed over steps are below
  * sample-count batching's and fixed-batch planning's. */
-static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, uint32_t fanout)
+static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, uint32_t fanout,
+                              uint32_t plan_window)
 {
     size_t n = 0;
     dh_profile_set_t *set = load_rows(profiles, &n);
@@ -454,6 +455,7 @@ static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, 
     cfg.ranks = 4;
     cfg.fanout = fanout;
     cfg.token_plan = token_plan;
+    cfg.plan_window = plan_window;
     dh_client_t *c = NULL;
     assert_int_equal(dh_client_new(&c, &cfg), 0);
     uint32_t rows[64];
@@ -487,11 +489,29 @@ static long long packed_epoch(const char *profiles, dh_share_mode_t token_plan, 
 static void packing_plans_every_row_once_and_balances_tokens(void **state)
 {
     const char *profiles = cl_write_profiles("packing.jsonl", 256);
-    long long none = packed_epoch(profiles, DH_SHARE_SAMPLE_COUNT, 1);
-    long long fixed = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1);
-    long long packed = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2);
+    long long none = packed_epoch(profiles, DH_SHARE_SAMPLE_COUNT, 1, 1);
+    long long fixed = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1, 1);
+    long long packed = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2, 1);
     assert_true(fixed < none);
     assert_true(packed < fixed);
+}
+
+/* Tier 1 across steps (plan_window): over an epoch every row still goes to exactly one rank
+ * at one step (16 steps in windows of 5: the last window is one step), every rank gets at
+ * least `fanout` rows a step, and the largest rank's tokens summed over the steps fall below
+ * the same mode's step-by-step plans. */
+static void plan_window_plans_every_row_once_and_balances_across_steps(void **state)
+{
+    const char *profiles = cl_write_profiles("window.jsonl", 256);
+    long long fixed = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1, 1);
+    long long fixed_w = packed_epoch(profiles, DH_SHARE_TOKEN_BALANCED, 1, 5);
+    long long packed = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2, 1);
+    long long packed_w = packed_epoch(profiles, DH_SHARE_TOKEN_PACKED, 2, 5);
+    print_message("largest rank's tokens over the epoch: fixed %lld, across steps %lld; packed "
+                  "%lld, across steps %lld\n",
+                  fixed, fixed_w, packed, packed_w);
+    assert_true(fixed_w < fixed);
+    assert_true(packed_w < packed);
 }
 
 /* A request the coordinator cannot book (out of memory; DH_FAULT_COORD_BOOK) is failed back
@@ -879,6 +899,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_arena_sized_from_data_within_budget),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
+        cmocka_unit_test(plan_window_plans_every_row_once_and_balances_across_steps),
         cmocka_unit_test(coordinator_refused_request_fails_next),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),

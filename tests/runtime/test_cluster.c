@@ -203,38 +203,34 @@ typedef struct plan_ref {
     char ***ids; /* [step][rank * BATCH + k] */
 } plan_ref_t;
 
-static void plan_ref_make(plan_ref_t *p, const char *profiles)
+static void plan_ref_make_window(plan_ref_t *p, const char *profiles, uint32_t window)
 {
     assert_int_equal(dh_profile_set_new(&p->set), 0);
     assert_int_equal(dh_profile_set_load(p->set, profiles), 0);
     size_t n = dh_profile_set_count(p->set), per = RANKS * BATCH;
     dh_sampler_t *s = NULL;
     assert_int_equal(dh_sampler_new(&s, n, per, SEED, 1), 0);
+    dh_share_config_t sc = {.mode = DH_SHARE_TOKEN_BALANCED,
+                            .algo = DH_PLAN_ALGO_DEFAULT,
+                            .ranks = RANKS,
+                            .batch = BATCH,
+                            .window_steps = window};
     p->ids = calloc(STEPS, sizeof *p->ids);
     for (size_t step = 0; step < STEPS; step++) {
-        uint32_t ids[RANKS * BATCH];
-        double load[RANKS * BATCH];
-        uint32_t key[RANKS * BATCH];
-        int32_t rank_of[RANKS * BATCH];
-        assert_int_equal(dh_sampler_step(s, step, ids), 0);
-        for (size_t i = 0; i < per; i++) {
-            const dh_profile_row_t *row = dh_profile_set_row(p->set, ids[i]);
-            load[i] = (double)row->tokens_est;
-            key[i] = row->key_index;
-        }
-        dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
-                               .algo = DH_PLAN_ALGO_DEFAULT,
-                               .ranks = RANKS,
-                               .batch = BATCH};
-        assert_int_equal(dh_plan_step(&pc, load, key, per, rank_of, NULL), 0);
         p->ids[step] = calloc(per, sizeof(char *));
-        int filled[RANKS] = {0};
-        for (size_t i = 0; i < per; i++) {
-            int r = rank_of[i];
-            p->ids[step][r * BATCH + filled[r]++] = (char *)dh_profile_set_row(p->set, ids[i])->id;
+        for (uint32_t r = 0; r < RANKS; r++) {
+            uint32_t rows[BATCH];
+            assert_int_equal(dh_plan_rank_share(&sc, s, p->set, step, r, rows, BATCH), BATCH);
+            for (int k = 0; k < BATCH; k++)
+                p->ids[step][r * BATCH + k] = (char *)dh_profile_set_row(p->set, rows[k])->id;
         }
     }
     dh_sampler_destroy(&s);
+}
+
+static void plan_ref_make(plan_ref_t *p, const char *profiles)
+{
+    plan_ref_make_window(p, profiles, 1);
 }
 
 static void plan_ref_free(plan_ref_t *p)
@@ -251,10 +247,10 @@ typedef struct ledger_summary {
 
 /* Checks every rank's ledger against the plan: batch i of rank r is line i, with the planned
  * ids in order; over all ranks every sample of the epoch appears exactly once. */
-static ledger_summary_t check_ledgers(cluster_t *c)
+static ledger_summary_t check_ledgers_window(cluster_t *c, uint32_t window)
 {
     plan_ref_t ref;
-    plan_ref_make(&ref, c->profiles);
+    plan_ref_make_window(&ref, c->profiles, window);
     ledger_summary_t sum = {0};
     size_t n = dh_profile_set_count(ref.set);
     int *seen = calloc(n, sizeof *seen);
@@ -321,6 +317,11 @@ static ledger_summary_t check_ledgers(cluster_t *c)
     return sum;
 }
 
+static ledger_summary_t check_ledgers(cluster_t *c)
+{
+    return check_ledgers_window(c, 1);
+}
+
 /* "key N" in a log's stop line. */
 static unsigned long long log_number(const char *path, const char *key)
 {
@@ -329,6 +330,32 @@ static unsigned long long log_number(const char *path, const char *key)
     unsigned long long v = at ? strtoull(at + strlen(key), NULL, 10) : 0;
     free(text);
     return v;
+}
+
+/* Tier 1 across steps (`consume --plan-window 5`): every rank yields, batch by batch, the ids
+ * the window planner gives it (which differ from the step-by-step plan's: samples moved
+ * between steps), every sample of the epoch exactly once. */
+static void cluster_plan_window_epoch_exactly_once(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, false, "deadline", 1);
+    const char *extra[] = {"--plan-window", "5", NULL};
+    start_ranks_with(&c, extra, "2");
+    finish_ranks(&c);
+    ledger_summary_t s = check_ledgers_window(&c, 5);
+    assert_int_equal(s.errors, 0);
+    plan_ref_t alone, across;
+    plan_ref_make(&alone, c.profiles);
+    plan_ref_make_window(&across, c.profiles, 5);
+    int differ = 0;
+    for (int step = 0; step < STEPS; step++)
+        for (int i = 0; i < RANKS * BATCH; i++)
+            differ += strcmp(alone.ids[step][i], across.ids[step][i]) != 0;
+    plan_ref_free(&alone);
+    plan_ref_free(&across);
+    assert_true(differ > 0);
+    stop_all(&c);
+    cl_assert_no_leftovers();
 }
 
 static void cluster_full_epoch_ipc(void **state)
@@ -652,6 +679,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(cluster_full_epoch_ipc, cl_teardown),
+        cmocka_unit_test_teardown(cluster_plan_window_epoch_exactly_once, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
         cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
