@@ -48,6 +48,28 @@ def deadline(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
+def _drain(datahelix, clients):
+    """Runs the clients' epochs side by side: {step: ids} per rank, and the errors next()
+    raised per rank (at most 3 each)."""
+    got, errors = [dict() for _ in clients], [[] for _ in clients]
+    done = [False] * len(clients)
+    while not all(done):
+        for r, c in enumerate(clients):
+            if done[r]:
+                continue
+            try:
+                b = c.next()
+            except datahelix.DataHelixError as e:
+                errors[r].append(e)
+                assert len(errors[r]) <= 3, errors[r]
+                continue
+            if b is None:
+                done[r] = True
+                continue
+            got[r][b.info["step"]] = [s[0] for s in b.samples()]
+    return got, errors
+
+
 def assert_rounds_ran(stats_list, what):
     assert all(s["rebalance_rounds"] > 0 for s in stats_list), \
         f"{what}: a rank took part in no rebalance round: {stats_list}"
@@ -403,21 +425,7 @@ def test_a_failing_policy_fails_next_once_naming_the_round_and_keeps_the_data(
                                        rebalance=dict(spec, groups=[[0, 1]], buffer_size=4,
                                                           late_ms=30000))
                    for r in range(2)]
-        got, errors, done = [dict(), dict()], [[], []], [False, False]
-        while not all(done):
-            for r, c in enumerate(clients):
-                if done[r]:
-                    continue
-                try:
-                    b = c.next()
-                except datahelix.DataHelixError as e:
-                    errors[r].append(e)
-                    assert len(errors[r]) <= 3, errors[r]
-                    continue
-                if b is None:
-                    done[r] = True
-                    continue
-                got[r][b.info["step"]] = [s[0] for s in b.samples()]
+        got, errors = _drain(datahelix, clients)
         stats = [c.stats() for c in clients]
         plans = {(step, r): clients[0].plan(step, r) for step in range(3) for r in range(2)}
         for c in clients:
@@ -591,21 +599,7 @@ def test_an_exchange_fn_that_raises_fails_next_once_naming_the_round(datahelix, 
                                                       late_ms=30000, sort_fn=swap_all,
                                                       exchange_fn=exchange_for(r)))
                    for r in range(2)]
-        got, errors, done = [dict(), dict()], [[], []], [False, False]
-        while not all(done):
-            for r, c in enumerate(clients):
-                if done[r]:
-                    continue
-                try:
-                    b = c.next()
-                except datahelix.DataHelixError as e:
-                    errors[r].append(e)
-                    assert len(errors[r]) <= 3, errors[r]
-                    continue
-                if b is None:
-                    done[r] = True
-                    continue
-                got[r][b.info["step"]] = [s[0] for s in b.samples()]
+        got, errors = _drain(datahelix, clients)
         stats = [c.stats() for c in clients]
         for c in clients:
             c.close()

@@ -424,33 +424,54 @@ static int a2a_exchange(void *user, uint32_t group, uint64_t round, const uint32
     return rc;
 }
 
-/* With an exchange_fn (what rebalance={"process_group": pg} gives in Python), the bytes of
- * cross-node moves go through it, not through the DataServers; the ledger holds. */
-static void rebalance_exchange_fn_carries_cross_node_moves(void **state)
+/* Two ranks on two nodes whose every round swaps all parts (swap_all), the cross-node
+ * bytes going through a2a_exchange, which fails on rank 1 in round fail_round (-1: never);
+ * runs the epoch. a2a_world_free undoes it. */
+static world_t *a2a_world(int fail_round, int *calls, a2a_t **out_x, a2a_arg_t *args)
 {
     world_t *w = calloc(1, sizeof *w);
-    int calls = 0;
     a2a_t *x = calloc(1, sizeof *x);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->cond, NULL);
-    x->fail_round = -1;
-    a2a_arg_t args[RANKS] = {{x, 0}, {x, 1}};
+    x->fail_round = fail_round;
     dh_client_config_t d;
     dh_client_config_default(&d);
     dh_rebalance_config_t rb[RANKS];
     static const uint32_t one_group[RANKS] = {0, 0};
     for (uint32_t r = 0; r < RANKS; r++) {
+        args[r] = (a2a_arg_t){x, r};
         rb[r] = d.rebalance;
         rb[r].enabled = 1;
         rb[r].group_of = one_group;
         rb[r].buffer_size = 4;
         rb[r].sort_fn = swap_all;
-        rb[r].sort_user = &calls;
+        rb[r].sort_user = calls;
         rb[r].exchange_fn = a2a_exchange;
         rb[r].exchange_user = &args[r];
     }
     world_start_each(w, RANKS, rb);
     world_run(w);
+    *out_x = x;
+    return w;
+}
+
+static void a2a_world_free(world_t *w, a2a_t *x)
+{
+    world_stop(w);
+    pthread_cond_destroy(&x->cond);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    free(w);
+}
+
+/* With an exchange_fn (what rebalance={"process_group": pg} gives in Python), the bytes of
+ * cross-node moves go through it, not through the DataServers; the ledger holds. */
+static void rebalance_exchange_fn_carries_cross_node_moves(void **state)
+{
+    int calls = 0;
+    a2a_t *x = NULL;
+    a2a_arg_t args[RANKS];
+    world_t *w = a2a_world(-1, &calls, &x, args);
     check_swapped(w);
     assert_int_equal(check_ledger(w), (size_t)ROWS);
     for (uint32_t r = 0; r < RANKS; r++) {
@@ -467,51 +488,24 @@ static void rebalance_exchange_fn_carries_cross_node_moves(void **state)
         dh_dataserver_stats(w->ds[r], &ds);
         assert_int_equal(ds.rebalance_sent, 0); /* no DataServer forwarded a part */
     }
-    world_stop(w);
-    pthread_cond_destroy(&x->cond);
-    pthread_mutex_destroy(&x->lock);
-    free(x);
-    free(w);
+    a2a_world_free(w, x);
 }
 
 /* An exchange_fn that fails loses the parts it was to bring, and next() says so once,
  * naming the round; the other rounds deliver. */
 static void rebalance_exchange_fn_failure_names_the_round(void **state)
 {
-    world_t *w = calloc(1, sizeof *w);
     int calls = 0;
-    a2a_t *x = calloc(1, sizeof *x);
-    pthread_mutex_init(&x->lock, NULL);
-    pthread_cond_init(&x->cond, NULL);
-    x->fail_round = 2;
-    a2a_arg_t args[RANKS] = {{x, 0}, {x, 1}};
-    dh_client_config_t d;
-    dh_client_config_default(&d);
-    dh_rebalance_config_t rb[RANKS];
-    static const uint32_t one_group[RANKS] = {0, 0};
-    for (uint32_t r = 0; r < RANKS; r++) {
-        rb[r] = d.rebalance;
-        rb[r].enabled = 1;
-        rb[r].group_of = one_group;
-        rb[r].buffer_size = 4;
-        rb[r].sort_fn = swap_all;
-        rb[r].sort_user = &calls;
-        rb[r].exchange_fn = a2a_exchange;
-        rb[r].exchange_user = &args[r];
-    }
-    world_start_each(w, RANKS, rb);
-    world_run(w);
+    a2a_t *x = NULL;
+    a2a_arg_t args[RANKS];
+    world_t *w = a2a_world(2, &calls, &x, args);
     assert_int_equal(w->errors[0], 0);
     assert_int_equal(w->errors[1], 1);
     assert_non_null(strstr(w->error_msg[1], "rebalance round 2 (group 0): exchange_fn failed"));
     /* rank 1 lost round 2's parts (its step 2); every other step is whole */
     for (uint64_t s = 0; s < STEPS; s++)
         assert_int_equal(w->n_ids[1][s], s == 2 ? 0 : BATCH);
-    world_stop(w);
-    pthread_cond_destroy(&x->cond);
-    pthread_mutex_destroy(&x->lock);
-    free(x);
-    free(w);
+    a2a_world_free(w, x);
 }
 
 /* The default policy on one node (moves cost nothing): it balances each step's tokens,
