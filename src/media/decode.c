@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <libavcodec/avcodec.h>
@@ -71,6 +72,9 @@ typedef struct decoder {
     bool draining;         /* end of file reached, the decoder is being flushed */
     const int64_t *wanted; /* sampled indices (ascending), for skip_frame decisions */
     int32_t n_wanted;
+    int64_t *pts_table; /* variable frame rate: every frame's pts, ascending (frame k is
+                         * pts_table[k]); NULL for a constant rate */
+    int64_t n_pts;
 } decoder_t;
 
 /* ---- pipeline objects ------------------------------------------------------------------ */
@@ -132,6 +136,8 @@ static void decoder_close(decoder_t *d)
     avformat_close_input(&d->fmt);
     av_packet_free(&d->pkt);
     av_frame_free(&d->frame);
+    dh_free(d->pts_table);
+    d->pts_table = NULL;
 }
 
 static bool header_is_enough(const AVStream *st)
@@ -171,13 +177,77 @@ static const char *recognised_format(const char *path)
     return fmt && score > AVPROBE_SCORE_EXTENSION ? fmt->name : NULL;
 }
 
-/* Opens the container and finds the video stream (no codec yet). */
-static int decoder_open_input(decoder_t *d, const char *path)
+/* Whether frame k may not be at start + k / fps: the average frame rate differs from the
+ * base rate (the smallest interval's; variable frame rate, or frames missing), or the
+ * container does not count its frames (Matroska/WebM, MPEG-TS: their headers cannot tell a
+ * variable rate, and the count would otherwise be estimated as duration x fps). MP4 (an
+ * exact sample table) at a constant rate keeps the formula. */
+static bool variable_rate(const AVStream *st)
+{
+    bool rates = st->avg_frame_rate.num > 0 && st->avg_frame_rate.den > 0 &&
+                 st->r_frame_rate.num > 0 && st->r_frame_rate.den > 0;
+    return st->nb_frames <= 0 || (rates && av_cmp_q(st->avg_frame_rate, st->r_frame_rate) != 0);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Variable frame rate: frame k is not at start + k / fps, so the frames' timestamps are
+ * read from the container (its packets, demuxed without decoding: the cost of reading the
+ * file once), sorted (presentation order) and deduplicated into d->pts_table. Frame k is then the
+ * k-th frame shown, as a player (and PyAV) counts it. The caller opens the container again to
+ * decode. */
+static int build_pts_table(decoder_t *d)
 {
     char msg[AV_ERROR_MAX_STRING_SIZE];
-    memset(d, 0, sizeof *d);
-    d->path = path;
-    pthread_once(&quiet_once, quiet_ffmpeg);
+    AVPacket *pkt = av_packet_alloc();
+    if (!pkt)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", d->path);
+    int64_t cap = 0;
+    int averr;
+    d->n_pts = 0;
+    while ((averr = av_read_frame(d->fmt, pkt)) >= 0) {
+        int64_t ts = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
+        bool ours = pkt->stream_index == d->stream && ts != AV_NOPTS_VALUE;
+        av_packet_unref(pkt);
+        if (!ours)
+            continue;
+        if (d->n_pts == cap) {
+            cap = cap ? 2 * cap : 256;
+            int64_t *grown = dh_reallocarray(d->pts_table, (size_t)cap, sizeof *grown);
+            if (!grown) {
+                av_packet_free(&pkt);
+                return dh__set_error(DH_ENOMEM, "%s: out of memory", d->path);
+            }
+            d->pts_table = grown;
+        }
+        d->pts_table[d->n_pts++] = ts;
+    }
+    av_packet_free(&pkt);
+    if (averr != AVERROR_EOF)
+        return dh__set_error(code_of(averr), "%s: cannot read its frames' timestamps: %s", d->path,
+                             av_message(averr, msg, sizeof msg));
+    if (d->n_pts == 0) {
+        dh_free(d->pts_table); /* no timestamps: the constant-rate rule */
+        d->pts_table = NULL;
+    } else {
+        qsort(d->pts_table, (size_t)d->n_pts, sizeof *d->pts_table, cmp_i64);
+        int64_t n = 1;
+        for (int64_t i = 1; i < d->n_pts; i++)
+            if (d->pts_table[i] != d->pts_table[n - 1])
+                d->pts_table[n++] = d->pts_table[i];
+        d->n_pts = n;
+    }
+    return 0;
+}
+
+/* Opens the container and finds the video stream. */
+static int open_container(decoder_t *d, const char *path)
+{
+    char msg[AV_ERROR_MAX_STRING_SIZE];
     int averr = avformat_open_input(&d->fmt, path, NULL, NULL);
     if (averr < 0) {
         int code = code_of(averr);
@@ -217,6 +287,28 @@ static int decoder_open_input(decoder_t *d, const char *path)
     return 0;
 }
 
+/* Opens the container and finds the video stream (no codec yet). Where frame k may not be
+ * at start + k / fps, the frames' timestamps are read first (one demux pass), then the
+ * container is opened again: a fresh demuxer is the one way back to the first packet that
+ * holds for every format (an MPEG-TS seek to the start lands on a later packet). */
+static int decoder_open_input(decoder_t *d, const char *path)
+{
+    memset(d, 0, sizeof *d);
+    d->path = path;
+    pthread_once(&quiet_once, quiet_ffmpeg);
+    int rc = open_container(d, path);
+    if (rc || !variable_rate(d->st))
+        return rc;
+    if ((rc = build_pts_table(d)))
+        return rc;
+    avformat_close_input(&d->fmt);
+    if ((rc = open_container(d, path)))
+        return rc;
+    if (d->pts_table)
+        d->start_pts = d->pts_table[0];
+    return 0;
+}
+
 static void decoder_clip_info(const decoder_t *d, dh_clip_info_t *clip)
 {
     const AVStream *st = d->st;
@@ -229,8 +321,8 @@ static void decoder_clip_info(const decoder_t *d, dh_clip_info_t *clip)
     else if (d->fmt->duration > 0)
         clip->duration_s = (double)d->fmt->duration / AV_TIME_BASE;
     /* nb_frames is exact in MP4 (the sample table); other containers leave it 0 and
-     * dh_pipeline_plan estimates duration x fps. */
-    clip->frame_count = st->nb_frames > 0 ? st->nb_frames : 0;
+     * dh_pipeline_plan estimates duration x fps; a variable-rate clip counted its frames. */
+    clip->frame_count = d->pts_table ? d->n_pts : st->nb_frames > 0 ? st->nb_frames : 0;
 }
 
 static int decoder_open_codec(decoder_t *d)
@@ -276,15 +368,34 @@ int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip)
 
 /* ---- frame index <-> timestamp --------------------------------------------------------- */
 
+/* Constant rate: index = round((pts - start) x time_base x fps). Variable rate: the index
+ * of the table's nearest timestamp. */
 static int64_t index_of_pts(const decoder_t *d, int64_t pts)
 {
-    return av_rescale_q_rnd(pts - d->start_pts, d->st->time_base, av_inv_q(d->rate),
-                            AV_ROUND_NEAR_INF | AV_ROUND_PASS_MINMAX);
+    if (!d->pts_table)
+        return av_rescale_q_rnd(pts - d->start_pts, d->st->time_base, av_inv_q(d->rate),
+                                AV_ROUND_NEAR_INF | AV_ROUND_PASS_MINMAX);
+    int64_t lo = 0, hi = d->n_pts; /* the first entry >= pts */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (d->pts_table[mid] < pts)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == d->n_pts || (lo > 0 && pts - d->pts_table[lo - 1] < d->pts_table[lo] - pts))
+        lo--;
+    return lo;
 }
 
 static int64_t pts_of_index(const decoder_t *d, int64_t index)
 {
-    return d->start_pts + av_rescale_q(index, av_inv_q(d->rate), d->st->time_base);
+    if (!d->pts_table || index < 0)
+        return d->start_pts + av_rescale_q(index, av_inv_q(d->rate), d->st->time_base);
+    if (index < d->n_pts)
+        return d->pts_table[index];
+    return d->pts_table[d->n_pts - 1] +
+           av_rescale_q(index - d->n_pts + 1, av_inv_q(d->rate), d->st->time_base);
 }
 
 static bool is_wanted(const decoder_t *d, int64_t index)
