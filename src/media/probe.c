@@ -4,11 +4,13 @@
  * millisecond of CPU for a 10 s clip; no codec is opened. */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
+#include <libavutil/display.h>
 #include <libavutil/log.h>
 
 #include "datahelix/alloc.h"
@@ -65,6 +67,45 @@ static int read_keyframes(const char *path, AVStream *st, double fps, dh_media_i
     return 0;
 }
 
+/* What the pipeline cannot decode faithfully is refused here, with the reason and the way
+ * out, rather than decoded wrong (docs/pipeline.md, "Codecs and containers"):
+ *   - a display matrix that rotates or mirrors the picture (phone videos): the pipeline
+ *     does not apply it yet, so the frames would come sideways;
+ *   - AVI with reordered (B-)frames: AVI stores no presentation times, so frame numbers
+ *     taken from the decoder's guessed timestamps are off by the reorder delay. Whether the
+ *     stream reorders is known only from its first packets, so AVI pays a short stream-info
+ *     probe. */
+static int check_supported(const char *path, AVFormatContext *fmt, AVStream *st)
+{
+    size_t size = 0;
+    const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, &size);
+    if (m && size >= 9 * sizeof(int32_t)) {
+        const int32_t *matrix = (const int32_t *)m;
+        double rotation = av_display_rotation_get(matrix);
+        /* mirrored: the 2x2 part's determinant is negative */
+        bool mirrored = (double)matrix[0] * matrix[4] - (double)matrix[1] * matrix[3] < 0;
+        if (isnan(rotation) || fabs(rotation) > 0.5 || mirrored)
+            return dh__set_error(DH_EIO,
+                                 "%s: its display matrix %s the picture (%.0f degrees), which "
+                                 "the pipeline does not apply yet; re-encode it upright (the "
+                                 "ffmpeg CLI applies it: ffmpeg -i IN OUT)",
+                                 path, mirrored ? "mirrors" : "rotates",
+                                 isnan(rotation) ? 0.0 : -rotation);
+    }
+    if (strcmp(fmt->iformat->name, "avi") == 0) {
+        if (st->codecpar->video_delay == 0)
+            (void)avformat_find_stream_info(fmt, NULL);
+        if (st->codecpar->video_delay > 0)
+            return dh__set_error(DH_EIO,
+                                 "%s: AVI with reordered (B-)frames (%s, delay %d): AVI keeps no "
+                                 "presentation times, so sampled frames would be off by the "
+                                 "delay; re-encode without B-frames or into MP4/MKV",
+                                 path, avcodec_get_name(st->codecpar->codec_id),
+                                 st->codecpar->video_delay);
+    }
+    return 0;
+}
+
 int dh_media_probe(const char *path, dh_media_info_t *info)
 {
     memset(info, 0, sizeof *info);
@@ -106,6 +147,8 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
                            avcodec_get_name(par->codec_id));
         goto out;
     }
+    if ((rc = check_supported(path, fmt, st)))
+        goto out;
     snprintf(info->codec, sizeof info->codec, "%s", avcodec_get_name(par->codec_id));
     info->width = par->width;
     info->height = par->height;
