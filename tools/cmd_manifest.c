@@ -202,7 +202,11 @@ int dh_cmd_manifest(int argc, char **argv)
     mb_dir_report_t dir_report = {0};
     mb_table_report_t table_report = {0};
     if (rc == 0 && from_dir) {
-        mb_dir_options_t opt = {.dir = from_dir, .exts = exts, .n_exts = n_exts};
+        const char *slash = strrchr(output, '/');
+        mb_dir_options_t opt = {.dir = from_dir,
+                                .skip_name = slash ? slash + 1 : output,
+                                .exts = exts,
+                                .n_exts = n_exts};
         rc = mb_from_dir(&opt, &e, &dir_report);
     } else if (rc == 0) {
         rc = mb_from_table(&table, &e, &table_report);

@@ -61,6 +61,7 @@ char *mb_join(const char *dir, const char *name);
  * "text" key) beside it. */
 typedef struct mb_dir_options {
     const char *dir;
+    const char *skip_name; /* OUT's file name: OUT and OUT.part in its folder are not data */
     char **exts;
     size_t n_exts;
 } mb_dir_options_t;

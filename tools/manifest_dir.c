@@ -23,6 +23,7 @@
 
 typedef struct walk {
     const mb_dir_options_t *opt;
+    const char *out_dir_abs; /* the folder of OUT, whose OUT and OUT.part are skipped */
     mb_dir_report_t *report;
     unsigned long long progress_every;
     char **paths; /* relative to opt->dir */
@@ -38,6 +39,15 @@ static int wanted(const walk_t *w, const char *name)
         if (strcasecmp(dot + 1, w->opt->exts[i]) == 0)
             return 1;
     return 0;
+}
+
+/* OUT itself, or OUT.part being written, when the walk passes through OUT's folder. */
+static int is_output(const walk_t *w, const char *dir_abs, const char *name)
+{
+    const char *out = w->opt->skip_name;
+    size_t n = out ? strlen(out) : 0;
+    return out && strncmp(name, out, n) == 0 && (!name[n] || strcmp(name + n, ".part") == 0) &&
+           strcmp(dir_abs, w->out_dir_abs) == 0;
 }
 
 static int take(walk_t *w, const char *rel)
@@ -94,6 +104,8 @@ static int walk_dir(walk_t *w, const char *abs, const char *rel)
             else if (stat(child_abs, &st) == 0 && S_ISREG(st.st_mode))
                 is_file = 1; /* a file, or a link to one; a link to a folder: neither */
         }
+        if (is_file && is_output(w, abs, ent->d_name))
+            is_file = 0;
         if (is_dir) {
             rc = walk_dir(w, child_abs, child_rel);
         } else if (is_file) {
@@ -261,7 +273,10 @@ int mb_from_dir(const mb_dir_options_t *opt, mb_emitter_t *e, mb_dir_report_t *r
         free(root);
         return mb_error("%s: not a folder", opt->dir);
     }
-    walk_t w = {.opt = opt, .report = report, .progress_every = e->progress_every};
+    walk_t w = {.opt = opt,
+                .out_dir_abs = e->out_dir_abs,
+                .report = report,
+                .progress_every = e->progress_every};
     int rc = walk_dir(&w, root, "");
     if (rc == 0)
         qsort(w.paths, w.n, sizeof *w.paths, by_bytes);
