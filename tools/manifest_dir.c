@@ -187,6 +187,12 @@ static int caption_from_txt(const char *path, char **caption, int *found)
         free(text);
         return mb_error("%s: the caption holds a NUL byte (not a text file?)", path);
     }
+    json_t *check = json_stringn(text, n); /* NULL: not UTF-8 */
+    if (!check) {
+        free(text);
+        return mb_error("%s: the caption is not valid UTF-8", path);
+    }
+    json_decref(check);
     char *start = text;
     if ((unsigned char)start[0] == 0xEF && (unsigned char)start[1] == 0xBB &&
         (unsigned char)start[2] == 0xBF)

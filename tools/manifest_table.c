@@ -160,6 +160,20 @@ static int header_row(table_t *t)
     return 0;
 }
 
+/* A NUL byte would cut the C string short without a word: refuse it in the fields used. */
+static int nul_in_used_field(const table_t *t, const mb_where_t *where)
+{
+    const long used[] = {t->path_idx, t->caption_idx, t->id_idx};
+    for (size_t i = 0; i < sizeof used / sizeof used[0]; i++) {
+        if (used[i] < 0 || !memchr(t->fields[used[i]].text, '\0', t->fields[used[i]].len))
+            continue;
+        char w[1024];
+        return mb_error("%s: holds a NUL byte",
+                        mb_where_text(w, sizeof w, where, t->header[used[i]]));
+    }
+    return 0;
+}
+
 static void on_row(int terminator, void *ctx)
 {
     (void)terminator;
@@ -175,7 +189,7 @@ static void on_row(int terminator, void *ctx)
                 t->failed =
                     mb_error("%s: %zu fields, but the header has %zu columns",
                              mb_where_text(w, sizeof w, &where, NULL), t->n_fields, t->n_header);
-            else
+            else if ((t->failed = nul_in_used_field(t, &where)) == 0)
                 t->failed = take_row(t, &where, t->fields[t->path_idx].text,
                                      t->caption_idx >= 0 ? t->fields[t->caption_idx].text : NULL,
                                      t->id_idx >= 0 ? t->fields[t->id_idx].text : NULL);
@@ -214,7 +228,8 @@ static int read_csv(table_t *t, int delimiter, int strict)
     t->between_rows = 1;
     while (!t->failed && (len = getline(&line, &cap, f)) >= 0) {
         t->line++;
-        int blank = len == 1 || (len == 2 && line[0] == '\r');
+        int blank =
+            (len == 1 && line[0] == '\n') || (len == 2 && line[0] == '\r' && line[1] == '\n');
         if (t->between_rows && !blank) {
             t->row_line = t->line;
             t->between_rows = 0;
