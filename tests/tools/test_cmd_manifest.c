@@ -409,6 +409,14 @@ static void errors_name_file_line_row_and_column(void **state)
          {"type.jsonl:1: row 1, column 'c': must be a string", NULL, NULL}},
         {"array.json", "[{\"p\": \"v/1.mp4\"}]\n", "--path-col p", {"array.json", "jq", NULL}},
         {"empty.tsv", "", "--path-col p", {"empty.tsv: empty", NULL, NULL}},
+        {"onequote.csv",
+         "\"",
+         "--path-col p",
+         {"onequote.csv:1: a quoted field is not closed", NULL, NULL}},
+        {"utf8.csv",
+         "path,c\nv/1.mp4,\xff\xfe\n",
+         "--path-col path --caption-col c",
+         {"utf8.csv:2: row 1: the caption is not valid UTF-8", NULL, NULL}},
     };
     char *err_path = scratch("bad.err"), *out = join(dir, "out.jsonl");
     for (size_t i = 0; i < LEN(cases); i++) {
@@ -451,6 +459,47 @@ static void errors_name_file_line_row_and_column(void **state)
         assert_false(exists(to));
         free(err);
         free(to);
+        free(from);
+    }
+    /* A NUL byte in a used field would cut it short silently. */
+    char *nul = join(dir, "nul.csv"), args[4096];
+    FILE *f = fopen(nul, "wb");
+    assert_non_null(f);
+    static const char nul_csv[] = "path,c\nv/1.mp4,x\0y\n";
+    assert_int_equal(fwrite(nul_csv, 1, sizeof nul_csv - 1, f), sizeof nul_csv - 1);
+    fclose(f);
+    snprintf(args, sizeof args, "manifest --from-csv '%s' --path-col path --caption-col c -o '%s'",
+             nul, out);
+    assert_int_equal(run_cli(args, err_path), 1);
+    char *err = read_all(err_path);
+    if (!strstr(err, "nul.csv:2: row 1, column 'c': holds a NUL byte"))
+        print_error("stderr: %s\n", err);
+    assert_non_null(strstr(err, "nul.csv:2: row 1, column 'c': holds a NUL byte"));
+    free(err);
+    free(nul);
+    /* Sidecars at fault are named: a .txt that is not UTF-8, a .json that is not JSON. */
+    static const struct {
+        const char *sidecar, *content, *expect;
+    } sidecars[] = {
+        {"s1/x.txt", "caf\xe9", "s1/x.txt: the caption is not valid UTF-8"},
+        {"s2/x.json", "{\"caption\": ", "s2/x.json:1:"},
+        {"s3/x.json", "{\"caption\": 5}", "s3/x.json: key 'caption' must be a string"},
+    };
+    for (size_t i = 0; i < LEN(sidecars); i++) {
+        char folder[8], *from;
+        snprintf(folder, sizeof folder, "s%zu", i + 1);
+        from = join(dir, folder);
+        put(from, "x.mp4", "");
+        put(dir, sidecars[i].sidecar, sidecars[i].content);
+        snprintf(args, sizeof args, "manifest --from-dir '%s' -o '%s'", from, out);
+        int status = run_cli(args, err_path);
+        err = read_all(err_path);
+        if (status != 1 || !strstr(err, sidecars[i].expect))
+            print_error("%s: exit %d, stderr: %s\n", sidecars[i].sidecar, status, err);
+        assert_int_equal(status, 1);
+        assert_non_null(strstr(err, sidecars[i].expect));
+        assert_false(exists(out));
+        free(err);
         free(from);
     }
     free(out);
