@@ -16,6 +16,8 @@
 #   build-essential, pkg-config, cmake  the C toolchain and the build system
 #   libjansson-dev                      JSON parsing/writing (profiles JSONL, mix files)
 #   libcmocka-dev                       the unit-test framework (one CTest test per case)
+#   libcsv-dev                          CSV/TSV parsing for `datahelix manifest --from-csv`
+#                                       (quoted fields with commas, quotes and newlines)
 #   libavformat/avcodec/swscale/avutil-dev  FFmpeg: encode synthetic clips, probe, decode, resize
 #   ffmpeg                              the ffmpeg CLI, the baseline of `datahelix decode-bench`
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
@@ -38,7 +40,7 @@ case "${1:-}" in
     *) echo "usage: scripts/deps.sh [--check]" >&2; exit 2 ;;
 esac
 
-DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev
+DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
               libzmq3-dev libdlpack-dev)
 # Optional tools: installed when missing, but a failure to get them is not fatal.

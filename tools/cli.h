@@ -8,6 +8,7 @@ int dh_cmd_plan(int argc, char **argv);
 int dh_cmd_place_bench(int argc, char **argv);
 int dh_cmd_gen_profiles(int argc, char **argv);
 int dh_cmd_synth(int argc, char **argv);
+int dh_cmd_manifest(int argc, char **argv);
 int dh_cmd_probe(int argc, char **argv);
 int dh_cmd_decode_bench(int argc, char **argv);
 int dh_cmd_coordinator(int argc, char **argv);

@@ -1,0 +1,237 @@
+/* cmd_manifest.c: `datahelix manifest`, writes the manifest JSONL that `probe` reads from a
+ * data set as people store it: a folder of clips with caption sidecars (manifest_dir.c), or
+ * a CSV/TSV/JSON-lines metadata table (manifest_table.c); docs/datasets.md. Thin: parse the
+ * options, run one source into the emitter (manifest_emit.c), summarise. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "datahelix/clock.h"
+#include "cli.h"
+#include "manifest_build.h"
+
+#define CMD "manifest"
+#define DEFAULT_EXTS "mp4,m4v,mov,mkv,webm,avi,mpg,mpeg,flv"
+#define MAX_EXTS 64
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: datahelix manifest --from-dir DIR [--ext LIST] -o OUT.jsonl\n"
+            "       datahelix manifest --from-csv FILE --path-col NAME [--caption-col NAME]\n"
+            "                          [--id-col NAME] [--root DIR] [--delimiter C]\n"
+            "                          [--skip-missing] -o OUT.jsonl\n"
+            "\n"
+            "Writes a manifest (one {\"id\", \"path\", \"caption\"} JSON object a line, the\n"
+            "format `datahelix synth` writes and `datahelix probe` reads; docs/datasets.md).\n"
+            "Paths are written relative to OUT's folder when the file lies under it, else\n"
+            "absolute. OUT is written through OUT.part and renamed when complete, so a\n"
+            "failed run leaves no manifest.\n"
+            "\n"
+            "--from-dir DIR walks DIR recursively and takes every file whose extension is in\n"
+            "the list (case-insensitive), sorted by relative path (byte order); names\n"
+            "starting with '.' are skipped, links to folders are not followed. The id is the\n"
+            "path relative to DIR. The caption comes from a sidecar with the same stem:\n"
+            "STEM.txt (its text, trimmed), else STEM.json (its \"caption\" or \"text\" key).\n"
+            "\n"
+            "--from-csv FILE reads a metadata table, one entry per row: CSV (RFC 4180 quoting:\n"
+            "quoted fields may hold delimiters, doubled quotes and newlines), TSV (by the\n"
+            ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
+            "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
+            "The id is the --id-col value, else the path as written in the table. Every\n"
+            "path must name an existing file.\n"
+            "\n"
+            "options:\n"
+            "  -d, --from-dir DIR       the folder to walk\n"
+            "  -e, --ext LIST           extensions to take, comma-separated (default\n"
+            "                           " DEFAULT_EXTS ")\n"
+            "  -c, --from-csv FILE      the metadata table to read\n"
+            "  -p, --path-col NAME      the column (key) holding each file's path (required\n"
+            "                           with --from-csv)\n"
+            "      --caption-col NAME   the column holding the caption (default: none)\n"
+            "      --id-col NAME        the column holding the id (default: the path)\n"
+            "  -r, --root DIR           the folder relative paths start from (default: FILE's\n"
+            "                           folder)\n"
+            "      --delimiter C        the field delimiter, one character or 'tab' (default:\n"
+            "                           ',' or, for .tsv/.tab, tab); reads FILE as CSV/TSV\n"
+            "      --skip-missing       skip rows whose file does not exist (counted, the first\n"
+            "                           10 named on stderr) instead of failing\n"
+            "  -o, --output OUT         the manifest to write (required)\n"
+            "      --progress-every N   a progress line on stderr every N files scanned and\n"
+            "                           every N entries written (default 10000, 0: none)\n"
+            "  -h, --help               this text\n"
+            "\n"
+            "Errors name the file, line, row and column at fault (a missing column, a file that\n"
+            "does not exist, a duplicate id, malformed quoting, an unreadable folder).\n"
+            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
+}
+
+static int usage_error(const char *what)
+{
+    fprintf(stderr, "datahelix %s: %s (see --help)\n", CMD, what);
+    return 2;
+}
+
+/* "mp4,.MKV" -> {"mp4", "mkv"} in buf (lower case, no dots). */
+static int parse_exts(const char *list, char *buf, size_t buf_size, char **exts, size_t *n)
+{
+    if (strlen(list) >= buf_size)
+        return usage_error("--ext: the list is too long");
+    strcpy(buf, list);
+    *n = 0;
+    char *save = NULL;
+    for (char *p = buf;; p = NULL) {
+        char *tok = strtok_r(p, ",", &save);
+        if (!tok)
+            break;
+        while (*tok == '.')
+            tok++;
+        if (!*tok || strchr(tok, '/') || strchr(tok, ' '))
+            return usage_error("--ext expects extensions like mp4,mkv,webm");
+        for (char *c = tok; *c; c++)
+            *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+        if (*n == MAX_EXTS)
+            return usage_error("--ext: too many extensions");
+        exts[(*n)++] = tok;
+    }
+    if (*n == 0 || strstr(list, ",,") || list[strlen(list) - 1] == ',')
+        return usage_error("--ext expects extensions like mp4,mkv,webm");
+    return 0;
+}
+
+int dh_cmd_manifest(int argc, char **argv)
+{
+    enum { OPT_CAPTION_COL = 256, OPT_ID_COL, OPT_DELIMITER, OPT_SKIP_MISSING, OPT_PROGRESS };
+    static const struct option options[] = {
+        {"from-dir", required_argument, NULL, 'd'},
+        {"ext", required_argument, NULL, 'e'},
+        {"from-csv", required_argument, NULL, 'c'},
+        {"path-col", required_argument, NULL, 'p'},
+        {"caption-col", required_argument, NULL, OPT_CAPTION_COL},
+        {"id-col", required_argument, NULL, OPT_ID_COL},
+        {"root", required_argument, NULL, 'r'},
+        {"delimiter", required_argument, NULL, OPT_DELIMITER},
+        {"skip-missing", no_argument, NULL, OPT_SKIP_MISSING},
+        {"output", required_argument, NULL, 'o'},
+        {"progress-every", required_argument, NULL, OPT_PROGRESS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *from_dir = NULL, *ext_list = NULL, *output = NULL;
+    mb_table_options_t table = {0};
+    unsigned long long progress_every = 10000;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "d:e:c:p:r:o:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            from_dir = optarg;
+            break;
+        case 'e':
+            ext_list = optarg;
+            break;
+        case 'c':
+            table.file = optarg;
+            break;
+        case 'p':
+            table.path_col = optarg;
+            break;
+        case OPT_CAPTION_COL:
+            table.caption_col = optarg;
+            break;
+        case OPT_ID_COL:
+            table.id_col = optarg;
+            break;
+        case 'r':
+            table.root = optarg;
+            break;
+        case OPT_DELIMITER:
+            if (strcmp(optarg, "tab") == 0 || strcmp(optarg, "\\t") == 0)
+                table.delimiter = '\t';
+            else if (strlen(optarg) == 1 && optarg[0] != '"' && optarg[0] != '\n' &&
+                     optarg[0] != '\r')
+                table.delimiter = (unsigned char)optarg[0];
+            else
+                return usage_error("--delimiter expects one character (not a quote or a line "
+                                   "break) or 'tab'");
+            break;
+        case OPT_SKIP_MISSING:
+            table.skip_missing = 1;
+            break;
+        case 'o':
+            output = optarg;
+            break;
+        case OPT_PROGRESS:
+            if (dh_cli_parse_u64(CMD, "--progress-every", optarg, 0, 1000000000ULL,
+                                 &progress_every) < 0)
+                return 2;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
+        return 2;
+    if (!from_dir == !table.file)
+        return usage_error("give one of --from-dir DIR and --from-csv FILE");
+    if (!output || !*output)
+        return usage_error("-o/--output is required");
+    if (from_dir && (table.path_col || table.caption_col || table.id_col || table.root ||
+                     table.delimiter || table.skip_missing))
+        return usage_error("--path-col, --caption-col, --id-col, --root, --delimiter and "
+                           "--skip-missing go with --from-csv");
+    if (table.file && ext_list)
+        return usage_error("--ext goes with --from-dir");
+    if (table.file && (!table.path_col || !*table.path_col))
+        return usage_error("--from-csv needs --path-col NAME");
+
+    char ext_buf[1024], *exts[MAX_EXTS];
+    size_t n_exts = 0;
+    if (from_dir &&
+        parse_exts(ext_list ? ext_list : DEFAULT_EXTS, ext_buf, sizeof ext_buf, exts, &n_exts) != 0)
+        return 2;
+
+    uint64_t start = dh_clock_now_ns();
+    mb_emitter_t e;
+    int rc = mb_emitter_open(&e, output, progress_every);
+    mb_dir_report_t dir_report = {0};
+    mb_table_report_t table_report = {0};
+    if (rc == 0 && from_dir) {
+        const char *slash = strrchr(output, '/');
+        mb_dir_options_t opt = {.dir = from_dir,
+                                .skip_name = slash ? slash + 1 : output,
+                                .exts = exts,
+                                .n_exts = n_exts};
+        rc = mb_from_dir(&opt, &e, &dir_report);
+    } else if (rc == 0) {
+        rc = mb_from_table(&table, &e, &table_report);
+    }
+    size_t written = e.written, with_caption = e.with_caption;
+    if (mb_emitter_finish(&e, rc == 0) != 0)
+        rc = -1;
+    if (rc != 0) {
+        fprintf(stderr, "datahelix %s: no manifest written\n", CMD);
+        return 1;
+    }
+    double elapsed = dh_clock_elapsed_s(start, dh_clock_now_ns());
+    if (from_dir)
+        fprintf(stderr,
+                "manifest: wrote %zu entries to %s from %s (%zu files seen), %zu with captions "
+                "(%zu from .txt, %zu from .json; %zu .json without a caption or text key), "
+                "in %.1f s\n",
+                written, output, from_dir, dir_report.files_seen, with_caption,
+                dir_report.captions_txt, dir_report.captions_json, dir_report.json_without_caption,
+                elapsed);
+    else
+        fprintf(stderr,
+                "manifest: wrote %zu entries to %s from %s (%s, %zu rows), %zu with captions, "
+                "%zu rows skipped (file missing), in %.1f s\n",
+                written, output, table.file, table_report.format, table_report.rows, with_caption,
+                table_report.skipped_missing, elapsed);
+    return 0;
+}

@@ -1,0 +1,308 @@
+/* manifest_dir.c: `datahelix manifest --from-dir` (manifest_build.h): walks a folder tree,
+ * keeps the files with a listed extension, sorts them by relative path (byte order, so the
+ * manifest does not depend on the file system's order or the locale) and emits each with
+ * the caption of its sidecar file.
+ *
+ * Rules (docs/datasets.md): names starting with '.' are skipped (.git, macOS "._clip.mp4"
+ * resource forks); a symbolic link to a file is taken, one to a folder is not followed (no
+ * loops). Cost: one readdir pass, then two open() attempts per taken file for its sidecars;
+ * the relative paths are held in memory to sort them (about 100 bytes a file). */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "manifest_build.h"
+
+typedef struct walk {
+    const mb_dir_options_t *opt;
+    const char *out_dir_abs; /* the folder of OUT, whose OUT and OUT.part are skipped */
+    mb_dir_report_t *report;
+    unsigned long long progress_every;
+    char **paths; /* relative to opt->dir */
+    size_t n, cap;
+} walk_t;
+
+static int wanted(const walk_t *w, const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    if (!dot || dot == name || !dot[1])
+        return 0;
+    for (size_t i = 0; i < w->opt->n_exts; i++)
+        if (strcasecmp(dot + 1, w->opt->exts[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* OUT itself, or OUT.part being written, when the walk passes through OUT's folder. */
+static int is_output(const walk_t *w, const char *dir_abs, const char *name)
+{
+    const char *out = w->opt->skip_name;
+    size_t n = out ? strlen(out) : 0;
+    return out && strncmp(name, out, n) == 0 && (!name[n] || strcmp(name + n, ".part") == 0) &&
+           strcmp(dir_abs, w->out_dir_abs) == 0;
+}
+
+static int take(walk_t *w, const char *rel)
+{
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 256;
+        char **grown = realloc(w->paths, cap * sizeof *grown);
+        if (!grown)
+            return mb_error("out of memory (%zu files)", w->n);
+        w->paths = grown;
+        w->cap = cap;
+    }
+    if (!(w->paths[w->n] = strdup(rel)))
+        return mb_error("out of memory (%zu files)", w->n);
+    w->n++;
+    return 0;
+}
+
+/* Walks abs (rel from the root; "" for the root itself). Depth-first; the order is fixed by
+ * the sort afterwards. */
+static int walk_dir(walk_t *w, const char *abs, const char *rel)
+{
+    DIR *d = opendir(abs);
+    if (!d) {
+        int err = errno;
+        return mb_error("%s: cannot read the folder: %s", abs, strerror(err));
+    }
+    int rc = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *ent = readdir(d);
+        if (!ent) {
+            if (errno) {
+                int err = errno;
+                rc = mb_error("%s: cannot read the folder: %s", abs, strerror(err));
+            }
+            break;
+        }
+        if (ent->d_name[0] == '.')
+            continue;
+        char *child_abs = mb_join(abs, ent->d_name);
+        char *child_rel = rel[0] ? mb_join(rel, ent->d_name) : strdup(ent->d_name);
+        if (!child_abs || !child_rel) {
+            free(child_abs);
+            free(child_rel);
+            rc = mb_error("out of memory");
+            break;
+        }
+        int is_dir = ent->d_type == DT_DIR, is_file = ent->d_type == DT_REG;
+        if (ent->d_type == DT_UNKNOWN || ent->d_type == DT_LNK) {
+            struct stat st;
+            if (lstat(child_abs, &st) == 0 && S_ISDIR(st.st_mode))
+                is_dir = 1; /* DT_UNKNOWN on some file systems */
+            else if (stat(child_abs, &st) == 0 && S_ISREG(st.st_mode))
+                is_file = 1; /* a file, or a link to one; a link to a folder: neither */
+        }
+        if (is_file && is_output(w, abs, ent->d_name))
+            is_file = 0;
+        if (is_dir) {
+            rc = walk_dir(w, child_abs, child_rel);
+        } else if (is_file) {
+            w->report->files_seen++;
+            if (wanted(w, ent->d_name))
+                rc = take(w, child_rel);
+            if (w->progress_every && w->report->files_seen % w->progress_every == 0)
+                fprintf(stderr, "manifest: %zu files scanned, %zu taken\n", w->report->files_seen,
+                        w->n);
+        }
+        free(child_abs);
+        free(child_rel);
+        if (rc < 0)
+            break;
+    }
+    closedir(d);
+    return rc;
+}
+
+static int by_bytes(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Reads a whole small file; NULL with *missing = 1 when it does not exist. */
+static char *read_sidecar(const char *path, int *missing, size_t *len)
+{
+    *missing = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int err = errno;
+        if (err == ENOENT)
+            *missing = 1;
+        else
+            mb_error("%s: cannot read the caption: %s", path, strerror(err));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (cap - n < 4096) {
+            cap = cap ? cap * 2 : 4096;
+            char *grown = realloc(buf, cap + 1);
+            if (!grown) {
+                mb_error("%s: out of memory", path);
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = grown;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        mb_error("%s: cannot read the caption: read error", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* STEM.txt: its text without a UTF-8 byte-order mark and surrounding white space. */
+static int caption_from_txt(const char *path, char **caption, int *found)
+{
+    size_t n = 0;
+    int missing;
+    char *text = read_sidecar(path, &missing, &n);
+    *found = 0;
+    if (!text)
+        return missing ? 0 : -1;
+    if (memchr(text, '\0', n)) {
+        free(text);
+        return mb_error("%s: the caption holds a NUL byte (not a text file?)", path);
+    }
+    json_t *check = json_stringn(text, n); /* NULL: not UTF-8 */
+    if (!check) {
+        free(text);
+        return mb_error("%s: the caption is not valid UTF-8", path);
+    }
+    json_decref(check);
+    char *start = text;
+    if ((unsigned char)start[0] == 0xEF && (unsigned char)start[1] == 0xBB &&
+        (unsigned char)start[2] == 0xBF)
+        start += 3;
+    while (*start && isspace((unsigned char)*start))
+        start++;
+    char *end = start + strlen(start);
+    while (end > start && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    memmove(text, start, (size_t)(end - start) + 1);
+    *caption = text;
+    *found = 1;
+    return 0;
+}
+
+/* STEM.json: an object; its "caption" string, else its "text" string, else no caption. */
+static int caption_from_json(const char *path, char **caption, int *found, int *keyless)
+{
+    *found = *keyless = 0;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        return err == ENOENT ? 0 : mb_error("%s: cannot read the caption: %s", path, strerror(err));
+    }
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root)
+        return mb_error("%s:%d:%d: not JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = mb_error("%s: not a JSON object", path);
+    } else {
+        const char *key = json_object_get(root, "caption") ? "caption" : "text";
+        json_t *v = json_object_get(root, key);
+        if (!v || json_is_null(v)) {
+            *keyless = 1;
+        } else if (!json_is_string(v)) {
+            rc = mb_error("%s: key '%s' must be a string", path, key);
+        } else if (!(*caption = strdup(json_string_value(v)))) {
+            rc = mb_error("out of memory");
+        } else {
+            *found = 1;
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* The sidecar of ROOT/rel: rel with its extension replaced by .txt, else by .json. */
+static int sidecar_caption(const char *abs, mb_dir_report_t *report, char **caption)
+{
+    *caption = NULL;
+    const char *dot = strrchr(abs, '.');
+    size_t stem = (size_t)(dot - abs);
+    char *side = malloc(stem + sizeof ".json");
+    if (!side)
+        return mb_error("out of memory");
+    memcpy(side, abs, stem);
+    strcpy(side + stem, ".txt");
+    int found = 0, keyless = 0;
+    int rc = caption_from_txt(side, caption, &found);
+    if (rc == 0 && found) {
+        report->captions_txt++;
+    } else if (rc == 0) {
+        strcpy(side + stem, ".json");
+        rc = caption_from_json(side, caption, &found, &keyless);
+        report->captions_json += rc == 0 && found;
+        report->json_without_caption += rc == 0 && keyless;
+    }
+    free(side);
+    return rc;
+}
+
+int mb_from_dir(const mb_dir_options_t *opt, mb_emitter_t *e, mb_dir_report_t *report)
+{
+    *report = (mb_dir_report_t){0};
+    char *root = realpath(opt->dir, NULL);
+    if (!root) {
+        int err = errno;
+        return mb_error("%s: cannot open the folder: %s", opt->dir, strerror(err));
+    }
+    struct stat st;
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        free(root);
+        return mb_error("%s: not a folder", opt->dir);
+    }
+    walk_t w = {.opt = opt,
+                .out_dir_abs = e->out_dir_abs,
+                .report = report,
+                .progress_every = e->progress_every};
+    int rc = walk_dir(&w, root, "");
+    if (rc == 0)
+        qsort(w.paths, w.n, sizeof *w.paths, by_bytes);
+    for (size_t i = 0; rc == 0 && i < w.n; i++) {
+        char *abs = mb_join(root, w.paths[i]), *caption = NULL;
+        if (!abs) {
+            rc = -1;
+            break;
+        }
+        mb_where_t where = {.file = abs};
+        rc = sidecar_caption(abs, report, &caption);
+        if (rc == 0)
+            rc = mb_emit(e, w.paths[i], abs, caption, &where, NULL);
+        free(caption);
+        free(abs);
+    }
+    report->taken = w.n;
+    for (size_t i = 0; i < w.n; i++)
+        free(w.paths[i]);
+    free(w.paths);
+    free(root);
+    return rc;
+}
