@@ -9,4 +9,25 @@
 #define DH_PIPELINE_MAX_SIDE 16384
 #define DH_PIPELINE_MAX_CLIP_FRAMES ((int64_t)1 << 40)
 
+#include <stdbool.h>
+
+struct AVStream;
+struct AVFormatContext;
+
+/* How many degrees clockwise a player turns the stream's picture for display, from its
+ * display matrix (phone videos): 0 (none), 90, 180 or 270; -1 when the matrix mirrors the
+ * picture or turns it by another angle (which the pipeline does not apply). decode.c;
+ * probe.c refuses -1. */
+int dh__display_rotation(const struct AVStream *st);
+
+/* A still image (JPEG, PNG, WebP, ...): FFmpeg reads it with an image demuxer, "image2" (by
+ * file name) or "<codec>_pipe" (by content), as a stream of one frame at a nominal rate (25)
+ * with no duration. */
+bool dh__still_image(const struct AVFormatContext *fmt);
+
+/* An image's orientation (JPEG's EXIF Orientation, which FFmpeg gives as the decoded frame's
+ * display matrix) as dh__display_rotation gives it: decodes the first frame of `stream`
+ * (reading packets from fmt's position). Returns 0 or an FFmpeg error. */
+int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
+
 #endif

@@ -10,13 +10,13 @@
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
-#include <libavutil/display.h>
 #include <libavutil/log.h>
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/probe.h"
 #include "core/internal.h"
+#include "media/pipeline_internal.h"
 
 /* FFmpeg's message for an error code. */
 static const char *av_message(int averr, char *buf, size_t size)
@@ -69,29 +69,21 @@ static int read_keyframes(const char *path, AVStream *st, double fps, dh_media_i
 
 /* What the pipeline cannot decode faithfully is refused here, with the reason and the way
  * out, rather than decoded wrong (docs/pipeline.md, "Codecs and containers"):
- *   - a display matrix that rotates or mirrors the picture (phone videos): the pipeline
- *     does not apply it yet, so the frames would come sideways;
+ *   - a display matrix that mirrors the picture, or turns it by other than a multiple of 90
+ *     degrees (quarter turns are applied: dh__display_rotation);
  *   - AVI with reordered (B-)frames: AVI stores no presentation times, so frame numbers
  *     taken from the decoder's guessed timestamps are off by the reorder delay. Whether the
  *     stream reorders is known only from its first packets, so AVI pays a short stream-info
  *     probe. */
 static int check_supported(const char *path, AVFormatContext *fmt, AVStream *st)
 {
-    size_t size = 0;
-    const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, &size);
-    if (m && size >= 9 * sizeof(int32_t)) {
-        const int32_t *matrix = (const int32_t *)m;
-        double rotation = av_display_rotation_get(matrix);
-        /* mirrored: the 2x2 part's determinant is negative */
-        bool mirrored = (double)matrix[0] * matrix[4] - (double)matrix[1] * matrix[3] < 0;
-        if (isnan(rotation) || fabs(rotation) > 0.5 || mirrored)
-            return dh__set_error(DH_EIO,
-                                 "%s: its display matrix %s the picture (%.0f degrees), which "
-                                 "the pipeline does not apply yet; re-encode it upright (the "
-                                 "ffmpeg CLI applies it: ffmpeg -i IN OUT)",
-                                 path, mirrored ? "mirrors" : "rotates",
-                                 isnan(rotation) ? 0.0 : -rotation);
-    }
+    if (dh__display_rotation(st) < 0)
+        return dh__set_error(DH_EIO,
+                             "%s: its display matrix mirrors the picture or turns it by other "
+                             "than a multiple of 90 degrees, which the pipeline does not apply; "
+                             "re-encode it upright (the ffmpeg CLI applies it: ffmpeg -i IN "
+                             "OUT)",
+                             path);
     if (strcmp(fmt->iformat->name, "avi") == 0) {
         if (st->codecpar->video_delay == 0)
             (void)avformat_find_stream_info(fmt, NULL);
@@ -150,8 +142,21 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
     if ((rc = check_supported(path, fmt, st)))
         goto out;
     snprintf(info->codec, sizeof info->codec, "%s", avcodec_get_name(par->codec_id));
-    info->width = par->width;
-    info->height = par->height;
+    /* the displayed size: a quarter turn (the stream's display matrix, an image's EXIF
+     * orientation) swaps the sides */
+    int turn = dh__display_rotation(st);
+    if (dh__still_image(fmt)) {
+        averr = dh__image_rotation(fmt, idx, &turn);
+        if (averr < 0 || turn < 0) {
+            rc = dh__set_error(DH_EIO, "%s: %s", path,
+                               averr < 0 ? av_message(averr, msg, sizeof msg)
+                                         : "its orientation mirrors the picture, which the "
+                                           "pipeline does not apply");
+            goto out;
+        }
+    }
+    info->width = turn == 90 || turn == 270 ? par->height : par->width;
+    info->height = turn == 90 || turn == 270 ? par->width : par->height;
     AVRational rate = st->avg_frame_rate.num > 0 ? st->avg_frame_rate : st->r_frame_rate;
     info->fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0.0;
     if (st->duration != AV_NOPTS_VALUE && st->duration > 0)
@@ -160,8 +165,12 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
         info->duration_s = (double)fmt->duration / AV_TIME_BASE;
     if (st->nb_frames > 0)
         info->frame_count = st->nb_frames;
+    else if (dh__still_image(fmt))
+        info->frame_count = 1; /* a still image is a clip of one frame */
     else
         info->frame_count = (int64_t)llround(info->duration_s * info->fps);
+    if (info->frame_count == 1 && info->fps > 0 && !(info->duration_s > 0))
+        info->duration_s = 1.0 / info->fps;
     if (info->fps <= 0 && info->duration_s > 0 && info->frame_count > 0)
         info->fps = (double)info->frame_count / info->duration_s;
     if (info->fps <= 0 || info->frame_count <= 0) {
