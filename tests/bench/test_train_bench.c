@@ -87,20 +87,11 @@ static void bench_runs_every_system_within_definitions(void **state)
     assert_non_null(j);
     json_t *systems = json_object_get(j, "systems");
     assert_int_equal(json_object_size(systems), 8);
-    static const char *keys[] = {"throughput_sps",
-                                 "input_wait_p50_s",
-                                 "input_wait_p95_s",
-                                 "input_wait_p99_s",
-                                 "batch_ready_p95_s",
-                                 "ddl_miss_rate",
-                                 "barrier_wait_mean_s",
-                                 "cross_node_bytes",
-                                 "copy_bytes",
-                                 "sched_us_per_decision",
-                                 "ideal_sps",
-                                 "efficiency",
-                                 "balance",
-                                 "balance_bound"};
+    static const char *keys[] = {
+        "throughput_sps",    "input_wait_p50_s",      "input_wait_p95_s",    "input_wait_p99_s",
+        "batch_ready_p95_s", "ddl_miss_rate",         "barrier_wait_mean_s", "cross_node_bytes",
+        "copy_bytes",        "sched_us_per_decision", "ideal_sps",           "efficiency",
+        "balance",           "balance_bound"};
     json_t *helix = json_object_get(systems, "helix");
     assert_non_null(helix);
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
