@@ -8,6 +8,7 @@ is what the clip shows: whether its first moving shape is a square or a disc (fr
 caption the generator wrote). The loss falls over the epochs (12 by default).
 """
 import argparse
+import gc
 import os
 import sys
 
@@ -91,6 +92,10 @@ def main():
                   flush=True)
     loader.close()
     dist.barrier()  # every rank is done with the node's DataServer before rank 0 leaves
+    # DDP's reducer holds the process group and its pending work: free it while the group is
+    # alive, so nothing of gloo's is torn down at interpreter exit
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
