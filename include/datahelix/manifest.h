@@ -4,7 +4,9 @@
  * One JSON object per line: "id" (string, required), "path" (string, required: relative to
  * the manifest's folder, or absolute), "caption" (string, optional), and an optional
  * per-sample sampling plan "frames", "height", "width" (positive integers) that overrides
- * the pipeline spec's defaults (docs/pipeline.md). Other fields are ignored.
+ * the pipeline spec's defaults (docs/pipeline.md), and "offset", "size" (together: a byte
+ * range of the file, a member of a tar shard read in place; the entry's path is then
+ * FFmpeg's "subfile,,start,OFFSET,end,OFFSET+SIZE,,:FILE"). Other fields are ignored.
  * A set belongs to one thread; read-only use from several threads is safe once loaded.
  */
 #ifndef DATAHELIX_MANIFEST_H
@@ -21,7 +23,8 @@ extern "C" {
 
 typedef struct dh_manifest_entry {
     const char *id;      /* borrowed from the manifest */
-    const char *path;    /* resolved: the manifest's folder joined with the line's path */
+    const char *path;    /* resolved: the manifest's folder joined with the line's path
+                          * (behind a "subfile,,start,S,end,E,,:" prefix for a byte range) */
     const char *caption; /* "" when absent */
     int32_t frames;      /* sampling plan override, 0 = the spec's */
     int32_t height, width;

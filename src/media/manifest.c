@@ -5,6 +5,7 @@
  * second. Paths are resolved against the manifest's folder once, here. */
 #include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,19 +74,50 @@ static int string_field(json_t *root, const char *path, size_t line, const char 
     return 0;
 }
 
+/* An optional byte count or offset: -1 when absent or null. */
+static int byte_field(json_t *root, const char *path, size_t line, const char *name, int64_t min,
+                      int64_t *out)
+{
+    json_t *v = json_object_get(root, name);
+    *out = -1;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < min)
+        return dh__set_error(DH_ESCHEMA, "%s:%zu: field '%s': must be an integer >= %lld", path,
+                             line, name, (long long)min);
+    *out = (int64_t)json_integer_value(v);
+    return 0;
+}
+
 static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const char *path,
                         size_t line)
 {
     const char *id, *rel, *caption;
     dh_manifest_entry_t e = {0};
+    int64_t offset, size;
     int rc;
     if ((rc = string_field(root, path, line, "id", true, &id)) < 0 ||
         (rc = string_field(root, path, line, "path", true, &rel)) < 0 ||
         (rc = string_field(root, path, line, "caption", false, &caption)) < 0 ||
         (rc = plan_field(root, path, line, "frames", &e.frames)) < 0 ||
         (rc = plan_field(root, path, line, "height", &e.height)) < 0 ||
-        (rc = plan_field(root, path, line, "width", &e.width)) < 0)
+        (rc = plan_field(root, path, line, "width", &e.width)) < 0 ||
+        (rc = byte_field(root, path, line, "offset", 0, &offset)) < 0 ||
+        (rc = byte_field(root, path, line, "size", 1, &size)) < 0)
         return rc;
+    if ((offset < 0) != (size < 0))
+        return dh__set_error(DH_ESCHEMA,
+                             "%s:%zu: fields 'offset' and 'size' go together (a member of a tar "
+                             "shard: its data's byte range)",
+                             path, line);
+    if (offset >= 0 && size > INT64_MAX - offset)
+        return dh__set_error(DH_ESCHEMA, "%s:%zu: field 'size': offset + size overflows", path,
+                             line);
+    /* a byte range of the file (a tar member, read in place): FFmpeg's subfile protocol */
+    char range[96] = "";
+    if (offset >= 0)
+        snprintf(range, sizeof range, "subfile,,start,%lld,end,%lld,,:", (long long)offset,
+                 (long long)(offset + size));
     if (m->count == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 256;
         dh_manifest_entry_t *grown = dh_reallocarray(m->entries, cap, sizeof *grown);
@@ -96,14 +128,16 @@ static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const c
     }
     bool absolute = rel[0] == '/';
     size_t id_len = strlen(id), dir_len = absolute ? 0 : strlen(dir), rel_len = strlen(rel),
-           cap_len = strlen(caption);
-    char *block = dh_malloc(id_len + 1 + dir_len + 1 + rel_len + 1 + cap_len + 1);
+           cap_len = strlen(caption), range_len = strlen(range);
+    char *block = dh_malloc(id_len + 1 + range_len + dir_len + 1 + rel_len + 1 + cap_len + 1);
     if (!block)
         return dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", path, line);
     char *p = block;
     e.id = memcpy(p, id, id_len + 1);
     p += id_len + 1;
     e.path = p;
+    memcpy(p, range, range_len);
+    p += range_len;
     if (!absolute) {
         memcpy(p, dir, dir_len);
         p[dir_len] = '/';

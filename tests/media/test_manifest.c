@@ -54,6 +54,43 @@ static void manifest_errors_name_line_and_field(void **state)
     assert_non_null(strstr(dh_last_error(), "missing.jsonl"));
 }
 
+/* A tar member read in place: "offset" and "size" make the path FFmpeg's subfile URL over
+ * the byte range; they go together, and bad values name the field. */
+static void manifest_byte_range_is_a_subfile_url(void **state)
+{
+    const char *path = dh_test_path("m3.jsonl");
+    dh_test_write_file(path, "{\"id\":\"s/a\",\"path\":\"shards/000.tar\",\"offset\":1536,"
+                             "\"size\":1000}\n{\"id\":\"s/b\",\"path\":\"/abs/1.tar\","
+                             "\"offset\":0,\"size\":7}\n");
+    dh_manifest_t *m = NULL;
+    assert_int_equal(dh_manifest_load(path, &m), 0);
+    char want[1024];
+    snprintf(want, sizeof want, "subfile,,start,1536,end,2536,,:%.*s/shards/000.tar",
+             (int)(strrchr(path, '/') - path), path);
+    assert_string_equal(dh_manifest_entry(m, 0)->path, want);
+    assert_string_equal(dh_manifest_entry(m, 1)->path, "subfile,,start,0,end,7,,:/abs/1.tar");
+    dh_manifest_destroy(&m);
+    static const struct {
+        const char *line, *error;
+    } bad[] = {
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":512}\n", "go together"},
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"size\":512}\n", "go together"},
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":-1,\"size\":5}\n", "field 'offset'"},
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":0,\"size\":0}\n", "field 'size'"},
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":\"0\",\"size\":5}\n", "field 'offset'"},
+        {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":9223372036854775000,\"size\":5000}\n",
+         "overflows"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dh_test_write_file(path, bad[i].line);
+        assert_int_equal(dh_manifest_load(path, &m), DH_ESCHEMA);
+        if (!strstr(dh_last_error(), bad[i].error))
+            print_error("case %zu: %s\n", i, dh_last_error());
+        assert_non_null(strstr(dh_last_error(), bad[i].error));
+        assert_non_null(strstr(dh_last_error(), ":1:"));
+    }
+}
+
 static int load_manifest(void *ctx)
 {
     dh_manifest_t *m = NULL;
@@ -79,6 +116,7 @@ static void manifest_survives_each_allocation_failure(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(manifest_reads_entries_and_resolves_paths),
     cmocka_unit_test(manifest_errors_name_line_and_field),
+    cmocka_unit_test(manifest_byte_range_is_a_subfile_url),
     cmocka_unit_test(manifest_survives_each_allocation_failure),
 };
 DH_TEST_MAIN(tests)
