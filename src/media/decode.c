@@ -317,6 +317,18 @@ int dh__image_rotation(AVFormatContext *fmt, int stream, int *rotation)
     return averr;
 }
 
+const char *dh__subfile_range(const char *path, long long *start, long long *end)
+{
+    static const char prefix[] = "subfile,,start,";
+    int n = 0;
+    if (strncmp(path, prefix, sizeof prefix - 1) != 0 ||
+        sscanf(path + sizeof prefix - 1, "%lld,end,%lld,,:%n", start, end, &n) != 2 || n == 0) {
+        *start = *end = -1;
+        return path;
+    }
+    return path + sizeof prefix - 1 + n;
+}
+
 /* Opens the container and finds the video stream. */
 static int open_container(decoder_t *d, const char *path)
 {

@@ -30,4 +30,9 @@ bool dh__still_image(const struct AVFormatContext *fmt);
  * (reading packets from fmt's position). Returns 0 or an FFmpeg error. */
 int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
 
+/* A byte range of a file (a tar member read in place, manifest.h): for
+ * "subfile,,start,S,end,E,,:FILE" returns FILE with *start = S and *end = E; any other path
+ * is returned as it is, with *start = *end = -1. Pure string parsing. */
+const char *dh__subfile_range(const char *path, long long *start, long long *end);
+
 #endif

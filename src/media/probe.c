@@ -99,27 +99,12 @@ static int check_supported(const char *path, AVFormatContext *fmt, AVStream *st)
     return 0;
 }
 
-/* A byte range of a file (a tar member read in place, manifest.h): "subfile,,start,S,end,E,,:
- * FILE" gives FILE, *start = S and *end = E; any other path is itself (*start = *end = -1). */
-static const char *range_of(const char *path, long long *start, long long *end)
-{
-    static const char prefix[] = "subfile,,start,";
-    int n = 0;
-    *start = *end = -1;
-    if (strncmp(path, prefix, sizeof prefix - 1) != 0 ||
-        sscanf(path + sizeof prefix - 1, "%lld,end,%lld,,:%n", start, end, &n) != 2 || n == 0) {
-        *start = *end = -1;
-        return path;
-    }
-    return path + sizeof prefix - 1 + n;
-}
-
 int dh_media_probe(const char *path, dh_media_info_t *info)
 {
     memset(info, 0, sizeof *info);
     struct stat sb;
     long long start, end;
-    const char *file = range_of(path, &start, &end);
+    const char *file = dh__subfile_range(path, &start, &end);
     if (stat(file, &sb) != 0) {
         int err = errno;
         return dh__set_error(-err, "%s: %s", file, strerror(err));

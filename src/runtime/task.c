@@ -32,6 +32,7 @@
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
 #include "datahelix/rng.h"
+#include "media/pipeline_internal.h"
 #include "runtime/descriptor.h"
 #include "runtime/rt.h"
 
@@ -355,13 +356,20 @@ static int place_tensor(const dh_tensor_t *src, dh__rt_alloc_fn *alloc, void *ct
 static void time_read(dh__rt_worker_t *w, const char *path, double *read_s, uint64_t *read_bytes)
 {
     if (!w->read_buf && !(w->read_buf = dh_malloc(READ_CHUNK)))
-        return; /* no scratch: this sample is not timed */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+        return;           /* no scratch: this sample is not timed */
+    long long start, end; /* a tar member's byte range, read where it lies */
+    const char *file = dh__subfile_range(path, &start, &end);
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return;
+    uint64_t cap =
+        start >= 0 && end - start < (long long)READ_CAP ? (uint64_t)(end - start) : READ_CAP;
     uint64_t t0 = dh_clock_now_ns(), total = 0;
     ssize_t got;
-    while (total < READ_CAP && (got = read(fd, w->read_buf, READ_CHUNK)) > 0)
+    while (
+        total < cap &&
+        (got = pread(fd, w->read_buf, cap - total < READ_CHUNK ? (size_t)(cap - total) : READ_CHUNK,
+                     (off_t)(start > 0 ? start : 0) + (off_t)total)) > 0)
         total += (uint64_t)got;
     double elapsed = dh_clock_elapsed_s(t0, dh_clock_now_ns());
     close(fd);
