@@ -6,7 +6,9 @@
  * per-sample sampling plan "frames", "height", "width" (positive integers) that overrides
  * the pipeline spec's defaults (docs/pipeline.md), and "offset", "size" (together: a byte
  * range of the file, a member of a tar shard read in place; the entry's path is then
- * FFmpeg's "subfile,,start,OFFSET,end,OFFSET+SIZE,,:FILE"). Other fields are ignored.
+ * FFmpeg's "subfile,,start,OFFSET,end,OFFSET+SIZE,,:FILE"), and "text_tokens" (the
+ * caption's length in the user's tokenizer's tokens; datahelix.count_text_tokens writes it).
+ * Other fields are ignored.
  * A set belongs to one thread; read-only use from several threads is safe once loaded.
  */
 #ifndef DATAHELIX_MANIFEST_H
@@ -26,6 +28,8 @@ typedef struct dh_manifest_entry {
     const char *path;    /* resolved: the manifest's folder joined with the line's path
                           * (behind a "subfile,,start,S,end,E,,:" prefix for a byte range) */
     const char *caption; /* "" when absent */
+    int64_t text_tokens; /* the caption's tokens by the user's tokenizer ("text_tokens"), or -1:
+                          * probe then counts one token per 4 bytes */
     int32_t frames;      /* sampling plan override, 0 = the spec's */
     int32_t height, width;
 } dh_manifest_entry_t;

@@ -74,7 +74,7 @@ static int string_field(json_t *root, const char *path, size_t line, const char 
     return 0;
 }
 
-/* An optional byte count or offset: -1 when absent or null. */
+/* An optional count (bytes, an offset, tokens) of at least `min`: -1 when absent or null. */
 static int byte_field(json_t *root, const char *path, size_t line, const char *name, int64_t min,
                       int64_t *out)
 {
@@ -103,7 +103,8 @@ static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const c
         (rc = plan_field(root, path, line, "height", &e.height)) < 0 ||
         (rc = plan_field(root, path, line, "width", &e.width)) < 0 ||
         (rc = byte_field(root, path, line, "offset", 0, &offset)) < 0 ||
-        (rc = byte_field(root, path, line, "size", 1, &size)) < 0)
+        (rc = byte_field(root, path, line, "size", 1, &size)) < 0 ||
+        (rc = byte_field(root, path, line, "text_tokens", 0, &e.text_tokens)) < 0)
         return rc;
     if ((offset < 0) != (size < 0))
         return dh__set_error(DH_ESCHEMA,

@@ -275,9 +275,11 @@ static int calibrate(const dh_manifest_t *m, const dh_pipeline_spec_t *spec,
 }
 
 /* Rough text tokens of a caption: one per 4 bytes, as BPE tokenizers give for English. */
-static int64_t caption_tokens(const char *caption)
+/* The caption's tokens: the manifest's "text_tokens" (the user's tokenizer), else one token
+ * per 4 bytes. */
+static int64_t caption_tokens(const dh_manifest_entry_t *e)
 {
-    return (int64_t)((strlen(caption) + 3) / 4);
+    return e->text_tokens >= 0 ? e->text_tokens : (int64_t)((strlen(e->caption) + 3) / 4);
 }
 
 static int append_row(dh_profile_set_t *out, const dh_pipeline_spec_t *spec,
@@ -288,7 +290,7 @@ static int append_row(dh_profile_set_t *out, const dh_pipeline_spec_t *spec,
     snprintf(extra, sizeof extra,
              "{\"src_width\":%d,\"src_height\":%d,\"decoded_frames\":%lld,\"bucket\":\"%s\"}",
              p->src_width, p->src_height, (long long)p->decoded_frames, p->bucket);
-    int64_t text_len = caption_tokens(e->caption);
+    int64_t text_len = caption_tokens(e);
     dh_profile_row_t row = {
         .id = e->id,
         .uri = e->path,

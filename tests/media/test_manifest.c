@@ -13,7 +13,8 @@ static void manifest_reads_entries_and_resolves_paths(void **state)
     dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\"clips/a.mp4\",\"caption\":\"a cat\","
                              "\"frames\":16,\"height\":224,\"width\":224}\r\n"
                              "\n"
-                             "{\"id\":\"v1\",\"path\":\"/abs/b.mp4\",\"other\":[1,2]}\n");
+                             "{\"id\":\"v1\",\"path\":\"/abs/b.mp4\",\"other\":[1,2],"
+                             "\"text_tokens\":7}\n");
     dh_manifest_t *m = NULL;
     assert_int_equal(dh_manifest_load(path, &m), 0);
     assert_int_equal(dh_manifest_count(m), 2);
@@ -26,10 +27,12 @@ static void manifest_reads_entries_and_resolves_paths(void **state)
     assert_int_equal(e->frames, 16);
     assert_int_equal(e->height, 224);
     assert_int_equal(e->width, 224);
+    assert_int_equal(e->text_tokens, -1); /* absent: probe estimates */
     e = dh_manifest_entry(m, 1);
     assert_string_equal(e->path, "/abs/b.mp4");
     assert_string_equal(e->caption, "");
     assert_int_equal(e->frames, 0);
+    assert_int_equal(e->text_tokens, 7);
     dh_manifest_destroy(&m);
     assert_null(m);
 }
@@ -78,6 +81,7 @@ static void manifest_byte_range_is_a_subfile_url(void **state)
         {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":-1,\"size\":5}\n", "field 'offset'"},
         {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":0,\"size\":0}\n", "field 'size'"},
         {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":\"0\",\"size\":5}\n", "field 'offset'"},
+        {"{\"id\":\"a\",\"path\":\"x.mp4\",\"text_tokens\":-2}\n", "field 'text_tokens'"},
         {"{\"id\":\"a\",\"path\":\"x.tar\",\"offset\":9223372036854775000,\"size\":5000}\n",
          "overflows"},
     };

@@ -51,3 +51,4 @@ def test_package_plan_takes_the_loaders_arguments(datahelix, dataset):
         datahelix._C.plan(src + "/profiles.jsonl", 1, 0, 2, 3, seed=2, token_plan=0)
     with pytest.raises(datahelix.InvalidArgumentError, match="plan must be one of"):
         datahelix.plan(src, 0, 0, 2, 2, plan="greedy")
+
