@@ -26,7 +26,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _C
 from ._C import (  # noqa: F401  (re-exported)
@@ -54,6 +54,7 @@ __all__ = [
     "resolve_source",
     "plan",
     "count_text_tokens",
+    "blend",
     "REBALANCE_KEYS",
     "DataHelixError",
     "EndOfInputError",
@@ -341,6 +342,80 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
                    plan_window=plan_window)
 
 
+def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
+          out: Union[str, os.PathLike], *, seed: int = 0, samples: Optional[int] = None) -> str:
+    """Blends several data sets into one, by weight (Megatron-Energon's blending, fixed per
+    seed): ``sources`` is ``[(source, weight), ...]`` (each source as for
+    :func:`resolve_source`, weights > 0). The blend holds ``samples`` rows (default: the
+    most that no source must repeat for, ``min(len_i / share_i)``), source i's share of them
+    by weight (largest remainders), drawn from it without replacement by a generator seeded
+    with ``seed`` (a source asked for more rows than it has gives whole copies, then a draw;
+    a copy's id gets ``#k``). Rows keep their source's plan (frames and size: the profile
+    rows' per-sample overrides, from the source's own probe spec) and costs; ids become
+    ``NAME/ID`` (NAME: the source's folder name, made unique). Writes ``out/profiles.jsonl``
+    and ``out/manifest.jsonl`` (the captions) and returns ``out``. The composition is the
+    same every epoch; the loader's sampler shuffles it per epoch."""
+    import math
+    import random
+    pairs = list(sources)
+    if not pairs:
+        raise InvalidArgumentError("blend: no sources")
+    loaded, names = [], set()
+    for k, pair in enumerate(pairs):
+        try:
+            src, weight = pair
+            weight = float(weight)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"blend: source {k} must be (source, weight), not {pair!r}") from None
+        if not (weight > 0 and math.isfinite(weight)):
+            raise InvalidArgumentError(f"blend: source {k} ({src}): weight {weight} must be > 0")
+        paths = resolve_source(src)
+        with open(paths["profiles"], encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        if not rows:
+            raise InvalidArgumentError(f"blend: {paths['profiles']} has no rows")
+        name = os.path.basename(os.path.normpath(os.path.dirname(paths["profiles"]))) or "data"
+        base, n = name, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.add(name)
+        loaded.append((name, weight, rows, _load_captions(paths["manifest"])))
+    total = sum(w for _, w, _, _ in loaded)
+    shares = [w / total for _, w, _, _ in loaded]
+    if samples is None:
+        samples = int(min(len(rows) / share for (_, _, rows, _), share in zip(loaded, shares)))
+    if samples < 1:
+        raise InvalidArgumentError(f"blend: samples must be >= 1, not {samples}")
+    exact = [share * samples for share in shares]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))[
+            :samples - sum(counts)]:
+        counts[i] += 1
+    rng = random.Random(seed)
+    os.makedirs(out, exist_ok=True)
+    profiles, manifest = [], []
+    for (name, _, rows, captions), count in zip(loaded, counts):
+        picks = [(i, copy) for copy in range(count // len(rows)) for i in range(len(rows))]
+        picks += [(i, count // len(rows)) for i in sorted(rng.sample(range(len(rows)),
+                                                                     count % len(rows)))]
+        for i, copy in picks:
+            row = dict(rows[i])
+            source_id = str(row["id"])
+            row["id"] = f"{name}/{source_id}" + (f"#{copy}" if copy else "")
+            profiles.append(json.dumps(row, ensure_ascii=False) + "\n")
+            manifest.append(json.dumps({"id": row["id"], "path": row["uri"],
+                                        "caption": captions.get(source_id, "")},
+                                       ensure_ascii=False) + "\n")
+    for file, lines in (("profiles.jsonl", profiles), ("manifest.jsonl", manifest)):
+        partial = os.path.join(out, file + ".part")
+        with open(partial, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(partial, os.path.join(out, file))
+    return os.fspath(out)
+
+
 def count_text_tokens(manifest: Union[str, os.PathLike], tokenizer: Any,
                       out: Union[None, str, os.PathLike] = None) -> int:
     """Counts each caption's tokens with the user's tokenizer and writes them into the
@@ -505,7 +580,9 @@ class DataLoader:
     """A drop-in for ``torch.utils.data.DataLoader`` over a DataHelix data set.
 
     Args:
-        source: a synth/probe directory, a manifest or a profile file (resolve_source).
+        source: a synth/probe directory, a manifest or a profile file (resolve_source); or
+            ``[(source, weight), ...]``: the sources blended by weight (:func:`blend`, with
+            this loader's seed), each sample keeping its source's plan (frames, size).
         pipeline: the decode spec (dict, JSON text or a path; docs/pipeline.md) of the
             DataServer this loader starts (embedded mode, or the node's server under
             torchrun); a server started elsewhere uses its own.
@@ -571,7 +648,8 @@ class DataLoader:
             the GIL); a failure makes next() raise an error naming the round.
     """
 
-    def __init__(self, source: Union[str, os.PathLike], pipeline: Any = None,
+    def __init__(self, source: Union[str, os.PathLike, Sequence[Tuple[Any, float]]],
+                 pipeline: Any = None,
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = True, prefetch: int = 4, coordinator: Optional[str] = None,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -603,6 +681,11 @@ class DataLoader:
         if not 1 <= plan_window <= 1024:
             raise InvalidArgumentError(f"plan_window must be in [1, 1024], not {plan_window}")
         _set_arena_budget(arena_budget)
+        self._blend_dir: Optional[str] = None
+        if isinstance(source, (list, tuple)):
+            import tempfile
+            self._blend_dir = tempfile.mkdtemp(prefix="datahelix-blend-")
+            source = blend(source, self._blend_dir, seed=seed)
         paths = resolve_source(source)
         self.source = os.fspath(source)
         self.profiles = paths["profiles"]
@@ -676,6 +759,10 @@ class DataLoader:
         """Stops this rank's client (and servers it embeds). Tensors already yielded stay
         valid: their slabs are returned when they are freed."""
         self._close_client()
+        if getattr(self, "_blend_dir", None):
+            import shutil
+            shutil.rmtree(self._blend_dir, ignore_errors=True)
+            self._blend_dir = None
 
     def __enter__(self) -> "DataLoader":
         return self
