@@ -18,6 +18,8 @@
 #   libcmocka-dev                       the unit-test framework (one CTest test per case)
 #   libcsv-dev                          CSV/TSV parsing for `datahelix manifest --from-csv`
 #                                       (quoted fields with commas, quotes and newlines)
+#   libarchive-dev                      tar member lists and offsets for `datahelix manifest
+#                                       --from-tar` (WebDataset shards: ustar, pax, GNU)
 #   libavformat/avcodec/swscale/avutil-dev  FFmpeg: encode synthetic clips, probe, decode, resize
 #   ffmpeg                              the ffmpeg CLI, the baseline of `datahelix decode-bench`
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
@@ -40,7 +42,7 @@ case "${1:-}" in
     *) echo "usage: scripts/deps.sh [--check]" >&2; exit 2 ;;
 esac
 
-DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev
+DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev libarchive-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
               libzmq3-dev libdlpack-dev)
 # Optional tools: installed when missing, but a failure to get them is not fatal.

@@ -1,6 +1,7 @@
 /* cmd_manifest.c: `datahelix manifest`, writes the manifest JSONL that `probe` reads from a
- * data set as people store it: a folder of clips with caption sidecars (manifest_dir.c), or
- * a CSV/TSV/JSON-lines metadata table (manifest_table.c); docs/datasets.md. Thin: parse the
+ * data set as people store it: a folder of clips with caption sidecars (manifest_dir.c), a
+ * CSV/TSV/JSON-lines metadata table (manifest_table.c), or WebDataset tar shards
+ * (manifest_tar.c); docs/datasets.md. Thin: parse the
  * options, run one source into the emitter (manifest_emit.c), summarise. */
 #include <getopt.h>
 #include <stdio.h>
@@ -14,57 +15,78 @@
 #define CMD "manifest"
 #define DEFAULT_EXTS "mp4,m4v,mov,mkv,webm,avi,mpg,mpeg,flv"
 #define MAX_EXTS 64
+#define MAX_PATTERNS 256
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix manifest --from-dir DIR [--ext LIST] -o OUT.jsonl\n"
-            "       datahelix manifest --from-csv FILE --path-col NAME [--caption-col NAME]\n"
-            "                          [--id-col NAME] [--root DIR] [--delimiter C]\n"
-            "                          [--skip-missing] -o OUT.jsonl\n"
-            "\n"
-            "Writes a manifest (one {\"id\", \"path\", \"caption\"} JSON object a line, the\n"
-            "format `datahelix synth` writes and `datahelix probe` reads; docs/datasets.md).\n"
-            "Paths are written relative to OUT's folder when the file lies under it, else\n"
-            "absolute. OUT is written through OUT.part and renamed when complete, so a\n"
-            "failed run leaves no manifest.\n"
-            "\n"
-            "--from-dir DIR walks DIR recursively and takes every file whose extension is in\n"
-            "the list (case-insensitive), sorted by relative path (byte order); names\n"
-            "starting with '.' are skipped, links to folders are not followed. The id is the\n"
-            "path relative to DIR. The caption comes from a sidecar with the same stem:\n"
-            "STEM.txt (its text, trimmed), else STEM.json (its \"caption\" or \"text\" key).\n"
-            "\n"
-            "--from-csv FILE reads a metadata table, one entry per row: CSV (RFC 4180 quoting:\n"
-            "quoted fields may hold delimiters, doubled quotes and newlines), TSV (by the\n"
-            ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
-            "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
-            "The id is the --id-col value, else the path as written in the table. Every\n"
-            "path must name an existing file.\n"
-            "\n"
-            "options:\n"
-            "  -d, --from-dir DIR       the folder to walk\n"
-            "  -e, --ext LIST           extensions to take, comma-separated (default\n"
-            "                           " DEFAULT_EXTS ")\n"
-            "  -c, --from-csv FILE      the metadata table to read\n"
-            "  -p, --path-col NAME      the column (key) holding each file's path (required\n"
-            "                           with --from-csv)\n"
-            "      --caption-col NAME   the column holding the caption (default: none)\n"
-            "      --id-col NAME        the column holding the id (default: the path)\n"
-            "  -r, --root DIR           the folder relative paths start from (default: FILE's\n"
-            "                           folder)\n"
-            "      --delimiter C        the field delimiter, one character or 'tab' (default:\n"
-            "                           ',' or, for .tsv/.tab, tab); reads FILE as CSV/TSV\n"
-            "      --skip-missing       skip rows whose file does not exist (counted, the first\n"
-            "                           10 named on stderr) instead of failing\n"
-            "  -o, --output OUT         the manifest to write (required)\n"
-            "      --progress-every N   a progress line on stderr every N files scanned and\n"
-            "                           every N entries written (default 10000, 0: none)\n"
-            "  -h, --help               this text\n"
-            "\n"
-            "Errors name the file, line, row and column at fault (a missing column, a file that\n"
-            "does not exist, a duplicate id, malformed quoting, an unreadable folder).\n"
-            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
+    fprintf(
+        out,
+        "usage: datahelix manifest --from-dir DIR [--ext LIST] -o OUT.jsonl\n"
+        "       datahelix manifest --from-csv FILE --path-col NAME [--caption-col NAME]\n"
+        "                          [--id-col NAME] [--root DIR] [--delimiter C]\n"
+        "                          [--skip-missing] -o OUT.jsonl\n"
+        "       datahelix manifest --from-tar PATTERN [--from-tar PATTERN...] [--ext LIST]\n"
+        "                          [--skip-missing] -o OUT.jsonl\n"
+        "\n"
+        "Writes a manifest (one {\"id\", \"path\", \"caption\"} JSON object a line, the\n"
+        "format `datahelix synth` writes and `datahelix probe` reads; docs/datasets.md).\n"
+        "Paths are written relative to OUT's folder when the file lies under it, else\n"
+        "absolute. OUT is written through OUT.part and renamed when complete, so a\n"
+        "failed run leaves no manifest.\n"
+        "\n"
+        "--from-dir DIR walks DIR recursively and takes every file whose extension is in\n"
+        "the list (case-insensitive), sorted by relative path (byte order); names\n"
+        "starting with '.' are skipped, links to folders are not followed. The id is the\n"
+        "path relative to DIR. The caption comes from a sidecar with the same stem:\n"
+        "STEM.txt (its text, trimmed), else STEM.json (its \"caption\" or \"text\" key).\n"
+        "\n"
+        "--from-csv FILE reads a metadata table, one entry per row: CSV (RFC 4180 quoting:\n"
+        "quoted fields may hold delimiters, doubled quotes and newlines), TSV (by the\n"
+        ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
+        "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
+        "The id is the --id-col value, else the path as written in the table. Every\n"
+        "path must name an existing file.\n"
+        "\n"
+        "--from-tar PATTERN reads WebDataset tar shards without extracting them: PATTERN is\n"
+        "a shard ('shards/000.tar'), a brace range ('shards/{000..099}.tar': zero padding\n"
+        "kept), a brace list ('{train,val}.tar'), or several joined by '::'; --from-tar may\n"
+        "be repeated. A member's key is its path up to the first dot of its basename\n"
+        "(dir/abc.seg1.mp4: key dir/abc); consecutive members with one key are a sample.\n"
+        "A sample has exactly one media member (its last extension in the list; two are\n"
+        "an error, none: the key is skipped and counted); its caption is the key's .txt\n"
+        "member (trimmed), else its .json member's \"caption\" or \"text\" key. Each sample\n"
+        "is a line {\"id\": \"SHARD/KEY\", \"path\": the shard, \"offset\", \"size\": the media\n"
+        "member's data in the shard, \"caption\"} that probe and decode read in place.\n"
+        "SHARD is the shard's file name without .tar. Shards must be plain, uncompressed\n"
+        "tar (ustar, pax or GNU): a compressed one (.tar.gz) is refused.\n"
+        "\n"
+        "options:\n"
+        "  -d, --from-dir DIR       the folder to walk\n"
+        "  -e, --ext LIST           extensions to take, comma-separated (default\n"
+        "                           " DEFAULT_EXTS ")\n"
+        "  -t, --from-tar PATTERN   the tar shards to read (repeatable)\n"
+        "  -c, --from-csv FILE      the metadata table to read\n"
+        "  -p, --path-col NAME      the column (key) holding each file's path (required\n"
+        "                           with --from-csv)\n"
+        "      --caption-col NAME   the column holding the caption (default: none)\n"
+        "      --id-col NAME        the column holding the id (default: the path)\n"
+        "  -r, --root DIR           the folder relative paths start from (default: FILE's\n"
+        "                           folder)\n"
+        "      --delimiter C        the field delimiter, one character or 'tab' (default:\n"
+        "                           ',' or, for .tsv/.tab, tab); reads FILE as CSV/TSV\n"
+        "      --skip-missing       skip rows whose file does not exist, or shards that do\n"
+        "                           not exist (counted, the first 10 named on stderr)\n"
+        "                           instead of failing\n"
+        "  -o, --output OUT         the manifest to write (required)\n"
+        "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
+        "                           scanned and every N entries written (default 10000,\n"
+        "                           0: none)\n"
+        "  -h, --help               this text\n"
+        "\n"
+        "Errors name the file, line, row and column at fault (a missing column, a file that\n"
+        "does not exist, a duplicate id, malformed quoting, an unreadable folder), or the\n"
+        "shard and member (a missing or compressed shard, two media members).\n"
+        "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
 }
 
 static int usage_error(const char *what)
@@ -107,6 +129,7 @@ int dh_cmd_manifest(int argc, char **argv)
         {"from-dir", required_argument, NULL, 'd'},
         {"ext", required_argument, NULL, 'e'},
         {"from-csv", required_argument, NULL, 'c'},
+        {"from-tar", required_argument, NULL, 't'},
         {"path-col", required_argument, NULL, 'p'},
         {"caption-col", required_argument, NULL, OPT_CAPTION_COL},
         {"id-col", required_argument, NULL, OPT_ID_COL},
@@ -120,10 +143,13 @@ int dh_cmd_manifest(int argc, char **argv)
     };
     const char *from_dir = NULL, *ext_list = NULL, *output = NULL;
     mb_table_options_t table = {0};
+    const char *patterns[MAX_PATTERNS];
+    size_t n_patterns = 0;
+    int skip_missing = 0;
     unsigned long long progress_every = 10000;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "d:e:c:p:r:o:h", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "d:e:c:t:p:r:o:h", options, NULL)) != -1) {
         switch (c) {
         case 'd':
             from_dir = optarg;
@@ -133,6 +159,11 @@ int dh_cmd_manifest(int argc, char **argv)
             break;
         case 'c':
             table.file = optarg;
+            break;
+        case 't':
+            if (n_patterns == MAX_PATTERNS)
+                return usage_error("--from-tar: too many patterns");
+            patterns[n_patterns++] = optarg;
             break;
         case 'p':
             table.path_col = optarg;
@@ -157,7 +188,7 @@ int dh_cmd_manifest(int argc, char **argv)
                                    "break) or 'tab'");
             break;
         case OPT_SKIP_MISSING:
-            table.skip_missing = 1;
+            skip_missing = 1;
             break;
         case 'o':
             output = optarg;
@@ -177,31 +208,51 @@ int dh_cmd_manifest(int argc, char **argv)
     }
     if (dh_cli_no_extra_args(CMD, argc, argv, optind) < 0)
         return 2;
-    if (!from_dir == !table.file)
-        return usage_error("give one of --from-dir DIR and --from-csv FILE");
+    if ((from_dir != NULL) + (table.file != NULL) + (n_patterns > 0) != 1)
+        return usage_error("give one of --from-dir DIR, --from-csv FILE and --from-tar PATTERN");
     if (!output || !*output)
         return usage_error("-o/--output is required");
-    if (from_dir && (table.path_col || table.caption_col || table.id_col || table.root ||
-                     table.delimiter || table.skip_missing))
-        return usage_error("--path-col, --caption-col, --id-col, --root, --delimiter and "
-                           "--skip-missing go with --from-csv");
+    if (!table.file &&
+        (table.path_col || table.caption_col || table.id_col || table.root || table.delimiter))
+        return usage_error("--path-col, --caption-col, --id-col, --root and --delimiter go with "
+                           "--from-csv");
+    if (from_dir && skip_missing)
+        return usage_error("--skip-missing goes with --from-csv and --from-tar");
     if (table.file && ext_list)
-        return usage_error("--ext goes with --from-dir");
+        return usage_error("--ext goes with --from-dir and --from-tar");
+    table.skip_missing = skip_missing;
     if (table.file && (!table.path_col || !*table.path_col))
         return usage_error("--from-csv needs --path-col NAME");
 
     char ext_buf[1024], *exts[MAX_EXTS];
     size_t n_exts = 0;
-    if (from_dir &&
+    if (!table.file &&
         parse_exts(ext_list ? ext_list : DEFAULT_EXTS, ext_buf, sizeof ext_buf, exts, &n_exts) != 0)
         return 2;
+    mb_shard_list_t shards = {0};
+    for (size_t i = 0; i < n_patterns; i++) {
+        char why[256], what[512];
+        if (mb_shards_expand(patterns[i], &shards, why, sizeof why) < 0) {
+            mb_shards_free(&shards);
+            snprintf(what, sizeof what, "--from-tar '%s': %s", patterns[i], why);
+            return usage_error(what);
+        }
+    }
 
     uint64_t start = dh_clock_now_ns();
     mb_emitter_t e;
     int rc = mb_emitter_open(&e, output, progress_every);
     mb_dir_report_t dir_report = {0};
     mb_table_report_t table_report = {0};
-    if (rc == 0 && from_dir) {
+    mb_tar_report_t tar_report = {0};
+    if (rc == 0 && n_patterns) {
+        mb_tar_options_t opt = {.shards = shards.shards,
+                                .n_shards = shards.n,
+                                .exts = exts,
+                                .n_exts = n_exts,
+                                .skip_missing = skip_missing};
+        rc = mb_from_tar(&opt, &e, &tar_report);
+    } else if (rc == 0 && from_dir) {
         const char *slash = strrchr(output, '/');
         mb_dir_options_t opt = {.dir = from_dir,
                                 .skip_name = slash ? slash + 1 : output,
@@ -211,7 +262,8 @@ int dh_cmd_manifest(int argc, char **argv)
     } else if (rc == 0) {
         rc = mb_from_table(&table, &e, &table_report);
     }
-    size_t written = e.written, with_caption = e.with_caption;
+    size_t written = e.written, with_caption = e.with_caption, n_shards = shards.n;
+    mb_shards_free(&shards);
     if (mb_emitter_finish(&e, rc == 0) != 0)
         rc = -1;
     if (rc != 0) {
@@ -219,7 +271,17 @@ int dh_cmd_manifest(int argc, char **argv)
         return 1;
     }
     double elapsed = dh_clock_elapsed_s(start, dh_clock_now_ns());
-    if (from_dir)
+    if (n_patterns)
+        fprintf(stderr,
+                "manifest: wrote %zu entries to %s from %zu tar shards (%zu read, %zu skipped "
+                "(missing); %zu members), %zu with captions (%zu from .txt, %zu from .json; %zu "
+                ".json without a caption or text key), %zu keys without a media member skipped, "
+                "%zu other members (folders, links, names without a key), in %.1f s\n",
+                written, output, n_shards, tar_report.shards_read, tar_report.shards_missing,
+                tar_report.members, with_caption, tar_report.captions_txt, tar_report.captions_json,
+                tar_report.json_without_caption, tar_report.keys_without_media,
+                tar_report.other_members, elapsed);
+    else if (from_dir)
         fprintf(stderr,
                 "manifest: wrote %zu entries to %s from %s (%zu files seen), %zu with captions "
                 "(%zu from .txt, %zu from .json; %zu .json without a caption or text key), "

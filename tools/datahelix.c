@@ -19,7 +19,7 @@ static const command_t commands[] = {
     {"place-bench", dh_cmd_place_bench, "benchmark the deadline placement policy"},
     {"synth", dh_cmd_synth, "write a synthetic video data set (H.264 clips and a manifest)"},
     {"manifest", dh_cmd_manifest,
-     "write a manifest from a folder of clips or a CSV/TSV/JSONL table"},
+     "write a manifest from a folder of clips, a CSV/TSV/JSONL table or tar shards"},
     {"probe", dh_cmd_probe, "profile a data set from container metadata, calibrated costs"},
     {"decode-bench", dh_cmd_decode_bench, "decode throughput per core against ffmpeg and PyAV"},
     {"coordinator", dh_cmd_coordinator, "run the coordinator (registry, liveness, placement)"},

@@ -43,6 +43,11 @@ int mb_emitter_open(mb_emitter_t *e, const char *out_path, unsigned long long pr
 int mb_emit(mb_emitter_t *e, const char *id, const char *abs_path, const char *caption,
             const mb_where_t *where, const char *id_column);
 
+/* The same line for a byte range of abs_path (a tar member read in place), with "offset"
+ * and "size" after "path": {"id","path","offset","size"[,"caption"]}. size > 0. */
+int mb_emit_range(mb_emitter_t *e, const char *id, const char *abs_path, long long offset,
+                  long long size, const char *caption, const mb_where_t *where);
+
 /* Closes and renames OUT.part to OUT (ok = 1), or removes it (ok = 0); frees everything. */
 int mb_emitter_finish(mb_emitter_t *e, int ok);
 
@@ -54,6 +59,15 @@ const char *mb_where_text(char *buf, size_t size, const mb_where_t *where, const
 
 /* dir + "/" + name, malloc'd; NULL (after a message) when out of memory. */
 char *mb_join(const char *dir, const char *name);
+
+/* Caption rules shared by the sources (manifest_caption.c); where names the file or member.
+ * mb_caption_text: text[0..len) (NUL-terminated at len) must hold no NUL and be UTF-8; a
+ * UTF-8 byte-order mark and white space at both ends are removed in place. mb_caption_json:
+ * root must be an object; *caption (the caller's) is its "caption" string, else its "text"
+ * string, else NULL with *keyless = 1; a key that is not a string is an error. */
+struct json_t;
+int mb_caption_text(char *text, size_t len, const char *where);
+int mb_caption_json(struct json_t *root, const char *where, char **caption, int *keyless);
 
 /* The folder walker: every file under dir whose extension is one of exts (lower case, no
  * dot; matched case-insensitively), in byte order of its path relative to dir, its id that
@@ -93,5 +107,35 @@ typedef struct mb_table_report {
 } mb_table_report_t;
 
 int mb_from_table(const mb_table_options_t *opt, mb_emitter_t *e, mb_table_report_t *report);
+
+/* The tar reader: WebDataset shards, one entry per sample, pointing at its media member's
+ * bytes inside the shard (manifest_tar.c). */
+typedef struct mb_shard_list {
+    char **shards;
+    size_t n, cap;
+} mb_shard_list_t;
+
+/* Appends the shards a pattern names: "a.tar", brace ranges "{000..099}" (zero padding kept
+ * when an end has a leading zero), brace lists "{train,val}", several joined by "::". On a
+ * malformed pattern returns -1 with the reason in why (no message printed). */
+int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size_t why_size);
+void mb_shards_free(mb_shard_list_t *list);
+
+typedef struct mb_tar_options {
+    char **shards; /* in order */
+    size_t n_shards;
+    char **exts; /* media extensions, lower case, no dot */
+    size_t n_exts;
+    int skip_missing; /* a missing shard is skipped (counted) rather than an error */
+} mb_tar_options_t;
+
+typedef struct mb_tar_report {
+    size_t shards_read, shards_missing, members, samples;
+    size_t keys_without_media; /* keys skipped: no media member */
+    size_t other_members;      /* folders, links, names without a key */
+    size_t captions_txt, captions_json, json_without_caption;
+} mb_tar_report_t;
+
+int mb_from_tar(const mb_tar_options_t *opt, mb_emitter_t *e, mb_tar_report_t *report);
 
 #endif

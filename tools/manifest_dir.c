@@ -7,7 +7,6 @@
  * resource forks); a symbolic link to a file is taken, one to a folder is not followed (no
  * loops). Cost: one readdir pass, then two open() attempts per taken file for its sidecars;
  * the relative paths are held in memory to sort them (about 100 bytes a file). */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -183,26 +182,10 @@ static int caption_from_txt(const char *path, char **caption, int *found)
     *found = 0;
     if (!text)
         return missing ? 0 : -1;
-    if (memchr(text, '\0', n)) {
+    if (mb_caption_text(text, n, path) < 0) {
         free(text);
-        return mb_error("%s: the caption holds a NUL byte (not a text file?)", path);
+        return -1;
     }
-    json_t *check = json_stringn(text, n); /* NULL: not UTF-8 */
-    if (!check) {
-        free(text);
-        return mb_error("%s: the caption is not valid UTF-8", path);
-    }
-    json_decref(check);
-    char *start = text;
-    if ((unsigned char)start[0] == 0xEF && (unsigned char)start[1] == 0xBB &&
-        (unsigned char)start[2] == 0xBF)
-        start += 3;
-    while (*start && isspace((unsigned char)*start))
-        start++;
-    char *end = start + strlen(start);
-    while (end > start && isspace((unsigned char)end[-1]))
-        *--end = '\0';
-    memmove(text, start, (size_t)(end - start) + 1);
     *caption = text;
     *found = 1;
     return 0;
@@ -221,22 +204,8 @@ static int caption_from_json(const char *path, char **caption, int *found, int *
     json_t *root = json_load_file(path, 0, &jerr);
     if (!root)
         return mb_error("%s:%d:%d: not JSON: %s", path, jerr.line, jerr.column, jerr.text);
-    int rc = 0;
-    if (!json_is_object(root)) {
-        rc = mb_error("%s: not a JSON object", path);
-    } else {
-        const char *key = json_object_get(root, "caption") ? "caption" : "text";
-        json_t *v = json_object_get(root, key);
-        if (!v || json_is_null(v)) {
-            *keyless = 1;
-        } else if (!json_is_string(v)) {
-            rc = mb_error("%s: key '%s' must be a string", path, key);
-        } else if (!(*caption = strdup(json_string_value(v)))) {
-            rc = mb_error("out of memory");
-        } else {
-            *found = 1;
-        }
-    }
+    int rc = mb_caption_json(root, path, caption, keyless);
+    *found = rc == 0 && *caption;
     json_decref(root);
     return rc;
 }

@@ -634,6 +634,7 @@ static void help_exits_0_and_names_every_option(void **state)
         "\n  -d, --from-dir DIR",
         "\n  -e, --ext LIST",
         "\n  -c, --from-csv FILE",
+        "\n  -t, --from-tar PATTERN",
         "\n  -p, --path-col NAME",
         "\n      --caption-col NAME",
         "\n      --id-col NAME",

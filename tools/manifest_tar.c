@@ -1,0 +1,559 @@
+/* manifest_tar.c: `datahelix manifest --from-tar` (manifest_build.h): one manifest entry per
+ * WebDataset sample in a list of tar shards, each pointing at its media member's bytes inside
+ * the shard (path, offset, size), so probe and decode read it in place through FFmpeg's
+ * subfile protocol and nothing is ever extracted (docs/datasets.md "From WebDataset tar
+ * shards"). Also the shard-list expansion ('shards/{000..099}.tar').
+ *
+ * WebDataset's rules: a member's key is its path up to the first dot of its basename, its
+ * extension everything after that dot (dir/abc.seg1.mp4: key dir/abc, extension seg1.mp4);
+ * consecutive members with one key form a sample (the writer writes them together and
+ * WebDataset's reader groups them the same way). A sample is a key with exactly one media
+ * member (its last extension in --ext); its caption is the key's .txt member, else its .json
+ * member's "caption" or "text" key (manifest_caption.c).
+ *
+ * The data offset: libarchive hands out the position of an entry's first header
+ * (archive_read_header_position), which for pax ('x', 'g') and GNU long-name ('L', 'K')
+ * entries is the extension header, not the data. Instead, right after
+ * archive_read_next_header the tar reader has consumed exactly the entry's headers, so the
+ * bytes consumed from the file, archive_filter_bytes(a, -1), are the data offset of an
+ * uncompressed tar (its read-ahead buffer is not counted: it is the consumed position).
+ * Every media member's offset is checked: the first bytes libarchive returns for the member
+ * must equal the file's bytes at that offset (pread), or the run fails naming the member.
+ * Compressed shards are refused: a member of a .tar.gz has no byte range in the file.
+ *
+ * Cost: per member one 512-byte header (plus extension headers), read in 64 KiB blocks, and
+ * for a media member one pread of up to 4 KiB for the check; the rest of each member is
+ * skipped with lseek, so a shard of large clips costs about one block read per member.
+ * Memory: one sample at a time, plus the emitter's id set. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <jansson.h>
+
+#include "manifest_build.h"
+
+#define MAX_SHARDS 1000000
+#define CHECK_BYTES 4096                      /* compared at each media member's offset */
+#define MAX_CAPTION_MEMBER (16 * 1024 * 1024) /* a .txt or .json larger is an error */
+#define BLOCK_SIZE (64 * 1024)
+
+/* ---- the shard list ------------------------------------------------------------------- */
+
+static int push_shard(mb_shard_list_t *list, char *shard, char *why, size_t why_size)
+{
+    if (list->n == MAX_SHARDS) {
+        free(shard);
+        snprintf(why, why_size, "more than %d shards", MAX_SHARDS);
+        return -1;
+    }
+    if (list->n == list->cap) {
+        size_t cap = list->cap ? list->cap * 2 : 64;
+        char **grown = realloc(list->shards, cap * sizeof *grown);
+        if (!grown) {
+            free(shard);
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        list->shards = grown;
+        list->cap = cap;
+    }
+    list->shards[list->n++] = shard;
+    return 0;
+}
+
+/* prefix + middle + suffix, malloc'd. */
+static char *join3(const char *prefix, size_t prefix_len, const char *middle, size_t middle_len,
+                   const char *suffix)
+{
+    size_t suffix_len = strlen(suffix);
+    char *s = malloc(prefix_len + middle_len + suffix_len + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, prefix, prefix_len);
+    memcpy(s + prefix_len, middle, middle_len);
+    memcpy(s + prefix_len + middle_len, suffix, suffix_len + 1);
+    return s;
+}
+
+/* "A..B": two runs of 1 to 18 digits. */
+static int parse_range(const char *inner, size_t len, unsigned long long *a, unsigned long long *b,
+                       int *width)
+{
+    const char *dots = memmem(inner, len, "..", 2);
+    if (!dots)
+        return 0;
+    size_t a_len = (size_t)(dots - inner), b_len = len - a_len - 2;
+    if (a_len == 0 || b_len == 0 || a_len > 18 || b_len > 18)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (i != a_len && i != a_len + 1 && (inner[i] < '0' || inner[i] > '9'))
+            return 0;
+    *a = strtoull(inner, NULL, 10);
+    *b = strtoull(dots + 2, NULL, 10);
+    /* braceexpand's rule (WebDataset's): an end with a leading zero pads to the longer end */
+    int padded = (a_len > 1 && inner[0] == '0') || (b_len > 1 && dots[2] == '0');
+    *width = padded ? (int)(a_len > b_len ? a_len : b_len) : 0;
+    return 1;
+}
+
+/* Expands the first brace group of s and recurses on each result. */
+static int expand_one(const char *s, mb_shard_list_t *list, char *why, size_t why_size)
+{
+    const char *open = strchr(s, '{'), *close = strchr(s, '}');
+    if (!open && !close) {
+        char *copy = strdup(s);
+        if (!copy) {
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        return push_shard(list, copy, why, why_size);
+    }
+    if (!open || (close && close < open)) {
+        snprintf(why, why_size, "'}' without '{'");
+        return -1;
+    }
+    int depth = 0;
+    const char *end = open;
+    for (; *end; end++) {
+        depth += *end == '{';
+        depth -= *end == '}';
+        if (depth == 0)
+            break;
+    }
+    if (!*end) {
+        snprintf(why, why_size, "'{' without '}'");
+        return -1;
+    }
+    const char *inner = open + 1, *suffix = end + 1;
+    size_t inner_len = (size_t)(end - inner), prefix_len = (size_t)(open - s);
+    unsigned long long a, b;
+    int width;
+    if (parse_range(inner, inner_len, &a, &b, &width)) {
+        unsigned long long step_count = (a <= b ? b - a : a - b) + 1;
+        if (step_count > MAX_SHARDS - list->n) {
+            snprintf(why, why_size, "{%.*s} names more than %d shards", (int)inner_len, inner,
+                     MAX_SHARDS);
+            return -1;
+        }
+        for (unsigned long long i = 0; i < step_count; i++) {
+            char num[32];
+            int n = snprintf(num, sizeof num, "%0*llu", width, a <= b ? a + i : a - i);
+            char *next = join3(s, prefix_len, num, (size_t)n, suffix);
+            if (!next) {
+                snprintf(why, why_size, "out of memory");
+                return -1;
+            }
+            int rc = expand_one(next, list, why, why_size);
+            free(next);
+            if (rc < 0)
+                return -1;
+        }
+        return 0;
+    }
+    /* {a,b,c}: the alternatives, split at the commas outside nested braces */
+    const char *alt = inner, *p = inner;
+    int alternatives = 0;
+    for (depth = 0; p <= end; p++) {
+        if (p < end && *p != ',') {
+            depth += *p == '{';
+            depth -= *p == '}';
+            continue;
+        }
+        if (p < end && depth > 0)
+            continue;
+        if (p == end && alternatives == 0) {
+            snprintf(why, why_size, "{%.*s} is neither a range {A..B} of numbers nor a list {a,b}",
+                     (int)inner_len, inner);
+            return -1;
+        }
+        char *next = join3(s, prefix_len, alt, (size_t)(p - alt), suffix);
+        if (!next) {
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        int rc = expand_one(next, list, why, why_size);
+        free(next);
+        if (rc < 0)
+            return -1;
+        alternatives++;
+        alt = p + 1;
+    }
+    return 0;
+}
+
+int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size_t why_size)
+{
+    /* WebDataset's separator between patterns: "a/{0..3}.tar::b/{0..9}.tar" */
+    const char *start = pattern;
+    for (;;) {
+        const char *sep = strstr(start, "::");
+        size_t len = sep ? (size_t)(sep - start) : strlen(start);
+        if (len == 0) {
+            snprintf(why, why_size, "an empty shard name");
+            return -1;
+        }
+        char *piece = strndup(start, len);
+        if (!piece) {
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        int rc = expand_one(piece, list, why, why_size);
+        free(piece);
+        if (rc < 0)
+            return -1;
+        if (!sep)
+            return 0;
+        start = sep + 2;
+    }
+}
+
+void mb_shards_free(mb_shard_list_t *list)
+{
+    for (size_t i = 0; i < list->n; i++)
+        free(list->shards[i]);
+    free(list->shards);
+    *list = (mb_shard_list_t){0};
+}
+
+/* ---- reading a shard ------------------------------------------------------------------ */
+
+typedef struct sample {
+    char *key;        /* NULL: no sample open */
+    char *media_name; /* the media member, NULL: none yet */
+    long long media_offset, media_size;
+    char *txt_name, *json_name;
+    char *txt_caption, *json_caption;
+    int json_keyless;
+} sample_t;
+
+typedef struct shard {
+    const mb_tar_options_t *opt;
+    mb_tar_report_t *report;
+    mb_emitter_t *e;
+    const char *name; /* as given */
+    char *abs;        /* its realpath, written to the manifest */
+    const char *stem; /* its basename without ".tar": the id's first part */
+    size_t stem_len;
+    int fd;
+    long long file_size;
+    struct archive *a;
+    sample_t s;
+} shard_t;
+
+static void sample_clear(sample_t *s)
+{
+    free(s->key);
+    free(s->media_name);
+    free(s->txt_name);
+    free(s->json_name);
+    free(s->txt_caption);
+    free(s->json_caption);
+    *s = (sample_t){0};
+}
+
+/* libarchive's reason; it leaves none for some truncated headers. */
+static const char *archive_why(struct archive *a)
+{
+    const char *why = archive_error_string(a);
+    return why ? why : "the shard ends inside a header (truncated?)";
+}
+
+/* "SHARD: member 'NAME'" into buf. */
+static const char *member_where(char *buf, size_t size, const shard_t *sh, const char *member)
+{
+    snprintf(buf, size, "%s: member '%s'", sh->name, member);
+    return buf;
+}
+
+/* Emits the open sample (if it has a media member), then clears it. */
+static int flush_sample(shard_t *sh)
+{
+    sample_t *s = &sh->s;
+    int rc = 0;
+    if (!s->key)
+        return 0;
+    if (!s->media_name) {
+        sh->report->keys_without_media++;
+    } else {
+        const char *caption = s->txt_caption ? s->txt_caption : s->json_caption;
+        sh->report->captions_txt += s->txt_caption != NULL;
+        sh->report->captions_json += !s->txt_caption && s->json_caption;
+        sh->report->json_without_caption += !s->txt_caption && s->json_keyless;
+        char *id = malloc(sh->stem_len + 1 + strlen(s->key) + 1), w[2048];
+        if (!id) {
+            rc = mb_error("out of memory");
+        } else {
+            sprintf(id, "%.*s/%s", (int)sh->stem_len, sh->stem, s->key);
+            mb_where_t where = {.file = member_where(w, sizeof w, sh, s->media_name)};
+            rc = mb_emit_range(sh->e, id, sh->abs, s->media_offset, s->media_size, caption, &where);
+            sh->report->samples += rc == 0;
+        }
+        free(id);
+    }
+    sample_clear(s);
+    return rc;
+}
+
+/* The whole of the current member (a caption), NUL-terminated. */
+static char *read_member(shard_t *sh, const char *name, long long size, size_t *len)
+{
+    char w[2048];
+    if (size > MAX_CAPTION_MEMBER) {
+        mb_error("%s: %lld bytes, too large for a caption (limit %d)",
+                 member_where(w, sizeof w, sh, name), size, MAX_CAPTION_MEMBER);
+        return NULL;
+    }
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        mb_error("out of memory");
+        return NULL;
+    }
+    size_t got = 0;
+    while (got < (size_t)size) {
+        la_ssize_t n = archive_read_data(sh->a, buf + got, (size_t)size - got);
+        if (n <= 0) {
+            mb_error("%s: cannot read: %s", member_where(w, sizeof w, sh, name),
+                     n < 0 ? archive_why(sh->a) : "the member ends early");
+            free(buf);
+            return NULL;
+        }
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    *len = got;
+    return buf;
+}
+
+/* The media member's data must be where we will say it is: its first bytes through libarchive
+ * equal the file's bytes at offset. */
+static int check_offset(shard_t *sh, const char *name, long long offset, long long size)
+{
+    char w[2048];
+    if (offset < 0 || offset > sh->file_size || size > sh->file_size - offset)
+        return mb_error("%s: internal error: data offset %lld + size %lld lies outside the %lld "
+                        "bytes of the file",
+                        member_where(w, sizeof w, sh, name), offset, size, sh->file_size);
+    unsigned char via_archive[CHECK_BYTES], via_file[CHECK_BYTES];
+    size_t want = size < CHECK_BYTES ? (size_t)size : CHECK_BYTES, got = 0;
+    while (got < want) {
+        la_ssize_t n = archive_read_data(sh->a, via_archive + got, want - got);
+        if (n <= 0)
+            return mb_error("%s: cannot read: %s", member_where(w, sizeof w, sh, name),
+                            n < 0 ? archive_why(sh->a) : "the member ends early");
+        got += (size_t)n;
+    }
+    ssize_t n = pread(sh->fd, via_file, want, (off_t)offset);
+    if (n < 0) {
+        int err = errno;
+        return mb_error("%s: cannot read: %s", sh->name, strerror(err));
+    }
+    if ((size_t)n != want || memcmp(via_archive, via_file, want) != 0)
+        return mb_error("%s: internal error: the bytes at data offset %lld are not the member's "
+                        "(a tar layout this reader does not handle; please report it)",
+                        member_where(w, sizeof w, sh, name), offset);
+    return 0;
+}
+
+static int is_media(const mb_tar_options_t *opt, const char *ext)
+{
+    const char *last = strrchr(ext, '.');
+    last = last ? last + 1 : ext;
+    for (size_t i = 0; i < opt->n_exts; i++)
+        if (strcasecmp(last, opt->exts[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* One regular member: name is "KEY.EXT" (the key's basename non-empty, no leading dot). */
+static int take_member(shard_t *sh, struct archive_entry *ent, const char *name, size_t key_len,
+                       long long offset)
+{
+    sample_t *s = &sh->s;
+    const char *ext = name + key_len + 1;
+    long long size = (long long)archive_entry_size(ent);
+    char w[2048];
+    if (s->key && (strlen(s->key) != key_len || strncmp(s->key, name, key_len) != 0) &&
+        flush_sample(sh) < 0)
+        return -1;
+    if (!s->key && !(s->key = strndup(name, key_len)))
+        return mb_error("out of memory");
+    if (is_media(sh->opt, ext)) {
+        if (s->media_name)
+            return mb_error("%s: key '%s' has two media members, '%s' and '%s' (a sample takes "
+                            "one; --ext lists the extensions that count as media)",
+                            sh->name, s->key, s->media_name, name);
+        if (size <= 0)
+            return mb_error("%s: an empty media member", member_where(w, sizeof w, sh, name));
+        if (archive_entry_sparse_count(ent) > 0)
+            return mb_error("%s: a sparse member has no single byte range in the shard",
+                            member_where(w, sizeof w, sh, name));
+        if (check_offset(sh, name, offset, size) < 0)
+            return -1;
+        if (!(s->media_name = strdup(name)))
+            return mb_error("out of memory");
+        s->media_offset = offset;
+        s->media_size = size;
+        return 0;
+    }
+    int txt = strcasecmp(ext, "txt") == 0, json = strcasecmp(ext, "json") == 0;
+    if (!txt && !json)
+        return 0; /* other fields of the sample (.cls, .npy, ...): not ours */
+    char **seen = txt ? &s->txt_name : &s->json_name;
+    if (*seen)
+        return mb_error("%s: key '%s' has two .%s members, '%s' and '%s'", sh->name, s->key, ext,
+                        *seen, name);
+    if (!(*seen = strdup(name)))
+        return mb_error("out of memory");
+    size_t len = 0;
+    char *text = read_member(sh, name, size, &len);
+    if (!text)
+        return -1;
+    member_where(w, sizeof w, sh, name);
+    int rc;
+    if (txt) {
+        rc = mb_caption_text(text, len, w);
+        if (rc == 0) {
+            s->txt_caption = text;
+            text = NULL;
+        }
+    } else {
+        json_error_t jerr;
+        json_t *root = json_loadb(text, len, 0, &jerr);
+        if (!root) {
+            rc = mb_error("%s:%d:%d: not JSON: %s", w, jerr.line, jerr.column, jerr.text);
+        } else {
+            rc = mb_caption_json(root, w, &s->json_caption, &s->json_keyless);
+            json_decref(root);
+        }
+    }
+    free(text);
+    return rc;
+}
+
+/* The key of a member name: up to the first dot of the basename; 0 when the name has no
+ * such key (no dot, or a basename starting with one), as WebDataset skips such names. */
+static size_t key_length(const char *name)
+{
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name;
+    const char *dot = strchr(base, '.');
+    if (!dot || dot == base || !dot[1])
+        return 0;
+    return (size_t)(dot - name);
+}
+
+static int read_members(shard_t *sh)
+{
+    struct archive_entry *ent;
+    char *prev = NULL; /* the last member's name, for errors between members */
+    int rc = 0;
+    for (;;) {
+        int r = archive_read_next_header(sh->a, &ent);
+        if (r == ARCHIVE_EOF)
+            break;
+        if (r < ARCHIVE_WARN) {
+            rc = mb_error("%s: %s%s%s: %s", sh->name, prev ? "after member '" : "at the start",
+                          prev ? prev : "", prev ? "'" : "", archive_why(sh->a));
+            break;
+        }
+        /* bytes consumed so far = the end of this member's headers = its data (see above) */
+        long long offset = (long long)archive_filter_bytes(sh->a, -1);
+        mb_tar_report_t *report = sh->report;
+        report->members++;
+        if (sh->e->progress_every && report->members % sh->e->progress_every == 0)
+            fprintf(stderr, "manifest: %zu tar members scanned, %zu samples\n", report->members,
+                    report->samples);
+        const char *name = archive_entry_pathname(ent);
+        if (!name) {
+            rc = mb_error("%s: after member '%s': a member name that cannot be read", sh->name,
+                          prev ? prev : "");
+            break;
+        }
+        while (name[0] == '.' && name[1] == '/')
+            name += 2; /* "./a/b.mp4", as `tar -C dir -cf x.tar .` writes: the key is "a/b" */
+        free(prev);
+        if (!(prev = strdup(name))) {
+            rc = mb_error("out of memory");
+            break;
+        }
+        size_t key_len = key_length(name);
+        if (archive_entry_filetype(ent) != AE_IFREG || key_len == 0) {
+            report->other_members++; /* folders, links, names without a key */
+            continue;
+        }
+        if ((rc = take_member(sh, ent, name, key_len, offset)) < 0)
+            break;
+    }
+    if (rc == 0)
+        rc = flush_sample(sh);
+    free(prev);
+    return rc;
+}
+
+/* Opens the shard for libarchive and for pread; refuses what cannot be read in place. */
+static int read_shard(shard_t *sh)
+{
+    sh->fd = open(sh->name, O_RDONLY | O_CLOEXEC);
+    if (sh->fd < 0) {
+        int err = errno;
+        if (err == ENOENT && sh->opt->skip_missing) {
+            if (sh->report->shards_missing++ < 10)
+                fprintf(stderr, "manifest: skipped %s: no such file\n", sh->name);
+            return 0;
+        }
+        return mb_error("%s: cannot open the shard: %s%s", sh->name, strerror(err),
+                        err == ENOENT ? " (--skip-missing skips missing shards)" : "");
+    }
+    struct stat st;
+    if (fstat(sh->fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return mb_error("%s: not a regular file", sh->name);
+    sh->file_size = (long long)st.st_size;
+    if (!(sh->abs = realpath(sh->name, NULL))) {
+        int err = errno;
+        return mb_error("%s: %s", sh->name, strerror(err));
+    }
+    const char *slash = strrchr(sh->name, '/');
+    sh->stem = slash ? slash + 1 : sh->name;
+    sh->stem_len = strlen(sh->stem);
+    if (sh->stem_len > 4 && strcmp(sh->stem + sh->stem_len - 4, ".tar") == 0)
+        sh->stem_len -= 4;
+    if (!(sh->a = archive_read_new()))
+        return mb_error("out of memory");
+    /* every filter, so a compressed shard is recognised and refused by name */
+    archive_read_support_filter_all(sh->a);
+    archive_read_support_format_tar(sh->a);
+    if (archive_read_open_fd(sh->a, sh->fd, BLOCK_SIZE) != ARCHIVE_OK)
+        return mb_error("%s: %s", sh->name, archive_why(sh->a));
+    if (archive_filter_count(sh->a) > 1 || archive_filter_code(sh->a, 0) != ARCHIVE_FILTER_NONE)
+        return mb_error("%s: compressed (%s): a member of a compressed tar has no byte range "
+                        "in the file to read in place; decompress the shard to a plain .tar",
+                        sh->name, archive_filter_name(sh->a, 0));
+    int rc = read_members(sh);
+    sh->report->shards_read += rc == 0;
+    return rc;
+}
+
+int mb_from_tar(const mb_tar_options_t *opt, mb_emitter_t *e, mb_tar_report_t *report)
+{
+    *report = (mb_tar_report_t){0};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < opt->n_shards; i++) {
+        shard_t sh = {.opt = opt, .report = report, .e = e, .name = opt->shards[i], .fd = -1};
+        rc = read_shard(&sh);
+        sample_clear(&sh.s);
+        if (sh.a)
+            archive_read_free(sh.a);
+        if (sh.fd >= 0)
+            close(sh.fd);
+        free(sh.abs);
+    }
+    return rc;
+}
