@@ -13,81 +13,12 @@
 #include <unistd.h>
 
 #include "dh_test.h"
+#include "manifest_cli.h"
 #include "datahelix/error.h"
 #include "datahelix/manifest.h"
 #include "datahelix/profile.h"
 
-#define LEN(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---- helpers ------------------------------------------------------------------------ */
-
-/* A path in this process's scratch directory, the caller's to free. */
-static char *scratch(const char *name)
-{
-    char *p = strdup(dh_test_path(name));
-    assert_non_null(p);
-    return p;
-}
-
-static char *join(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    assert_non_null(p);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static bool exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* Writes root/rel, creating its folders. */
-static void put(const char *root, const char *rel, const char *text)
-{
-    char *path = join(root, rel);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            fail_msg("mkdir %s: %s", path, strerror(errno));
-        *p = '/';
-    }
-    dh_test_write_file(path, text);
-    free(path);
-}
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s: %s", path, strerror(errno));
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
-/* Runs "$DH_CLI args" (args already quoted), stderr to err_path; returns the exit status. */
-static int run_cli(const char *args, const char *err_path)
-{
-    const char *cli = getenv("DH_CLI");
-    if (!cli || !*cli)
-        fail_msg("DH_CLI is not set (run the tests through ctest)");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>'%s' >/dev/null", cli, args, err_path);
-    int status = system(cmd);
-    assert_true(WIFEXITED(status));
-    return WEXITSTATUS(status);
-}
 
 /* Runs "$DH_CLI manifest args" and expects exit 0, printing stderr otherwise. */
 static void manifest_ok(const char *args)
@@ -103,16 +34,6 @@ static void manifest_ok(const char *args)
     }
     assert_int_equal(status, 0);
     free(err_path);
-}
-
-static dh_manifest_t *load(const char *path)
-{
-    dh_manifest_t *m = NULL;
-    int rc = dh_manifest_load(path, &m);
-    if (rc != 0)
-        print_error("%s: %s\n", path, dh_last_error());
-    assert_int_equal(rc, 0);
-    return m;
 }
 
 /* Expects entry i to have this id, path (as resolved: root/rel) and caption. */

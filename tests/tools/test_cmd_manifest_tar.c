@@ -13,102 +13,18 @@
 #include <unistd.h>
 
 #include "dh_test.h"
+#include "manifest_cli.h"
 #include "datahelix/error.h"
 #include "datahelix/manifest.h"
 #include "datahelix/profile.h"
 
-#define LEN(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---- helpers ------------------------------------------------------------------------ */
-
-static char *scratch(const char *name)
-{
-    char *p = strdup(dh_test_path(name));
-    assert_non_null(p);
-    return p;
-}
-
-static char *join(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    assert_non_null(p);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static bool exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* Writes root/rel (len bytes), creating its folders. */
-static void put_bytes(const char *root, const char *rel, const void *data, size_t len)
-{
-    char *path = join(root, rel);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            fail_msg("mkdir %s: %s", path, strerror(errno));
-        *p = '/';
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        fail_msg("cannot write %s: %s", path, strerror(errno));
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-    free(path);
-}
-
-static void put(const char *root, const char *rel, const char *text)
-{
-    put_bytes(root, rel, text, strlen(text));
-}
-
-static char *read_all_n(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s: %s", path, strerror(errno));
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
-static char *read_all(const char *path)
-{
-    return read_all_n(path, NULL);
-}
 
 static void sh(const char *cmd)
 {
     int status = system(cmd);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("%s: failed (status %d)", cmd, status);
-}
-
-/* Runs "$DH_CLI args" (args already quoted), stderr to err_path; returns the exit status. */
-static int run_cli(const char *args, const char *err_path)
-{
-    const char *cli = getenv("DH_CLI");
-    if (!cli || !*cli)
-        fail_msg("DH_CLI is not set (run the tests through ctest)");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>'%s' >/dev/null", cli, args, err_path);
-    int status = system(cmd);
-    assert_true(WIFEXITED(status));
-    return WEXITSTATUS(status);
 }
 
 /* Runs "$DH_CLI manifest args", expects exit 0; returns its stderr (the caller's). */
@@ -178,16 +94,6 @@ static void python_offset(const char *tar_path, const char *member, long long *o
     assert_int_equal(sscanf(text, "%lld %lld", offset, size), 2);
     free(text);
     free(out);
-}
-
-static dh_manifest_t *load(const char *path)
-{
-    dh_manifest_t *m = NULL;
-    int rc = dh_manifest_load(path, &m);
-    if (rc != 0)
-        print_error("%s: %s\n", path, dh_last_error());
-    assert_int_equal(rc, 0);
-    return m;
 }
 
 static void expect_in(const char *text, const char *needle)
