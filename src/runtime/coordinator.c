@@ -306,12 +306,15 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     c->pending_work = true;
 }
 
+static void drop_late(dh_coordinator_t *c, int32_t server, int32_t client);
+
 void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
 {
     server_t *s = &c->servers[idx];
     if (!s->alive)
         return;
     s->alive = false;
+    drop_late(c, idx, -1); /* its reports will not come */
     s->queue_len = 0;
     s->queued_cpu_s = 0;
     size_t replaced = 0;
@@ -452,6 +455,40 @@ static void remove_entry(dh_coordinator_t *c, size_t pos)
     dh_msg_clear(&c->book[pos].msg);
     memmove(&c->book[pos], &c->book[pos + 1], (c->n_book - pos - 1) * sizeof *c->book);
     c->n_book--;
+}
+
+static void remove_late(dh_coordinator_t *c, size_t pos)
+{
+    dh_msg_clear(&c->late[pos].msg);
+    memmove(&c->late[pos], &c->late[pos + 1], (c->n_late - pos - 1) * sizeof *c->late);
+    c->n_late--;
+}
+
+/* The book's entry at pos was delivered before its executor reported: it moves to the late
+ * list (the REQUEST with it), to be learned from when the report comes. Without memory (or
+ * at the bound, the oldest making room) the request simply goes unlearned, as before. */
+static void keep_for_executor(dh_coordinator_t *c, size_t pos)
+{
+    if (c->n_late == DH__COORD_LATE_MAX)
+        remove_late(c, 0);
+    if (dh__coord_grow((void **)&c->late, &c->cap_late, c->n_late + 1, sizeof *c->late) != 0) {
+        remove_entry(c, pos);
+        return;
+    }
+    c->late[c->n_late++] = c->book[pos];
+    memmove(&c->book[pos], &c->book[pos + 1], (c->n_book - pos - 1) * sizeof *c->book);
+    c->n_book--;
+}
+
+/* Drops the late entries of executor `server` (>= 0) or of client `client` (>= 0). */
+static void drop_late(dh_coordinator_t *c, int32_t server, int32_t client)
+{
+    for (size_t i = 0; i < c->n_late;)
+        if ((server >= 0 && c->late[i].server == server) ||
+            (client >= 0 && c->late[i].client == client))
+            remove_late(c, i);
+        else
+            i++;
 }
 
 static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t *r)
@@ -610,8 +647,23 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
     dh__count(&c->counters.completes, 1);
     size_t pos;
     entry_t *e = find_entry(c, m->client_id, m->seq, &pos);
-    if (!e)
-        return; /* already delivered (a duplicate) or its client left */
+    if (!e) {
+        /* delivered already: the executor's report that the delivery overtook, or a
+         * duplicate, or its client left */
+        for (size_t i = 0; s && !m->delivered && i < c->n_late; i++) {
+            entry_t *l = &c->late[i];
+            if (l->server == si && l->msg.request.seq == m->seq &&
+                strcmp(l->msg.request.client_id, m->client_id) == 0) {
+                pthread_mutex_lock(&c->learn_lock);
+                learn(c, s, l, m);
+                record_prediction(c, si, l, m);
+                pthread_mutex_unlock(&c->learn_lock);
+                remove_late(c, i);
+                break;
+            }
+        }
+        return;
+    }
     bool from_executor = s && e->server == si && !e->executed;
     if (from_executor) {
         e->executed = true;
@@ -626,7 +678,8 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
         pthread_mutex_unlock(&c->learn_lock);
     }
     if (m->delivered) {
-        if (e->server >= 0 && !e->executed) {
+        bool unreported = e->server >= 0 && !e->executed;
+        if (unreported) {
             server_t *x = &c->servers[e->server];
             if (x->queue_len)
                 x->queue_len--;
@@ -634,7 +687,12 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
             if (x->queued_cpu_s < 0)
                 x->queued_cpu_s = 0;
         }
-        remove_entry(c, pos);
+        /* delivered before its executor reported (another peer's pipe read first): keep it
+         * for the report, which carries the measurements */
+        if (unreported && e->server != si && c->servers[e->server].alive)
+            keep_for_executor(c, pos);
+        else
+            remove_entry(c, pos);
         dh__count(&c->counters.delivered, 1);
     }
     c->pending_work = true;
@@ -667,6 +725,7 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
             i++;
         }
     }
+    drop_late(c, -1, idx);
     dh_log_info("coordinator: client '%s' left (%zu requests dropped)", peer, dropped);
 }
 
@@ -820,6 +879,9 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     for (size_t i = 0; i < c->n_book; i++)
         dh_msg_clear(&c->book[i].msg);
     dh_free(c->book);
+    for (size_t i = 0; i < c->n_late; i++)
+        dh_msg_clear(&c->late[i].msg);
+    dh_free(c->late);
     dh__coord_rb_destroy(c);
     dh_free(c->predictions);
     pthread_mutex_destroy(&c->learn_lock);

@@ -52,6 +52,8 @@ typedef struct client {
     int32_t told; /* index of the local DataServer it was told about, or -1 */
 } client_t;
 
+#define DH__COORD_LATE_MAX 1024
+
 typedef struct entry {
     dh_msg_t msg; /* the REQUEST, owned */
     int32_t client;
@@ -103,6 +105,13 @@ struct dh_coordinator {
     size_t n_clients, cap_clients;
     entry_t *book;
     size_t n_book, cap_book;
+    /* Delivered requests whose executor's COMPLETE (its measurements) has not come yet: a
+     * sidecar reports before it forwards, but the target's delivered COMPLETE arrives on
+     * another pipe and may be read first. Kept (the REQUEST owned) until the executor's
+     * report, the executor's death or its client's leaving; at most DH__COORD_LATE_MAX, the
+     * oldest dropped first. */
+    entry_t *late;
+    size_t n_late, cap_late;
     char nodes[MAX_NODES][NAME_CAP];
     uint32_t n_nodes;
     dh_link_t links[MAX_NODES * MAX_NODES];

@@ -260,8 +260,137 @@ static void coordinator_heartbeat_corrects_its_book(void **state)
     zmq_ctx_term(ctx);
 }
 
+static void hello_server(dh_wire_socket_t *s, const char *name, uint8_t role, const char *node,
+                         uint32_t workers)
+{
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = role;
+    m.hello.node = (char *)node;
+    m.hello.name = (char *)name;
+    m.hello.workers = workers;
+    m.hello.endpoint = role == DH_WIRE_ROLE_LOCAL ? "inproc://nowhere" : "";
+    m.hello.shm_socket = role == DH_WIRE_ROLE_LOCAL ? "nowhere" : "";
+    assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
+}
+
+/* A COMPLETE for (client, seq) of one sample: the executor's report (delivered 0, measured)
+ * or the delivering server's (delivered 1; measured too when it executed it itself). */
+static void complete(dh_wire_socket_t *s, const char *client, uint64_t seq, bool delivered,
+                     bool measured)
+{
+    dh_wire_sample_status_t st = {.status = 0, .error = "", .cpu_s = measured ? 0.05 : 0};
+    dh_msg_t m = {.type = DH_MSG_COMPLETE};
+    m.complete.client_id = (char *)client;
+    m.complete.seq = seq;
+    m.complete.n_samples = 1;
+    m.complete.samples = &st;
+    m.complete.cpu_s = measured ? 0.05 : 0;
+    m.complete.delivered = delivered;
+    assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
+}
+
+/* Waits (up to 10 s) until the coordinator has counted `n` deliveries. */
+static void wait_delivered(dh_coordinator_t *coord, uint64_t n)
+{
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.delivered >= n)
+            return;
+        cl_nap_ms(5);
+    }
+    fail_msg("the coordinator counted %llu deliveries, not %llu", (unsigned long long)cs.delivered,
+             (unsigned long long)n);
+}
+
+/* A sidecar reports a request (its measurements) before it forwards the batch, but the
+ * target's delivered COMPLETE comes on another pipe and may be read first. The coordinator
+ * still learns from the report that comes after the delivery: every executed request has its
+ * record, whatever the order. Here every delivery is made to be read first. */
+static void coordinator_learns_from_a_report_the_delivery_overtook(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://coord-late-%d", (int)getpid());
+    dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
+    dh_wire_socket_t *local = dealer(ctx, "fake-local", coord_ep);
+    dh_wire_socket_t *remote = dealer(ctx, "fake-remote", coord_ep);
+    hello_server(local, "fake-local", DH_WIRE_ROLE_LOCAL, "test-node", 1);
+    hello_server(remote, "fake-remote", DH_WIRE_ROLE_REMOTE, "spare", 4);
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == 2)
+            break;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, 2);
+    dh_wire_socket_t *cl = dealer(ctx, "fake-client", coord_ep);
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = "test-node";
+    m.hello.name = "fake-client";
+    assert_int_equal(dh_wire_send(cl, NULL, 0, &m, NULL, 0, 1000), 0);
+    enum { N = 8 }; /* the local's book holds 4 (one worker): the rest go to the sidecar */
+    for (uint64_t seq = 0; seq < N; seq++) {
+        char id[32];
+        snprintf(id, sizeof id, "s%llu", (unsigned long long)seq);
+        dh_wire_sample_t sample = {.id = id, .uri = "synthetic://x", .key = "k", .cpu_s = 0.05};
+        dh_msg_t q = {.type = DH_MSG_REQUEST};
+        q.request.client_id = "fake-client";
+        q.request.seq = seq;
+        q.request.deadline_ns = 1000000000;
+        q.request.delivery_node = "test-node";
+        q.request.n_samples = 1;
+        q.request.samples = &sample;
+        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
+    }
+    /* each DISPATCH answered as it comes: by the local (executed and delivered) or, for
+     * the sidecar's, the local's delivery first, read by the coordinator, then the report */
+    int got = 0, by_sidecar = 0;
+    uint64_t t0 = dh_clock_now_ns();
+    while (got < N && dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 10) {
+        dh_wire_received_t r = {0};
+        for (int k = 0; k < 2; k++) {
+            dh_wire_socket_t *srv = k == 0 ? local : remote;
+            if (dh_wire_recv(srv, 20, &r) != 0)
+                continue;
+            if (r.msg.type == DH_MSG_DISPATCH) {
+                uint64_t seq = r.msg.dispatch.request.seq;
+                got++;
+                if (srv == local) {
+                    complete(local, "fake-client", seq, true, true);
+                } else {
+                    by_sidecar++;
+                    complete(local, "fake-client", seq, true, false);
+                    wait_delivered(coord, (uint64_t)got);
+                    complete(remote, "fake-client", seq, false, true);
+                }
+                if (srv == local)
+                    wait_delivered(coord, (uint64_t)got);
+            }
+            dh_wire_received_release(&r);
+        }
+    }
+    assert_int_equal(got, N);
+    assert_true(by_sidecar > 0);
+    size_t n = 0;
+    for (int i = 0; i < 2000 && (n = dh_coordinator_predictions(coord, NULL, 0)) < N; i++)
+        cl_nap_ms(5);
+    if (n != N)
+        print_error("%zu records for %d executed requests (%d by the sidecar)\n", n, N, by_sidecar);
+    assert_int_equal(n, N);
+
+    dh_wire_socket_destroy(&cl);
+    dh_wire_socket_destroy(&local);
+    dh_wire_socket_destroy(&remote);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(coordinator_learns_key_bias_not_server_speed),
+    cmocka_unit_test(coordinator_learns_from_a_report_the_delivery_overtook),
     cmocka_unit_test(coordinator_heartbeat_corrects_its_book),
 };
 DH_TEST_MAIN(tests)
