@@ -161,6 +161,30 @@ static void random_window_is_a_strided_window(void **state)
     dh_sample_plan_clear(&uniform);
 }
 
+/* Every window start in [0, N - S] is reachable, the first and the last included: a clip of
+ * 70 frames, windows of 16 x 4 = 64 frames, so 7 starts (0..6), each drawn by some id. */
+static void random_window_reaches_every_start(void **state)
+{
+    dh_pipeline_spec_t spec = spec_with(DH_SAMPLING_RANDOM_WINDOW, 16);
+    spec.window_stride = 4;
+    dh_clip_info_t clip = clip_of(70, 30, 640, 360);
+    int seen[7] = {0};
+    for (int i = 0; i < 400; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "w%07d", i);
+        dh_sample_plan_t plan;
+        plan_ok(&spec, &clip, NULL, id, &plan);
+        int64_t start = plan.indices[0] - 2;
+        assert_in_range(start, 0, 6);
+        assert_true(plan.indices[15] < 70);
+        seen[start]++;
+        dh_sample_plan_clear(&plan);
+    }
+    for (int k = 0; k < 7; k++)
+        if (seen[k] == 0)
+            fail_msg("window start %d never drawn in 400 ids (the last is 6)", k);
+}
+
 static int32_t fps_frames(double duration_s, double clip_fps, const dh_sample_overrides_t *ovr)
 {
     dh_pipeline_spec_t spec = spec_with(DH_SAMPLING_FPS, 16);
@@ -363,6 +387,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(allow_repeat_repeats_frames),
     cmocka_unit_test(random_window_is_reproducible_per_id),
     cmocka_unit_test(random_window_is_a_strided_window),
+    cmocka_unit_test(random_window_reaches_every_start),
     cmocka_unit_test(fps_sampling_counts_duration_times_rate),
     cmocka_unit_test(fps_bounds_round_inwards_to_the_temporal_patch),
     cmocka_unit_test(overrides_replace_frames_and_size),

@@ -22,6 +22,7 @@
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/mix.h"
+#include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
@@ -147,7 +148,8 @@ static dh_profile_set_t *load_rows(const char *profiles, size_t *n)
     return set;
 }
 
-/* The ids of one epoch: every row of the file exactly once, whatever the fanout. */
+/* The ids of one epoch: every row of the file exactly once, each batch's in the plan's
+ * order, whatever the fanout. */
 static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefetch,
                           uint64_t arena_bytes, const char *pipeline)
 {
@@ -168,6 +170,30 @@ static void run_epoch_ids(const char *profiles, uint32_t fanout, uint32_t prefet
     dh_client_batch_t *b = NULL;
     while ((rc = dh_client_next(c, &b)) == 0) {
         check_synthetic(b);
+        /* in the plan's order: the rank's rows split into `fanout` parts by dh_plan_fanout
+         * on their tokens (as the client requests them), the parts joined in part order,
+         * each part's rows in plan order */
+        uint32_t rows[16], part_of[16], order[16];
+        double load[16];
+        int planned = dh_client_plan_rank_step(c, b->index, 0, rows, 16);
+        assert_int_equal(planned, (int)b->n_samples);
+        for (int i = 0; i < planned; i++)
+            load[i] = (double)dh_profile_set_row(set, rows[i])->tokens_est;
+        if (fanout > 1)
+            assert_int_equal(dh_plan_fanout(load, (size_t)planned, fanout, part_of), 0);
+        else
+            memset(part_of, 0, sizeof part_of);
+        int at = 0;
+        for (uint32_t p = 0; p < fanout; p++)
+            for (int i = 0; i < planned; i++)
+                if (part_of[i] == p)
+                    order[at++] = rows[i];
+        assert_int_equal(at, planned);
+        for (size_t i = 0; i < b->n_samples; i++)
+            if (strcmp(dh_profile_set_row(set, order[i])->id, b->samples[i].id) != 0)
+                fail_msg("batch %llu sample %zu: '%s', planned '%s' (fanout %u)",
+                         (unsigned long long)b->index, i, b->samples[i].id,
+                         dh_profile_set_row(set, order[i])->id, fanout);
         for (size_t i = 0; i < b->n_samples; i++)
             for (size_t k = 0; k < n; k++)
                 if (strcmp(dh_profile_set_row(set, k)->id, b->samples[i].id) == 0)

@@ -60,6 +60,30 @@ static void place_local_kept_when_it_meets_deadline(void **state)
     assert_int_equal(d.reason, DH_REASON_LOCAL_MEETS);
 }
 
+/* Rule 2 is T <= D: a local server whose predicted ready time equals the deadline exactly
+ * meets it and is kept (a strict '<' would send the request to the faster remote). Its T is
+ * read from a first decision's candidates, then used as the deadline. */
+static void place_local_meeting_the_deadline_exactly_is_kept(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 0.5), server(1, 0.45)};
+    dh_request_cost_t r = request(10.0);
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    double t_local = c[0].t_s;
+    assert_true(t_local > 0 && c[1].t_s < t_local); /* the remote is faster */
+    r.deadline_s = t_local;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_close(c[0].t_s, t_local, 0);
+    assert_close(c[0].miss_s, 0, 0);
+    assert_int_equal(d.server, 0);
+    assert_int_equal(d.reason, DH_REASON_LOCAL_MEETS);
+    /* a hair later than D, it misses: the remote (which meets D) takes it */
+    r.deadline_s = nextafter(t_local, 0);
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 1);
+}
+
 static void place_remote_chosen_when_gain_beats_hysteresis(void **state)
 {
     dh_server_state_t s[2] = {server(0, 0.9), server(1, 0.3)};
@@ -351,6 +375,7 @@ static void place_rules_hold_on_random_snapshots(void **state)
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(place_local_kept_when_it_meets_deadline),
+    cmocka_unit_test(place_local_meeting_the_deadline_exactly_is_kept),
     cmocka_unit_test(place_remote_chosen_when_gain_beats_hysteresis),
     cmocka_unit_test(place_hysteresis_threshold_is_what_keeps_local),
     cmocka_unit_test(place_remote_chosen_when_local_misses),
