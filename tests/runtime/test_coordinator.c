@@ -200,6 +200,58 @@ static void heartbeat(dh_wire_socket_t *s, uint32_t depth, uint64_t seen)
     assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
 }
 
+static void hello_server(dh_wire_socket_t *s, const char *name, uint8_t role, const char *node,
+                         uint32_t workers)
+{
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = role;
+    m.hello.node = (char *)node;
+    m.hello.name = (char *)name;
+    m.hello.workers = workers;
+    m.hello.endpoint = role == DH_WIRE_ROLE_LOCAL ? "inproc://nowhere" : "";
+    m.hello.shm_socket = role == DH_WIRE_ROLE_LOCAL ? "nowhere" : "";
+    assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
+}
+
+/* A fake client on test-node that says HELLO, then sends n one-sample REQUESTs (seq 0..n-1,
+ * each predicted cpu_s). */
+static dh_wire_socket_t *fake_client(void *ctx, const char *ep, int n, double cpu_s)
+{
+    dh_wire_socket_t *cl = dealer(ctx, "fake-client", ep);
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_CLIENT;
+    m.hello.node = "test-node";
+    m.hello.name = "fake-client";
+    assert_int_equal(dh_wire_send(cl, NULL, 0, &m, NULL, 0, 1000), 0);
+    for (uint64_t seq = 0; seq < (uint64_t)n; seq++) {
+        char id[32];
+        snprintf(id, sizeof id, "s%llu", (unsigned long long)seq);
+        dh_wire_sample_t sample = {.id = id, .uri = "synthetic://x", .key = "k", .cpu_s = cpu_s};
+        dh_msg_t q = {.type = DH_MSG_REQUEST};
+        q.request.client_id = "fake-client";
+        q.request.seq = seq;
+        q.request.deadline_ns = 1000000000;
+        q.request.delivery_node = "test-node";
+        q.request.n_samples = 1;
+        q.request.samples = &sample;
+        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
+    }
+    return cl;
+}
+
+/* Waits (up to 10 s) until `n` servers are alive. */
+static void wait_alive(dh_coordinator_t *coord, uint64_t n)
+{
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.servers_alive == n)
+            return;
+        cl_nap_ms(5);
+    }
+    assert_int_equal(cs.servers_alive, n);
+}
+
 /* A server whose COMPLETEs never come (lost) fills its book to the cap (4 per worker) and
  * gets nothing more. Its heartbeat saying it holds nothing, but naming only the DISPATCHes
  * it had seen before them, changes nothing (they are still on their way); once it has seen
@@ -211,41 +263,9 @@ static void coordinator_heartbeat_corrects_its_book(void **state)
     snprintf(coord_ep, sizeof coord_ep, "inproc://coord-book-%d", (int)getpid());
     dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
     dh_wire_socket_t *ds = dealer(ctx, "fake-ds", coord_ep);
-    dh_msg_t m = {.type = DH_MSG_HELLO};
-    m.hello.role = DH_WIRE_ROLE_LOCAL;
-    m.hello.node = "test-node";
-    m.hello.name = "fake-ds";
-    m.hello.workers = 1;
-    m.hello.endpoint = "inproc://nowhere";
-    m.hello.shm_socket = "nowhere";
-    assert_int_equal(dh_wire_send(ds, NULL, 0, &m, NULL, 0, 1000), 0);
-    dh_coordinator_stats_t cs;
-    for (int i = 0; i < 2000; i++) {
-        dh_coordinator_stats(coord, &cs);
-        if (cs.servers_alive == 1)
-            break;
-        cl_nap_ms(5);
-    }
-    assert_int_equal(cs.servers_alive, 1);
-    dh_wire_socket_t *cl = dealer(ctx, "fake-client", coord_ep);
-    m = (dh_msg_t){.type = DH_MSG_HELLO};
-    m.hello.role = DH_WIRE_ROLE_CLIENT;
-    m.hello.node = "test-node";
-    m.hello.name = "fake-client";
-    assert_int_equal(dh_wire_send(cl, NULL, 0, &m, NULL, 0, 1000), 0);
-    for (uint64_t seq = 0; seq < 12; seq++) {
-        char id[32];
-        snprintf(id, sizeof id, "s%llu", (unsigned long long)seq);
-        dh_wire_sample_t sample = {.id = id, .uri = "synthetic://x", .key = "k", .cpu_s = 0.1};
-        dh_msg_t q = {.type = DH_MSG_REQUEST};
-        q.request.client_id = "fake-client";
-        q.request.seq = seq;
-        q.request.deadline_ns = 1000000000;
-        q.request.delivery_node = "test-node";
-        q.request.n_samples = 1;
-        q.request.samples = &sample;
-        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
-    }
+    hello_server(ds, "fake-ds", DH_WIRE_ROLE_LOCAL, "test-node", 1);
+    wait_alive(coord, 1);
+    dh_wire_socket_t *cl = fake_client(ctx, coord_ep, 12, 0.1);
     assert_int_equal(count_dispatches(ds, 4), 4);
     heartbeat(ds, 0, 0); /* stale: sent before any DISPATCH arrived */
     assert_int_equal(count_dispatches(ds, 0), 0);
@@ -258,19 +278,6 @@ static void coordinator_heartbeat_corrects_its_book(void **state)
     dh_wire_socket_destroy(&ds);
     dh_coordinator_destroy(&coord);
     zmq_ctx_term(ctx);
-}
-
-static void hello_server(dh_wire_socket_t *s, const char *name, uint8_t role, const char *node,
-                         uint32_t workers)
-{
-    dh_msg_t m = {.type = DH_MSG_HELLO};
-    m.hello.role = role;
-    m.hello.node = (char *)node;
-    m.hello.name = (char *)name;
-    m.hello.workers = workers;
-    m.hello.endpoint = role == DH_WIRE_ROLE_LOCAL ? "inproc://nowhere" : "";
-    m.hello.shm_socket = role == DH_WIRE_ROLE_LOCAL ? "nowhere" : "";
-    assert_int_equal(dh_wire_send(s, NULL, 0, &m, NULL, 0, 1000), 0);
 }
 
 /* A COMPLETE for (client, seq) of one sample: the executor's report (delivered 0, measured)
@@ -317,34 +324,9 @@ static void coordinator_learns_from_a_report_the_delivery_overtook(void **state)
     dh_wire_socket_t *remote = dealer(ctx, "fake-remote", coord_ep);
     hello_server(local, "fake-local", DH_WIRE_ROLE_LOCAL, "test-node", 1);
     hello_server(remote, "fake-remote", DH_WIRE_ROLE_REMOTE, "spare", 4);
-    dh_coordinator_stats_t cs;
-    for (int i = 0; i < 2000; i++) {
-        dh_coordinator_stats(coord, &cs);
-        if (cs.servers_alive == 2)
-            break;
-        cl_nap_ms(5);
-    }
-    assert_int_equal(cs.servers_alive, 2);
-    dh_wire_socket_t *cl = dealer(ctx, "fake-client", coord_ep);
-    dh_msg_t m = {.type = DH_MSG_HELLO};
-    m.hello.role = DH_WIRE_ROLE_CLIENT;
-    m.hello.node = "test-node";
-    m.hello.name = "fake-client";
-    assert_int_equal(dh_wire_send(cl, NULL, 0, &m, NULL, 0, 1000), 0);
+    wait_alive(coord, 2);
     enum { N = 8 }; /* the local's book holds 4 (one worker): the rest go to the sidecar */
-    for (uint64_t seq = 0; seq < N; seq++) {
-        char id[32];
-        snprintf(id, sizeof id, "s%llu", (unsigned long long)seq);
-        dh_wire_sample_t sample = {.id = id, .uri = "synthetic://x", .key = "k", .cpu_s = 0.05};
-        dh_msg_t q = {.type = DH_MSG_REQUEST};
-        q.request.client_id = "fake-client";
-        q.request.seq = seq;
-        q.request.deadline_ns = 1000000000;
-        q.request.delivery_node = "test-node";
-        q.request.n_samples = 1;
-        q.request.samples = &sample;
-        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
-    }
+    dh_wire_socket_t *cl = fake_client(ctx, coord_ep, N, 0.05);
     /* each DISPATCH answered as it comes: by the local (executed and delivered) or, for
      * the sidecar's, the local's delivery first, read by the coordinator, then the report */
     int got = 0, by_sidecar = 0;

@@ -16,6 +16,7 @@
 #include "dh_test.h"
 #include "datahelix/error.h"
 #include "datahelix/manifest.h"
+#include "datahelix/profile.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -115,6 +116,59 @@ static __attribute__((unused)) dh_manifest_t *load(const char *path)
         print_error("%s: %s\n", path, dh_last_error());
     assert_int_equal(rc, 0);
     return m;
+}
+
+/* The end-to-end tests' data: `datahelix synth` makes 3 real clips of 4 frames (64x96) in
+ * scratch folder `set`, and clip v0000001 gets a caption sidecar (TINY_CAPTION). Returns the
+ * set's folder; *clips gets its clips folder (both the caller's). */
+#define TINY_CAPTION "a red square slides left over a grey field" /* 42 bytes */
+
+static __attribute__((unused)) char *tiny_clips(const char *set_name, char **clips)
+{
+    char mix_name[256];
+    snprintf(mix_name, sizeof mix_name, "%s-mix.json", set_name);
+    char *mix = scratch(mix_name), *set = scratch(set_name), *err_path = scratch("synth.err");
+    dh_test_write_file(mix, "[{\"frames\": 4, \"height\": 64, \"width\": 96, "
+                            "\"duration_s\": 0.4, \"fps\": 10}]\n");
+    char args[4096];
+    snprintf(args, sizeof args, "synth --out '%s' --mix '%s' --count 3 --seed 5 --jobs 1", set,
+             mix);
+    assert_int_equal(run_cli(args, err_path), 0);
+    *clips = join(set, "clips");
+    put(*clips, "v0000001.txt", TINY_CAPTION);
+    free(err_path);
+    free(mix);
+    return set;
+}
+
+/* `datahelix probe` of a manifest of the 3 tiny clips into set/profiles.jsonl (4 frames of
+ * 32x32: without synth's per-clip plan the spec must ask for the clips' 4), which must write
+ * 3 rows and skip none; returns the profile set read back (the caller's). */
+static __attribute__((unused)) dh_profile_set_t *probe_tiny(const char *set, const char *manifest)
+{
+    char *profiles = join(set, "profiles.jsonl"), *cal = join(set, "calibration.json");
+    char *spec = join(set, "spec.json"), *err_path = join(set, "probe.err");
+    dh_test_write_file(spec, "{\"frames\": 4, \"height\": 32, \"width\": 32}\n");
+    char args[4096];
+    snprintf(args, sizeof args, "probe '%s' -o '%s' --pipeline '%s' --calibration '%s' --jobs 1",
+             manifest, profiles, spec, cal);
+    int status = run_cli(args, err_path);
+    char *err = read_all(err_path);
+    if (status != 0)
+        print_error("probe: exit %d: %s\n", status, err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "3 rows written"));
+    assert_non_null(strstr(err, "0 files skipped"));
+    free(err);
+    dh_profile_set_t *ps = NULL;
+    assert_int_equal(dh_profile_set_new(&ps), 0);
+    assert_int_equal(dh_profile_set_load(ps, profiles), 0);
+    assert_int_equal(dh_profile_set_count(ps), 3);
+    free(err_path);
+    free(spec);
+    free(cal);
+    free(profiles);
+    return ps;
 }
 
 #endif

@@ -528,55 +528,26 @@ static void tar_progress_lines_every_n_members(void **state)
  * length in its text_len. */
 static void from_tar_then_probe_profiles_every_clip(void **state)
 {
-    char *mix = scratch("tar-mix.json"), *set = scratch("tar-e2e"), *err_path = scratch("e2e.err");
-    dh_test_write_file(mix, "[{\"frames\": 4, \"height\": 64, \"width\": 96, "
-                            "\"duration_s\": 0.4, \"fps\": 10}]\n");
-    char args[4096];
-    snprintf(args, sizeof args, "synth --out '%s' --mix '%s' --count 3 --seed 5 --jobs 1", set,
-             mix);
-    assert_int_equal(run_cli(args, err_path), 0);
-    char *clips = join(set, "clips");
-    static const char caption[] = "a red square slides left over a grey field"; /* 42 bytes */
-    put(clips, "v0000001.txt", caption);
+    char *clips = NULL, *set = tiny_clips("tar-e2e", &clips);
     char *tar_path = join(set, "shard-000.tar"), *out = join(set, "from-tar.jsonl");
     make_tar("pax", clips, tar_path, "v0000000.mp4 v0000001.mp4 v0000001.txt v0000002.mp4");
-    char *profiles = join(set, "profiles.jsonl"), *cal = join(set, "calibration.json");
-    char *spec = join(set, "spec.json");
-    dh_test_write_file(spec, "{\"frames\": 4, \"height\": 32, \"width\": 32}\n");
+    char args[4096];
     snprintf(args, sizeof args, "--from-tar '%s' -o '%s'", tar_path, out);
     free(manifest_ok(args));
-    snprintf(args, sizeof args, "probe '%s' -o '%s' --pipeline '%s' --calibration '%s' --jobs 1",
-             out, profiles, spec, cal);
-    int status = run_cli(args, err_path);
-    char *err = read_all(err_path);
-    if (status != 0)
-        print_error("probe: exit %d: %s\n", status, err);
-    assert_int_equal(status, 0);
-    assert_non_null(strstr(err, "3 rows written"));
-    free(err);
-
-    dh_profile_set_t *ps = NULL;
-    assert_int_equal(dh_profile_set_new(&ps), 0);
-    assert_int_equal(dh_profile_set_load(ps, profiles), 0);
-    assert_int_equal(dh_profile_set_count(ps), 3);
+    dh_profile_set_t *ps = probe_tiny(set, out);
     static const char *const ids[] = {"shard-000/v0000000", "shard-000/v0000001",
                                       "shard-000/v0000002"};
     for (size_t i = 0; i < 3; i++) {
         const dh_profile_row_t *row = dh_profile_set_row(ps, i);
         assert_string_equal(row->id, ids[i]);
-        assert_int_equal(row->text_len, i == 1 ? (int64_t)(sizeof caption - 1 + 3) / 4 : 0);
+        assert_int_equal(row->text_len, i == 1 ? (int64_t)(sizeof TINY_CAPTION - 1 + 3) / 4 : 0);
         assert_int_equal(row->frames, 4);
     }
     dh_profile_set_destroy(&ps);
-    free(spec);
-    free(cal);
-    free(profiles);
     free(out);
     free(tar_path);
     free(clips);
-    free(err_path);
     free(set);
-    free(mix);
 }
 
 static const struct CMUnitTest tests[] = {
