@@ -280,6 +280,8 @@ int dh__image_rotation(AVFormatContext *fmt, int stream, int *rotation)
 {
     *rotation = 0;
     const AVCodecParameters *par = fmt->streams[stream]->codecpar;
+    if (par->codec_id != AV_CODEC_ID_MJPEG)
+        return 0; /* only JPEG's EXIF orientation reaches FFmpeg's frames */
     const AVCodec *codec = avcodec_find_decoder(par->codec_id);
     AVCodecContext *ctx = codec ? avcodec_alloc_context3(codec) : NULL;
     AVPacket *pkt = av_packet_alloc();
@@ -388,8 +390,9 @@ static int decoder_open_input(decoder_t *d, const char *path)
         return rc;
     int rotation = d->rotation;
     d->still = dh__still_image(d->fmt);
-    if (d->still) {
-        /* an image's orientation (JPEG's EXIF) comes with its decoded frame */
+    if (d->still && d->st->codecpar->codec_id == AV_CODEC_ID_MJPEG) {
+        /* a JPEG's orientation (EXIF) comes with its decoded frame: decoded once here, for
+         * the plan's displayed size; other images carry none FFmpeg reports */
         char msg[AV_ERROR_MAX_STRING_SIZE];
         int averr = dh__image_rotation(d->fmt, d->stream, &rotation);
         if (averr < 0)
@@ -400,8 +403,8 @@ static int decoder_open_input(decoder_t *d, const char *path)
                                  "%s: its orientation mirrors the picture, which the pipeline "
                                  "does not apply",
                                  path);
-    } else if (!variable_rate(d->st)) {
-        return 0;
+    } else if (d->still || !variable_rate(d->st)) {
+        return 0; /* one frame, or frame k at start + k / fps: nothing to read first */
     } else if ((rc = build_pts_table(d))) {
         return rc;
     }

@@ -26,8 +26,9 @@ int dh__display_rotation(const struct AVStream *st);
 bool dh__still_image(const struct AVFormatContext *fmt);
 
 /* An image's orientation (JPEG's EXIF Orientation, which FFmpeg gives as the decoded frame's
- * display matrix) as dh__display_rotation gives it: decodes the first frame of `stream`
- * (reading packets from fmt's position). Returns 0 or an FFmpeg error. */
+ * display matrix) as dh__display_rotation gives it: for a JPEG decodes the first frame of
+ * `stream` (reading packets from fmt's position); any other codec is 0 without decoding.
+ * Returns 0 or an FFmpeg error. */
 int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
 
 /* A byte range of a file (a tar member read in place, manifest.h): for
