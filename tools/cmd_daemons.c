@@ -133,7 +133,8 @@ static void server_usage(FILE *out)
 {
     fprintf(out,
             "usage: datahelix server --coordinator ENDPOINT --role local|remote --node NAME\n"
-            "                        --workers N [--pipeline SPEC.json] [--arena-mb M]\n"
+            "                        --workers N [--pipeline SPEC.json | --dataset M:F]\n"
+            "                        [--arena-mb M]\n"
             "                        [--arena-budget BYTES] [--name NAME]\n"
             "                        [--data-listen ENDPOINT] [--heartbeat-ms N]\n"
             "\n"
@@ -155,6 +156,13 @@ static void server_usage(FILE *out)
             "                              docs/pipeline.md; the default) or {\"type\":\n"
             "                              \"synthetic\", \"cost\": \"sleep\"|\"spin\"|\"none\",\n"
             "                              \"cpu_scale\": X, \"bytes_scale\": Y}\n"
+            "  -d, --dataset MODULE:FACTORY  run a Python map-style dataset instead: each\n"
+            "                              worker is a process (python -m datahelix._worker;\n"
+            "                              $DH_PYTHON_EXE, else python3) that imports MODULE\n"
+            "                              (from $PYTHONPATH or the current directory) and\n"
+            "                              calls FACTORY() for the dataset; what a remote\n"
+            "                              sidecar runs for loaders with dataset=\n"
+            "                              (docs/datasets.md, \"Your own Dataset\")\n"
             "  -a, --arena-mb M            local: shared-memory arena size (default: the\n"
             "                              budget below; the memfd is sparse, so it costs\n"
             "                              memory only as far as batches fill it, and each\n"
@@ -179,6 +187,7 @@ int dh_cmd_server(int argc, char **argv)
                                             {"node", required_argument, NULL, 'n'},
                                             {"workers", required_argument, NULL, 'w'},
                                             {"pipeline", required_argument, NULL, 'p'},
+                                            {"dataset", required_argument, NULL, 'd'},
                                             {"arena-mb", required_argument, NULL, 'a'},
                                             {"arena-budget", required_argument, NULL, 'B'},
                                             {"name", required_argument, NULL, 'N'},
@@ -190,9 +199,10 @@ int dh_cmd_server(int argc, char **argv)
     dh_dataserver_config_default(&cfg);
     cfg.workers = 0;
     int have_role = 0, have_workers = 0;
+    const char *dataset = NULL;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:a:B:N:D:b:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:b:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -220,6 +230,18 @@ int dh_cmd_server(int argc, char **argv)
             break;
         case 'p':
             cfg.pipeline_path = optarg;
+            break;
+        case 'd':
+            if (!strchr(optarg, ':') || optarg[0] == ':' || strchr(optarg, ':')[1] == '\0' ||
+                strspn(optarg,
+                       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:") !=
+                    strlen(optarg) ||
+                strlen(optarg) > 1000) {
+                fprintf(stderr, "datahelix server: --dataset must be MODULE:FACTORY, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            dataset = optarg;
             break;
         case 'a':
             if (dh_cli_parse_u64("server", "--arena-mb", optarg, 2, 1 << 20, &v))
@@ -262,6 +284,19 @@ int dh_cmd_server(int argc, char **argv)
     if (missing) {
         fprintf(stderr, "datahelix server: %s is required (see --help)\n", missing);
         return 2;
+    }
+    if (dataset && cfg.pipeline_path) {
+        fprintf(stderr, "datahelix server: give --pipeline or --dataset, not both\n");
+        return 2;
+    }
+    char spec[5200];
+    if (dataset) { /* the python pipeline, the current directory importable */
+        char cwd[4096];
+        if (!getcwd(cwd, sizeof cwd) || strpbrk(cwd, "\"\\:"))
+            snprintf(cwd, sizeof cwd, "/");
+        snprintf(spec, sizeof spec, "{\"type\":\"python\",\"dataset\":\"%s\",\"path\":[\"%s\"]}",
+                 dataset, cwd);
+        cfg.pipeline_json = spec;
     }
     dh_dataserver_t *s = NULL;
     int rc = dh_dataserver_new(&s, &cfg);

@@ -35,7 +35,8 @@ extern "C" {
     XX(INFEASIBLE, DH__ERR_BASE - 4, "no plan satisfies the constraints")                          \
     XX(TOOBIG, DH__ERR_BASE - 5, "instance too large for the exact solver")                        \
     XX(UNKNOWN, DH__ERR_BASE - 6, "unknown name")                                                  \
-    XX(EOF, DH__ERR_BASE - 7, "end of input")
+    XX(EOF, DH__ERR_BASE - 7, "end of input")                                                      \
+    XX(DATASET, DH__ERR_BASE - 8, "the user's dataset code failed")
 
 typedef enum {
 #define DH__ERR_ENUM(name, code, msg) DH_E##name = (code),

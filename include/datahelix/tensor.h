@@ -30,7 +30,8 @@ extern "C" {
 #define DH_TENSOR_NAME_MAX 32
 
 /* XX(NAME, wire code, name, bytes per element, DLPack type code, DLPack bits, buffer format)
- * DLPack codes: 0 kDLInt, 1 kDLUInt, 2 kDLFloat, 4 kDLBfloat. Format 0: Python's buffer
+ * DLPack codes: 0 kDLInt, 1 kDLUInt, 2 kDLFloat, 4 kDLBfloat, 6 kDLBool (DLPack 0.8; torch reads
+ * it as torch.bool). Format 0: Python's buffer
  * protocol has no character for the type (bfloat16). The wire codes never change. */
 #define DH_DTYPE_MAP(XX)                                                                           \
     XX(UINT8, 1, "uint8", 1, 1, 8, 'B')                                                            \
@@ -45,7 +46,7 @@ extern "C" {
     XX(BFLOAT16, 10, "bfloat16", 2, 4, 16, 0)                                                      \
     XX(FLOAT32, 11, "float32", 4, 2, 32, 'f')                                                      \
     XX(FLOAT64, 12, "float64", 8, 2, 64, 'd')                                                      \
-    XX(BOOL, 13, "bool", 1, 1, 8, '?')
+    XX(BOOL, 13, "bool", 1, 6, 8, '?')
 
 typedef enum {
 #define DH__DTYPE_ENUM(name, code, str, size, dl_code, dl_bits, fmt) DH_DTYPE_##name = (code),

@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import socket
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -31,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from . import _C
 from ._C import (  # noqa: F401  (re-exported)
     DataHelixError,
+    DatasetError,
     EndOfInputError,
     InfeasibleError,
     InvalidArgumentError,
@@ -57,6 +59,9 @@ __all__ = [
     "blend",
     "REBALANCE_KEYS",
     "DataHelixError",
+    "DatasetError",
+    "get_worker_info",
+    "default_collate",
     "EndOfInputError",
     "InfeasibleError",
     "InvalidArgumentError",
@@ -76,6 +81,135 @@ __all__ = [
 __version__ = "0.1.0"
 
 _TOKEN_PLANS = {"count": 0, "balanced": 1, "packing": 2}
+
+
+def get_worker_info() -> Any:
+    """Inside a DataServer's Python worker process: its WorkerInfo (id, num_workers, seed,
+    dataset), as ``torch.utils.data.get_worker_info()``; None elsewhere."""
+    from . import _worker
+    return _worker.get_worker_info()
+
+
+def default_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """What a DataServer's worker makes of a list of sample dicts when the loader has no
+    collate_fn, as numpy arrays (for a custom collate_fn to start from): same-shape arrays
+    stacked, a varying leading dimension padded with ``NAME_mask``, bool/int/float as
+    arrays, anything else as a list."""
+    import numpy as np
+    from . import _worker
+    plan, rows = _worker.default_collate(list(samples))
+    out: Dict[str, Any] = {}
+    for name, dtype, shape, fill in plan:
+        arr = np.empty(shape, dtype=dtype)
+        fill(arr)
+        out[name] = arr
+    for key in (rows[0] if rows else {}):
+        out[key] = [r.get(key) for r in rows]
+    return out
+
+
+# A Python dataset's profile rows when nothing better is known (no estimate_cost, not in the
+# learned costs): the mean of what is known, else these.
+_DATASET_DEFAULT_COST = {"cpu_s": 0.01, "tokens": 1, "out_bytes": 0}
+
+
+def _load_costs(path: str) -> Dict[str, Dict[str, float]]:
+    """Learned per-sample costs: ``path`` and every ``path.rank*`` (one JSON object per line:
+    id, cpu_s, tokens, out_bytes), later files winning."""
+    import glob
+    known: Dict[str, Dict[str, float]] = {}
+    for name in [path] + sorted(glob.glob(glob.escape(path) + ".rank*")):
+        if not os.path.isfile(name) or name.endswith(".tmp"):
+            continue
+        with open(name, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    known[str(row["id"])] = {k: float(row[k]) for k in ("cpu_s", "tokens",
+                                                                          "out_bytes")}
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ParseError(f"{name}:{lineno}: not a learned-cost row ({e})") from None
+    return known
+
+
+def _pickle_bundle(bundle: Dict[str, Any], what: str) -> bytes:
+    """The dataset bundle as bytes for the worker processes: plain pickle, or cloudpickle
+    when pickle fails or something in it lives in ``__main__`` (a worker could not import
+    it)."""
+    import pickle
+    in_main = any(getattr(v, "__module__", None) == "__main__" or
+                  getattr(type(v), "__module__", None) == "__main__" for v in bundle.values()
+                  if v is not None)
+    if not in_main:
+        try:
+            return pickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001  (lambdas, local classes: cloudpickle below)
+            pass
+    try:
+        import cloudpickle
+    except ImportError:
+        raise InvalidArgumentError(
+            f"{what} cannot be pickled for the worker processes and cloudpickle is not "
+            f"installed (pip install cloudpickle)") from None
+    try:
+        return cloudpickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001
+        raise InvalidArgumentError(f"{what} cannot be pickled for the worker processes: "
+                                   f"{type(e).__name__}: {e}") from None
+
+
+def _dataset_source(dataset: Any, directory: str, *, seed: int,
+                    collate_fn: Optional[Callable[..., Any]] = None,
+                    worker_init_fn: Optional[Callable[[int], None]] = None,
+                    costs: Optional[str] = None) -> Dict[str, Any]:
+    """Writes a map-style dataset's profile set (``directory/profiles.jsonl``: one row per
+    index, costs from ``dataset.estimate_cost(i)``, else the learned ``costs`` file, else
+    their mean) and its pickle (``directory/dataset.pkl``); returns the python pipeline
+    spec a DataServer runs it with."""
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise InvalidArgumentError(
+            f"dataset must be map-style (__getitem__ and __len__), not {type(dataset).__name__}")
+    n = len(dataset)
+    if n < 1:
+        raise InvalidArgumentError("dataset is empty")
+    learned = _load_costs(costs) if costs else {}
+    default = dict(_DATASET_DEFAULT_COST)
+    if learned:
+        for k in default:
+            default[k] = sum(v[k] for v in learned.values()) / len(learned)
+    estimate = getattr(dataset, "estimate_cost", None)
+    with open(os.path.join(directory, "profiles.jsonl"), "w", encoding="utf-8") as f:
+        for i in range(n):
+            cost = dict(default)
+            if estimate is not None:
+                given = estimate(i)
+                if not isinstance(given, dict):
+                    raise InvalidArgumentError(
+                        f"dataset.estimate_cost({i}) returned {type(given).__name__}; expected "
+                        f"a dict with cpu_s, tokens, out_bytes")
+                cost.update({k: given[k] for k in ("cpu_s", "tokens", "out_bytes") if k in given})
+            elif str(i) in learned:
+                cost.update(learned[str(i)])
+            f.write(json.dumps({
+                "id": str(i), "uri": f"index:{i}", "profile_key": "python", "frames": 1,
+                "height": 1, "width": 1, "tokens_est": max(0, int(round(cost["tokens"]))),
+                "cpu_s_est": max(0.0, float(cost["cpu_s"])), "in_bytes": 0,
+                "out_bytes": max(0, int(cost["out_bytes"]))}, separators=(",", ":")) + "\n")
+    blob = _pickle_bundle({"dataset": dataset, "collate_fn": collate_fn,
+                           "worker_init_fn": worker_init_fn}, f"dataset {type(dataset).__name__}")
+    pkl = os.path.join(directory, "dataset.pkl")
+    with open(pkl, "wb") as f:
+        f.write(blob)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [here]
+    for entry in sys.path:
+        entry = os.path.abspath(entry or os.getcwd())
+        if os.path.isdir(entry) and ":" not in entry and entry not in path:
+            path.append(entry)
+    return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
+            "path": path, "seed": int(seed) & ((1 << 62) - 1)}
 # 0: the arena is sized by the C side (docs/runtime.md, "Prefetch in bytes"): what the
 # prefetch horizon needs, bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of
 # physical memory); its memfd is sparse, so it costs only what the batches in flight take.
@@ -170,10 +304,11 @@ class Cluster:
     """
 
     def __init__(self, coordinator: Optional["_C.Coordinator"], endpoint: str,
-                 server: Optional["_C.DataServer"]):
+                 server: Optional["_C.DataServer"], scratch_dir: Optional[str] = None):
         self.coordinator = coordinator
         self.endpoint = endpoint
         self.server = server
+        self._scratch_dir = scratch_dir  # a Python dataset's pickle (removed at close)
 
     def arena_stats(self) -> Dict[str, int]:
         """The local DataServer's arena: slabs and allocations still held by clients."""
@@ -196,6 +331,10 @@ class Cluster:
         if self.coordinator is not None:
             self.coordinator.close()
             self.coordinator = None
+        if self._scratch_dir:
+            import shutil
+            shutil.rmtree(self._scratch_dir, ignore_errors=True)
+            self._scratch_dir = None
 
     def __enter__(self) -> "Cluster":
         return self
@@ -235,16 +374,29 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
                   listen: str = "tcp://127.0.0.1:*", coordinator: Optional[str] = None,
                   node: Optional[str] = None, pipeline: Any = None,
                   arena_bytes: int = _DEFAULT_ARENA, policy: str = "deadline",
-                  arena_budget: Union[None, int, str] = None) -> Cluster:
+                  arena_budget: Union[None, int, str] = None, dataset: Any = None,
+                  collate_fn: Optional[Callable[..., Any]] = None,
+                  worker_init_fn: Optional[Callable[[int], None]] = None,
+                  seed: int = 0) -> Cluster:
     """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
     local DataServer for ``node`` (default: this host) with ``workers`` decode threads
     (default: this machine's CPUs), as threads of this process. ``source`` is only checked
     (the clients name the samples). Loaders connect with ``coordinator=cluster.endpoint``.
     ``arena_bytes`` 0 (default) sizes the DataServer's arena to ``arena_budget`` (bytes or
     "8G"; default DH_ARENA_BUDGET, else a quarter of physical memory): a sparse memfd, so it
-    costs only what the batches in flight take.
+    costs only what the batches in flight take. ``dataset`` (a map-style Python dataset, with
+    ``collate_fn``, ``worker_init_fn`` and ``seed``): the DataServer runs it in ``workers``
+    worker processes instead of the video pipeline (docs/datasets.md, "Your own Dataset").
     """
     _set_arena_budget(arena_budget)
+    scratch = None
+    if dataset is not None:
+        import tempfile
+        if pipeline is not None:
+            raise InvalidArgumentError("give a pipeline or a dataset, not both")
+        scratch = tempfile.mkdtemp(prefix="datahelix-dataset-")
+        pipeline = _dataset_source(dataset, scratch, seed=seed, collate_fn=collate_fn,
+                                   worker_init_fn=worker_init_fn)
     if source is not None:
         resolve_source(source)
     coord = None
@@ -259,7 +411,7 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
         if coord is not None:
             coord.close()
         raise
-    cluster = Cluster(coord, coordinator, server)
+    cluster = Cluster(coord, coordinator, server, scratch)
     with _clusters_lock:
         _clusters.append(cluster)
     return cluster
@@ -648,7 +800,7 @@ class DataLoader:
             the GIL); a failure makes next() raise an error naming the round.
     """
 
-    def __init__(self, source: Union[str, os.PathLike, Sequence[Tuple[Any, float]]],
+    def __init__(self, source: Union[None, str, os.PathLike, Sequence[Tuple[Any, float]]] = None,
                  pipeline: Any = None,
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = True, prefetch: int = 4, coordinator: Optional[str] = None,
@@ -661,7 +813,10 @@ class DataLoader:
                  prefetch_max: Optional[int] = None,
                  arena_budget: Union[None, int, str] = None,
                  rebalance: Union[None, bool, Dict[str, Any]] = None,
-                 plan_window: int = 1) -> None:
+                 plan_window: int = 1, dataset: Any = None,
+                 collate_fn: Optional[Callable[..., Any]] = None,
+                 worker_init_fn: Optional[Callable[[int], None]] = None,
+                 costs: Union[None, str, os.PathLike] = None) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -682,6 +837,27 @@ class DataLoader:
             raise InvalidArgumentError(f"plan_window must be in [1, 1024], not {plan_window}")
         _set_arena_budget(arena_budget)
         self._blend_dir: Optional[str] = None
+        self.dataset = dataset
+        self._costs_path = os.fspath(costs) if costs is not None else None
+        self._learned: Dict[str, Dict[str, float]] = {}
+        if dataset is not None:
+            import tempfile
+            if source is not None or pipeline is not None:
+                raise InvalidArgumentError(
+                    "give a source (with its pipeline) or a dataset, not both")
+            self._blend_dir = tempfile.mkdtemp(prefix="datahelix-dataset-")
+            pipeline = _dataset_source(dataset, self._blend_dir, seed=seed,
+                                       collate_fn=collate_fn, worker_init_fn=worker_init_fn,
+                                       costs=self._costs_path)
+            if self._costs_path:
+                self._learned = _load_costs(self._costs_path)
+            source = self._blend_dir
+        elif collate_fn is not None or worker_init_fn is not None or costs is not None:
+            raise InvalidArgumentError(
+                "collate_fn, worker_init_fn and costs are for a Python dataset (dataset=)")
+        elif source is None:
+            raise InvalidArgumentError("give a source (a data set directory, manifest or "
+                                       "profile file) or a dataset")
         if isinstance(source, (list, tuple)):
             import tempfile
             self._blend_dir = tempfile.mkdtemp(prefix="datahelix-blend-")
@@ -754,7 +930,20 @@ class DataLoader:
             self._client.close()
             self._client = None
             self._client_epoch = -1
+        self._save_costs()
 
+    def _save_costs(self) -> None:
+        """Writes the learned per-sample costs (dataset mode with ``costs=``): this rank's
+        file (``costs`` itself for one rank, ``costs.rankR`` for several), replaced
+        atomically; the next run's loaders read them all."""
+        if not self._costs_path or not self._learned:
+            return
+        path = self._costs_path if self.world_size == 1 else f"{self._costs_path}.rank{self.rank}"
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for key in sorted(self._learned, key=lambda k: (len(k), k)):
+                f.write(json.dumps({"id": key, **self._learned[key]}) + "\n")
+        os.replace(tmp, path)
     def close(self) -> None:
         """Stops this rank's client (and servers it embeds). Tensors already yielded stay
         valid: their slabs are returned when they are freed."""
@@ -824,15 +1013,36 @@ class DataLoader:
         for name, tensor in batch.tensors().items():
             t = torch.from_dlpack(tensor)
             out[name] = t
-            if name == "frames":
-                # (base, bytes) of the shared-memory arena holding the frames; None when
-                # they came by copy (a spilled batch)
+            if name == "frames" or (self.dataset is not None and "arena" not in info):
+                # (base, bytes) of the shared-memory arena holding the frames (a Python
+                # dataset's: its first array); None when they came by copy (a spilled batch)
                 info["arena"] = tensor.arena()
         samples = batch.samples()
         ids = [s[0] for s in samples]
-        out["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
-        out["sample_ids"] = ids
-        out["captions"] = [self._captions.get(i, "") for i in ids]
-        out["errors"] = [s[3] for s in samples]
-        out["info"] = info
+        meta = out.pop("__meta__", None)
+        if meta is not None:  # a Python dataset's other values, a JSON row per sample
+            rows = self._meta_rows(meta, samples)
+            for key in (k for k in rows[0] if not k.startswith("__")) if rows else ():
+                out.setdefault(key, [r.get(key) for r in rows])
+            out.setdefault("indices", [int(i) for i in ids])
+        out.setdefault("tokens", torch.tensor([s[1] for s in samples], dtype=torch.int64))
+        out.setdefault("sample_ids", ids)
+        if self.dataset is None:
+            out["captions"] = [self._captions.get(i, "") for i in ids]
+        out.setdefault("errors", [s[3] for s in samples])
+        out.setdefault("info", info)
         return out
+
+    def _meta_rows(self, meta: Any, samples: List[Any]) -> List[Dict[str, Any]]:
+        raw = meta.numpy()
+        rows = []
+        for i in range(raw.shape[0]):
+            text = raw[i].tobytes().rstrip(b"\0")
+            rows.append(json.loads(text) if text else {})
+        if self._costs_path:
+            for row, s in zip(rows, samples):
+                if s[2] == 0 and "__cpu_s" in row:
+                    self._learned[s[0]] = {"cpu_s": float(row["__cpu_s"]),
+                                           "tokens": float(s[1]),
+                                           "out_bytes": float(row.get("__bytes", 0))}
+        return rows

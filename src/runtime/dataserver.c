@@ -513,10 +513,16 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
 
 int dh_dataserver_run(dh_dataserver_t *s)
 {
-    dh_log_info("DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s, coordinator %s",
-                s->name, s->cfg.role == DH_DS_LOCAL ? "local" : "remote sidecar", s->node,
-                s->cfg.workers, s->pipeline.synthetic ? "synthetic" : "video",
-                s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
+    dh_log_info(
+        "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
+        "coordinator %s",
+        s->name, s->cfg.role == DH_DS_LOCAL ? "local" : "remote sidecar", s->node, s->cfg.workers,
+        s->pipeline.python      ? "python"
+        : s->pipeline.synthetic ? "synthetic"
+                                : "video",
+        s->pipeline.python ? " (dataset " : "", s->pipeline.python ? s->pipeline.py_dataset : "",
+        s->pipeline.python ? ", one worker process each)" : "",
+        s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
     send_hello(s);
     uint64_t last_hb = dh_clock_now_ns(), last_reclaim = last_hb;
     dh_wire_received_t r = {0};

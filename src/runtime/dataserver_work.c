@@ -147,6 +147,7 @@ static void fail_all_samples(task_t *t, int rc)
 void *dh__ds_worker_main(void *arg)
 {
     dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
+    uint32_t index = ((worker_arg_t *)arg)->index;
     dh_free(arg);
     if (s->cfg.worker_cpus) {
         cpu_set_t set;
@@ -163,6 +164,9 @@ void *dh__ds_worker_main(void *arg)
     int wrc = dh__rt_worker_new(&w, &s->pipeline);
     if (wrc)
         dh_log_error("DataServer '%s': worker cannot start: %s", s->name, dh_last_error());
+    else /* the python pipeline starts its worker process here */
+        dh__rt_worker_bind(w, index, s->cfg.workers, s->arena ? dh_shm_arena_fd(s->arena) : -1,
+                           &s->stop);
     for (;;) {
         pthread_mutex_lock(&s->lock);
         while (!s->tasks.head && !atomic_load(&s->stop))

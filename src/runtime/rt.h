@@ -7,6 +7,7 @@
 #ifndef DH_RUNTIME_RT_H
 #define DH_RUNTIME_RT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +17,7 @@
 #include "datahelix/wire.h"
 #include "wire/internal.h"
 
-#define DH__RT_MAX_TENSORS 4
+#define DH__RT_MAX_TENSORS 16
 
 typedef enum { DH__SYNTH_SLEEP = 0, DH__SYNTH_SPIN = 1, DH__SYNTH_NONE = 2 } dh__synth_cost_t;
 
@@ -25,6 +26,7 @@ typedef enum { DH__SYNTH_SLEEP = 0, DH__SYNTH_SPIN = 1, DH__SYNTH_NONE = 2 } dh_
  *  "cost_bias": S, "cost_noise": S, "token_noise": S, "noise_seed": N}. */
 typedef struct dh__rt_pipeline {
     bool synthetic;
+    bool python; /* {"type": "python", ...}: the user's Dataset in worker processes (below) */
     dh_pipeline_spec_t video;
     dh__synth_cost_t cost;
     double cpu_scale;   /* multiplies each sample's cpu_s */
@@ -35,6 +37,15 @@ typedef struct dh__rt_pipeline {
      * (noise_seed, key or id). 0 (the default) = the estimate exactly. */
     double cost_bias, cost_noise, token_noise;
     uint64_t noise_seed;
+    /* Python (pyworker.c): "dataset" is "pickle:PATH" (a pickled {"dataset", "collate_fn",
+     * "worker_init_fn"} dict, as datahelix.DataLoader writes it) or "MODULE:FACTORY" (an
+     * importable callable returning the dataset: `datahelix server --dataset`); "python" the
+     * interpreter (default DH_PYTHON_EXE, else python3 on PATH); "path" directories
+     * prepended to the workers' PYTHONPATH; "seed" the base of the per-worker seeds. */
+    char py_dataset[1024];
+    char py_exe[512];
+    char py_path[4096]; /* ':'-joined */
+    uint64_t py_seed;
 } dh__rt_pipeline_t;
 
 /* The synthetic pipeline's actual cost and tokens of a sample (before cpu_scale): see the
@@ -79,6 +90,11 @@ typedef struct dh__rt_result {
 /* Per-worker state (a video decoder). */
 typedef struct dh__rt_worker dh__rt_worker_t;
 int dh__rt_worker_new(dh__rt_worker_t **out, const dh__rt_pipeline_t *pipeline);
+/* Which worker this is (index of n) and the arena memfd its outputs may land in (-1: none,
+ * heap outputs only); `stop` ends a wait on user code when set. The python pipeline starts
+ * its worker process here; the others ignore it. */
+void dh__rt_worker_bind(dh__rt_worker_t *w, uint32_t index, uint32_t n, int arena_fd,
+                        const atomic_int *stop);
 void dh__rt_worker_destroy(dh__rt_worker_t **w);
 
 /* Runs the samples of a request. A per-sample failure is recorded in the result, never

@@ -34,11 +34,13 @@
 #include "datahelix/rng.h"
 #include "media/pipeline_internal.h"
 #include "runtime/descriptor.h"
+#include "runtime/pyworker.h"
 #include "runtime/rt.h"
 
 struct dh__rt_worker {
     dh__rt_pipeline_t spec;
     dh_pipeline_t *pipeline; /* video only */
+    dh__py_worker_t *py;     /* python only */
     uint8_t *read_buf;       /* video: READ_CHUNK bytes for timing reads, made on first use */
 };
 
@@ -105,6 +107,72 @@ static int parse_synthetic(json_t *root, const char *source, dh__rt_pipeline_t *
     return 0;
 }
 
+static int copy_field(const char *source, const char *key, const char *value, char *out, size_t cap)
+{
+    if (!value || !value[0] || strlen(value) >= cap)
+        return dh__set_error(DH_ESCHEMA,
+                             "%s: field '%s': expected a non-empty string under %zu bytes", source,
+                             key, cap);
+    memcpy(out, value, strlen(value) + 1);
+    return 0;
+}
+
+static int parse_python(json_t *root, const char *source, dh__rt_pipeline_t *out)
+{
+    const char *key;
+    json_t *value;
+    json_object_foreach(root, key, value)
+    {
+        int rc = 0;
+        if (strcmp(key, "type") == 0)
+            continue;
+        if (strcmp(key, "dataset") == 0) {
+            rc = copy_field(source, key, json_string_value(value), out->py_dataset,
+                            sizeof out->py_dataset);
+        } else if (strcmp(key, "python") == 0) {
+            rc = copy_field(source, key, json_string_value(value), out->py_exe, sizeof out->py_exe);
+        } else if (strcmp(key, "path") == 0) {
+            size_t used = 0, i;
+            json_t *dir;
+            if (!json_is_array(value))
+                return dh__set_error(DH_ESCHEMA, "%s: field 'path': expected a list of directories",
+                                     source);
+            json_array_foreach(value, i, dir)
+            {
+                const char *d = json_string_value(dir);
+                size_t len = d ? strlen(d) : 0;
+                if (!d || !len || strchr(d, ':') || used + len + 2 > sizeof out->py_path)
+                    return dh__set_error(DH_ESCHEMA,
+                                         "%s: field 'path': entry %zu is not a directory name "
+                                         "without ':' (or the list is over %zu bytes)",
+                                         source, i, sizeof out->py_path);
+                if (used)
+                    out->py_path[used++] = ':';
+                memcpy(out->py_path + used, d, len + 1);
+                used += len;
+            }
+        } else if (strcmp(key, "seed") == 0) {
+            if (!json_is_integer(value) || json_integer_value(value) < 0)
+                return dh__set_error(DH_ESCHEMA, "%s: field 'seed': expected an integer >= 0",
+                                     source);
+            out->py_seed = (uint64_t)json_integer_value(value);
+        } else {
+            return dh__set_error(DH_ESCHEMA,
+                                 "%s: field '%s': unknown field of a python pipeline (known: "
+                                 "type, dataset, python, path, seed)",
+                                 source, key);
+        }
+        if (rc)
+            return rc;
+    }
+    if (!out->py_dataset[0])
+        return dh__set_error(DH_ESCHEMA,
+                             "%s: a python pipeline needs 'dataset': \"pickle:PATH\" or "
+                             "\"MODULE:FACTORY\"",
+                             source);
+    return 0;
+}
+
 int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -131,9 +199,16 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
     }
     json_t *type = json_object_get(root, "type");
     const char *type_name = type ? json_string_value(type) : "video";
-    if (!type_name || (strcmp(type_name, "video") != 0 && strcmp(type_name, "synthetic") != 0)) {
-        rc = dh__set_error(DH_ESCHEMA, "%s: field 'type': expected \"video\" or \"synthetic\"",
+    if (!type_name || (strcmp(type_name, "video") != 0 && strcmp(type_name, "synthetic") != 0 &&
+                       strcmp(type_name, "python") != 0)) {
+        rc = dh__set_error(DH_ESCHEMA,
+                           "%s: field 'type': expected \"video\", \"synthetic\" or \"python\"",
                            source);
+        goto done;
+    }
+    if (strcmp(type_name, "python") == 0) {
+        out->python = true;
+        rc = parse_python(root, source, out);
         goto done;
     }
     if (strcmp(type_name, "synthetic") == 0) {
@@ -161,7 +236,13 @@ int dh__rt_worker_new(dh__rt_worker_t **out, const dh__rt_pipeline_t *pipeline)
     if (!w)
         return dh__set_error(DH_ENOMEM, "out of memory for a worker");
     w->spec = *pipeline;
-    if (!pipeline->synthetic) {
+    if (pipeline->python) {
+        int rc = dh__py_worker_new(&w->py, pipeline);
+        if (rc) {
+            dh_free(w);
+            return rc;
+        }
+    } else if (!pipeline->synthetic) {
         int rc = dh_pipeline_new(&w->pipeline, &pipeline->video);
         if (rc) {
             dh_free(w);
@@ -172,10 +253,18 @@ int dh__rt_worker_new(dh__rt_worker_t **out, const dh__rt_pipeline_t *pipeline)
     return 0;
 }
 
+void dh__rt_worker_bind(dh__rt_worker_t *w, uint32_t index, uint32_t n, int arena_fd,
+                        const atomic_int *stop)
+{
+    if (w && w->py)
+        dh__py_worker_bind(w->py, index, n, arena_fd, stop);
+}
+
 void dh__rt_worker_destroy(dh__rt_worker_t **pw)
 {
     if (!pw || !*pw)
         return;
+    dh__py_worker_destroy(&(*pw)->py);
     dh_pipeline_destroy(&(*pw)->pipeline);
     dh_free((*pw)->read_buf);
     dh_free(*pw);
@@ -467,8 +556,9 @@ int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t
             return dh__set_error(DH_ENOMEM, "out of memory for a sample id");
         }
     }
-    int rc = w->spec.synthetic ? execute_synthetic(w, samples, n, alloc, release, ctx, out)
-                               : execute_video(w, samples, n, alloc, release, ctx, out);
+    int rc = w->spec.python      ? dh__py_execute(w->py, samples, n, alloc, release, ctx, out)
+             : w->spec.synthetic ? execute_synthetic(w, samples, n, alloc, release, ctx, out)
+                                 : execute_video(w, samples, n, alloc, release, ctx, out);
     if (rc) {
         dh__rt_result_clear(out);
         return rc;

@@ -29,6 +29,40 @@ static void free_outputs(dh__rt_result_t *r)
     dh__rt_result_clear(r);
 }
 
+/* The python pipeline's spec (pyworker.c runs it; tests/python/test_python_dataset.py runs
+ * it end to end): its fields, and each refusal names the field. */
+static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
+{
+    dh__rt_pipeline_t p;
+    assert_int_equal(
+        dh__rt_pipeline_load("{\"type\":\"python\",\"dataset\":\"pkg.mod:make\","
+                             "\"python\":\"/usr/bin/python3\",\"path\":[\"/a\",\"/b\"],"
+                             "\"seed\":7}",
+                             NULL, &p),
+        0);
+    assert_true(p.python);
+    assert_false(p.synthetic);
+    assert_string_equal(p.py_dataset, "pkg.mod:make");
+    assert_string_equal(p.py_exe, "/usr/bin/python3");
+    assert_string_equal(p.py_path, "/a:/b");
+    assert_int_equal(p.py_seed, 7);
+    static const struct {
+        const char *json, *says;
+    } bad[] = {
+        {"{\"type\":\"python\"}", "needs 'dataset'"},
+        {"{\"type\":\"python\",\"dataset\":\"\"}", "'dataset'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":[\"/a:b\"]}", "'path'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":\"/a\"}", "'path'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"seed\":-1}", "'seed'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"workers\":2}", "unknown field"},
+        {"{\"type\":\"pythn\"}", "\"python\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(dh__rt_pipeline_load(bad[i].json, NULL, &p), DH_ESCHEMA);
+        assert_non_null(strstr(dh_last_error(), bad[i].says));
+    }
+}
+
 /* Sleep emulation, no noise: each sample's measurement is its cost x cpu_scale exactly,
  * and the request's is their sum; nothing is read. */
 static void task_synthetic_measures_each_sample(void **state)
@@ -87,6 +121,7 @@ static void task_video_times_the_read_and_the_decode(void **state)
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(task_synthetic_measures_each_sample),
+    cmocka_unit_test(task_python_spec_parses_and_refuses_what_it_cannot_run),
     cmocka_unit_test(task_video_times_the_read_and_the_decode),
 };
 DH_TEST_MAIN(tests)

@@ -1,0 +1,456 @@
+"""A DataServer's Python worker process: runs the user's map-style Dataset (docs/datasets.md,
+"Your own Dataset"; the C side is src/runtime/pyworker.c, which starts this module as
+``python -m datahelix._worker`` with its socket as fd DATAHELIX_WORKER_FD).
+
+Per request: ``dataset[i]`` for each sample (timed), the batch collated as a plan of arrays
+(name, dtype, shape and how to fill it), the plan's shapes sent to the DataServer
+(``alloc``), which answers with where each array goes (``write``: an offset in the arena
+memfd or in this worker's scratch memfd, both passed once by SCM_RIGHTS); each array is then
+written straight into its slab (the one copy), and ``done`` sent. Values that are not
+arrays (str, None, lists, dicts) travel as one JSON row per sample in the ``__meta__`` array,
+with the sample's measured cost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import mmap
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+MSG_CAP = 200 << 10  # stay under the DataServer's 256 KiB limit
+ERROR_CAP = 4000  # characters of one sample's error kept (the traceback's end)
+META = "__meta__"
+DTYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
+          "float32", "float64", "bool"}
+
+
+class WorkerInfo:
+    """What ``datahelix.get_worker_info()`` returns inside a worker process (as
+    ``torch.utils.data.get_worker_info()``): id, num_workers, seed, dataset."""
+
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:
+        self.id = id
+        self.num_workers = num_workers
+        self.seed = seed
+        self.dataset = dataset
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed})"
+
+
+_info: Optional[WorkerInfo] = None
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    return _info
+
+
+class SampleError(Exception):
+    """A sample the batch cannot carry (wrong type, keys unlike the batch's)."""
+
+
+def _trim(text: str, cap: int = ERROR_CAP) -> str:
+    return text if len(text) <= cap else "..." + text[-(cap - 3):]
+
+
+def _as_array(value: Any) -> Optional[np.ndarray]:
+    """The value as a numpy array, or None when it is not an array."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return None
+
+
+def _scalar_dtype(value: Any) -> Optional[str]:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    if isinstance(value, float):
+        return "float64"
+    return None
+
+
+def _check_dtype(name: str, arr: np.ndarray) -> str:
+    dt = arr.dtype.name
+    if dt not in DTYPES:
+        raise SampleError(f"array '{name}' has dtype {dt}; DataHelix carries "
+                          f"{', '.join(sorted(DTYPES))}")
+    return dt
+
+
+Plan = List[Tuple[str, str, Tuple[int, ...], Callable[[np.ndarray], None]]]
+
+
+def default_collate(samples: List[Optional[Dict[str, Any]]]) -> Tuple[Plan, List[Dict[str, Any]]]:
+    """The batch plan of a list of sample dicts (None: a failed sample, whose slot is zeros).
+
+    Arrays are stacked along a new first dimension (B x shape), their leading dimension
+    padded to the batch's longest, with ``NAME_mask`` (bool B x L) true where a row is real;
+    bool,
+    int and float become B-long bool, int64 and float64 arrays; every other value (str,
+    None, lists, dicts) goes to the sample's JSON row. Every array of one or more dimensions
+    gets its mask, varying or not, so a batch's keys do not depend on its draw. Raises SampleError naming a sample
+    whose keys or array shapes do not fit the batch's (the caller fails that sample)."""
+    b = len(samples)
+    first = next((s for s in samples if s is not None), None)
+    rows: List[Dict[str, Any]] = [{} for _ in range(b)]
+    plan: Plan = []
+    if first is None:
+        return plan, rows
+    for s in samples:
+        if s is not None and set(s) != set(first):
+            raise SampleError(f"has keys {sorted(map(str, s))}, the batch's first sample "
+                              f"{sorted(map(str, first))}")
+    for key, value0 in first.items():
+        if not isinstance(key, str):
+            raise SampleError(f"key {key!r} is not a str")
+        arr0 = _as_array(value0)
+        if arr0 is not None:
+            arrs: List[Optional[np.ndarray]] = []
+            for s in samples:
+                a = None if s is None else _as_array(s[key])
+                if s is not None and (a is None or a.dtype != arr0.dtype or a.ndim != arr0.ndim
+                                      or a.shape[1:] != arr0.shape[1:]):
+                    raise SampleError(
+                        f"'{key}' is {type(s[key]).__name__} "
+                        f"{getattr(a, 'dtype', '')}{list(getattr(a, 'shape', []))}, the batch's "
+                        f"first sample's {arr0.dtype}{list(arr0.shape)} (only the leading "
+                        f"dimension may vary; give a collate_fn for anything else)")
+                arrs.append(a)
+            dt = _check_dtype(key, arr0)
+            if arr0.ndim == 0:
+                shape = (b,) + tuple(arr0.shape)
+
+                def fill(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
+                    for i, a in enumerate(arrs):
+                        if a is None:
+                            dest[i] = 0
+                        else:
+                            dest[i] = a
+                plan.append((key, dt, shape, fill))
+            else:
+                longest = max(a.shape[0] for a in arrs if a is not None)
+                shape = (b, longest) + tuple(arr0.shape[1:])
+
+                def fill_padded(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
+                    for i, a in enumerate(arrs):
+                        n = 0 if a is None else a.shape[0]
+                        if n:
+                            dest[i, :n] = a
+                        dest[i, n:] = 0
+
+                def fill_mask(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
+                    for i, a in enumerate(arrs):
+                        n = 0 if a is None else a.shape[0]
+                        dest[i, :n] = True
+                        dest[i, n:] = False
+                plan.append((key, dt, shape, fill_padded))
+                plan.append((f"{key}_mask", "bool", (b, longest), fill_mask))
+            continue
+        sdt = _scalar_dtype(value0)
+        if sdt is not None:
+            vals = []
+            for s in samples:
+                v = None if s is None else s[key]
+                if s is not None and _scalar_dtype(v) != sdt:
+                    raise SampleError(f"'{key}' is {type(v).__name__}, the batch's first sample's "
+                                      f"{type(value0).__name__}")
+                vals.append(0 if v is None else v)
+            plan.append((key, sdt, (b,), lambda dest, vals=vals: dest.__setitem__(slice(None),
+                                                                                    vals)))
+            continue
+        for i, s in enumerate(samples):
+            if s is not None:
+                rows[i][key] = s[key]
+    return plan, rows
+
+
+def _plan_of_collated(out: Any, n: int) -> Tuple[Plan, List[Dict[str, Any]]]:
+    """A user collate_fn's dict as a plan: arrays as they are; other values must be lists of
+    one JSON value per collated sample (they go to the samples' rows)."""
+    if not isinstance(out, dict):
+        raise SampleError(f"collate_fn returned {type(out).__name__}; it must return a dict")
+    plan: Plan = []
+    rows: List[Dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in out.items():
+        arr = _as_array(value)
+        if arr is not None:
+            dt = _check_dtype(key, arr)
+            plan.append((key, dt, tuple(arr.shape),
+                         lambda dest, arr=arr: np.copyto(dest, arr, casting="no")))
+        elif isinstance(value, list) and len(value) == n:
+            for i, v in enumerate(value):
+                rows[i][key] = v
+        else:
+            raise SampleError(f"collate_fn's '{key}' is {type(value).__name__}: a value that is "
+                              f"not an array must be a list with one entry per sample ({n})")
+    return plan, rows
+
+
+def _tokens(dataset: Any, index: int, sample: Dict[str, Any]) -> int:
+    count = getattr(dataset, "count_tokens", None)
+    if count is not None:
+        return max(0, int(count(index, sample)))
+    lead = 0
+    biggest = -1
+    for v in sample.values():
+        a = _as_array(v)
+        if a is not None and a.ndim > 0 and a.nbytes > biggest:
+            biggest = a.nbytes
+            lead = int(a.shape[0])
+    return lead if biggest >= 0 else 1
+
+
+def _index_of(desc: Dict[str, str]) -> int:
+    uri = desc.get("uri", "")
+    text = uri[6:] if uri.startswith("index:") else desc.get("id", "")
+    return int(text)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.dataset: Any = None
+        self.collate_fn: Optional[Callable[..., Any]] = None
+        self.maps: Dict[str, mmap.mmap] = {}
+        self.fds: Dict[str, int] = {}
+
+    # -- messages -----------------------------------------------------------------------
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        self.sock.send(json.dumps(msg, separators=(",", ":")).encode())
+
+    def recv(self) -> Optional[Dict[str, Any]]:
+        data, ancdata, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(8))
+        if not data:
+            return None
+        msg = json.loads(data)
+        fds: List[int] = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(np.frombuffer(payload[: len(payload) - len(payload) % 4],
+                                         dtype=np.int32).tolist())
+        for name, fd in zip(msg.get("fds", []), fds):
+            if name in self.fds:
+                os.close(self.fds[name])
+            self.fds[name] = fd
+            self.maps.pop(name, None)
+        return msg
+
+    def mapping(self, name: str, size: int = 0) -> mmap.mmap:
+        m = self.maps.get(name)
+        if m is None or (size and len(m) < size):
+            fd = self.fds[name]
+            m = mmap.mmap(fd, size or os.fstat(fd).st_size)
+            self.maps[name] = m
+        return m
+
+    # -- the life cycle -----------------------------------------------------------------
+
+    def init(self, msg: Dict[str, Any]) -> None:
+        global _info
+        spec = msg["dataset"]
+        worker_init_fn = None
+        if spec.startswith("pickle:"):
+            with open(spec[7:], "rb") as f:
+                bundle = pickle.load(f)
+            self.dataset = bundle["dataset"]
+            self.collate_fn = bundle.get("collate_fn")
+            worker_init_fn = bundle.get("worker_init_fn")
+        else:
+            module, _, attr = spec.partition(":")
+            if not module or not attr:
+                raise ValueError(f"dataset {spec!r}: expected MODULE:FACTORY")
+            obj = getattr(importlib.import_module(module), attr)
+            self.dataset = obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
+        seed = int(msg["seed"])
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(seed)
+            torch.set_num_threads(1)
+        _info = WorkerInfo(int(msg["worker_id"]), int(msg["num_workers"]), seed, self.dataset)
+        if worker_init_fn is not None:
+            worker_init_fn(_info.id)
+
+    def run_task(self, descs: List[Dict[str, str]]) -> None:
+        n = len(descs)
+        samples: List[Optional[Dict[str, Any]]] = [None] * n
+        results: List[Dict[str, Any]] = [{} for _ in range(n)]
+        indices: List[int] = []
+        for k, d in enumerate(descs):
+            t0 = time.perf_counter()
+            index = -1
+            try:
+                index = _index_of(d)
+                indices.append(index)
+                value = self.dataset[index]
+                if not isinstance(value, dict):
+                    raise SampleError(
+                        f"returned {type(value).__name__}; a sample is a dict of arrays (numpy "
+                        f"or torch), str, int, float")
+                samples[k] = value
+                results[k]["tokens"] = _tokens(self.dataset, index, value)
+            except BaseException as e:  # noqa: BLE001  (user code: anything is reported)
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                results[k]["error"] = self._error(d, index, e)
+            results[k]["cpu_s"] = time.perf_counter() - t0
+        plan: Plan = []
+        rows: List[Dict[str, Any]] = [{} for _ in range(n)]
+        while True:  # a sample that does not fit the batch fails alone; the rest go on
+            try:
+                if self.collate_fn is not None:
+                    ok = [s for s in samples if s is not None]
+                    plan, ok_rows = _plan_of_collated(self.collate_fn(ok), len(ok)) if ok else ([], [])
+                    it = iter(ok_rows)
+                    rows = [next(it) if s is not None else {} for s in samples]
+                else:
+                    plan, rows = default_collate(samples)
+                break
+            except SampleError as e:
+                bad = self._odd_sample(samples, e)
+                if bad is None:  # collate_fn's own failure: the whole batch
+                    for k in range(n):
+                        results[k].setdefault("error", self._error(descs[k], -1, e, "collate_fn"))
+                    samples = [None] * n
+                    plan, rows = [], [{} for _ in range(n)]
+                    break
+                results[bad]["error"] = self._error(descs[bad], -1, e, "does not fit the batch")
+                samples[bad] = None
+            except Exception as e:  # noqa: BLE001
+                for k in range(n):
+                    results[k].setdefault("error", self._error(descs[k], -1, e, "collate"))
+                samples = [None] * n
+                plan, rows = [], [{} for _ in range(n)]
+                break
+        for k in range(n):
+            rows[k]["__cpu_s"] = results[k]["cpu_s"]
+            if samples[k] is not None:
+                rows[k]["__bytes"] = sum(a.nbytes for a in (_as_array(v) for v in samples[k].values())
+                                         if a is not None)
+        encoded = [json.dumps(r, separators=(",", ":"), default=_json_default).encode()
+                   for r in rows]
+        width = max((len(e) for e in encoded), default=0)
+
+        def fill_meta(dest: np.ndarray) -> None:
+            dest[:] = 0
+            for i, e in enumerate(encoded):
+                dest[i, : len(e)] = np.frombuffer(e, dtype=np.uint8)
+        plan.append((META, "uint8", (n, width), fill_meta))
+        msg = {"op": "alloc",
+               "tensors": [{"name": p[0], "dtype": p[1], "shape": list(p[2])} for p in plan],
+               "samples": results}
+        text = json.dumps(msg, separators=(",", ":"))
+        cap = ERROR_CAP
+        while len(text) > MSG_CAP and cap > 100:  # many long tracebacks: keep their ends
+            cap //= 2
+            for r in results:
+                if "error" in r:
+                    r["error"] = _trim(r["error"], cap)
+            text = json.dumps(msg, separators=(",", ":"))
+        self.sock.send(text.encode())
+        answer = self.recv()
+        if answer is None:
+            sys.exit(0)
+        try:
+            for (name, dt, shape, fill), at in zip(plan, answer.get("tensors", [])):
+                where = at["in"]
+                if where == "none":
+                    continue
+                size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                m = self.mapping(where, int(answer.get("scratch_bytes", 0)) if where == "scratch"
+                                 else 0)
+                dest = np.ndarray(shape, dtype=dt, buffer=m, offset=int(at["offset"]))
+                assert dest.nbytes == size
+                fill(dest)
+        except Exception as e:  # noqa: BLE001
+            self.send({"op": "error", "error": _trim(traceback.format_exc())})
+            return
+        self.send({"op": "done"})
+
+    def _error(self, desc: Dict[str, str], index: int, e: BaseException, where: str = "") -> str:
+        idx = index if index >= 0 else desc.get("uri", "")[6:]
+        head = f"sample '{desc.get('id', '')}' (dataset[{idx}])"
+        if where:
+            head += f" {where}"
+        if isinstance(e, SampleError):
+            return _trim(f"{head}: {e}")
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return _trim(f"{head}: {type(e).__name__}: {e}\n{tb}")
+
+    @staticmethod
+    def _odd_sample(samples: List[Optional[Dict[str, Any]]], e: SampleError) -> Optional[int]:
+        """The sample whose keys or shapes differ from the first one's (default collate)."""
+        ok = [k for k, s in enumerate(samples) if s is not None]
+        if not ok:
+            return None
+        first = samples[ok[0]]
+        assert first is not None
+        for k in ok[1:]:
+            s = samples[k]
+            assert s is not None
+            if set(s) != set(first):
+                return k
+            try:
+                default_collate([first, s])
+            except SampleError:
+                return k
+        return ok[0] if len(ok) == 1 else None
+
+
+def _json_default(value: Any) -> Any:
+    a = _as_array(value)
+    if a is not None:
+        return a.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return repr(value)
+
+
+def main() -> None:
+    # run as __main__: be datahelix._worker too, so get_worker_info() finds this one's state
+    sys.modules.setdefault("datahelix._worker", sys.modules[__name__])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the DataServer's to handle
+    fd = int(os.environ.get("DATAHELIX_WORKER_FD", "3"))
+    sock = socket.socket(fileno=fd)
+    worker = Worker(sock)
+    msg = worker.recv()
+    if msg is None:
+        return
+    try:
+        worker.init(msg)
+    except BaseException as e:  # noqa: BLE001
+        worker.send({"op": "fatal", "error": _trim(
+            "".join(traceback.format_exception(type(e), e, e.__traceback__)), 16000)})
+        return
+    worker.send({"op": "ready"})
+    while True:
+        msg = worker.recv()
+        if msg is None or msg.get("op") == "exit":
+            return
+        if msg.get("op") == "task":
+            worker.run_task(msg["samples"])
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)

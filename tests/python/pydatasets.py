@@ -1,0 +1,76 @@
+"""Map-style datasets the Python-dataset tests run in DataServer worker processes (a module of
+its own, so that the workers import it by name and not the test module)."""
+import os
+import time
+
+import numpy as np
+
+
+def clip(i):
+    """Sample i's video: 2..5 frames of 6 x 8 RGB, bytes a function of i."""
+    t = 2 + i % 4
+    rng = np.random.default_rng(i)
+    return rng.integers(0, 255, size=(t, 6, 8, 3), dtype=np.uint8)
+
+
+class Clips:
+    """{"video": uint8 T x H x W x 3, "caption": str, "label": int}; index `fail` raises,
+    index `wrong` returns a list; each sample sleeps `sleep_s` (so tasks are in flight)."""
+
+    def __init__(self, n=24, fail=-1, wrong=-1, sleep_s=0.0):
+        self.n, self.fail, self.wrong, self.sleep_s = n, fail, wrong, sleep_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if i == self.fail:
+            raise ValueError(f"cannot read clip {i}")
+        if i == self.wrong:
+            return [i]
+        return {"video": clip(i), "caption": f"clip number {i}", "label": i * 10}
+
+
+class WhoAmI:
+    """Each sample says which worker process made it (datahelix.get_worker_info) and the
+    worker's first random draw (per-worker seeding) and its worker_init_fn mark."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        import datahelix
+        info = datahelix.get_worker_info()
+        return {"x": np.full(3, i, np.int32), "worker": info.id, "pid": os.getpid(),
+                "seed": info.seed, "mark": os.environ.get("DH_TEST_MARK", "")}
+
+
+def mark_worker(worker_id):
+    os.environ["DH_TEST_MARK"] = f"init-{worker_id}"
+
+
+class Costly:
+    """Sleeps a per-index cost; estimate_cost tells it when `tell` (the bench's dataset)."""
+
+    def __init__(self, n=32, tell=True):
+        self.n, self.tell = n, tell
+
+    def cost(self, i):
+        return 0.002 * (1 + (i * 7) % 5)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.cost(i))
+        return {"x": np.full(4 * (1 + i % 3), i, np.float32)}
+
+    def estimate_cost(self, i):
+        return {"cpu_s": self.cost(i), "tokens": 4 * (1 + i % 3), "out_bytes": 16 * (1 + i % 3)}
+
+
+def make_clips():
+    """A factory for `datahelix server --dataset pydatasets:make_clips`."""
+    return Clips(n=24)
