@@ -2,6 +2,7 @@
  * (bench/train_bench.h, docs/benchmarks.md). Thin: parse, run, print the table and JSON. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@ static void usage(FILE *out)
 {
     fprintf(
         out,
-        "usage: datahelix bench (--dataset DIR | --emulate --mix NAME|FILE.json) [options]\n"
+        "usage: datahelix bench (--dataset DIR | --emulate --mix NAME|FILE.json |\n"
+        "                        --python-dataset MODULE:FACTORY) [options]\n"
         "\n"
         "Runs a synchronous data-parallel training loop against each system in turn, side\n"
         "by side on the same samples: R ranks (threads, each with a real client of the\n"
@@ -29,6 +31,17 @@ static void usage(FILE *out)
         "workload:\n"
         "  --dataset DIR         real decode: DIR/profiles.jsonl from `probe` (video pipeline)\n"
         "  --pipeline SPEC.json  with --dataset: the pipeline spec (default: video defaults)\n"
+        "  --python-dataset MODULE:FACTORY\n"
+        "                        a Python map-style dataset (FACTORY() returns it), run in\n"
+        "                        the DataServers' worker processes: `python -m\n"
+        "                        datahelix.profile` profiles it into --python-dir, with the\n"
+        "                        costs of its estimate_cost and/or measured over one pass\n"
+        "                        (--costs); with both, helix runs again on the learned\n"
+        "                        costs under the same compute model, and the two are\n"
+        "                        compared (docs/benchmarks.md, \"A Python dataset\")\n"
+        "  --costs estimate|learned|both  with --python-dataset (both)\n"
+        "  --python-dir DIR      with --python-dataset: where the profiles go\n"
+        "                        (default /tmp/datahelix-python-dataset-PID)\n"
         "  --emulate             the synthetic pipeline: each sample sleeps its CPU seconds\n"
         "                        on a worker (one machine emulates many virtual cores)\n"
         "  --mix NAME|FILE       with --emulate: kinetics-s|m|l, kinetics-mixed,\n"
@@ -204,11 +217,67 @@ static int run_plots(const char *json, const char *dir)
     return 0;
 }
 
+/* `python -m datahelix.profile SPEC -o DIR [--learn --workers N]` (python/datahelix/profile.py)
+ * with $DH_PYTHON_EXE (else python3), the build's package (the python/ folder beside this
+ * executable) and the current folder first on PYTHONPATH. Returns 0, or -1 having said why. */
+static int profile_python_dataset(const char *spec, const char *dir, bool learn, uint32_t workers)
+{
+    const char *python = getenv("DH_PYTHON_EXE");
+    if (!python || !*python)
+        python = "python3";
+    char exe[4096], pkg[4200], cwd[4096], path[16384], nworkers[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(pkg, sizeof pkg, "%s/python", exe);
+    struct stat st;
+    const char *old = getenv("PYTHONPATH");
+    snprintf(path, sizeof path, "%s%s%s%s%s", stat(pkg, &st) == 0 ? pkg : "",
+             stat(pkg, &st) == 0 ? ":" : "", getcwd(cwd, sizeof cwd) ? cwd : ".",
+             old && *old ? ":" : "", old && *old ? old : "");
+    snprintf(nworkers, sizeof nworkers, "%u", workers ? workers : 1);
+    fprintf(stderr, "bench: profiling %s into %s (%s)\n", spec, dir,
+            learn ? "costs measured over one pass" : "costs from estimate_cost");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "datahelix bench: --python-dataset: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        setenv("PYTHONPATH", path, 1);
+        if (learn)
+            execlp(python, python, "-m", "datahelix.profile", spec, "-o", dir, "--learn",
+                   "--workers", nworkers, (char *)NULL);
+        else
+            execlp(python, python, "-m", "datahelix.profile", spec, "-o", dir, (char *)NULL);
+        fprintf(stderr, "datahelix bench: --python-dataset: cannot run %s: %s\n", python,
+                strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr,
+                "datahelix bench: --python-dataset: `%s -m datahelix.profile %s` failed (exit "
+                "%d; its message is above)\n",
+                python, spec, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return -1;
+    }
+    return 0;
+}
+
 int dh_cmd_bench(int argc, char **argv)
 {
     enum {
         O_DATASET = 256,
         O_PIPELINE,
+        O_PYDATASET,
+        O_COSTS,
+        O_PYDIR,
         O_EMULATE,
         O_MIX,
         O_ROWS,
@@ -247,6 +316,9 @@ int dh_cmd_bench(int argc, char **argv)
     static const struct option options[] = {
         {"dataset", required_argument, NULL, O_DATASET},
         {"pipeline", required_argument, NULL, O_PIPELINE},
+        {"python-dataset", required_argument, NULL, O_PYDATASET},
+        {"costs", required_argument, NULL, O_COSTS},
+        {"python-dir", required_argument, NULL, O_PYDIR},
         {"emulate", no_argument, NULL, O_EMULATE},
         {"mix", required_argument, NULL, O_MIX},
         {"rows", required_argument, NULL, O_ROWS},
@@ -287,6 +359,8 @@ int dh_cmd_bench(int argc, char **argv)
     dh_bench_options_default(&o);
     int emulate = 0;
     const char *json = NULL, *plot = NULL;
+    const char *pydataset = NULL, *pydir = NULL, *costs = "both";
+    char pydir_buf[512], est_dir[600], learn_dir[600], pipe_est[700], pipe_learn[700];
     char plot_json[4096];
     unsigned long long v;
     int opt;
@@ -303,6 +377,22 @@ int dh_cmd_bench(int argc, char **argv)
             break;
         case O_PIPELINE:
             o.pipeline = optarg;
+            break;
+        case O_PYDATASET:
+            pydataset = optarg;
+            break;
+        case O_PYDIR:
+            pydir = optarg;
+            break;
+        case O_COSTS:
+            if (strcmp(optarg, "estimate") != 0 && strcmp(optarg, "learned") != 0 &&
+                strcmp(optarg, "both") != 0) {
+                fprintf(stderr,
+                        "datahelix bench: --costs must be estimate, learned or both, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            costs = optarg;
             break;
         case O_EMULATE:
             emulate = 1;
@@ -458,9 +548,39 @@ int dh_cmd_bench(int argc, char **argv)
         fprintf(stderr, "datahelix bench: --emulate and --mix go together\n");
         return 2;
     }
-    if (!o.dataset == !emulate) {
-        fprintf(stderr, "datahelix bench: give --dataset DIR or --emulate --mix NAME\n");
+    if ((o.dataset != NULL) + emulate + (pydataset != NULL) != 1) {
+        fprintf(stderr, "datahelix bench: give one of --dataset DIR, --emulate --mix NAME and "
+                        "--python-dataset MODULE:FACTORY\n");
         return 2;
+    }
+    bool learned_too = false;
+    if (pydataset) {
+        if (o.pipeline) {
+            fprintf(stderr, "datahelix bench: --python-dataset makes its own pipeline; no "
+                            "--pipeline\n");
+            return 2;
+        }
+        if (!pydir) {
+            snprintf(pydir_buf, sizeof pydir_buf, "/tmp/datahelix-python-dataset-%d",
+                     (int)getpid());
+            pydir = pydir_buf;
+        }
+        if (mkdir(pydir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "datahelix bench: --python-dir: cannot make %s: %s\n", pydir,
+                    strerror(errno));
+            return 1;
+        }
+        snprintf(est_dir, sizeof est_dir, "%s/estimate", pydir);
+        snprintf(learn_dir, sizeof learn_dir, "%s/learned", pydir);
+        bool want_est = strcmp(costs, "learned") != 0, want_learn = strcmp(costs, "estimate") != 0;
+        uint32_t workers = (o.local_servers + o.remote_servers) * o.cores_per_server;
+        if ((want_est && profile_python_dataset(pydataset, est_dir, false, workers)) ||
+            (want_learn && profile_python_dataset(pydataset, learn_dir, true, workers)))
+            return 1;
+        o.dataset = want_est ? est_dir : learn_dir;
+        snprintf(pipe_est, sizeof pipe_est, "%s/pipeline.json", o.dataset);
+        o.pipeline = pipe_est;
+        learned_too = want_est && want_learn;
     }
     if (o.prefetch_max && o.prefetch_max < o.prefetch) {
         fprintf(stderr, "datahelix bench: --prefetch-max %u is below --prefetch %u\n",
@@ -502,6 +622,52 @@ int dh_cmd_bench(int argc, char **argv)
     }
     if (o.trace_path)
         printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace_path);
+    if (learned_too) { /* helix again, on the learned costs, under the same compute model */
+        dh_bench_options_t o2 = o;
+        o2.dataset = learn_dir;
+        snprintf(pipe_learn, sizeof pipe_learn, "%s/pipeline.json", learn_dir);
+        o2.pipeline = pipe_learn;
+        o2.systems = "helix";
+        o2.compute_auto = 0;
+        o2.a = r.a;
+        o2.b = r.b;
+        o2.compute_scale = 1;
+        o2.deadline_threshold_s = r.deadline_threshold_s;
+        o2.trace_path = NULL;
+        dh_bench_report_t r2;
+        rc = dh_bench_run(&o2, &r2);
+        if (rc) {
+            dh_bench_report_clear(&r);
+            dh_bench_report_clear(&r2);
+            return dh_cli_fail("bench", rc, "benchmark on the learned costs failed");
+        }
+        printf("the same with the costs learned over one pass (%s):\n", learn_dir);
+        dh_bench_print_table(stdout, &r2);
+        const dh_bench_system_result_t *est = NULL;
+        for (size_t i = 0; i < r.n_systems; i++)
+            if (strcmp(r.systems[i].name, "helix") == 0)
+                est = &r.systems[i];
+        if (est && r2.n_systems == 1 && est->throughput_sps > 0)
+            printf("helix on learned costs / helix on estimate_cost: %.3fx (%.1f / %.1f "
+                   "samples/s, %u cores each)\n",
+                   r2.systems[0].throughput_sps / est->throughput_sps, r2.systems[0].throughput_sps,
+                   est->throughput_sps, est->cores);
+        if (json) {
+            char path[4200];
+            size_t len = strlen(json);
+            snprintf(path, sizeof path, "%.*s.learned.json",
+                     (int)(len > 5 && strcmp(json + len - 5, ".json") == 0 ? len - 5 : len), json);
+            FILE *f = fopen(path, "w");
+            if (!f || dh_bench_write_json(f, &o2, &r2) || fclose(f) != 0) {
+                fprintf(stderr, "datahelix bench: cannot write %s\n", path);
+                dh_bench_report_clear(&r);
+                dh_bench_report_clear(&r2);
+                return 1;
+            }
+            printf("report (learned costs): %s\n", path);
+        }
+        dh_bench_report_clear(&r2);
+    }
     dh_bench_report_clear(&r);
     if (plot && run_plots(json, plot))
         return 1;

@@ -113,6 +113,19 @@ def default_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
 _DATASET_DEFAULT_COST = {"cpu_s": 0.01, "tokens": 1, "out_bytes": 0}
 
 
+def _arena_budget_bytes() -> int:
+    """The memory budget of an arena this process makes, as the C side reads it
+    (dh_arena_budget_default): DH_ARENA_BUDGET (bytes, K, M or G), else a quarter of
+    physical memory."""
+    text = os.environ.get("DH_ARENA_BUDGET", "").strip()
+    if text:
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit() and int(digits) > 0:
+            return int(digits) * scale
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
 def _load_costs(path: str) -> Dict[str, Dict[str, float]]:
     """Learned per-sample costs: ``path`` and every ``path.rank*`` (one JSON object per line:
     id, cpu_s, tokens, out_bytes), later files winning."""
@@ -202,14 +215,23 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     pkl = os.path.join(directory, "dataset.pkl")
     with open(pkl, "wb") as f:
         f.write(blob)
+    return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
+            "path": _worker_path(), "seed": int(seed) & ((1 << 62) - 1)}
+
+
+def _worker_path() -> List[str]:
+    """What the worker processes put before their PYTHONPATH: this package's folder, then
+    this process's sys.path entries that the interpreter would not find by itself (not under
+    its prefix), so the dataset's module imports there as it does here."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = [here]
+    own = tuple(os.path.abspath(p) + os.sep for p in {sys.prefix, sys.base_prefix})
     for entry in sys.path:
         entry = os.path.abspath(entry or os.getcwd())
-        if os.path.isdir(entry) and ":" not in entry and entry not in path:
+        if os.path.isdir(entry) and ":" not in entry and entry not in path and \
+                not (entry + os.sep).startswith(own):
             path.append(entry)
-    return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
-            "path": path, "seed": int(seed) & ((1 << 62) - 1)}
+    return path
 # 0: the arena is sized by the C side (docs/runtime.md, "Prefetch in bytes"): what the
 # prefetch horizon needs, bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of
 # physical memory); its memfd is sparse, so it costs only what the batches in flight take.
@@ -852,6 +874,11 @@ class DataLoader:
             if self._costs_path:
                 self._learned = _load_costs(self._costs_path)
             source = self._blend_dir
+            if not arena_bytes and not self._learned and \
+                    getattr(dataset, "estimate_cost", None) is None:
+                # no sizes to size the embedded arena by: the budget (a sparse memfd costs
+                # only what the batches in flight take; the byte cap learns the real sizes)
+                arena_bytes = _arena_budget_bytes()
         elif collate_fn is not None or worker_init_fn is not None or costs is not None:
             raise InvalidArgumentError(
                 "collate_fn, worker_init_fn and costs are for a Python dataset (dataset=)")
