@@ -25,7 +25,7 @@ VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers bench-python format format-check clean help
 
 all: build
 
@@ -36,6 +36,7 @@ help:
 	@echo "make test-unit  the C tests (ctest)    make test-python  the pytest suite (tests/python, in .venv)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
+	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
@@ -121,6 +122,17 @@ demo: deps
 PEERS_ARGS ?= --runs 3 --pin --inflight 4
 bench-peers: build $(VENV_PY)
 	$(VENV_PY) bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
+
+# A Python Dataset in the DataServers' worker processes (docs/benchmarks.md, "A Python
+# dataset" and "Python-dataset overhead"): bench --python-dataset on bench/python_dataset/
+# sleepy.py, then datahelix.DataLoader against torch's over a trivial 1 MiB dataset.
+bench-python: build $(VENV_PY)
+	cd bench/python_dataset && DH_PYTHON_EXE=$(VENV_PY) $(abspath $(CLI)) bench \
+	    --python-dataset sleepy:make --ranks 4 --batch 4 --steps 60 --warmup 6 \
+	    --local-servers 1 --remote-servers 0 --cores-per-server 4 --systems native,helix \
+	    --plan-window 4 --python-dir $(abspath out/python-dataset) \
+	    --json $(abspath out/python-dataset/bench.json)
+	$(VENV_PY) bench/python_dataset/overhead.py --runs 3 --json out/python-dataset/overhead.json
 
 # clang-format is installed by `make deps` as optional; without it these fail, saying so
 # (CI runs format-check, so there it is required).

@@ -820,6 +820,16 @@ class DataLoader:
             DataServer to DataServer) or ``exchange_fn(round, ranks, send, send_counts,
             recv, recv_counts)`` (any collective of that shape). The callbacks run on the client's fetcher thread (holding
             the GIL); a failure makes next() raise an error naming the round.
+        dataset: instead of ``source``, a map-style dataset (``__len__``, ``__getitem__``
+            returning a dict of arrays, str, int, float) run by the DataServer's worker
+            processes, one per worker (docs/datasets.md, "Your own Dataset"); optional
+            ``estimate_cost(i) -> {"cpu_s", "tokens", "out_bytes"}`` and ``count_tokens(i,
+            sample)``. A batch is a dict: its arrays stacked (``NAME_mask`` beside each),
+            bool/int/float as tensors, other values as lists, and ``indices``.
+        collate_fn, worker_init_fn: as torch's, run in the worker processes (pickled, with
+            cloudpickle when plain pickle cannot).
+        costs: with ``dataset``, a JSONL file of learned per-sample costs: read at the start
+            (with ``costs.rank*``) and written when a pass ends.
     """
 
     def __init__(self, source: Union[None, str, os.PathLike, Sequence[Tuple[Any, float]]] = None,

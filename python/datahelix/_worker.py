@@ -153,9 +153,14 @@ def default_collate(samples: List[Optional[Dict[str, Any]]]) -> Tuple[Plan, List
                         n = 0 if a is None else a.shape[0]
                         if n:
                             dest[i, :n] = a
-                        dest[i, n:] = 0
+                        if n < dest.shape[1]:
+                            dest[i, n:] = 0
 
-                def fill_mask(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
+                def fill_mask(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs,
+                              longest: int = longest) -> None:
+                    if all(a is not None and a.shape[0] == longest for a in arrs):
+                        dest.fill(True)  # nothing padded: one pass
+                        return
                     for i, a in enumerate(arrs):
                         n = 0 if a is None else a.shape[0]
                         dest[i, :n] = True
