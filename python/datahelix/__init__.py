@@ -30,6 +30,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _C
+from ._spec import ArraySpec
 from ._C import (  # noqa: F401  (re-exported)
     DataHelixError,
     DatasetError,
@@ -62,6 +63,7 @@ __all__ = [
     "DatasetError",
     "get_worker_info",
     "default_collate",
+    "ArraySpec",
     "EndOfInputError",
     "InfeasibleError",
     "InvalidArgumentError",
@@ -181,9 +183,11 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     index, costs from ``dataset.estimate_cost(i)``, else the learned ``costs`` file, else
     their mean) and its pickle (``directory/dataset.pkl``); returns the python pipeline
     spec a DataServer runs it with."""
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+    direct = hasattr(dataset, "sample_spec") and hasattr(dataset, "load_into")
+    if not (hasattr(dataset, "__getitem__") or direct) or not hasattr(dataset, "__len__"):
         raise InvalidArgumentError(
-            f"dataset must be map-style (__getitem__ and __len__), not {type(dataset).__name__}")
+            f"dataset must be map-style (__len__, and __getitem__ or sample_spec + load_into), "
+            f"not {type(dataset).__name__}")
     n = len(dataset)
     if n < 1:
         raise InvalidArgumentError("dataset is empty")

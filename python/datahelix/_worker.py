@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ._spec import ArraySpec
+
 MSG_CAP = 200 << 10  # stay under the DataServer's 256 KiB limit
 ERROR_CAP = 4000  # characters of one sample's error kept (the traceback's end)
 META = "__meta__"
@@ -296,6 +298,10 @@ class Worker:
             worker_init_fn(_info.id)
 
     def run_task(self, descs: List[Dict[str, str]]) -> None:
+        if self.collate_fn is None and hasattr(self.dataset, "sample_spec") and \
+                hasattr(self.dataset, "load_into"):
+            self.run_task_direct(descs)
+            return
         n = len(descs)
         samples: List[Optional[Dict[str, Any]]] = [None] * n
         results: List[Dict[str, Any]] = [{} for _ in range(n)]
@@ -360,9 +366,9 @@ class Worker:
             for i, e in enumerate(encoded):
                 dest[i, : len(e)] = np.frombuffer(e, dtype=np.uint8)
         plan.append((META, "uint8", (n, width), fill_meta))
-        msg = {"op": "alloc",
-               "tensors": [{"name": p[0], "dtype": p[1], "shape": list(p[2])} for p in plan],
-               "samples": results}
+        self.exchange(plan, results)
+
+    def _send_capped(self, msg: Dict[str, Any], results: List[Dict[str, Any]]) -> None:
         text = json.dumps(msg, separators=(",", ":"))
         cap = ERROR_CAP
         while len(text) > MSG_CAP and cap > 100:  # many long tracebacks: keep their ends
@@ -372,24 +378,160 @@ class Worker:
                     r["error"] = _trim(r["error"], cap)
             text = json.dumps(msg, separators=(",", ":"))
         self.sock.send(text.encode())
+
+    def exchange(self, plan: Plan, results: List[Dict[str, Any]],
+                 after: Optional[Callable[[Dict[str, np.ndarray]], None]] = None) -> None:
+        """Sends the plan's shapes (alloc), fills each array where the DataServer put it,
+        then `after(dests)` (the direct path's loads, which update `results`), and says done
+        (with the samples' results when `after` ran)."""
+        self._send_capped({"op": "alloc",
+                           "tensors": [{"name": p[0], "dtype": p[1], "shape": list(p[2])}
+                                       for p in plan],
+                           "samples": results}, results)
         answer = self.recv()
         if answer is None:
             sys.exit(0)
+        dests: Dict[str, np.ndarray] = {}
         try:
             for (name, dt, shape, fill), at in zip(plan, answer.get("tensors", [])):
                 where = at["in"]
                 if where == "none":
+                    dests[name] = np.zeros(shape, dtype=dt)
                     continue
                 size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
                 m = self.mapping(where, int(answer.get("scratch_bytes", 0)) if where == "scratch"
                                  else 0)
                 dest = np.ndarray(shape, dtype=dt, buffer=m, offset=int(at["offset"]))
                 assert dest.nbytes == size
-                fill(dest)
-        except Exception as e:  # noqa: BLE001
+                if fill is not None:
+                    fill(dest)
+                dests[name] = dest
+            if after is not None and len(dests) == len(plan):
+                after(dests)
+        except Exception:  # noqa: BLE001
             self.send({"op": "error", "error": _trim(traceback.format_exc())})
             return
-        self.send({"op": "done"})
+        if after is not None and len(dests) == len(plan):
+            self._send_capped({"op": "done", "samples": results}, results)
+        else:
+            self.send({"op": "done"})
+
+    def run_task_direct(self, descs: List[Dict[str, str]]) -> None:
+        """A dataset with sample_spec(i) and load_into(i, arrays): the specs give the batch's
+        shapes, the DataServer places the batch, and load_into writes each sample's arrays
+        into its rows of the slabs: no copy of the sample's bytes on this side."""
+        n = len(descs)
+        specs: List[Optional[Dict[str, Any]]] = [None] * n
+        results: List[Dict[str, Any]] = [{"cpu_s": 0.0} for _ in range(n)]
+        indices = [-1] * n
+        for k, d in enumerate(descs):
+            t0 = time.perf_counter()
+            try:
+                indices[k] = _index_of(d)
+                spec = self.dataset.sample_spec(indices[k])
+                if not isinstance(spec, dict):
+                    raise SampleError(f"sample_spec returned {type(spec).__name__}, not a dict")
+                for key, v in spec.items():
+                    if isinstance(v, ArraySpec) and v.dtype not in DTYPES:
+                        raise SampleError(f"array '{key}' has dtype {v.dtype}; DataHelix "
+                                          f"carries {', '.join(sorted(DTYPES))}")
+                specs[k] = spec
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                results[k]["error"] = self._error(d, indices[k], e, "sample_spec")
+            results[k]["cpu_s"] = time.perf_counter() - t0
+        # the batch's arrays, from the first sample's spec; a sample unlike it fails alone
+        first = next((s for s in specs if s is not None), None)
+        arrays = [key for key, v in first.items() if isinstance(v, ArraySpec)] if first else []
+        for k, s in enumerate(specs):
+            if s is None or s is first:
+                continue
+            assert first is not None
+            odd = set(s) != set(first) or any(
+                not isinstance(s[a], ArraySpec) or s[a].dtype != first[a].dtype or
+                len(s[a].shape) != len(first[a].shape) or s[a].shape[1:] != first[a].shape[1:]
+                for a in arrays)
+            if odd:
+                results[k]["error"] = self._error(descs[k], indices[k], SampleError(
+                    "its sample_spec differs from the batch's first sample's in keys, dtypes "
+                    "or trailing dimensions"))
+                specs[k] = None
+        values = [None if s is None else {key: v for key, v in s.items()
+                                          if not isinstance(v, ArraySpec)} for s in specs]
+        plan: Plan
+        if first is None:
+            plan, rows = [], [{} for _ in range(n)]
+        else:
+            plan, rows = default_collate(values) if any(v for v in values if v) else \
+                ([], [{} for _ in range(n)])
+        lengths: Dict[str, List[int]] = {}
+        for a in arrays:
+            assert first is not None
+            fs = first[a]
+            if not fs.shape:
+                plan.append((a, fs.dtype, (n,), None))
+                continue
+            lens = [0 if s is None else s[a].shape[0] for s in specs]
+            lengths[a] = lens
+            plan.append((a, fs.dtype, (n, max(lens)) + fs.shape[1:], None))
+
+            def fill_mask(dest: np.ndarray, lens: List[int] = lens) -> None:
+                for i, ln in enumerate(lens):
+                    dest[i, :ln] = True
+                    dest[i, ln:] = False
+            plan.append((f"{a}_mask", "bool", (n, max(lens)), fill_mask))
+        # the JSON rows: known now but for the measured cost, written after the loads; the
+        # width reserves room for the two numbers
+        encoded = [json.dumps(r, separators=(",", ":"), default=_json_default).encode()
+                   for r in rows]
+        width = max((len(e) for e in encoded), default=0) + 64
+        plan.append((META, "uint8", (n, width), None))
+
+        def write_meta(dest: np.ndarray) -> None:
+            dest[:] = 0
+            for i, r in enumerate(rows):
+                r["__cpu_s"] = float(results[i]["cpu_s"])
+                if specs[i] is not None and "error" not in results[i]:
+                    r["__bytes"] = int(sum(int(np.prod(specs[i][a].shape, dtype=np.int64)) *
+                                           np.dtype(specs[i][a].dtype).itemsize
+                                           for a in arrays))
+                e = json.dumps(r, separators=(",", ":"), default=_json_default).encode()
+                dest[i, : len(e)] = np.frombuffer(e[:width], dtype=np.uint8)
+
+        def load(dests: Dict[str, np.ndarray]) -> None:
+            for k in range(n):
+                if specs[k] is None:
+                    for a in arrays:
+                        dests[a][k] = 0
+                    continue
+                views = {}
+                for a in arrays:
+                    if a in lengths:
+                        ln = lengths[a][k]
+                        dests[a][k, ln:] = 0
+                        views[a] = dests[a][k, :ln]
+                    else:
+                        views[a] = dests[a][k]
+                t0 = time.perf_counter()
+                try:
+                    self.dataset.load_into(indices[k], views)
+                    biggest = max(views.values(), key=lambda v: v.nbytes, default=None)
+                    count = getattr(self.dataset, "count_tokens", None)
+                    results[k]["tokens"] = int(count(indices[k], views)) if count else (
+                        int(biggest.shape[0]) if biggest is not None and biggest.ndim else 1)
+                except BaseException as e:  # noqa: BLE001
+                    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    results[k]["error"] = self._error(descs[k], indices[k], e, "load_into")
+                    for a in arrays:
+                        dests[a][k] = 0
+                    if lengths:
+                        for a in lengths:
+                            dests[f"{a}_mask"][k] = False
+                results[k]["cpu_s"] += time.perf_counter() - t0
+            write_meta(dests[META])
+        self.exchange(plan, results, after=load)
 
     def _error(self, desc: Dict[str, str], index: int, e: BaseException, where: str = "") -> str:
         idx = index if index >= 0 else desc.get("uri", "")[6:]
@@ -431,8 +573,6 @@ def _json_default(value: Any) -> Any:
 
 
 def main() -> None:
-    # run as __main__: be datahelix._worker too, so get_worker_info() finds this one's state
-    sys.modules.setdefault("datahelix._worker", sys.modules[__name__])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the DataServer's to handle
     fd = int(os.environ.get("DATAHELIX_WORKER_FD", "3"))
     sock = socket.socket(fileno=fd)
@@ -456,6 +596,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m datahelix._worker` runs this file as __main__; the state get_worker_info()
+    # reads lives in the package's datahelix._worker, so that one runs
+    from datahelix import _worker as _package_worker
+    _package_worker.main()
     sys.stdout.flush()
     os._exit(0)

@@ -32,6 +32,11 @@ class WithoutEstimates:
     def __getitem__(self, i: int) -> Any:
         return self.dataset[i]
 
+    def __getattr__(self, name: str) -> Any:  # sample_spec, load_into, count_tokens
+        if name in ("dataset", "estimate_cost") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
 
 def load(spec: str) -> Any:
     module, _, attr = spec.partition(":")

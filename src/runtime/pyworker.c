@@ -8,7 +8,9 @@
  *   -> task   {samples: [{id, uri}]}                         <- alloc {tensors: [{name,
  *             dtype, shape}], samples: [{tokens, cpu_s, error}]}
  *   -> write  {tensors: [{in: "arena"|"scratch", offset}], fds, scratch_bytes}
- *                                                            <- done | error {error}
+ *                                                            <- done [{samples}] | error {error}
+ * (a dataset that loads straight into its slabs, sample_spec + load_into, reports its samples'
+ * results with done: they are known only once the bytes are written).
  * Between alloc and write this thread takes the output buffers from the caller's allocator
  * (arena slabs for a local target): the process collates each array straight into its slab
  * through its own mapping of the arena memfd (passed once, SCM_RIGHTS), so a sample's bytes are
@@ -599,7 +601,22 @@ static int run_once(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_
         release_all(out, release, ctx);
         return fail_samples(out, DH_EDATASET, why);
     }
+    json_t *final = json_object_get(msg, "samples");
+    if (final) { /* a dataset that loads into its slabs: the samples' results come now */
+        for (uint32_t i = 0; i < out->n_samples; i++) {
+            dh_free(out->samples[i].error);
+            out->samples[i].error = NULL;
+            out->samples[i].status = 0;
+        }
+        out->failed = 0;
+        out->cpu_s = 0;
+        rc = take_samples(w, final, out);
+    }
     json_decref(msg);
+    if (rc) {
+        release_all(out, release, ctx);
+        return rc;
+    }
     for (size_t t = 0; t < out->n_tensors; t++) {
         dh__rt_tensor_t *o = &out->tensors[t];
         if (o->tensor.nbytes && !(o->handle.arena_id && w->arena_fd >= 0)) {

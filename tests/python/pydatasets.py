@@ -74,3 +74,28 @@ class Costly:
 def make_clips():
     """A factory for `datahelix server --dataset pydatasets:make_clips`."""
     return Clips(n=24)
+
+
+class IntoSlabs:
+    """The zero-copy form: sample_spec(i) declares the arrays (ArraySpec) and the other
+    values, load_into(i, arrays) writes the arrays into the batch's slab rows. Index `fail`
+    raises in load_into."""
+
+    def __init__(self, n=16, fail=-1):
+        self.n, self.fail = n, fail
+        self.pointers = []
+
+    def __len__(self):
+        return self.n
+
+    def sample_spec(self, i):
+        import datahelix
+        return {"video": datahelix.ArraySpec(clip(i).shape, "uint8"),
+                "caption": f"clip number {i}", "label": i * 10}
+
+    def load_into(self, i, arrays):
+        if i == self.fail:
+            raise OSError(f"clip {i} is unreadable")
+        out = arrays["video"]
+        out[...] = clip(i)  # a decoder would write here directly
+        out.flags.writeable = True

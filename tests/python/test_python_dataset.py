@@ -252,3 +252,28 @@ def test_a_remote_sidecar_runs_the_dataset_from_its_module(datahelix, tmp_path):
                         "--node", "x", "--workers", "1", "--dataset", "no-colon"],
                        check=True, capture_output=True, text=True)
     assert "MODULE:FACTORY" in bad.value.stderr
+
+
+def test_a_dataset_can_load_straight_into_the_slabs(datahelix, tmp_path):
+    """sample_spec + load_into: the worker hands the dataset views of the batch's slab rows
+    (the zero-copy form); the batch is what the default collate would make of the same
+    samples, failures are named, and learned costs are recorded."""
+    costs = tmp_path / "costs.jsonl"
+    ds = pydatasets.IntoSlabs(n=16, fail=9)
+    with datahelix.DataLoader(dataset=ds, batch_size=4, workers=2, timeout=60,
+                              on_error="skip", costs=costs) as dl:
+        batches = list(dl)
+    assert sorted(i for b in batches for i in b["indices"]) == list(range(16))
+    for b in batches:
+        errors = dict(zip(b["indices"], b["errors"]))
+        ok = dict(b)
+        if 9 in errors:
+            assert "dataset[9]" in errors[9] and "OSError: clip 9 is unreadable" in errors[9]
+            row = b["indices"].index(9)
+            assert not b["video"][row].any() and not b["video_mask"][row].any()
+            continue
+        check_batch(ok, ds)
+    rows = [json.loads(line) for line in costs.read_text().splitlines()]
+    assert sorted(int(r["id"]) for r in rows) == [i for i in range(16) if i != 9]
+    for r in rows:
+        assert r["out_bytes"] == pydatasets.clip(int(r["id"])).nbytes and r["cpu_s"] > 0
