@@ -84,7 +84,8 @@ typedef struct delivery {
     dh_wire_received_t r;
 } delivery_t;
 
-static void deliver(rig_t *rig, uint64_t seq, const char *text, delivery_t *d)
+static void deliver_to(rig_t *rig, const char *client_id, uint64_t seq, const char *text,
+                       delivery_t *d)
 {
     memset(d, 0, sizeof *d);
     size_t len = strlen(text);
@@ -104,7 +105,7 @@ static void deliver(rig_t *rig, uint64_t seq, const char *text, delivery_t *d)
     d->tensor.generation = d->handle.generation;
     dh_msg_deliver_t *m = &d->r.msg.deliver;
     d->r.msg.type = DH_MSG_DELIVER;
-    m->client_id = rig->c->id;
+    m->client_id = (char *)client_id;
     m->seq = seq;
     m->n_tensors = 1;
     m->tensors = &d->tensor;
@@ -122,6 +123,11 @@ static void deliver(rig_t *rig, uint64_t seq, const char *text, delivery_t *d)
         dh_free(m->samples[0].error);
         dh_free(m->samples);
     }
+}
+
+static void deliver(rig_t *rig, uint64_t seq, const char *text, delivery_t *d)
+{
+    deliver_to(rig, rig->c->id, seq, text, d);
 }
 
 static dh_shm_arena_stats_t arena_stats(const rig_t *rig)
@@ -233,12 +239,29 @@ static void duplicate_part_after_the_join_is_dropped(void **state)
     rig_destroy(&rig);
 }
 
+/* A DELIVER addressed to another client (a DataServer's bug, or a stale routing id) is
+ * refused: not filed, not counted as a delivery, and its slabs go back at once (else they
+ * stayed held until this client died). */
+static void deliver_for_another_client_is_refused_and_released(void **state)
+{
+    rig_t rig;
+    rig_new(&rig, 1, 2);
+    delivery_t stray;
+    deliver_to(&rig, "test-node-rank1", 0, "not mine", &stray);
+    assert_false(rig.c->ring[0].ready);
+    assert_int_equal(arena_stats(&rig).allocations_live, 0);
+    assert_int_equal(dh_shm_arena_refcount(rig.server, &stray.handle), -ESTALE);
+    assert_int_equal(client_stats(&rig).deliveries, 0);
+    rig_destroy(&rig);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(duplicate_deliver_is_dropped_and_its_slabs_released),
         cmocka_unit_test(deliver_outside_the_window_is_dropped_and_its_slabs_released),
         cmocka_unit_test(duplicate_part_after_the_join_is_dropped),
+        cmocka_unit_test(deliver_for_another_client_is_refused_and_released),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

@@ -233,6 +233,27 @@ static void arena_alloc_unref_collect_reuses_slabs(void **state)
     dh_shm_arena_destroy(&a);
 }
 
+/* The newest allocation, released and collected: its handle is stale (-ESTALE: it was
+ * issued), not invalid; a generation never issued at that offset is invalid. The boundary
+ * is generation == the last issued. */
+static void arena_newest_allocation_collected_is_stale(void **state)
+{
+    dh_shm_arena_t *a = new_arena();
+    dh_shm_handle_t older = alloc_ok(a, SLAB, 0, NULL);
+    dh_shm_handle_t newest = alloc_ok(a, SLAB, 0, NULL);
+    assert_int_equal(dh_shm_arena_unref(a, &newest), 0);
+    assert_int_equal(dh_shm_arena_collect(a), SLAB);
+    void *q = NULL;
+    assert_int_equal(dh_shm_arena_resolve(a, &newest, &q), -ESTALE);
+    assert_int_equal(dh_shm_arena_refcount(a, &newest), -ESTALE);
+    assert_int_equal(dh_shm_arena_unref(a, &newest), -ESTALE);
+    dh_shm_handle_t never = newest;
+    never.generation++;
+    expect_error(dh_shm_arena_resolve(a, &never, &q), DH_EINVAL, "no allocation starts");
+    assert_int_equal(dh_shm_arena_unref(a, &older), 0);
+    dh_shm_arena_destroy(&a);
+}
+
 static void arena_multi_slab_allocations_are_contiguous(void **state)
 {
     dh_shm_arena_t *a = new_arena();
@@ -967,6 +988,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_new_lays_out_header_and_slabs),
     cmocka_unit_test(arena_new_rejects_bad_sizes),
     cmocka_unit_test(arena_alloc_unref_collect_reuses_slabs),
+    cmocka_unit_test(arena_newest_allocation_collected_is_stale),
     cmocka_unit_test(arena_multi_slab_allocations_are_contiguous),
     cmocka_unit_test(arena_first_fit_finds_a_hole),
     cmocka_unit_test(arena_full_gives_eagain_then_recovers),
