@@ -106,7 +106,8 @@ test-python: build $(VENV_PY)
 
 # The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
 # in a scratch copy (build-mutate/; the working tree is never edited); fails under the
-# minimum kill rate. Not part of `make test`: about 5-40 minutes with -j1, by machine.
+# minimum kill rate. Not part of `make test`: 2-3 minutes on 2 cores once build-mutate/
+# is built (the first run builds it: a full build).
 # MUTATE_ARGS="--only NAME" for one mutant, "--list" to see them.
 MUTATE_ARGS ?=
 mutate:
