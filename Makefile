@@ -25,7 +25,7 @@ VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers bench-python format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate demo bench-peers bench-python format format-check clean help
 
 all: build
 
@@ -34,6 +34,7 @@ help:
 	@echo "make deps       install missing Debian packages, and requirements.txt into .venv (idempotent)"
 	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan"
 	@echo "make test-unit  the C tests (ctest)    make test-python  the pytest suite (tests/python, in .venv)"
+	@echo "make mutate     the mutation check of the tests (scripts/mutate.py, docs/testing.md; not in make test)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
@@ -104,6 +105,15 @@ test-python: build $(VENV_PY)
 	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
 	    $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
+# The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
+# in a scratch copy (build-mutate/; the working tree is never edited); fails under the
+# minimum kill rate. Not part of `make test`: 2-3 minutes on 2 cores once build-mutate/
+# is built (the first run builds it: a full build).
+# MUTATE_ARGS="--only NAME" for one mutant, "--list" to see them.
+MUTATE_ARGS ?=
+mutate:
+	python3 scripts/mutate.py --jobs 1 $(MUTATE_ARGS)
+
 # README's two commands: set-up first (make deps), then the rest in a second make, so the
 # order holds under -j too.
 test: deps
@@ -146,4 +156,4 @@ format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-mutate out

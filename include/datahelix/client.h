@@ -275,16 +275,19 @@ DH_EXTERN void dh_client_batch_release(dh_client_batch_t **b);
 
 typedef struct dh_client_stats {
     uint64_t batches, samples, samples_failed;
-    uint64_t requests_sent, deliveries, duplicates_dropped;
-    uint64_t bytes_delivered; /* tensor bytes of delivered batches */
-    uint64_t copied_tensors;  /* tensors that came by copy, not in the arena (a full arena) */
-    uint64_t copy_bytes;      /* bytes the fanout join copied (payload bytes, not emulated) */
-    uint64_t notices;         /* deliveries that came on the local notice channel (the rest
-                                 came over ZeroMQ: sidecar frames, spills, a full channel) */
-    double wait_s;            /* total time next() blocked */
-    double s_per_token;       /* learned compute seconds per token (0 before data) */
-    uint64_t steps_total;     /* batches this client will deliver */
-    uint64_t prefetch_now;    /* the prefetch horizon now (prefetch, or deeper once grown) */
+    uint64_t requests_sent, deliveries;
+    uint64_t duplicates_dropped; /* DELIVERs dropped: a seq outside the window or already
+                                    filled (a request executed twice after a fault); their
+                                    slabs go back to the arena at once */
+    uint64_t bytes_delivered;    /* tensor bytes of delivered batches */
+    uint64_t copied_tensors;     /* tensors that came by copy, not in the arena (a full arena) */
+    uint64_t copy_bytes;         /* bytes the fanout join copied (payload bytes, not emulated) */
+    uint64_t notices;            /* deliveries that came on the local notice channel (the rest
+                                    came over ZeroMQ: sidecar frames, spills, a full channel) */
+    double wait_s;               /* total time next() blocked */
+    double s_per_token;          /* learned compute seconds per token (0 before data) */
+    uint64_t steps_total;        /* batches this client will deliver */
+    uint64_t prefetch_now;       /* the prefetch horizon now (prefetch, or deeper once grown) */
     /* Prefetch in bytes: estimated decoded bytes of the batches requested and not yet
      * returned, plus the batch last returned (as of the last admission, and the most at
      * any admission of a batch beyond the first in flight, which goes however large), and

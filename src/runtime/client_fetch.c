@@ -262,7 +262,7 @@ int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *ou
     return 0;
 }
 
-static void on_deliver(dh_client_t *c, dh_wire_received_t *r)
+void dh__client_on_deliver(dh_client_t *c, dh_wire_received_t *r)
 {
     dh_msg_deliver_t *m = &r->msg.deliver;
     if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
@@ -375,7 +375,7 @@ static void notice_receive(dh_client_t *c)
     }
     if (got == 1 && r.msg.type == DH_MSG_DELIVER) {
         dh__count(&c->counters.notices, 1);
-        on_deliver(c, &r);
+        dh__client_on_deliver(c, &r);
     }
     dh_wire_received_release(&r);
 }
@@ -441,7 +441,7 @@ void *dh__client_fetcher_main(void *arg)
         if (rc)
             continue;
         if (r.msg.type == DH_MSG_DELIVER)
-            on_deliver(c, &r);
+            dh__client_on_deliver(c, &r);
         dh_wire_received_release(&r);
     }
     return NULL;

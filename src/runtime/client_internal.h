@@ -251,6 +251,14 @@ int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds);
 /* The fetcher thread (pthread_create's start routine; arg is the client). */
 void *dh__client_fetcher_main(void *arg);
 
+/* Files a DELIVER that came on the notice channel or the data socket (fetcher thread): its
+ * handles resolved into a part, filed in the ring by seq; a seq outside the window
+ * [consumed, planned) x fanout, or one already filled, is a duplicate: dropped, its slabs
+ * given back at once, counted in duplicates_dropped. With fanout > 1 the batch's last part
+ * joins the batch. r->msg's samples may be taken; the caller still releases r.
+ * tests/runtime/test_client_fetch.c drives it with a client made by hand. */
+void dh__client_on_deliver(dh_client_t *c, dh_wire_received_t *r);
+
 /* Joins a batch's parts into parts[0] (fanout > 1; see client_fetch.c). 0 or a code, with
  * the reason in why. */
 int dh__client_join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap);

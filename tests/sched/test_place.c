@@ -174,6 +174,28 @@ static void place_backpressure_excludes_full_servers(void **state)
     assert_int_equal(place(DH_POLICY_LEAST_REQUEST, s, 3, &r, &d, c), DH_EAGAIN);
 }
 
+/* Full means queue_len >= queue_cap: one below the cap is still eligible (and, fastest,
+ * chosen), and a cap of 0 means no cap. */
+static void place_queue_one_below_cap_is_eligible(void **state)
+{
+    dh_server_state_t s[3] = {server(0, 2.0), server(1, 0.2), server(1, 0.6)};
+    s[1].queue_len = s[1].queue_cap - 1;
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[3];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(c[1].status, DH_CANDIDATE_OK);
+    assert_int_equal(d.server, 1);
+    s[1].queue_len = s[1].queue_cap;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(c[1].status, DH_CANDIDATE_FULL);
+    s[1].queue_cap = 0;
+    s[1].queue_len = 1000;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    assert_int_equal(c[1].status, DH_CANDIDATE_OK);
+    assert_int_equal(d.server, 1);
+}
+
 static void place_dead_servers_excluded(void **state)
 {
     dh_server_state_t s[3] = {server(0, 2.0), server(1, 0.2), server(1, 0.6)};
@@ -382,6 +404,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(place_least_transfer_among_those_meeting),
     cmocka_unit_test(place_earliest_finish_when_all_miss),
     cmocka_unit_test(place_backpressure_excludes_full_servers),
+    cmocka_unit_test(place_queue_one_below_cap_is_eligible),
     cmocka_unit_test(place_dead_servers_excluded),
     cmocka_unit_test(place_queue_delays_a_busy_server),
     cmocka_unit_test(place_ties_break_on_lowest_index),

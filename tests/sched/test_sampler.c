@@ -84,6 +84,30 @@ static void sampler_epoch_steps_cover_distinct_prefix(void **state)
     dh_sampler_destroy(&s);
 }
 
+/* The shuffle is uniform over orders: of 3 items, every one of the 6 orders comes up over
+ * 300 epochs (about 50 each). A shuffle that always moves every item (Sattolo's: j drawn
+ * below i, not up to it) yields only the 2 cyclic orders, and one that never swaps the
+ * first two items 3 of the 6; both still look like permutations to the other tests. */
+static void sampler_shuffle_reaches_every_order(void **state)
+{
+    dh_sampler_t *s = NULL;
+    assert_int_equal(dh_sampler_new(&s, 3, 3, 42, 1), 0);
+    int seen[3][3][3] = {{{0}}};
+    for (uint64_t epoch = 0; epoch < 300; epoch++) {
+        uint32_t ids[3];
+        assert_int_equal(dh_sampler_step(s, epoch, ids), 0); /* one step per epoch */
+        assert_true(ids[0] < 3 && ids[1] < 3 && ids[2] < 3);
+        seen[ids[0]][ids[1]][ids[2]]++;
+    }
+    static const uint32_t orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                                          {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    for (int k = 0; k < 6; k++)
+        if (seen[orders[k][0]][orders[k][1]][orders[k][2]] == 0)
+            fail_msg("order %u %u %u never drawn in 300 epochs", orders[k][0], orders[k][1],
+                     orders[k][2]);
+    dh_sampler_destroy(&s);
+}
+
 static void sampler_shuffle_off_is_identity(void **state)
 {
     dh_sampler_t *s = NULL;
@@ -130,6 +154,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sampler_same_seed_same_order),
     cmocka_unit_test(sampler_different_seeds_and_epochs_differ),
     cmocka_unit_test(sampler_epoch_steps_cover_distinct_prefix),
+    cmocka_unit_test(sampler_shuffle_reaches_every_order),
     cmocka_unit_test(sampler_shuffle_off_is_identity),
     cmocka_unit_test(sampler_rejects_bad_sizes),
     cmocka_unit_test(sampler_survives_each_allocation_failure),

@@ -1,7 +1,7 @@
 /* Tests of the shared-memory arena: allocation, reuse, fragmentation, backpressure, handle
  * validation, attach validation, cross-process use (inherited fd and SCM_RIGHTS), clients
- * killed while holding references, concurrent counts, allocation failures, memory reserved
- * only as far as used.
+ * killed while holding references (and a live one's kept), concurrent counts, allocation
+ * failures, memory reserved only as far as used.
  *
  * Children are forked and report through their exit status (cmocka's asserts belong to the
  * parent); the parent waits on pipes and sockets with poll() and a timeout, never a sleep. */
@@ -230,6 +230,27 @@ static void arena_alloc_unref_collect_reuses_slabs(void **state)
     dh_shm_handle_t fourth = alloc_ok(a, 1, 0, NULL);
     assert_int_equal(fourth.offset, first.offset);
     assert_int_equal(stats_of(a).slabs_reclaimable, 0);
+    dh_shm_arena_destroy(&a);
+}
+
+/* The newest allocation, released and collected: its handle is stale (-ESTALE: it was
+ * issued), not invalid; a generation never issued at that offset is invalid. The boundary
+ * is generation == the last issued. */
+static void arena_newest_allocation_collected_is_stale(void **state)
+{
+    dh_shm_arena_t *a = new_arena();
+    dh_shm_handle_t older = alloc_ok(a, SLAB, 0, NULL);
+    dh_shm_handle_t newest = alloc_ok(a, SLAB, 0, NULL);
+    assert_int_equal(dh_shm_arena_unref(a, &newest), 0);
+    assert_int_equal(dh_shm_arena_collect(a), SLAB);
+    void *q = NULL;
+    assert_int_equal(dh_shm_arena_resolve(a, &newest, &q), -ESTALE);
+    assert_int_equal(dh_shm_arena_refcount(a, &newest), -ESTALE);
+    assert_int_equal(dh_shm_arena_unref(a, &newest), -ESTALE);
+    dh_shm_handle_t never = newest;
+    never.generation++;
+    expect_error(dh_shm_arena_resolve(a, &never, &q), DH_EINVAL, "no allocation starts");
+    assert_int_equal(dh_shm_arena_unref(a, &older), 0);
     dh_shm_arena_destroy(&a);
 }
 
@@ -698,6 +719,120 @@ static void arena_reclaim_dead_frees_killed_client_slabs(void **state)
     dh_shm_arena_destroy(&a);
 }
 
+/* A client of the arena, forked: attaches by the inherited fd, takes the handle it reads
+ * from `in` as its own (ref_for its pid: it becomes the holder), acks on `out`, and holds
+ * it. On 'v' it checks every byte is `fill`, unrefs, acks and exits 0; it never gets 'v'
+ * when it is to be killed. */
+static pid_t fork_holder(dh_shm_arena_t *a, unsigned char fill, int *to_child, int *to_parent)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        dh_shm_arena_t *b = NULL;
+        CHILD_EXPECT(dh_shm_arena_attach(&b, dh_shm_arena_fd(a)) == 0);
+        dh_shm_handle_t h;
+        child_read_exact(down[0], &h, sizeof h);
+        CHILD_EXPECT(dh_shm_arena_ref_for(b, &h, getpid()) == 0);
+        CHILD_EXPECT(write(up[1], "k", 1) == 1);
+        char cmd = 0;
+        child_read_exact(down[0], &cmd, 1);
+        CHILD_EXPECT(cmd == 'v');
+        unsigned char *p = NULL;
+        CHILD_EXPECT(dh_shm_arena_resolve(b, &h, (void **)&p) == 0);
+        for (size_t i = 0; i < h.length; i++)
+            CHILD_EXPECT(p[i] == fill);
+        CHILD_EXPECT(dh_shm_arena_unref(b, &h) == 0);
+        CHILD_EXPECT(write(up[1], "d", 1) == 1);
+        _exit(0);
+    }
+    close(down[0]);
+    close(up[1]);
+    *to_child = down[1];
+    *to_parent = up[0];
+    return pid;
+}
+
+/* Hands `h` to a forked holder and waits for its ack; then drops this process's reference,
+ * so the child is the allocation's only holder. */
+static void give_to_holder(dh_shm_arena_t *a, const dh_shm_handle_t *h, int to_child, int to_parent)
+{
+    assert_int_equal(write(to_child, h, sizeof *h), sizeof *h);
+    wait_readable(to_parent, 5000);
+    char ack = 0;
+    read_exact(to_parent, &ack, 1);
+    assert_int_equal(ack, 'k');
+    assert_int_equal(dh_shm_arena_refcount(a, h), 2);
+    assert_int_equal(dh_shm_arena_unref(a, h), 0);
+}
+
+/* Two clients hold batches; one is killed. Reclaiming drops the dead one's allocation only:
+ * the live one's keeps its count, its holder and its bytes, even once the dead one's slabs
+ * are reused (first fit puts the next batch there), and the live client then releases it
+ * itself. The dead holder's allocation lies first in the arena, so a reclaim that judged a
+ * holder by what it saw before (errno left from the dead one's kill()) would drop the live
+ * one too; and one that skipped the liveness check would drop both (issue 17). */
+static void arena_reclaim_dead_keeps_live_clients_slabs(void **state)
+{
+    dh_shm_arena_t *a = new_arena();
+    unsigned char *dead_bytes, *live_bytes;
+    dh_shm_handle_t dead_h = alloc_ok(a, 2 * SLAB, 0, (void **)&dead_bytes);
+    dh_shm_handle_t live_h = alloc_ok(a, SLAB + SLAB / 2, 0, (void **)&live_bytes);
+    memset(dead_bytes, 'D', dead_h.length);
+    memset(live_bytes, 'L', live_h.length);
+    int dead_in, dead_out, live_in, live_out;
+    pid_t dead = fork_holder(a, 'D', &dead_in, &dead_out);
+    pid_t live = fork_holder(a, 'L', &live_in, &live_out);
+    give_to_holder(a, &dead_h, dead_in, dead_out);
+    give_to_holder(a, &live_h, live_in, live_out);
+
+    assert_int_equal(dh_shm_arena_reclaim_dead(a), 0); /* both alive */
+    assert_int_equal(stats_of(a).allocations_live, 2);
+
+    assert_int_equal(kill(dead, SIGKILL), 0);
+    int status = 0;
+    assert_int_equal(waitpid(dead, &status, 0), dead); /* reaped: kill(pid, 0) says ESRCH */
+    assert_true(WIFSIGNALED(status));
+
+    assert_int_equal(dh_shm_arena_reclaim_dead(a), 1);
+    dh_shm_arena_stats_t s = stats_of(a);
+    assert_int_equal(s.allocations_live, 1);
+    assert_int_equal(s.slabs_used, 2); /* the dead one's 2 slabs collected */
+    assert_int_equal(dh_shm_arena_refcount(a, &dead_h), -ESTALE);
+    assert_int_equal(dh_shm_arena_refcount(a, &live_h), 1);
+    assert_int_equal(dh_shm_arena_reclaim_dead(a), 0);
+
+    /* the next batch takes the dead one's slabs, not the live one's */
+    unsigned char *next_bytes;
+    dh_shm_handle_t next = alloc_ok(a, 2 * SLAB, 0, (void **)&next_bytes);
+    assert_int_equal(next.offset, dead_h.offset);
+    memset(next_bytes, 'N', next.length);
+    for (size_t i = 0; i < live_h.length; i++)
+        if (live_bytes[i] != 'L')
+            fail_msg("live client's byte %zu is '%c', not 'L'", i, live_bytes[i]);
+
+    /* the live client still holds its batch: it checks the bytes and releases it */
+    assert_int_equal(write(live_in, "v", 1), 1);
+    wait_readable(live_out, 5000);
+    char ack = 0;
+    read_exact(live_out, &ack, 1);
+    assert_int_equal(ack, 'd');
+    expect_exit_zero(live);
+    assert_int_equal(dh_shm_arena_refcount(a, &live_h), -ESTALE);
+    assert_int_equal(dh_shm_arena_unref(a, &next), 0);
+    dh_shm_arena_collect(a);
+    assert_int_equal(stats_of(a).slabs_used, 0);
+    close(dead_in);
+    close(dead_out);
+    close(live_in);
+    close(live_out);
+    dh_shm_arena_destroy(&a);
+}
+
 /* ---- threads --------------------------------------------------------------------------- */
 
 #define THREADS 8
@@ -853,6 +988,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_new_lays_out_header_and_slabs),
     cmocka_unit_test(arena_new_rejects_bad_sizes),
     cmocka_unit_test(arena_alloc_unref_collect_reuses_slabs),
+    cmocka_unit_test(arena_newest_allocation_collected_is_stale),
     cmocka_unit_test(arena_multi_slab_allocations_are_contiguous),
     cmocka_unit_test(arena_first_fit_finds_a_hole),
     cmocka_unit_test(arena_full_gives_eagain_then_recovers),
@@ -864,6 +1000,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_child_attaches_via_scm_rights),
     cmocka_unit_test(shm_recv_fd_rejects_messages_without_one_fd),
     cmocka_unit_test(arena_reclaim_dead_frees_killed_client_slabs),
+    cmocka_unit_test(arena_reclaim_dead_keeps_live_clients_slabs),
     cmocka_unit_test(arena_concurrent_ref_unref_keeps_count),
     cmocka_unit_test(arena_concurrent_last_unref_releases_once),
     cmocka_unit_test(arena_survives_each_allocation_failure),

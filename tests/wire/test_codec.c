@@ -671,6 +671,15 @@ static void wire_rejects_huge_counts_and_lengths(void **state)
      * out, not by an allocation of the claimed size. */
     dh_msg_t rq = fixture(DH_MSG_REQUEST);
     assert_int_equal(decode_poked(&rq, 42, 4, "samples[3].id"), DH_EPARSE);
+    /* A count as large as the bytes left: each sample takes more than one byte, so the count
+     * check itself refuses it (before allocating count x element size), naming the count,
+     * not an element that ran out. */
+    encoded_t e = encode(&rq);
+    uint32_t left = (uint32_t)(e.body_len - 46); /* after the count at 42 */
+    dh_free(e.body);
+    assert_true(left >= 2);
+    assert_int_equal(decode_poked(&rq, 42, left, "n_samples"), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "needs at least"));
 }
 
 /* Decodes the DELIVER fixture after edit() changes one tensor; expects DH_EPARSE naming want. */

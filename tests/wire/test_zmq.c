@@ -232,6 +232,14 @@ static void zmq_send_checks_payloads_against_tensors(void **state)
     assert_int_equal(dh_wire_send(dealer, NULL, 0, &req, one, 1, 0), DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "only DELIVER"));
     assert_int_equal(atomic_load(&payloads_freed), 4);
+    /* more frames than a message may carry: refused by the cap, every one freed */
+    static dh_wire_payload_t many[DH_WIRE_MAX_PAYLOADS + 1];
+    for (size_t i = 0; i < DH_WIRE_MAX_PAYLOADS + 1; i++)
+        many[i] = (dh_wire_payload_t){video, sizeof video, count_free, NULL};
+    assert_int_equal(dh_wire_send(dealer, NULL, 0, &del, many, DH_WIRE_MAX_PAYLOADS + 1, 0),
+                     DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "payload frames, at most"));
+    assert_int_equal(atomic_load(&payloads_freed), 4 + DH_WIRE_MAX_PAYLOADS + 1);
     dh_wire_socket_destroy(&dealer);
     assert_int_equal(zmq_ctx_term(ctx), 0);
 }

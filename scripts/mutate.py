@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""mutate.py: a small mutation check of the tests (issue 17, "tests that catch what they claim").
+
+Each mutant below is one single-line edit of src/ (a comparison flipped, an off-by-one, a
+check dropped, two things swapped): file, the exact original text (unique in its file),
+its replacement, a name, and the ctest regex of the tests that should catch it. For each
+mutant the script applies the edit to a scratch copy of the source tree (never to the
+working tree: <repo>/build-mutate/src, its own build in build-mutate/build), builds the
+library, the CLI and the test executables those tests need with ninja, runs those tests
+with a timeout, and restores the file. A mutant is
+
+    killed    a test failed or timed out,
+    survived  every test passed (the tests do not catch it: write one, or explain in
+              docs/testing.md why the mutant is equivalent),
+    invalid   it does not compile (warnings are errors): not counted either way.
+
+It prints a table and the kill rate, killed / (killed + survived), and exits 1 when the
+rate is under --min-kill-rate (default 0.9), 2 on a usage or set-up error (a mutant whose
+original text is not found exactly once, the unmutated tests failing). `make mutate` runs
+it; it is not part of `make test` (138 s for 41 mutants on 2 cores with build-mutate/ built;
+the first run also builds it). docs/testing.md has the latest table.
+
+    scripts/mutate.py                 every mutant
+    scripts/mutate.py --list          the mutants, their lines and tests
+    scripts/mutate.py --only NAME     one mutant (repeatable)
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+# (name, file, original, replacement, tests regex)
+MUTANTS = [
+    # ---- src/sched/ ----
+    ("place-local-meets-strict", "src/sched/place.c",
+     "if (local_ok && t_local <= deadline) {",
+     "if (local_ok && t_local < deadline) {",
+     r"^sched\.test_place\."),
+    ("place-remote-gain-ignores-margin", "src/sched/place.c",
+     "t_remote <= deadline && t_local - t_remote > margin)",
+     "t_remote <= deadline && t_local - t_remote > 0)",
+     r"^sched\.test_place\."),
+    ("place-same-node-not-first", "src/sched/place.c",
+     "if (best_same >= 0 && t_best_same <= deadline)",
+     "if (0 && best_same >= 0 && t_best_same <= deadline)",
+     r"^sched\.test_place\."),
+    ("place-queue-cap-off-by-one", "src/sched/place.c",
+     "unsigned full = (uint32_t)(s->queue_cap - 1) < s->queue_len;",
+     "unsigned full = (uint32_t)(s->queue_cap - 1) <= s->queue_len;",
+     r"^sched\.test_place\."),
+    ("place-earliest-ignores-local", "src/sched/place.c",
+     "int32_t earliest = local_ok ? better(local, t_local, best_remote, t_remote) : best_remote;",
+     "int32_t earliest = local_ok && best_remote < 0 ? local : best_remote;",
+     r"^sched\.test_place\."),
+    ("fanout-part-sizes-off-by-one", "src/sched/plan.c",
+     "w.cap[p] = (uint32_t)(n / parts) + (p < n % parts);",
+     "w.cap[p] = (uint32_t)(n / parts) + (p <= n % parts);",
+     r"^sched\.test_plan\."),
+    ("share-ignores-window-step", "src/sched/plan.c",
+     "if (step_of[i] == at && rank_of[i] == (int32_t)rank && n < cap)",
+     "if ((step_of[i] == at || w > 1) && rank_of[i] == (int32_t)rank && n < cap)",
+     r"^sched\.test_(share|plan)\."),
+    ("share-last-window-past-epoch", "src/sched/plan.c",
+     "w = left < cfg->window_steps ? (uint32_t)left : cfg->window_steps;",
+     "w = left < cfg->window_steps ? (uint32_t)left + 1 : cfg->window_steps;",
+     r"^sched\.test_(share|plan)\."),
+    ("deadline-next-batch-zero", "src/sched/deadline.c",
+     "if (consumed == 0 || b < consumed)",
+     "if (consumed == 0 || b <= consumed)",
+     r"^sched\.test_deadline\."),
+    ("deadline-negative-not-clamped", "src/sched/deadline.c",
+     "if (d < 0)",
+     "if (d < -1e9)",
+     r"^sched\.test_deadline\."),
+    ("byte-horizon-first-not-always", "src/sched/deadline.c",
+     "if (k > 0 && !(sum + b <= budget))",
+     "if (!(sum + b <= budget))",
+     r"^sched\.test_deadline\."),
+    ("byte-horizon-strict-fit", "src/sched/deadline.c",
+     "if (k > 0 && !(sum + b <= budget))",
+     "if (k > 0 && !(sum + b < budget))",
+     r"^sched\.test_deadline\."),
+    ("prefetch-doubling-past-max", "src/sched/deadline.c",
+     "return horizon <= max - horizon ? 2 * horizon : max;",
+     "return 2 * horizon;",
+     r"^sched\.test_deadline\."),
+    ("prefetch-ignores-full-arena", "src/sched/deadline.c",
+     "!(arena_used < 0.5))",
+     "!(arena_used < 1.5))",
+     r"^sched\.test_deadline\."),
+    ("sampler-same-order-every-epoch", "src/sched/sampler.c",
+     "dh_rng_seed(&rng, dh_rng_mix(s->seed, epoch));",
+     "dh_rng_seed(&rng, dh_rng_mix(s->seed, 0));",
+     r"^sched\.test_sampler\."),
+    ("sampler-stale-epoch-kept", "src/sched/sampler.c",
+     "if (!sampler->have_epoch || sampler->epoch != epoch)",
+     "if (!sampler->have_epoch)",
+     r"^sched\.test_sampler\."),
+    ("sampler-shuffle-sattolo", "src/sched/sampler.c",
+     "size_t j = (size_t)dh_rng_below(&rng, (uint64_t)i + 1);",
+     "size_t j = (size_t)dh_rng_below(&rng, (uint64_t)i);",
+     r"^sched\.test_sampler\."),
+    # ---- src/media/ (named in issue 17) ----
+    ("random-window-last-start-unreachable", "src/media/sampling.c",
+     "int64_t start = (int64_t)dh_rng_below(&rng, (uint64_t)(count - span + 1));",
+     "int64_t start = (int64_t)dh_rng_below(&rng, (uint64_t)(count - span + (count == span)));",
+     r"^media\.test_sampling\."),
+    # ---- src/runtime/ ----
+    ("duplicate-check-removed", "src/runtime/client_fetch.c",
+     "bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);",
+     "bool dup = false && (p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq));",
+     r"^runtime\.test_client_fetch\."),
+    ("duplicate-window-end-off-by-one", "src/runtime/client_fetch.c",
+     "bool dup = p.seq < lo || p.seq >= hi || (slot->ready && slot->seq == p.seq);",
+     "bool dup = p.seq < lo || p.seq > hi || (slot->ready && slot->seq == p.seq);",
+     r"^runtime\.test_client_fetch\."),
+    ("refused-deliver-keeps-slabs", "src/runtime/client_fetch.c",
+     "        if (a) {",
+     "        if (!a) {",
+     r"^runtime\.test_client_fetch\."),
+    ("fanout-join-parts-reversed", "src/runtime/client_fetch.c",
+     "column[k] = parts[k].n_tensors ? &parts[k].tensors[t] : NULL;",
+     "column[k] = parts[n_parts - 1 - k].n_tensors ? &parts[n_parts - 1 - k].tensors[t] : NULL;",
+     r"^runtime\.test_client(_fetch)?\.(embedded_fanout_joins_microbatches|duplicate_part)"),
+    ("fanout-request-parts-reversed", "src/runtime/client_send.c",
+     "if (part_of[i] != p)",
+     "if (part_of[i] != parts - 1 - p)",
+     r"^runtime\.test_client\.embedded_fanout_joins_microbatches$"),
+    ("reclaim-never-runs", "src/runtime/dataserver.c",
+     "if (s->arena && now - last_reclaim > 200000000ull) {",
+     "if (s->arena && now - last_reclaim > 200000000ull && 0) {",
+     r"^runtime\.test_dataserver\."),
+    ("delivery-does-not-name-holder", "src/runtime/dataserver.c",
+     "dh_shm_arena_ref_for(s->arena, &tensors[i].handle, (pid_t)kc->pid) == 0)",
+     "dh_shm_arena_ref(s->arena, &tensors[i].handle) == 0)",
+     r"^runtime\.test_dataserver\."),
+    ("coordinator-never-declares-dead", "src/runtime/coordinator.c",
+     "if (s->alive && now - s->last_seen_ns > limit) {",
+     "if (s->alive && now - s->last_seen_ns > 1000 * limit) {",
+     r"^runtime\.test_client\.client_asks_again_when_named_server_is_gone$"),
+    # ---- src/shm/ ----
+    ("reclaim-frees-live-holder", "src/shm/arena.c",
+     "if (kill(pid, 0) == 0 || errno != ESRCH)",
+     "if (0 && (kill(pid, 0) == 0 || errno != ESRCH))",
+     r"^(shm\.test_arena\.arena_reclaim|runtime\.test_dataserver\.)"),
+    ("reclaim-judges-live-by-stale-errno", "src/shm/arena.c",
+     "if (kill(pid, 0) == 0 || errno != ESRCH)",
+     "if (kill(pid, 0) == 0 && errno != ESRCH)",
+     r"^shm\.test_arena\.arena_reclaim"),
+    ("alloc-slab-rounding-off-by-one", "src/shm/arena.c",
+     "uint64_t want = ((uint64_t)len + l->slab_size - 1) / l->slab_size;",
+     "uint64_t want = ((uint64_t)len + l->slab_size) / l->slab_size;",
+     r"^shm\.test_arena\."),
+    ("handle-offset-at-end-accepted", "src/shm/arena.c",
+     "if (h->offset >= data_end)",
+     "if (h->offset > data_end)",
+     r"^shm\.test_arena\."),
+    ("handle-length-past-end-accepted", "src/shm/arena.c",
+     "if (h->length == 0 || h->length > data_end - h->offset)",
+     "if (h->length == 0)",
+     r"^shm\.test_arena\."),
+    ("stale-generation-accepted", "src/shm/arena.c",
+     "if (generation != h->generation)",
+     "if (0 && generation != h->generation)",
+     r"^shm\.test_arena\."),
+    ("released-generation-not-stale", "src/shm/arena.c",
+     "if (h->generation <= issued)",
+     "if (h->generation < issued)",
+     r"^shm\.test_arena\."),
+    # ---- src/wire/ ----
+    ("codec-ndim-bound-off-by-one", "src/wire/codec.c",
+     "if (ndim > DH_TENSOR_MAX_DIMS) {",
+     "if (ndim > DH_TENSOR_MAX_DIMS + 1) {",
+     r"^wire\.test_codec\."),
+    ("codec-shm-extent-unchecked", "src/wire/codec.c",
+     "if (wt->location == DH_WIRE_LOC_SHM && nbytes > wt->length)",
+     "if (0 && wt->location == DH_WIRE_LOC_SHM && nbytes > wt->length)",
+     r"^wire\.test_codec\."),
+    ("codec-type-bound-off-by-one", "src/wire/codec.c",
+     "if (type < 1 || type > DH_MSG_TYPE_MAX)",
+     "if (type < 1 || type > DH_MSG_TYPE_MAX + 1)",
+     r"^wire\.test_codec\."),
+    ("codec-read-past-end", "src/wire/codec.c",
+     "if (r->len - r->pos < n)",
+     "if (r->len - r->pos + 1 < n)",
+     r"^wire\.test_codec\."),
+    ("codec-extra-frames-accepted", "src/wire/codec.c",
+     "if (r->frame != r->n_payloads)",
+     "if (r->frame > r->n_payloads)",
+     r"^wire\.test_codec\."),
+    ("codec-count-overflow-unchecked", "src/wire/codec.c",
+     "if (*out > left / min_size)",
+     "if (*out > left)",
+     r"^wire\.test_codec\."),
+    ("zmq-frame-size-unchecked", "src/wire/zmq.c",
+     "if (frame >= n || payloads[frame].size != nbytes)",
+     "if (frame >= n)",
+     r"^wire\.test_(zmq|codec)\."),
+    ("zmq-payload-cap-off-by-one", "src/wire/zmq.c",
+     "if (n_payloads > DH_WIRE_MAX_PAYLOADS)",
+     "if (n_payloads > DH_WIRE_MAX_PAYLOADS + 1)",
+     r"^wire\.test_(zmq|codec)\."),
+]
+
+
+def sh(cmd, cwd=None, timeout=None, log=None):
+    """Runs cmd; returns (rc, seconds). rc 124 on time-out. Output to the log file or piped."""
+    start = time.monotonic()
+    out = open(log, "a") if log else subprocess.DEVNULL
+    try:
+        if log:
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+        p = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)  # the test and every process it started
+            p.wait()
+            rc = 124
+    finally:
+        if log:
+            out.close()
+    return rc, time.monotonic() - start
+
+
+def sync_tree(repo, dst):
+    """Copies the tracked and untracked-not-ignored files of repo into dst, rewriting only
+    those whose content changed (so ninja rebuilds only what changed), and removes files
+    of dst that are no longer there."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=repo, check=True, capture_output=True).stdout.split(b"\0")
+    want = set()
+    for f in files:
+        if not f:
+            continue
+        rel = f.decode()
+        src = os.path.join(repo, rel)
+        if not os.path.isfile(src) or os.path.islink(src):
+            continue
+        want.add(rel)
+        out = os.path.join(dst, rel)
+        with open(src, "rb") as fh:
+            data = fh.read()
+        try:
+            with open(out, "rb") as fh:
+                if fh.read() == data:
+                    continue
+        except OSError:
+            pass
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "wb") as fh:
+            fh.write(data)
+        shutil.copymode(src, out)
+    for root, dirs, names in os.walk(dst):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for n in names:
+            rel = os.path.relpath(os.path.join(root, n), dst)
+            if rel not in want:
+                os.unlink(os.path.join(root, n))
+
+
+def test_executables(ctest, build, regex):
+    """The test executables (ninja targets) of the ctest tests matching regex."""
+    out = subprocess.run([ctest, "--test-dir", build, "-N", "-R", regex,
+                          "--show-only=json-v1"], check=True, capture_output=True).stdout
+    targets, names = set(), []
+    for t in json.loads(out).get("tests", []):
+        names.append(t["name"])
+        # module.test_file.case runs the executable module_test_file (tests/CMakeLists.txt)
+        m = re.match(r"^(\w+)\.(test_\w+)\.\w+$", t["name"])
+        if m:
+            targets.add("%s_%s" % m.groups())
+    return sorted(targets), names
+
+
+def line_of(text, original):
+    return text[:text.index(original)].count("\n") + 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
+    ap.add_argument("--min-kill-rate", type=float, default=0.9)
+    ap.add_argument("--scratch", help="scratch folder (default: <repo>/build-mutate)")
+    ap.add_argument("--jobs", type=int, default=1, help="ninja -j and ctest -j (default 1)")
+    ap.add_argument("--timeout", type=int, default=180,
+                    help="seconds for one mutant's tests (a time-out kills it)")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = ap.parse_args()
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mutants = MUTANTS
+    names = [m[0] for m in MUTANTS]
+    if len(set(names)) != len(names):
+        sys.exit("mutate.py: duplicate mutant names")
+    if args.only:
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            sys.exit("mutate.py: no mutant named %s (--list shows them)" % ", ".join(unknown))
+        mutants = [m for m in MUTANTS if m[0] in args.only]
+
+    # every mutant's original text is in its file exactly once
+    bad = 0
+    for name, path, orig, repl, tests in mutants:
+        with open(os.path.join(repo, path)) as fh:
+            text = fh.read()
+        if text.count(orig) != 1:
+            print("mutate.py: %s: '%s' occurs %d times in %s (must be once)"
+                  % (name, orig, text.count(orig), path), file=sys.stderr)
+            bad += 1
+    if bad:
+        return 2
+    if args.list:
+        for name, path, orig, repl, tests in mutants:
+            with open(os.path.join(repo, path)) as fh:
+                line = line_of(fh.read(), orig)
+            print("%-38s %s:%d\n    - %s\n    + %s\n    tests: %s"
+                  % (name, path, line, orig.strip(), repl.strip(), tests))
+        print("%d mutants" % len(mutants))
+        return 0
+
+    scratch = os.path.abspath(args.scratch or os.path.join(repo, "build-mutate"))
+    src, build, logs = (os.path.join(scratch, d) for d in ("src", "build", "logs"))
+    os.makedirs(src, exist_ok=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    os.makedirs(logs)
+    cmake = os.environ.get("CMAKE", "cmake")
+    ctest = os.environ.get("CTEST") or ("/usr/bin/ctest" if os.path.exists("/usr/bin/ctest")
+                                        else "ctest")
+    jobs = str(args.jobs)
+    print("mutate.py: scratch copy %s (the working tree is never edited)" % scratch, flush=True)
+    sync_tree(repo, src)
+    setup_log = os.path.join(logs, "setup.log")
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
+        rc, _ = sh([cmake, "-S", src, "-B", build, "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DDH_PYTHON=OFF"], log=setup_log)
+        if rc:
+            print("mutate.py: configure failed; see %s" % setup_log, file=sys.stderr)
+            return 2
+
+    # the targets each mutant's tests need (build.ninja first: a new test file is globbed
+    # then), and the baseline: unmutated, they must pass
+    sh(["ninja", "-C", build, "build.ninja"], log=setup_log)
+    plan = []
+    for m in mutants:
+        targets, tests = test_executables(ctest, build, m[4])
+        if not tests:
+            print("mutate.py: %s: no test matches %s" % (m[0], m[4]), file=sys.stderr)
+            return 2
+        plan.append((m, ["datahelix_cli"] + targets, tests))
+    all_targets = sorted({t for p in plan for t in p[1]})
+    union = "|".join("(%s)" % m[4] for m in mutants)
+    print("mutate.py: baseline build and tests (%d targets)" % len(all_targets), flush=True)
+    rc, _ = sh(["ninja", "-C", build, "-j", jobs] + all_targets, log=setup_log)
+    if rc == 0:
+        rc, _ = sh([ctest, "--test-dir", build, "-R", union, "-j", jobs, "--timeout",
+                    str(args.timeout), "--output-on-failure"], log=setup_log, timeout=None)
+    if rc:
+        print("mutate.py: the unmutated build or tests fail; see %s" % setup_log, file=sys.stderr)
+        return 2
+
+    results = []
+    for (name, path, orig, repl, regex), targets, tests in plan:
+        f = os.path.join(src, path)
+        with open(f) as fh:
+            text = fh.read()
+        line = line_of(text, orig)
+        log = os.path.join(logs, name + ".log")
+        t0 = time.monotonic()
+        try:
+            with open(f, "w") as fh:
+                fh.write(text.replace(orig, repl))
+            rc, _ = sh(["ninja", "-C", build, "-j", jobs] + targets, log=log)
+            if rc:
+                status, detail = "invalid", "does not build"
+            else:
+                rc, _ = sh([ctest, "--test-dir", build, "-R", regex, "-j", jobs, "--timeout",
+                            str(args.timeout), "--output-on-failure"], log=log,
+                           timeout=args.timeout * 2)
+                with open(log) as fh:
+                    failed = re.findall(r"^\s*\d+ - (\S+) \(", fh.read(), re.M)
+                if rc == 124:
+                    status, detail = "killed", "time-out"
+                elif rc:
+                    status = "killed"
+                    detail = "%d of %d failed: %s" % (len(failed), len(tests), ", ".join(failed[:2])
+                                                       + (" ..." if len(failed) > 2 else ""))
+                else:
+                    status, detail = "survived", "%d tests passed" % len(tests)
+        finally:
+            with open(f, "w") as fh:
+                fh.write(text)
+        secs = time.monotonic() - t0
+        results.append({"name": name, "file": path, "line": line, "status": status,
+                        "detail": detail, "seconds": round(secs, 1), "tests": regex})
+        print("%-38s %-30s %-9s %5.0fs  %s" % (name, "%s:%d" % (path[4:], line), status, secs,
+                                                detail), flush=True)
+
+    killed = sum(r["status"] == "killed" for r in results)
+    survived = [r for r in results if r["status"] == "survived"]
+    invalid = sum(r["status"] == "invalid" for r in results)
+    counted = killed + len(survived)
+    rate = killed / counted if counted else 1.0
+    print("\n| mutant | line | result |\n|---|---|---|")
+    for r in results:
+        print("| %s | %s:%d | %s |" % (r["name"], r["file"], r["line"], r["status"]))
+    print("\nmutants %d: killed %d, survived %d, invalid %d; kill rate %.3f (minimum %.2f)"
+          % (len(results), killed, len(survived), invalid, rate, args.min_kill_rate))
+    for r in survived:
+        print("  survived: %s (%s:%d)" % (r["name"], r["file"], r["line"]))
+    print("logs: %s" % logs)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"results": results, "killed": killed, "survived": len(survived),
+                       "invalid": invalid, "kill_rate": rate}, fh, indent=1)
+    return 0 if rate >= args.min_kill_rate else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
