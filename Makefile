@@ -100,10 +100,14 @@ test-tsan:
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
 # The Python package (build/python/datahelix) under pytest in the venv: the DataLoader
-# against real servers, the error classes, and examples/train_ddp.py under torchrun.
+# against real servers, the error classes, and examples/train_ddp.py under torchrun; then
+# the multi-node tests over network namespaces (tests/netns: root; skipped, saying why,
+# where namespaces cannot be made).
 test-python: build $(VENV_PY)
 	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
 	    $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
+	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
+	    $(VENV_PY) -m pytest -q -rs -p no:cacheprovider tests/netns
 
 # The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
 # in a scratch copy (build-mutate/; the working tree is never edited); fails under the

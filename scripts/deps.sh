@@ -28,6 +28,8 @@
 #   python3-dev                         Python.h: the CPython extension datahelix._C
 #   python3-venv                        `python3 -m venv` on Debian's python3 (ensurepip);
 #                                       only when the interpreter lacks it
+#   iproute2                            `ip netns` and `tc`: the multi-node tests' network
+#                                       namespaces, veth links and shaping (tests/netns)
 #   clang-format                        `make format` / `make format-check` with the checked-in
 #                                       .clang-format (optional here; CI needs it)
 set -euo pipefail
@@ -44,7 +46,7 @@ esac
 
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev libarchive-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
-              libzmq3-dev libdlpack-dev)
+              libzmq3-dev libdlpack-dev iproute2)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 

@@ -136,7 +136,8 @@ static void server_usage(FILE *out)
             "                        --workers N [--pipeline SPEC.json | --dataset M:F]\n"
             "                        [--arena-mb M]\n"
             "                        [--arena-budget BYTES] [--name NAME]\n"
-            "                        [--data-listen ENDPOINT] [--heartbeat-ms N]\n"
+            "                        [--data-listen ENDPOINT] [--advertise HOST|ENDPOINT]\n"
+            "                        [--heartbeat-ms N]\n"
             "\n"
             "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
             "coordinator dispatches to it (docs/runtime.md).\n"
@@ -172,8 +173,14 @@ static void server_usage(FILE *out)
             "                              of physical memory)\n"
             "  -N, --name NAME             server name (default NODE-ROLE-PID)\n"
             "  -D, --data-listen ENDPOINT  local: endpoint for clients and sidecars (default\n"
-            "                              tcp://127.0.0.1:*; give a reachable address when\n"
-            "                              sidecars run on other machines)\n"
+            "      --listen ENDPOINT       tcp://127.0.0.1:*; tcp://0.0.0.0:PORT (PORT may be\n"
+            "                              *) binds every interface, for sidecars on other\n"
+            "                              machines)\n"
+            "  -A, --advertise HOST|ENDPOINT  local: the data endpoint the coordinator hands\n"
+            "                              to clients and sidecars (a HOST keeps the bound\n"
+            "                              port); default: the bound one, a wildcard host\n"
+            "                              replaced by this machine's address on the route\n"
+            "                              to the coordinator (docs/multinode.md)\n"
             "  -b, --heartbeat-ms N        heartbeat period (default 100)\n"
             "  -h, --help                  show this help\n"
             "\n"
@@ -192,6 +199,8 @@ int dh_cmd_server(int argc, char **argv)
                                             {"arena-budget", required_argument, NULL, 'B'},
                                             {"name", required_argument, NULL, 'N'},
                                             {"data-listen", required_argument, NULL, 'D'},
+                                            {"listen", required_argument, NULL, 'D'},
+                                            {"advertise", required_argument, NULL, 'A'},
                                             {"heartbeat-ms", required_argument, NULL, 'b'},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
@@ -202,7 +211,7 @@ int dh_cmd_server(int argc, char **argv)
     const char *dataset = NULL;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:b:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:A:b:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -260,6 +269,9 @@ int dh_cmd_server(int argc, char **argv)
             break;
         case 'D':
             cfg.data_listen = optarg;
+            break;
+        case 'A':
+            cfg.data_advertise = optarg;
             break;
         case 'b':
             if (dh_cli_parse_u64("server", "--heartbeat-ms", optarg, 5, 60000, &v))

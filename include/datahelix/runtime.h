@@ -135,31 +135,37 @@ typedef enum { DH_DS_LOCAL = 0, DH_DS_REMOTE = 1 } dh_ds_role_t;
 typedef struct dh_dataserver_config {
     const char *coordinator; /* coordinator endpoint (required) */
     dh_ds_role_t role;
-    const char *node;          /* node name (required) */
-    const char *name;          /* server name; NULL = "<node>-<local|remote>-<pid>" */
-    uint32_t workers;          /* worker threads; 0 (local role only) = delivery only: the
-                                * server maps its arena for its node's ranks and receives
-                                * what sidecars forward, but executes nothing */
-    const char *pipeline_path; /* pipeline spec JSON (docs/runtime.md), NULL = video defaults */
-    const char *pipeline_json; /* or the spec text itself (wins over pipeline_path) */
-    uint64_t arena_bytes;      /* local: shared-memory arena size; 0 (default) = the
-                                * memory budget (a sparse memfd: it costs memory only as
-                                * far as batches fill it, and each rank's prefetch stays
-                                * within its share, docs/runtime.md) */
-    const char *data_listen;   /* local: endpoint clients and sidecars connect to
-                                * ("tcp://127.0.0.1:*") */
-    uint32_t heartbeat_ms;     /* heartbeat period (100) */
-    void *zmq_ctx;             /* borrowed ZeroMQ context, or NULL for an own one */
-    uint64_t worker_cpus;      /* CPUs (bit i = CPU i) the workers are pinned to; 0 = any.
-                                * Rank-local loaders of `datahelix bench` use it to give
-                                * each rank only its share of the machine */
-    double emulate_link_Bps;   /* emulated network (0 = off, the default): a delivery this
-                                * server forwards to another node holds its link (one per
-                                * target) for emulated bytes / this seconds, one delivery
-                                * after another, and reaches the target only then. Emulated
-                                * bytes: payload bytes / the synthetic pipeline's bytes_scale
-                                * (the size the payload stands for; the payload itself for a
-                                * video pipeline). `datahelix bench` sets it (--link-gbps) */
+    const char *node;           /* node name (required) */
+    const char *name;           /* server name; NULL = "<node>-<local|remote>-<pid>" */
+    uint32_t workers;           /* worker threads; 0 (local role only) = delivery only: the
+                                 * server maps its arena for its node's ranks and receives
+                                 * what sidecars forward, but executes nothing */
+    const char *pipeline_path;  /* pipeline spec JSON (docs/runtime.md), NULL = video defaults */
+    const char *pipeline_json;  /* or the spec text itself (wins over pipeline_path) */
+    uint64_t arena_bytes;       /* local: shared-memory arena size; 0 (default) = the
+                                 * memory budget (a sparse memfd: it costs memory only as
+                                 * far as batches fill it, and each rank's prefetch stays
+                                 * within its share, docs/runtime.md) */
+    const char *data_listen;    /* local: endpoint clients and sidecars connect to
+                                 * ("tcp://127.0.0.1:*"; tcp://0.0.0.0:PORT for every
+                                 * interface) */
+    const char *data_advertise; /* local: what the coordinator tells clients and sidecars to
+                                 * connect to: an endpoint, or a host (the bound port kept).
+                                 * NULL: the bound endpoint, its wildcard host replaced by
+                                 * this machine's address on the route to the coordinator
+                                 * (docs/multinode.md) */
+    uint32_t heartbeat_ms;      /* heartbeat period (100) */
+    void *zmq_ctx;              /* borrowed ZeroMQ context, or NULL for an own one */
+    uint64_t worker_cpus;       /* CPUs (bit i = CPU i) the workers are pinned to; 0 = any.
+                                 * Rank-local loaders of `datahelix bench` use it to give
+                                 * each rank only its share of the machine */
+    double emulate_link_Bps;    /* emulated network (0 = off, the default): a delivery this
+                                 * server forwards to another node holds its link (one per
+                                 * target) for emulated bytes / this seconds, one delivery
+                                 * after another, and reaches the target only then. Emulated
+                                 * bytes: payload bytes / the synthetic pipeline's bytes_scale
+                                 * (the size the payload stands for; the payload itself for a
+                                 * video pipeline). `datahelix bench` sets it (--link-gbps) */
 
     /* local: the memory the arena may take when arena_bytes is 0; 0 =
      * dh_arena_budget_default() */

@@ -490,9 +490,17 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         coord = _C.Coordinator(bind, policy=policy)
     server = None
     if local_rank == 0:
+        # several nodes (a coordinator off loopback): the data socket binds every interface
+        # and the DataServer advertises its address on the route to the coordinator
+        # (DATAHELIX_ADVERTISE: a host or endpoint to advertise instead), so sidecars and
+        # other nodes reach it; one node on loopback stays on loopback
+        host = endpoint[len("tcp://"):].rpartition(":")[0] if endpoint.startswith("tcp://") else ""
+        multi = bool(host) and not host.startswith("127.") and host != "localhost"
         server = _C.DataServer(endpoint, socket.gethostname(),
                                workers=workers or os.cpu_count() or 1,
-                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes)
+                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
+                               data_listen="tcp://0.0.0.0:*" if multi else None,
+                               data_advertise=os.environ.get("DATAHELIX_ADVERTISE") or None)
     cluster = Cluster(coord, endpoint, server)
     _job_clusters[endpoint] = cluster
     with _clusters_lock:

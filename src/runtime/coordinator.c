@@ -123,6 +123,9 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
             goto fail;
         }
         c->telemetry_path = dh_strdup(cfg->telemetry_path);
+        /* whole lines, as they happen: an operator (or a test) tails the file while the
+         * job runs, and a coordinator killed mid-job leaves no half line */
+        setvbuf(c->telemetry, NULL, _IOLBF, 0);
     }
     c->start_ns = dh_clock_now_ns();
     *out = c;

@@ -25,14 +25,18 @@
  * the clients it serves and local delivery. The queues and workers are dataserver_work.c,
  * links to other DataServers and forwarding forward.c, the notice channel notice.c.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -638,6 +642,66 @@ void dh_dataserver_stop(dh_dataserver_t *s)
     atomic_store(&s->stop, 1);
 }
 
+/* This machine's address on the route to a tcp:// endpoint's host (the source address a
+ * datagram to it would carry; nothing is sent), into out. 0, or -1 when there is none. */
+static int route_address(const char *endpoint, char *out, size_t cap)
+{
+    if (strncmp(endpoint, "tcp://", 6) != 0)
+        return -1;
+    char host[256];
+    const char *h = endpoint + 6, *colon = strrchr(h, ':');
+    if (!colon || (size_t)(colon - h) >= sizeof host)
+        return -1;
+    memcpy(host, h, (size_t)(colon - h));
+    host[colon - h] = '\0';
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+        return -1;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in local;
+    socklen_t len = sizeof local;
+    int ok = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+             getsockname(fd, (struct sockaddr *)&local, &len) == 0 &&
+             inet_ntop(AF_INET, &local.sin_addr, out, (socklen_t)cap) != NULL;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    return ok ? 0 : -1;
+}
+
+/* The data endpoint others are told (HELLO): `advertise` (an endpoint, or a host that takes
+ * the bound port), else the bound one with a wildcard host (0.0.0.0, *) replaced by the
+ * address on the route to the coordinator, so a sidecar on another machine can reach it. */
+static int advertise_endpoint(dh_dataserver_t *s, const char *advertise)
+{
+    char *ep = s->data_endpoint;
+    const char *colon = strrchr(ep, ':');
+    bool tcp = strncmp(ep, "tcp://", 6) == 0 && colon && colon > ep + 6;
+    char host[256] = "", out[ENDPOINT_CAP];
+    if (advertise && advertise[0]) {
+        if (strstr(advertise, "://")) {
+            snprintf(ep, ENDPOINT_CAP, "%s", advertise);
+            return 0;
+        }
+        if (!tcp)
+            return dh__set_error(DH_EINVAL,
+                                 "DataServer: --advertise %s: a host needs a tcp:// data "
+                                 "endpoint to take the port of (bound: %s)",
+                                 advertise, ep);
+        snprintf(host, sizeof host, "%s", advertise);
+    } else if (tcp && (strncmp(ep + 6, "0.0.0.0:", 8) == 0 || strncmp(ep + 6, "*:", 2) == 0)) {
+        if (route_address(s->coord_endpoint, host, sizeof host) != 0)
+            snprintf(host, sizeof host, "127.0.0.1");
+    } else {
+        return 0;
+    }
+    int n = snprintf(out, sizeof out, "tcp://%s%s", host, colon);
+    if (n < 0 || (size_t)n >= sizeof out)
+        return dh__set_error(DH_EINVAL, "DataServer: advertised endpoint too long");
+    memcpy(ep, out, (size_t)n + 1);
+    return 0;
+}
+
 int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
 {
     *out = NULL;
@@ -676,6 +740,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.pipeline_json = NULL;
     s->cfg.pipeline_path = NULL;
     s->cfg.data_listen = NULL;
+    s->cfg.data_advertise = NULL;
     int rc = dh__rt_pipeline_load(cfg->pipeline_json,
                                   cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
     if (rc)
@@ -712,6 +777,8 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         if ((rc = dh_wire_socket_bind(s->data, listen)))
             goto fail;
         if ((rc = dh__wire_last_endpoint(s->data, s->data_endpoint, sizeof s->data_endpoint)))
+            goto fail;
+        if ((rc = advertise_endpoint(s, cfg->data_advertise)))
             goto fail;
         if ((rc = dh__notice_server_listen(&s->notice)))
             goto fail;
