@@ -40,6 +40,10 @@ static void usage(FILE *out)
         "                        costs under the same compute model, and the two are\n"
         "                        compared (docs/benchmarks.md, \"A Python dataset\")\n"
         "  --costs estimate|learned|both  with --python-dataset (both)\n"
+        "  --sweep-remote N,N,...  the paper's remote-server sweep: the whole run once per\n"
+        "                        --remote-servers value (e.g. 0,8,16,24), a table of each\n"
+        "                        system's throughput, miss rate, input wait p95 and\n"
+        "                        cross-node traffic per point; --json gets them all\n"
         "  --python-dir DIR      with --python-dataset: where the profiles go\n"
         "                        (default /tmp/datahelix-python-dataset-PID)\n"
         "  --emulate             the synthetic pipeline: each sample sleeps its CPU seconds\n"
@@ -270,6 +274,112 @@ static int profile_python_dataset(const char *spec, const char *dir, bool learn,
     return 0;
 }
 
+/* --sweep-remote: the run once per remote-server count, one table of every point. */
+static int run_sweep(dh_bench_options_t *o, const char *list, const char *json)
+{
+    uint32_t counts[32];
+    size_t n = 0;
+    const char *at = list;
+    while (*at) {
+        char *end = NULL;
+        unsigned long v = strtoul(at, &end, 10);
+        if (end == at || v > 128 || n == 32 || (*end && *end != ',')) {
+            fprintf(stderr,
+                    "datahelix bench: --sweep-remote: expected up to 32 counts in [0, 128] "
+                    "separated by commas, got '%s'\n",
+                    list);
+            return 2;
+        }
+        counts[n++] = (uint32_t)v;
+        at = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "datahelix bench: --sweep-remote: no counts given\n");
+        return 2;
+    }
+    FILE *f = NULL;
+    if (json && !(f = fopen(json, "w"))) {
+        fprintf(stderr, "datahelix bench: cannot write --json %s: %s\n", json, strerror(errno));
+        return 1;
+    }
+    if (f)
+        fprintf(f, "{\"sweep_remote\":[");
+    printf("%s, %u ranks x batch %u, %u steps (+%u warm-up), %u local servers, %u cores per "
+           "server, links %.3g Gb/s\n",
+           o->dataset ? o->dataset : o->mix, o->ranks, o->batch, o->steps, o->warmup,
+           o->local_servers, o->cores_per_server, o->link_gbps);
+    printf("%-8s %-10s %6s %10s %6s %9s %11s %9s\n", "remote", "system", "cores", "samples/s",
+           "miss", "wait p95", "x-node MB/s", "link use");
+    /* One workload for every point: the compute model (a, b) and the miss threshold are
+     * sized at the largest count (the balanced regime of the most cores) and kept for the
+     * others, so a point differs from another only in its remote servers. */
+    size_t big = 0;
+    for (size_t i = 1; i < n; i++)
+        if (counts[i] > counts[big])
+            big = i;
+    dh_bench_report_t *reps = calloc(n, sizeof *reps);
+    if (!reps) {
+        if (f)
+            fclose(f);
+        return dh_cli_fail("bench", DH_ENOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (size_t j = 0; j < n && rc == 0; j++) {
+        size_t i = j == 0 ? big : j <= big ? j - 1 : j;
+        o->remote_servers = counts[i];
+        rc = dh_bench_run(o, &reps[i]);
+        if (rc == 0 && j == 0) { /* the report's a, b and threshold are time-scaled */
+            double ts = o->dataset ? 1 : o->time_scale;
+            o->compute_auto = 0;
+            o->a = reps[i].a / ts;
+            o->b = reps[i].b / ts;
+            o->compute_scale = 1;
+            o->deadline_threshold_s = reps[i].deadline_threshold_s / ts;
+        }
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const dh_bench_report_t *r = &reps[i];
+        for (size_t k = 0; k < r->n_systems; k++) {
+            const dh_bench_system_result_t *y = &r->systems[k];
+            /* bytes that crossed a link over the run's wall time, against what the links into
+             * the training nodes can carry together (one per local server's node) */
+            double mbps = y->wall_s > 0 ? y->cross_node_bytes / y->wall_s / 1e6 : 0;
+            double cap = o->link_gbps > 0 ? o->link_gbps * 1e9 / 8 * o->local_servers : 0;
+            double use = cap > 0 ? mbps * 1e6 / cap : 0;
+            printf("%-8u %-10s %6u %10.1f %5.0f%% %9.3f %11.1f %8.0f%%\n", counts[i], y->name,
+                   y->cores, y->throughput_sps, 100 * y->ddl_miss_rate, y->input_wait_p95_s, mbps,
+                   100 * use);
+            if (f)
+                fprintf(f,
+                        "%s{\"remote_servers\":%u,\"system\":\"%s\",\"cores\":%u,"
+                        "\"throughput_sps\":%.6g,\"ddl_miss_rate\":%.6g,"
+                        "\"input_wait_p95_s\":%.6g,\"cross_node_MBps\":%.6g,"
+                        "\"ingress_link_use\":%.6g,\"balance\":%.6g,\"efficiency\":%.6g,"
+                        "\"a\":%.6g,\"b\":%.6g}",
+                        i || k ? "," : "", counts[i], y->name, y->cores, y->throughput_sps,
+                        y->ddl_miss_rate, y->input_wait_p95_s, mbps, use, y->balance, y->efficiency,
+                        r->a, r->b);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        dh_bench_report_clear(&reps[i]);
+    free(reps);
+    if (rc) {
+        if (f)
+            fclose(f);
+        return dh_cli_fail("bench", rc, "sweep point failed");
+    }
+    if (f) {
+        fprintf(f, "]}\n");
+        if (fclose(f) != 0) {
+            fprintf(stderr, "datahelix bench: cannot write --json %s\n", json);
+            return 1;
+        }
+        printf("report: %s\n", json);
+    }
+    return 0;
+}
+
 int dh_cmd_bench(int argc, char **argv)
 {
     enum {
@@ -277,6 +387,7 @@ int dh_cmd_bench(int argc, char **argv)
         O_PIPELINE,
         O_PYDATASET,
         O_COSTS,
+        O_SWEEP_REMOTE,
         O_PYDIR,
         O_EMULATE,
         O_MIX,
@@ -318,6 +429,7 @@ int dh_cmd_bench(int argc, char **argv)
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"python-dataset", required_argument, NULL, O_PYDATASET},
         {"costs", required_argument, NULL, O_COSTS},
+        {"sweep-remote", required_argument, NULL, O_SWEEP_REMOTE},
         {"python-dir", required_argument, NULL, O_PYDIR},
         {"emulate", no_argument, NULL, O_EMULATE},
         {"mix", required_argument, NULL, O_MIX},
@@ -359,7 +471,7 @@ int dh_cmd_bench(int argc, char **argv)
     dh_bench_options_default(&o);
     int emulate = 0;
     const char *json = NULL, *plot = NULL;
-    const char *pydataset = NULL, *pydir = NULL, *costs = "both";
+    const char *pydataset = NULL, *pydir = NULL, *costs = "both", *sweep = NULL;
     char pydir_buf[512], est_dir[600], learn_dir[600], pipe_est[700], pipe_learn[700];
     char plot_json[4096];
     unsigned long long v;
@@ -383,6 +495,9 @@ int dh_cmd_bench(int argc, char **argv)
             break;
         case O_PYDIR:
             pydir = optarg;
+            break;
+        case O_SWEEP_REMOTE:
+            sweep = optarg;
             break;
         case O_COSTS:
             if (strcmp(optarg, "estimate") != 0 && strcmp(optarg, "learned") != 0 &&
@@ -600,6 +715,8 @@ int dh_cmd_bench(int argc, char **argv)
     if (!getenv("DH_LOG_LEVEL"))
         dh_log_set_level(DH_LOG_WARN);
     o.progress = progress;
+    if (sweep)
+        return run_sweep(&o, sweep, json);
     dh_bench_report_t r;
     int rc = dh_bench_run(&o, &r);
     if (rc) {

@@ -478,18 +478,22 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
         dh__ds_retry_pending(s);
         break;
     }
-    case DH_MSG_DELIVER:
-        if (!dh__ds_place_forwarded(s, r, peer, dh_clock_now_ns())) {
+    case DH_MSG_DELIVER: {
+        uint64_t now = dh_clock_now_ns();
+        uint64_t due = dh__ds_ingress_due(s, &r->msg.deliver, now);
+        if (due > now + 500000 || !dh__ds_place_forwarded(s, r, peer, now)) {
             pending_t *p = dh_calloc(1, sizeof *p);
             if (!p)
                 break;
             p->forwarded = *r; /* the frames move with it */
             memset(r, 0, sizeof *r);
             snprintf(p->sidecar, NAME_CAP, "%s", peer);
-            p->since_ns = dh_clock_now_ns();
+            p->since_ns = due > now ? due : now;
+            p->due_ns = due > now + 500000 ? due : 0;
             dh__ds_add_pending(s, p);
         }
         break;
+    }
     case DH_MSG_REBALANCE:
         if (r->msg.rebalance.kind == DH_RB_SEND)
             dh__ds_rebalance_send(s, peer, &r->msg.rebalance);

@@ -108,6 +108,7 @@ typedef struct pending {
     dh_wire_received_t forwarded; /* a sidecar's DELIVER waiting for arena space */
     char sidecar[NAME_CAP];
     uint64_t since_ns;
+    uint64_t due_ns; /* emulated network: not placed before its ingress transmission ends */
 } pending_t;
 
 struct dh_dataserver {
@@ -150,6 +151,9 @@ struct dh_dataserver {
     size_t n_links;
     pending_t *pending;
     double latency_ewma_s;
+    /* Emulated network (cfg.emulate_link_Bps): this node's ingress link, a serial resource
+     * shared by everything forwarded here, is busy until then (loop thread; forward.c). */
+    uint64_t ingress_free_ns;
     /* What the coordinator's book holds for this server, as the heartbeat reports it (loop
      * thread): tasks received by DISPATCH whose executor COMPLETE has not been sent yet
      * (queued, running, finished, or waiting for their client), their predicted CPU seconds
@@ -228,6 +232,11 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t);
 /* A client's REBALANCE SEND (tier 2): its parts go to another node's DataServer, each as a
  * DELIVER for the receiving client (forward.c). */
 void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_rebalance_t *m);
+
+/* Emulated network: when a forwarded DELIVER that arrived now may be placed, its
+ * transmission on this node's ingress link (shared by every sender) done: now when the link
+ * was free, later when other senders' deliveries hold it (forward.c, "Ingress"). */
+uint64_t dh__ds_ingress_due(dh_dataserver_t *s, const dh_msg_deliver_t *m, uint64_t now);
 
 /* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.
  * Returns true when done with (delivered, dropped or refused), false to retry later (the

@@ -16,6 +16,14 @@
  * it reaches the target no earlier. The loop never sleeps for it: its poll wakes for the
  * next one due (dh__ds_links_timeout_ms, rounded up to the millisecond).
  *
+ * Ingress: the receiving node's link is a serial resource too, shared by every DataServer
+ * that forwards to it (what makes many sidecars saturate a training node's NIC, the
+ * paper's rd sweep). A forwarded delivery is placed when its transmission on it is over:
+ * it started when its sender's did (arrival - its duration) or when the ingress came free,
+ * whichever is later (dh__ds_ingress_due); alone on the link that is at once, behind other
+ * senders' deliveries it waits in the pending list. Acks go out after placing, so a
+ * sender's link estimate sees the queueing.
+ *
  * Link estimates (heartbeat, the coordinator's C_net): each ack gives a sample (x = the
  * delivery's emulated bytes, y = ack time - transmission start). Exponentially weighted
  * means (weight 0.2) of x, y, x^2, xy fit y = latency + x / bandwidth by least squares once
@@ -74,6 +82,24 @@ static uint64_t emulated_bytes(const dh_dataserver_t *s, uint64_t bytes)
     if (s->pipeline.synthetic && s->pipeline.bytes_scale > 0)
         return (uint64_t)((double)bytes / s->pipeline.bytes_scale + 0.5);
     return bytes;
+}
+
+uint64_t dh__ds_ingress_due(dh_dataserver_t *s, const dh_msg_deliver_t *m, uint64_t now)
+{
+    if (!(s->cfg.emulate_link_Bps > 0))
+        return now;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        bytes += m->tensors[i].tensor.nbytes;
+    uint64_t dur =
+        (uint64_t)((double)emulated_bytes(s, bytes) / s->cfg.emulate_link_Bps * 1e9 + 0.5);
+    /* The sender held it for its own transmission, which ended now: alone on this link, it
+     * was coming in over the same span, so it is placed at once. */
+    uint64_t start = now > dur ? now - dur : 0;
+    if (s->ingress_free_ns > start)
+        start = s->ingress_free_ns;
+    s->ingress_free_ns = start + dur;
+    return start + dur;
 }
 
 /* A delivery went out on link l: remembers it for the ack, counts it. */
@@ -160,6 +186,13 @@ static void send_held(dh_dataserver_t *s, link_t *l, held_t *h)
 long dh__ds_links_timeout_ms(const dh_dataserver_t *s, long timeout)
 {
     uint64_t now = dh_clock_now_ns();
+    for (const pending_t *p = s->pending; p; p = p->next) {
+        if (p->task || !p->due_ns)
+            continue;
+        long ms = p->due_ns <= now ? 0 : (long)((p->due_ns - now + 999999) / 1000000);
+        if (ms < timeout)
+            timeout = ms;
+    }
     for (size_t i = 0; i < s->n_links; i++) {
         const held_t *h = s->links[i].held;
         if (!h)
@@ -370,8 +403,13 @@ void dh__ds_add_pending(dh_dataserver_t *s, pending_t *p)
 void dh__ds_retry_pending(dh_dataserver_t *s)
 {
     pending_t **pp = &s->pending;
+    uint64_t now = dh_clock_now_ns();
     while (*pp) {
         pending_t *p = *pp;
+        if (!p->task && p->due_ns > now) { /* still coming in on the emulated ingress */
+            pp = &p->next;
+            continue;
+        }
         bool done = p->task ? dh__ds_finish_local(s, p->task, p->since_ns)
                             : dh__ds_place_forwarded(s, &p->forwarded, p->sidecar, p->since_ns);
         if (!done) {
