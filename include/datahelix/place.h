@@ -70,6 +70,8 @@ typedef struct dh_place_config {
 typedef struct dh_decision {
     int32_t server; /* chosen server index, or -1 */
     dh_place_reason_t reason;
+    double t_s;                 /* the chosen server's T (NaN when server is -1) */
+    double miss_s;              /* its max(0, T - D) (NaN when server is -1) */
     dh_candidate_t *candidates; /* caller's buffer of n_servers entries, filled (may be NULL) */
 } dh_decision_t;
 
@@ -87,6 +89,7 @@ DH_EXTERN const char *dh_place_reason_name(dh_place_reason_t reason);
 
 /* Chooses the server for one request under cfg->policy. Fills out->server, out->reason and,
  * if out->candidates is not NULL, one entry per snapshot server (index = server index).
+ * Also fills out->t_s and out->miss_s, the chosen server's T and miss.
  * Returns 0; DH_ENOSERVER when no server is alive (or, for `local`, the rank has no live
  * local server); DH_EAGAIN when live candidates exist but all are at their cap
  * (backpressure: retry when a completion frees a slot). Cost: O(n_servers), no allocation.
