@@ -6,7 +6,7 @@
  * multiply and an add in one place and not in the other: T is evaluated as written,
  * ((cpu x speed + in x storage) + queue) + net, each step rounded. Every step is monotone
  * (non-decreasing) in its operands when cpu_s, in_bytes and out_bytes are >= 0, which is
- * what would let an index bound T from below with per-subtree minima.
+ * what lets the index bound T from below with per-subtree minima (place_index.c).
  */
 #ifndef DH_SCHED_PLACE_INTERNAL_H
 #define DH_SCHED_PLACE_INTERNAL_H
