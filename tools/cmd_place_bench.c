@@ -15,21 +15,25 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix place-bench [--servers LIST] [--decisions N] [--policy NAME]\n"
-            "                             [--seed N] [--json]\n\n"
-            "Measures the placement policy on one core (the process is pinned to the CPU it\n"
-            "starts on): decisions per CPU-second of that thread, and p50/p99 wall-clock time\n"
-            "per decision, over a realistic snapshot that changes as decisions fill queues and\n"
-            "completions drain them (docs/scheduler.md describes it). Every decision scores\n"
-            "every server. Also prints which rule of the policy decided how often.\n\n"
-            "  --servers LIST    comma-separated cluster sizes, each >= 2 (default 8,128,1024)\n"
-            "  --decisions N     decisions per size (default 200000)\n"
-            "  --policy NAME     deadline (default), least-request or local\n"
-            "  --seed N          snapshot and request seed (default 1)\n"
-            "  --json            print {\"results\":[{\"servers\",\"decisions_per_s\",\"p50_us\","
-            "\"p99_us\"}]}\n"
-            "  -h, --help        this text\n");
+    fprintf(
+        out,
+        "usage: datahelix place-bench [--servers LIST] [--decisions N] [--policy NAME]\n"
+        "                             [--path both|indexed|exhaustive] [--seed N] [--json]\n\n"
+        "Measures the placement policy on one core (the process is pinned to the CPU it\n"
+        "starts on): decisions per CPU-second of that thread, and p50/p99 wall-clock time\n"
+        "per decision, over a realistic snapshot that changes as decisions fill queues and\n"
+        "completions drain them (docs/scheduler.md describes it). Two paths: exhaustive\n"
+        "(dh_place scores every server, and fills every candidate's T) and indexed\n"
+        "(dh_place_index_decide, the index updated after each change); they make the same\n"
+        "decisions, which the `same` column checks. Also prints which rule decided how often.\n\n"
+        "  --servers LIST    comma-separated cluster sizes, each >= 2 (default 8,128,1024)\n"
+        "  --decisions N     decisions per size (default 200000)\n"
+        "  --policy NAME     deadline (default), least-request or local\n"
+        "  --path WHICH      both (default: indexed, then exhaustive), indexed or exhaustive\n"
+        "  --seed N          snapshot and request seed (default 1)\n"
+        "  --json            print {\"results\":[{\"servers\",\"path\",\"decisions_per_s\","
+        "\"p50_us\",\"p99_us\",\"max_us\",\"build_ms\",\"same\"}]}\n"
+        "  -h, --help        this text\n");
 }
 
 /* Appends "SERVERS: rule P%, ..." and a newline to buf; returns the length appended. */
@@ -65,17 +69,15 @@ static void pin_to_one_core(void)
 
 int dh_cmd_place_bench(int argc, char **argv)
 {
-    static const struct option options[] = {{"servers", required_argument, NULL, 's'},
-                                            {"decisions", required_argument, NULL, 'd'},
-                                            {"policy", required_argument, NULL, 'p'},
-                                            {"seed", required_argument, NULL, 'S'},
-                                            {"json", no_argument, NULL, 'j'},
-                                            {"help", no_argument, NULL, 'h'},
-                                            {NULL, 0, NULL, 0}};
+    static const struct option options[] = {
+        {"servers", required_argument, NULL, 's'}, {"decisions", required_argument, NULL, 'd'},
+        {"policy", required_argument, NULL, 'p'},  {"seed", required_argument, NULL, 'S'},
+        {"path", required_argument, NULL, 'P'},    {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     char servers_arg[256] = "8,128,1024";
     unsigned long long decisions = 200000, seed = 1;
     dh_policy_t policy = DH_POLICY_DEADLINE;
-    int json = 0, opt;
+    int json = 0, opt, first_path = DH_PLACE_BENCH_INDEXED, last_path = DH_PLACE_BENCH_EXHAUSTIVE;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
@@ -96,6 +98,22 @@ int dh_cmd_place_bench(int argc, char **argv)
         case 'S':
             if (dh_cli_parse_u64("place-bench", "--seed", optarg, 0, ~0ull, &seed))
                 return 2;
+            break;
+        case 'P':
+            if (strcmp(optarg, "both") == 0) {
+                first_path = DH_PLACE_BENCH_INDEXED;
+                last_path = DH_PLACE_BENCH_EXHAUSTIVE;
+            } else if (strcmp(optarg, "indexed") == 0) {
+                first_path = last_path = DH_PLACE_BENCH_INDEXED;
+            } else if (strcmp(optarg, "exhaustive") == 0) {
+                first_path = last_path = DH_PLACE_BENCH_EXHAUSTIVE;
+            } else {
+                fprintf(stderr,
+                        "datahelix place-bench: --path '%s' (expected both, indexed or "
+                        "exhaustive)\n",
+                        optarg);
+                return 2;
+            }
             break;
         case 'j':
             json = 1;
@@ -133,27 +151,54 @@ int dh_cmd_place_bench(int argc, char **argv)
     pin_to_one_core();
     if (!json)
         printf("place-bench: policy %s, %llu decisions per size, one core\n\n"
-               "%9s %16s %9s %9s %9s\n",
-               dh_policy_name(policy), decisions, "servers", "decisions/s", "p50_us", "p99_us",
-               "max_us");
+               "%9s %-10s %12s %8s %8s %9s %9s %5s\n",
+               dh_policy_name(policy), decisions, "servers", "path", "decisions/s", "p50_us",
+               "p99_us", "max_us", "build_ms", "same");
     else
         printf("{\"results\":[");
     fflush(stdout); /* the header before the progress lines on stderr */
+    int n_results = 0;
     for (int i = 0; i < n_sizes; i++) {
-        dh_place_bench_result_t r;
-        if (!json)
-            fprintf(stderr, "place-bench: %llu servers...\n", sizes[i]);
-        int rc = dh_place_bench_run((uint32_t)sizes[i], decisions, seed, policy, &r);
-        if (rc != 0)
-            return dh_cli_fail("place-bench", rc, "benchmark failed");
-        if (json)
-            printf("%s{\"servers\":%u,\"decisions_per_s\":%.1f,\"p50_us\":%.3f,\"p99_us\":%.3f}",
-                   i ? "," : "", r.servers, r.decisions_per_s, r.p50_us, r.p99_us);
-        else
-            printf("%9u %16.0f %9.2f %9.2f %9.2f\n", r.servers, r.decisions_per_s, r.p50_us,
-                   r.p99_us, r.max_us);
-        if (!json)
-            rules_len += describe_rules(&r, rules + rules_len, sizeof rules - rules_len);
+        uint64_t first_hash = 0;
+        /* indexed = 1 runs first: the same column compares each later path with it */
+        for (int path = first_path; path >= last_path; path--) {
+            dh_place_bench_result_t r;
+            const char *name = path == DH_PLACE_BENCH_INDEXED ? "indexed" : "exhaustive";
+            if (!json)
+                fprintf(stderr, "place-bench: %llu servers, %s...\n", sizes[i], name);
+            int rc = dh_place_bench_run((uint32_t)sizes[i], decisions, seed, policy,
+                                        (dh_place_bench_path_t)path, &r);
+            if (rc != 0)
+                return dh_cli_fail("place-bench", rc, "benchmark failed");
+            if (path == first_path)
+                first_hash = r.decisions_hash;
+            const char *same = path == first_path               ? "-"
+                               : r.decisions_hash == first_hash ? "yes"
+                                                                : "NO";
+            if (json)
+                printf("%s{\"servers\":%u,\"path\":\"%s\",\"decisions_per_s\":%.1f,"
+                       "\"p50_us\":%.3f,\"p99_us\":%.3f,\"max_us\":%.3f,\"build_ms\":%.3f,"
+                       "\"same\":%s}",
+                       n_results ? "," : "", r.servers, name, r.decisions_per_s, r.p50_us, r.p99_us,
+                       r.max_us, r.build_ms,
+                       path == first_path               ? "null"
+                       : r.decisions_hash == first_hash ? "true"
+                                                        : "false");
+            else
+                printf("%9u %-10s %12.0f %8.2f %8.2f %9.2f %9.2f %5s\n", r.servers, name,
+                       r.decisions_per_s, r.p50_us, r.p99_us, r.max_us, r.build_ms, same);
+            fflush(stdout);
+            n_results++;
+            if (!json && path == first_path)
+                rules_len += describe_rules(&r, rules + rules_len, sizeof rules - rules_len);
+            if (path != first_path && r.decisions_hash != first_hash) {
+                fprintf(stderr,
+                        "datahelix place-bench: the indexed and exhaustive paths decided "
+                        "differently at %u servers\n",
+                        r.servers);
+                return 1;
+            }
+        }
     }
     if (json)
         printf("]}\n");

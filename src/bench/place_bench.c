@@ -6,9 +6,13 @@
  * 0.5 GB/s (remote), links 10-100 Gb/s with 20-200 us latency, 2% of servers dead.
  * Requests: batches of 4 kinetics-mixed samples (16x224, 32x336, 64x448), deadlines
  * 0.8-3x the request's CPU time, consumers on random nodes; after each decision the chosen
- * server's queue grows and one completion (on a random busy server) drains another.
+ * server's queue grows and one completion (on a random busy server) drains another. On the
+ * indexed path each of those changes is also an O(log N) dh_place_index_update, inside the
+ * loop whose CPU time gives decisions/s (the per-decision percentiles time the decision
+ * alone, on both paths).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
@@ -35,8 +39,18 @@ static double uniform(dh_rng_t *rng, double lo, double hi)
     return lo + (hi - lo) * dh_rng_uniform(rng);
 }
 
+/* One step of FNV-1a over 64 bits. */
+static uint64_t fnv(uint64_t hash, uint64_t value)
+{
+    for (int k = 0; k < 8; k++) {
+        hash ^= (value >> (8 * k)) & 0xff;
+        hash *= 0x100000001b3ull;
+    }
+    return hash;
+}
+
 int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_policy_t policy,
-                       dh_place_bench_result_t *out)
+                       dh_place_bench_path_t path, dh_place_bench_result_t *out)
 {
     if (servers < 2 || decisions == 0)
         return DH_EINVAL;
@@ -50,6 +64,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
     dh_request_cost_t *reqs = dh_calloc(REQUEST_POOL, sizeof *reqs);
     int32_t *local_of_node = dh_calloc(nodes, sizeof *local_of_node);
     dh_stats_t *lat = NULL;
+    dh_place_index_t *idx = NULL;
     if (!srv || !links || !cand || !reqs || !local_of_node || dh_stats_new(&lat) != 0)
         goto done;
 
@@ -91,30 +106,50 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
     cfg.policy = policy;
     dh_snapshot_t snap = {srv, servers, links, nodes};
     *out = (dh_place_bench_result_t){.servers = servers, .decisions = decisions};
+    out->decisions_hash = 0xcbf29ce484222325ull;
+    const int indexed = path == DH_PLACE_BENCH_INDEXED;
+    if (indexed) {
+        uint64_t b0 = dh_clock_now_ns();
+        if ((rc = dh_place_index_new(&idx, &snap)) != 0)
+            goto done;
+        out->build_ms = (double)(dh_clock_now_ns() - b0) * 1e-6;
+        rc = DH_ENOMEM;
+    }
 
     uint64_t loop_cpu_start = dh_clock_thread_cpu_ns();
     for (uint64_t d = 0; d < decisions; d++) {
         const dh_request_cost_t *r = &reqs[d % REQUEST_POOL];
-        dh_decision_t dec = {.candidates = cand};
+        dh_decision_t dec = {.candidates = indexed ? NULL : cand};
         uint64_t t0 = dh_clock_now_ns();
-        int prc = dh_place(&cfg, &snap, r, &dec);
+        int prc =
+            indexed ? dh_place_index_decide(idx, &cfg, r, &dec) : dh_place(&cfg, &snap, r, &dec);
         uint64_t t1 = dh_clock_now_ns();
         if (dh_stats_add(lat, (double)(t1 - t0) * 1e-3) != 0)
             goto done;
         out->by_reason[dec.reason]++;
+        uint64_t t_bits;
+        memcpy(&t_bits, &dec.t_s, sizeof t_bits);
+        out->decisions_hash = fnv(
+            fnv(out->decisions_hash, (uint64_t)(uint32_t)dec.server << 8 | (uint64_t)dec.reason),
+            t_bits);
         /* The coordinator's book: the chosen server takes the work... */
         if (prc == 0) {
             dh_server_state_t *s = &srv[dec.server];
             s->queue_len++;
             s->queue_wait_s += r->cpu_s * s->speed_factor / s->workers;
+            if (indexed)
+                dh_place_index_update(idx, (uint32_t)dec.server, s);
         }
         /* ...and completions drain queues: up to 4 random servers are probed for one that
          * has work, keeping the cluster busy but not saturated. */
         for (int probe = 0; probe < 4; probe++) {
-            dh_server_state_t *c = &srv[dh_rng_below(&rng, servers)];
+            uint32_t k = (uint32_t)dh_rng_below(&rng, servers);
+            dh_server_state_t *c = &srv[k];
             if (c->queue_len > 0) {
                 c->queue_wait_s -= c->queue_wait_s / c->queue_len;
                 c->queue_len--;
+                if (indexed)
+                    dh_place_index_update(idx, k, c);
                 break;
             }
         }
@@ -128,6 +163,7 @@ int dh_place_bench_run(uint32_t servers, uint64_t decisions, uint64_t seed, dh_p
     rc = 0;
 done:
     dh_stats_destroy(&lat);
+    dh_place_index_destroy(&idx);
     dh_free(srv);
     dh_free(links);
     dh_free(cand);

@@ -10,6 +10,7 @@
 #include "datahelix/error.h"
 #include "datahelix/place.h"
 #include "core/internal.h"
+#include "sched/place_internal.h"
 
 static const char *const policy_names[DH_POLICY_COUNT] = {"local", "least-request", "deadline"};
 
@@ -64,25 +65,14 @@ const char *dh_place_reason_name(dh_place_reason_t reason)
     return (unsigned)reason <= DH_REASON_NO_CANDIDATE ? reasons[reason].name : "?";
 }
 
-/* x if flag, else +0.0, by masking the bits: compilers turn both `flag ? x : 0` and
- * `flag * x` into branches, which mispredict in this loop. */
-static inline double keep_if(double x, unsigned flag)
-{
-    uint64_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    bits &= -(uint64_t)(flag != 0);
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
 /* Seconds to move the request's output from `node` to the consumer (0 on its own node). */
 static inline double net_time(const dh_snapshot_t *snap, const dh_request_cost_t *req,
                               uint32_t node)
 {
     if (node == req->consumer_node)
         return 0.0;
-    const dh_link_t *l = &snap->links[(size_t)node * snap->n_nodes + req->consumer_node];
-    return req->out_bytes * l->s_per_B + l->latency_s;
+    return dh__place_link_s(&snap->links[(size_t)node * snap->n_nodes + req->consumer_node],
+                            req->out_bytes);
 }
 
 /* Nodes whose transfer time is computed once per decision (a 4 KiB stack table); servers on
@@ -114,20 +104,17 @@ scan_servers(const dh_snapshot_t *snap, const dh_request_cost_t *req, const doub
     const uint32_t n = snap->n_servers;
     for (uint32_t i = 0; i < n; i++) {
         const dh_server_state_t *s = &snap->servers[i];
-        unsigned dead = (s->alive == 0) | (s->workers == 0);
-        /* cap 0 (no cap) wraps to UINT32_MAX: never full. */
-        unsigned full = (uint32_t)(s->queue_cap - 1) < s->queue_len;
-        unsigned st = dead | ((full & !dead) << 1); /* DH_CANDIDATE_{OK,DEAD,FULL} = 0,1,2 */
-        ss->alive += !dead;
+        unsigned st = dh__place_status(s); /* DH_CANDIDATE_{OK,DEAD,FULL} = 0,1,2 */
+        ss->alive += st != DH_CANDIDATE_DEAD;
         ss->eligible += st == DH_CANDIDATE_OK;
         double net = net_table ? net_table[s->node] : net_time(snap, req, s->node);
-        double t = cpu_s * s->speed_factor + in_bytes * s->storage_s_per_B +
-                   keep_if(s->queue_wait_s, s->queue_len >= s->workers) + net;
+        double t = dh__place_t(cpu_s, in_bytes, s->speed_factor, s->storage_s_per_B,
+                               dh__place_queue_s(s), net);
         if (cand) {
             double t_reported = t + reported_penalty[st];
             double miss = t_reported - deadline;
             cand[i].t_s = t_reported;
-            cand[i].miss_s = keep_if(miss, miss > 0.0);
+            cand[i].miss_s = dh__place_keep_if(miss, miss > 0.0);
             cand[i].status = (uint8_t)st;
         }
         if (st == DH_CANDIDATE_OK) {
@@ -145,25 +132,6 @@ scan_servers(const dh_snapshot_t *snap, const dh_request_cost_t *req, const doub
             }
         }
     }
-}
-
-static int finish(dh_decision_t *out, int32_t server, dh_place_reason_t reason, int rc)
-{
-    out->server = server;
-    out->reason = reason;
-    return rc;
-}
-
-/* The better of two (T, index) candidates: smaller T, then lower index; -1 is none. */
-static int32_t better(int32_t a, double ta, int32_t b, double tb)
-{
-    if (a < 0)
-        return b;
-    if (b < 0)
-        return a;
-    if (ta < tb || (ta == tb && a < b))
-        return a;
-    return b;
 }
 
 int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_request_cost_t *req,
@@ -218,53 +186,74 @@ int dh_place(const dh_place_config_t *cfg, const dh_snapshot_t *snap, const dh_r
             }
         }
 
-    if (alive == 0)
-        return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                      dh__set_error(DH_ENOSERVER, "placement: none of %u servers is alive", n));
-
-    if (cfg->policy == DH_POLICY_LOCAL) {
-        if (local < 0 || (uint32_t)local >= n || !snap->servers[local].alive)
-            return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                          dh__set_error(DH_ENOSERVER,
-                                        "placement: the rank's local server (%d) "
-                                        "is not alive",
-                                        (int)local));
-        if (!local_ok)
-            return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                          dh__set_error(DH_EAGAIN,
-                                        "placement: local server %d is at its queue "
-                                        "cap",
-                                        (int)local));
-        return finish(out, local, DH_REASON_LOCAL_POLICY, 0);
-    }
-    if (eligible == 0)
-        return finish(out, -1, DH_REASON_NO_CANDIDATE,
-                      dh__set_error(DH_EAGAIN,
-                                    "placement: all %u live servers are at their "
-                                    "queue cap",
-                                    alive));
+    int rc;
+    int local_alive = local >= 0 && (uint32_t)local < n && snap->servers[local].alive;
+    if (dh__place_gate(cfg, n, alive, eligible, local, local_alive, local_ok, t_local, deadline,
+                       out, &rc))
+        return rc;
     if (least_request)
-        return finish(out, fewest_req, DH_REASON_LEAST_REQUEST, 0);
+        return dh__place_finish(out, fewest_req,
+                                dh__place_server_t(snap, req, (uint32_t)fewest_req), deadline,
+                                DH_REASON_LEAST_REQUEST, 0);
 
-    int32_t best_remote = better(best_other, t_best_other, best_same, t_best_same);
+    int32_t best_remote = dh__place_better(best_other, t_best_other, best_same, t_best_same);
     double t_remote = best_remote == best_same ? t_best_same : t_best_other;
 
     /* Rule 2: the local server meets D; a remote must beat it by the hysteresis margin. */
     if (local_ok && t_local <= deadline) {
-        double margin = cfg->hysteresis_frac * t_local;
-        if (margin < cfg->hysteresis_s)
-            margin = cfg->hysteresis_s;
+        double margin = dh__place_margin(cfg, t_local);
         if (best_remote >= 0 && t_remote <= deadline && t_local - t_remote > margin)
-            return finish(out, best_remote, DH_REASON_REMOTE_GAIN, 0);
-        return finish(out, local, DH_REASON_LOCAL_MEETS, 0);
+            return dh__place_finish(out, best_remote, t_remote, deadline, DH_REASON_REMOTE_GAIN, 0);
+        return dh__place_finish(out, local, t_local, deadline, DH_REASON_LOCAL_MEETS, 0);
     }
     /* Rule 3: least transfer among those that meet D (the local one misses here): the
      * consumer's node first (no transfer), then the others. */
     if (best_same >= 0 && t_best_same <= deadline)
-        return finish(out, best_same, DH_REASON_LEAST_TRANSFER, 0);
+        return dh__place_finish(out, best_same, t_best_same, deadline, DH_REASON_LEAST_TRANSFER, 0);
     if (best_other >= 0 && t_best_other <= deadline)
-        return finish(out, best_other, DH_REASON_LEAST_TRANSFER, 0);
+        return dh__place_finish(out, best_other, t_best_other, deadline, DH_REASON_LEAST_TRANSFER,
+                                0);
     /* Rule 4: all miss: earliest predicted finish, the local server included. */
-    int32_t earliest = local_ok ? better(local, t_local, best_remote, t_remote) : best_remote;
-    return finish(out, earliest, DH_REASON_EARLIEST_FINISH, 0);
+    int32_t earliest =
+        local_ok ? dh__place_better(local, t_local, best_remote, t_remote) : best_remote;
+    return dh__place_finish(out, earliest, earliest == local ? t_local : t_remote, deadline,
+                            DH_REASON_EARLIEST_FINISH, 0);
+}
+
+int dh__place_gate(const dh_place_config_t *cfg, uint32_t n, uint32_t alive, uint32_t eligible,
+                   int32_t local, int local_alive, int local_ok, double t_local, double deadline,
+                   dh_decision_t *out, int *rc)
+{
+    if (alive == 0) {
+        *rc = dh__place_finish(
+            out, -1, 0, deadline, DH_REASON_NO_CANDIDATE,
+            dh__set_error(DH_ENOSERVER, "placement: none of %u servers is alive", n));
+        return 1;
+    }
+    if (cfg->policy == DH_POLICY_LOCAL) {
+        if (!local_alive)
+            *rc = dh__place_finish(out, -1, 0, deadline, DH_REASON_NO_CANDIDATE,
+                                   dh__set_error(DH_ENOSERVER,
+                                                 "placement: the rank's local server (%d) "
+                                                 "is not alive",
+                                                 (int)local));
+        else if (!local_ok)
+            *rc = dh__place_finish(out, -1, 0, deadline, DH_REASON_NO_CANDIDATE,
+                                   dh__set_error(DH_EAGAIN,
+                                                 "placement: local server %d is at its queue "
+                                                 "cap",
+                                                 (int)local));
+        else
+            *rc = dh__place_finish(out, local, t_local, deadline, DH_REASON_LOCAL_POLICY, 0);
+        return 1;
+    }
+    if (eligible == 0) {
+        *rc = dh__place_finish(out, -1, 0, deadline, DH_REASON_NO_CANDIDATE,
+                               dh__set_error(DH_EAGAIN,
+                                             "placement: all %u live servers are at their "
+                                             "queue cap",
+                                             alive));
+        return 1;
+    }
+    return 0;
 }

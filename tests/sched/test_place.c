@@ -317,6 +317,27 @@ static void place_policy_names_round_trip(void **state)
     }
 }
 
+/* The decision carries the chosen server's T and miss (the same bits as its candidate entry),
+ * and NaN for both when nothing is chosen. */
+static void place_decision_reports_chosen_t_and_miss(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 0.5), server(1, 3.0)};
+    dh_request_cost_t r = request(1.0);
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    r.local_server = 1; /* local on node 1 misses D; server 0 meets it */
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 0);
+    assert_memory_equal(&d.t_s, &c[0].t_s, sizeof d.t_s);
+    assert_memory_equal(&d.miss_s, &c[0].miss_s, sizeof d.miss_s);
+    assert_int_equal(place(DH_POLICY_LOCAL, s, 2, &r, &d, c), 0);
+    assert_memory_equal(&d.t_s, &c[1].t_s, sizeof d.t_s);
+    assert_true(d.miss_s > 1.9 && d.miss_s == c[1].miss_s);
+    s[0].alive = s[1].alive = 0;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), DH_ENOSERVER);
+    assert_true(isnan(d.t_s) && isnan(d.miss_s));
+}
+
 /* Over random snapshots, every deadline decision satisfies what its reason claims. */
 static void place_rules_hold_on_random_snapshots(void **state)
 {
@@ -412,6 +433,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(place_least_request_counts_per_worker),
     cmocka_unit_test(place_local_policy_stays_local),
     cmocka_unit_test(place_policy_names_round_trip),
+    cmocka_unit_test(place_decision_reports_chosen_t_and_miss),
     cmocka_unit_test(place_rules_hold_on_random_snapshots),
 };
 DH_TEST_MAIN(tests)
