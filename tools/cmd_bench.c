@@ -309,7 +309,7 @@ static int run_sweep(dh_bench_options_t *o, const char *list, const char *json)
            o->dataset ? o->dataset : o->mix, o->ranks, o->batch, o->steps, o->warmup,
            o->local_servers, o->cores_per_server, o->link_gbps);
     printf("%-8s %-10s %6s %10s %6s %9s %11s %9s\n", "remote", "system", "cores", "samples/s",
-           "miss", "wait p95", "x-node MB/s", "link use");
+           "miss", "wait p95", "x-node MB/s", "~link use");
     /* One workload for every point: the compute model (a, b) and the miss threshold are
      * sized at the largest count (the balanced regime of the most cores) and kept for the
      * others, so a point differs from another only in its remote servers. */
@@ -341,9 +341,12 @@ static int run_sweep(dh_bench_options_t *o, const char *list, const char *json)
         const dh_bench_report_t *r = &reps[i];
         for (size_t k = 0; k < r->n_systems; k++) {
             const dh_bench_system_result_t *y = &r->systems[k];
-            /* bytes that crossed a link over the run's wall time, against what the links into
-             * the training nodes can carry together (one per local server's node) */
-            double mbps = y->wall_s > 0 ? y->cross_node_bytes / y->wall_s / 1e6 : 0;
+            /* bytes that crossed a link per second, against what the links into the training
+             * nodes can carry together (one per local server's node). The bytes are the whole
+             * run's, warm-up included, and wall_s the measured steps': the run is taken as
+             * (warm-up + steps) / steps times as long (steps alike), so this is an estimate */
+            double run_s = o->steps ? y->wall_s * (o->warmup + o->steps) / o->steps : 0;
+            double mbps = run_s > 0 ? y->cross_node_bytes / run_s / 1e6 : 0;
             double cap = o->link_gbps > 0 ? o->link_gbps * 1e9 / 8 * o->local_servers : 0;
             double use = cap > 0 ? mbps * 1e6 / cap : 0;
             printf("%-8u %-10s %6u %10.1f %5.0f%% %9.3f %11.1f %8.0f%%\n", counts[i], y->name,
