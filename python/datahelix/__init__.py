@@ -430,7 +430,7 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
         coord = _C.Coordinator(listen, policy=policy)
         coordinator = coord.endpoint
     try:
-        server = _C.DataServer(coordinator, node or socket.gethostname(),
+        server = _C.DataServer(coordinator, _node_name(node),
                                workers=workers or os.cpu_count() or 1,
                                pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes)
     except BaseException:
@@ -441,6 +441,12 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
     with _clusters_lock:
         _clusters.append(cluster)
     return cluster
+
+
+def _node_name(node: Optional[str]) -> str:
+    """A rank's or DataServer's node: as given, else DATAHELIX_NODE, else the host name
+    (machines or containers that share a host name set DATAHELIX_NODE)."""
+    return node or os.environ.get("DATAHELIX_NODE") or socket.gethostname()
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -496,7 +502,7 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         # other nodes reach it; one node on loopback stays on loopback
         host = endpoint[len("tcp://"):].rpartition(":")[0] if endpoint.startswith("tcp://") else ""
         multi = bool(host) and not host.startswith("127.") and host != "localhost"
-        server = _C.DataServer(endpoint, socket.gethostname(),
+        server = _C.DataServer(endpoint, _node_name(None),
                                workers=workers or os.cpu_count() or 1,
                                pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
                                data_listen="tcp://0.0.0.0:*" if multi else None,
@@ -805,7 +811,7 @@ class DataLoader:
             such as "8G" or "512M" (default: DH_ARENA_BUDGET, else a quarter of physical
             memory). Sets DH_ARENA_BUDGET for this process. A budget that cannot hold one
             step fails with a message naming the numbers.
-        node: this rank's node name (default: the host name).
+        node: this rank's node name (default: DATAHELIX_NODE, else the host name).
         connect_timeout: seconds to wait for the coordinator and the local DataServer.
         max_steps: stop each pass after this many steps (0: no limit).
         epochs: epochs one pass yields back to back, from the set_epoch one (1; 0: no end,
@@ -936,7 +942,7 @@ class DataLoader:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy)
         self.coordinator = coordinator
         self._client_kwargs = dict(
-            coordinator=coordinator, node=node, prefetch=prefetch,
+            coordinator=coordinator, node=_node_name(node), prefetch=prefetch,
             prefetch_max=prefetch_max or 0, seed=seed,
             shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], plan_window=plan_window,
             on_error=on_error,

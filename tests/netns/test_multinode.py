@@ -189,3 +189,41 @@ def test_a_link_down_for_3_s_costs_time_but_no_data(net3, tmp_path, datahelix):
     # the coordinator lost node-b's DataServer for the outage and took it back after
     assert re.search(r"DataServer 'local-b' \(pid \d+\) declared dead", log), log[-3000:]
     assert "DataServer 'local-b' is back" in log, log[-3000:]
+
+
+def test_torchrun_across_two_nodes(net3, tmp_path):
+    """examples/train_ddp.py under `torchrun --nnodes 2 --rdzv-backend c10d`, one process
+    per node namespace: rank 0 starts the coordinator on every interface, each node's local
+    rank 0 its DataServer, which advertises its node's address; the job trains."""
+    import sys
+    from conftest import ROOT
+    data = str(tmp_path / "video")
+    env = dict(os.environ, DH_CALIBRATION_CACHE=str(tmp_path / "calib.json"))
+    subprocess.run([CLI, "synth", "--out", data, "--mix", "kinetics-s", "--count", "8",
+                    "--seed", "1"], check=True, capture_output=True, env=env)
+    subprocess.run([CLI, "probe", os.path.join(data, "manifest.jsonl"), "-o",
+                    os.path.join(data, "profiles.jsonl")], check=True, capture_output=True,
+                   env=env)
+    procs = []
+    for i in range(2):
+        # the namespaces share the host name: each node names itself, gloo uses eth0
+        argv = ["env", f"DATAHELIX_NODE=node-{i}", "GLOO_SOCKET_IFNAME=eth0",
+                "OMP_NUM_THREADS=1", sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{net3.addr(0)}:29400", "--rdzv-id", "dhtest",
+                # c10d finds the store's host by host name, which the namespaces share
+                "--rdzv-conf", f"is_host={1 if i == 0 else 0}",
+                "--local-addr", net3.addr(i),
+                os.path.join(ROOT, "examples", "train_ddp.py"), "--data", data,
+                "--epochs", "2"]
+        procs.append(net3.popen(i, argv, str(tmp_path / f"node-{i}.log")))
+    for i, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node {i} did not finish:\n" + open(p.log).read()[-4000:])
+        assert rc == 0, f"node {i} exit {rc}:\n" + open(p.log).read()[-4000:]
+    out = open(procs[0].log).read()
+    assert len(re.findall(r"epoch \d+: mean loss", out)) == 2, out[-3000:]
+    assert f"data tcp://{net3.addr(1)}:" in out, "node-1's DataServer did not advertise " \
+        "its own address:\n" + out[-3000:]
