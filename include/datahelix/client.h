@@ -174,6 +174,11 @@ typedef struct dh_client_config {
     uint32_t first_epoch;     /* the first of them (0): batch 0 is global step
                                * first_epoch x steps-per-epoch (a loader's set_epoch) */
     uint64_t max_steps;       /* 0 = no limit besides epochs */
+    uint64_t first_step;      /* mid-epoch resume: batches of this client's run already
+                               * delivered (0): it starts at global step first_epoch x
+                               * steps-per-epoch + first_step and delivers what was left of
+                               * its epochs / max_steps, the batches an uninterrupted run
+                               * would have (docs/python.md, "Resume") */
     dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
     /* Tier-1 planning of each step's window of ranks x batch rows (plan.h):
      * DH_SHARE_TOKEN_BALANCED (1): exactly `batch` rows per rank, by tokens (default);

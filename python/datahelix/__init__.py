@@ -926,6 +926,7 @@ class DataLoader:
         self.prefetch = prefetch
         self.on_error = on_error
         self.plan = plan
+        self.plan_window = plan_window
         self.max_steps = max_steps
         if epochs < 0:
             raise InvalidArgumentError(f"epochs must be >= 0, not {epochs}")
@@ -959,6 +960,8 @@ class DataLoader:
         self.rebalance = rebalance_spec is not None
         self._captions = _load_captions(paths["manifest"])
         self._epoch = 0
+        self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
+        self._yielded = 0      # batches of the current pass yielded so far
         self._client: Optional[_C.Client] = None
         self._client_epoch = -1
         self._len: Optional[int] = None
@@ -973,10 +976,10 @@ class DataLoader:
         self._close_client()
         self._client = _C.Client(self.profiles, self.rank, self.world_size, self.batch_size,
                                  epochs=self.epochs, first_epoch=epoch,
-                                 max_steps=self.max_steps,
+                                 max_steps=self.max_steps, first_step=self._resume_step,
                                  **self._client_kwargs)
         self._client_epoch = epoch
-        self._len = int(self._client.stats()["steps_total"])
+        self._len = int(self._client.stats()["steps_total"]) + self._resume_step
         return self._client
 
     def _close_client(self) -> None:
@@ -1028,6 +1031,8 @@ class DataLoader:
         if epoch < 0:
             raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
         self._epoch = int(epoch)
+        self._resume_step = 0
+        self._yielded = 0
 
     def __len__(self) -> int:
         """Batches this rank gets per pass (per epoch with epochs=1; the same on every
@@ -1041,15 +1046,57 @@ class DataLoader:
         client = self._open(self._epoch)
         # The client is consumed by this pass; a new pass opens a new one.
         self._client_epoch = -1
+        self._yielded = self._resume_step
+        self._resume_step = 0
         try:
             while True:
                 batch = client.next()
                 if batch is None:
                     return
-                yield self._to_torch(batch)
+                out = self._to_torch(batch)
+                self._yielded += 1
+                yield out
         finally:
             if self._client is client:
                 self._close_client()
+
+    # -- resume ---------------------------------------------------------------------------
+
+    _STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window",
+                   "epochs", "max_steps")
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this rank's data stands, for a checkpoint (as torchdata's
+        StatefulDataLoader): the epoch of the pass, the batches of it already yielded, and
+        the settings the order depends on. ``load_state_dict`` of it on a new loader with
+        the same settings makes the next pass yield exactly the batches that were left, in
+        the order an uninterrupted run would have. A plain dict of ints, str and bool: it
+        goes in a ``torch.save`` or a ``torch.distributed.checkpoint`` state as it is."""
+        state: Dict[str, Any] = {"version": 1, "rank": self.rank, "epoch": self._epoch,
+                                 "step": self._resume_step or self._yielded}
+        for key in self._STATE_KEYS:
+            state[key] = getattr(self, key)
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes from ``state_dict()``: the next pass starts at its epoch and step. Raises
+        InvalidArgumentError naming the setting that differs (the order would not be the
+        same), or when a pass is under way."""
+        if not isinstance(state, dict) or state.get("version") != 1:
+            raise InvalidArgumentError("not a DataLoader state_dict (version 1)")
+        if self._client is not None:
+            raise InvalidArgumentError("load_state_dict during a pass: call it before iterating")
+        for key in self._STATE_KEYS:
+            if key in state and state[key] != getattr(self, key):
+                raise InvalidArgumentError(
+                    f"state_dict: {key} was {state[key]!r}, this loader has "
+                    f"{getattr(self, key)!r}: the order would differ")
+        step = int(state.get("step", 0))
+        if step < 0:
+            raise InvalidArgumentError(f"state_dict: step {step} < 0")
+        self.set_epoch(int(state.get("epoch", 0)))
+        self._resume_step = step
+        self._yielded = 0
 
     def stats(self) -> Dict[str, Any]:
         """The client's counters (batches, samples, samples_failed, wait_s, notices,

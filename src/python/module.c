@@ -1778,11 +1778,13 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "local_ranks",
                              "rebalance",
                              "plan_window",
+                             "first_step",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     const char *on_error = "raise";
-    unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes;
+    unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes,
+                       first_step = 0;
     unsigned rank = 0, ranks = 1, batch = 0, fanout = cfg.fanout, prefetch = cfg.prefetch,
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
              workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks,
@@ -1790,11 +1792,12 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     PyObject *rebalance = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOI", kwlist, &cfg.profiles, &rank, &ranks,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIK", kwlist, &cfg.profiles, &rank, &ranks,
             &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
             &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
             &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
-            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance, &plan_window))
+            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance, &plan_window,
+            &first_step))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -1820,6 +1823,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.shuffle = shuffle;
     cfg.epochs = epochs;
     cfg.first_epoch = first_epoch;
+    cfg.first_step = first_step;
     cfg.max_steps = max_steps;
     cfg.token_plan = token_plan;
     cfg.plan_window = plan_window;

@@ -411,10 +411,12 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         (rc = dh_sampler_new(&c->plan_sampler, n, per_step, cfg->seed, cfg->shuffle)))
         goto fail;
     c->steps_per_epoch = dh_sampler_steps_per_epoch(c->sampler);
-    c->step0 = (uint64_t)c->steps_per_epoch * cfg->first_epoch;
+    c->step0 = (uint64_t)c->steps_per_epoch * cfg->first_epoch + cfg->first_step;
     c->total = cfg->epochs ? (uint64_t)c->steps_per_epoch * cfg->epochs : UINT64_MAX;
     if (cfg->max_steps && cfg->max_steps < c->total)
         c->total = cfg->max_steps;
+    if (c->total != UINT64_MAX) /* resumed: what is left of the run */
+        c->total = cfg->first_step < c->total ? c->total - cfg->first_step : 0;
     uint32_t depth = cfg->prefetch_max > cfg->prefetch ? cfg->prefetch_max : cfg->prefetch;
     c->horizon = cfg->prefetch;
     c->ring_size = (size_t)depth * cfg->fanout;

@@ -78,6 +78,52 @@ static void base_config(dh_client_config_t *cfg, const char *profiles, const cha
 
 #define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}"
 
+/* Mid-epoch resume (first_step): a client started k batches into its run (epochs 2, so the
+ * resume crosses an epoch boundary) delivers exactly the batches an uninterrupted one
+ * delivers from its k-th on, with their global steps and epochs. */
+static void embedded_resume_at_first_step_continues_the_run(void **state)
+{
+    const char *profiles = cl_write_profiles("p.jsonl", 24); /* 6 steps an epoch */
+    enum { RUN = 12, K = 5 };
+    char full[RUN][4][32];
+    uint64_t step_of[RUN];
+    for (int pass = 0; pass < 2; pass++) {
+        dh_client_config_t cfg;
+        base_config(&cfg, profiles, SYNTH);
+        cfg.epochs = 2;
+        cfg.first_epoch = 1;
+        cfg.plan_window = 2;
+        cfg.first_step = pass ? K : 0;
+        dh_client_t *c = NULL;
+        assert_int_equal(dh_client_new(&c, &cfg), 0);
+        dh_client_stats_t st;
+        dh_client_stats(c, &st);
+        assert_int_equal(st.steps_total, pass ? RUN - K : RUN);
+        dh_client_batch_t *b = NULL;
+        int at = pass ? K : 0, rc;
+        while ((rc = dh_client_next(c, &b)) == 0) {
+            assert_true(at < RUN);
+            assert_int_equal(b->n_samples, 4);
+            if (!pass) {
+                step_of[at] = b->step;
+                for (int i = 0; i < 4; i++)
+                    snprintf(full[at][i], sizeof full[at][i], "%s", b->samples[i].id);
+            } else {
+                assert_int_equal(b->step, step_of[at]);
+                assert_int_equal(b->epoch, (uint32_t)(step_of[at] / 6));
+                for (int i = 0; i < 4; i++)
+                    assert_string_equal(b->samples[i].id, full[at][i]);
+            }
+            at++;
+            dh_client_batch_release(&b);
+        }
+        assert_int_equal(rc, DH_EEOF);
+        assert_int_equal(at, RUN);
+        dh_client_destroy(&c);
+    }
+    assert_int_equal(step_of[0], 6); /* first_epoch 1 */
+}
+
 static void embedded_epoch_in_order_exactly_once(void **state)
 {
     const char *profiles = cl_write_profiles("p.jsonl", 64);
@@ -921,6 +967,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_join_copy_is_charged_and_counted),
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
+        cmocka_unit_test(embedded_resume_at_first_step_continues_the_run),
         cmocka_unit_test(prefetch_keeps_to_its_share_of_the_arena),
         cmocka_unit_test(embedded_arena_sized_from_data_within_budget),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
