@@ -194,6 +194,10 @@ typedef struct dh_client_config {
                            * (dh_plan_window_share; docs/planner.md) */
     dh_on_error_t on_error;
     int next_timeout_ms;         /* next() gives up with DH_EAGAIN after this (-1 = never) */
+    int coordinator_timeout_ms;  /* the coordinator silent this long (it answers the
+                                  * client's HELLO every 500 ms): next() fails with DH_EAGAIN
+                                  * saying so (60000; -1 = never). A coordinator restarted
+                                  * at the same endpoint within it gets the requests again */
     int connect_timeout_ms;      /* creation waits this long for the coordinator (30000) */
     void *zmq_ctx;               /* borrowed ZeroMQ context (NULL = its own); needed to reach
                                   * inproc:// endpoints of servers in this process */

@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define DH_WIRE_MAGIC "DHX1"
-#define DH_WIRE_VERSION 3
+#define DH_WIRE_VERSION 4
 #define DH_WIRE_HEADER_SIZE 20
 #define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
@@ -91,6 +91,10 @@ typedef struct dh_msg_hello {
                            * arena fd; "" otherwise */
     uint32_t pid;         /* the sender's process id */
     uint32_t rank;        /* a client's rank (0 otherwise) */
+    uint64_t incarnation; /* the coordinator's: a random id of its process, in the HELLOs
+                           * it sends (0 from anyone else); a client that sees it change
+                           * knows the coordinator restarted and sends again what is
+                           * outstanding (docs/runtime.md, "Failures") */
 } dh_msg_hello_t;
 
 typedef struct dh_wire_link_bw {

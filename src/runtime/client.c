@@ -103,6 +103,7 @@ void dh_client_config_default(dh_client_config_t *cfg)
     cfg->token_plan = DH_SHARE_TOKEN_BALANCED;
     cfg->on_error = DH_ON_ERROR_RAISE;
     cfg->next_timeout_ms = -1;
+    cfg->coordinator_timeout_ms = 60000;
     cfg->connect_timeout_ms = 30000;
     cfg->workers = 2;
     cfg->arena_bytes = 0; /* what the horizon needs, within arena_budget_bytes */
@@ -202,6 +203,8 @@ static int register_with_coordinator(dh_client_t *c)
         dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 200);
         rc = dh_wire_recv(c->coord, 200, &r);
         if (rc == 0 && r.msg.type == DH_MSG_HELLO) {
+            c->coord_incarnation = r.msg.hello.incarnation;
+            c->coord_heard_ns = c->coord_pinged_ns = dh_clock_now_ns();
             snprintf(c->ds.name, NAME_CAP, "%s", r.msg.hello.name);
             snprintf(c->ds.endpoint, ENDPOINT_CAP, "%s", r.msg.hello.endpoint);
             snprintf(c->ds.shm_socket, NAME_CAP, "%s", r.msg.hello.shm_socket);

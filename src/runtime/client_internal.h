@@ -193,6 +193,13 @@ struct dh_client {
      * next() fails rather than wait for a batch that will not come. */
     int refused;
     char refused_msg[2 * NAME_CAP];
+    /* The coordinator's liveness (sender thread): the incarnation of its HELLOs (wire.h; a
+     * change means it restarted: the requests of every batch not received go out again),
+     * when it was last heard from, when the last HELLO went to it, and whether to send one
+     * now (it answered a REQUEST with "unknown client"). */
+    uint64_t coord_incarnation;
+    uint64_t coord_heard_ns, coord_pinged_ns;
+    bool coord_rehello, coord_resend;
 
     rb_state_t rb; /* tier 2 */
 

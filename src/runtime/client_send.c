@@ -140,7 +140,17 @@ static int plan_batch(dh_client_t *c, uint64_t b, planned_t *pl)
     return 0;
 }
 
-static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, double deadline)
+/* The part's ring entry holds its delivery (under c->lock). */
+static bool part_received(dh_client_t *c, uint64_t seq)
+{
+    const part_t *e = &c->ring[seq % c->ring_size];
+    return e->ready && e->seq == seq;
+}
+
+/* Sends batch b's requests, one per part; `again` (the coordinator restarted): only the
+ * parts not received yet, and nothing else of the batch's state is touched. */
+static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, double deadline,
+                               bool again)
 {
     size_t cap = pl->cap;
     const uint32_t *rows = pl->rows;
@@ -171,10 +181,12 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
     for (int i = 0; i < n; i++)
         tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
     pthread_mutex_lock(&c->lock);
-    c->tokens_of[b % c->tokens_ring] = tokens;
-    c->requested_of[b % c->tokens_ring] = dh_clock_now_ns();
+    if (!again) {
+        c->tokens_of[b % c->tokens_ring] = tokens;
+        c->requested_of[b % c->tokens_ring] = dh_clock_now_ns();
+    }
     pthread_mutex_unlock(&c->lock);
-    if (slots) { /* the empty slots are there at once: nothing to request */
+    if (slots && !again) { /* the empty slots are there at once: nothing to request */
         pthread_mutex_lock(&c->lock);
         for (uint32_t p = (uint32_t)n; p < parts; p++) {
             part_t *e = &c->ring[(b * parts + p) % c->ring_size];
@@ -185,6 +197,13 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
         pthread_mutex_unlock(&c->lock);
     }
     for (uint32_t p = 0; p < (slots ? (uint32_t)n : parts); p++) {
+        if (again) {
+            pthread_mutex_lock(&c->lock);
+            bool have = part_received(c, b * parts + p);
+            pthread_mutex_unlock(&c->lock);
+            if (have)
+                continue;
+        }
         uint32_t k = 0;
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
@@ -213,9 +232,88 @@ done:
     return rc;
 }
 
+/* The coordinator restarted (a new incarnation): it forgot every request, so the requests
+ * of every batch planned and not received go to it again (a part already under way
+ * somewhere may then arrive twice: the fetcher keeps the first). */
+static void send_outstanding_again(dh_client_t *c)
+{
+    planned_t lp = {.n = -1,
+                    .cap = c->cfg.token_plan == DH_SHARE_TOKEN_PACKED
+                               ? (size_t)c->cfg.ranks * c->cfg.batch
+                               : c->cfg.batch};
+    lp.rows = dh_malloc(lp.cap * sizeof *lp.rows);
+    if (!lp.rows) {
+        c->coord_resend = true; /* try again on the next round */
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    uint64_t from = c->consumed, to = c->planned;
+    pthread_mutex_unlock(&c->lock);
+    uint64_t sent = 0;
+    for (uint64_t b = from; b < to && !atomic_load(&c->stop); b++) {
+        uint32_t parts = c->cfg.fanout;
+        bool all = true;
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t p = 0; p < parts && all; p++)
+            all = part_received(c, b * parts + p);
+        double d = all ? 0 : dh__client_deadline_s(c, b);
+        pthread_mutex_unlock(&c->lock);
+        if (all)
+            continue;
+        if (plan_batch(c, b, &lp) == 0 && send_batch_requests(c, b, &lp, d, true) == 0)
+            sent++;
+        else
+            c->coord_resend = true;
+    }
+    dh_free(lp.rows);
+    dh_log_warn("client '%s': the coordinator %s restarted: sent the requests of %llu batches "
+                "not received again (batches %llu..%llu)",
+                c->id, c->coord_endpoint, (unsigned long long)sent, (unsigned long long)from,
+                (unsigned long long)(to ? to - 1 : 0));
+}
+
+/* The coordinator's liveness, on the sender thread: a HELLO every PING_NS (and at once after
+ * "unknown client"), whose answer carries the incarnation; the requests again after a
+ * restart; and an error for next() when it stays silent past coordinator_timeout_ms. */
+#define PING_NS 500000000ull
+static void coordinator_liveness(dh_client_t *c)
+{
+    uint64_t now = dh_clock_now_ns();
+    if (c->coord_rehello || now - c->coord_pinged_ns >= PING_NS) {
+        dh_msg_t m = dh__client_hello(c);
+        (void)dh_wire_send(c->coord, NULL, 0, &m, NULL, 0, 0); /* queued while it is away */
+        c->coord_pinged_ns = now;
+        c->coord_rehello = false;
+    }
+    if (c->coord_resend) {
+        c->coord_resend = false;
+        send_outstanding_again(c);
+    }
+    int limit = c->cfg.coordinator_timeout_ms;
+    if (limit >= 0 && c->coord_heard_ns && now - c->coord_heard_ns > (uint64_t)limit * 1000000ull) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->refused) {
+            c->refused = DH_EAGAIN;
+            snprintf(c->refused_msg, sizeof c->refused_msg,
+                     "the coordinator %.120s has not answered for %d ms (coordinator_timeout_ms): "
+                     "it is down, or restarted elsewhere",
+                     c->coord_endpoint, limit);
+            dh_log_error("client '%s': %s", c->id, c->refused_msg);
+        }
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
 static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
 {
+    c->coord_heard_ns = dh_clock_now_ns();
     if (r->msg.type == DH_MSG_HELLO) {
+        uint64_t inc = r->msg.hello.incarnation;
+        if (inc && c->coord_incarnation && inc != c->coord_incarnation)
+            c->coord_resend = true;
+        if (inc)
+            c->coord_incarnation = inc;
         pthread_mutex_lock(&c->lock);
         bool changed = strcmp(c->ds.endpoint, r->msg.hello.endpoint) != 0 ||
                        strcmp(c->ds.shm_socket, r->msg.hello.shm_socket) != 0;
@@ -229,6 +327,14 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
         if (changed)
             dh_log_info("client '%s': local DataServer is now '%s' (%s)", c->id, r->msg.hello.name,
                         r->msg.hello.endpoint);
+    } else if (r->msg.type == DH_MSG_ERROR && r->msg.error.code == DH_EUNKNOWN) {
+        /* it does not know us: a restarted coordinator. Register again; its answer (a new
+         * incarnation) sends the outstanding requests again. */
+        if (!c->coord_rehello)
+            dh_log_info("client '%s': the coordinator does not know this client (restarted?): "
+                        "registering again",
+                        c->id);
+        c->coord_rehello = true;
     } else if (r->msg.type == DH_MSG_ERROR) {
         dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
                     r->msg.error.message);
@@ -263,6 +369,7 @@ void *dh__client_sender_main(void *arg)
             on_coord_message(c, &r);
             dh_wire_received_release(&r);
         }
+        coordinator_liveness(c);
         for (;;) {
             pthread_mutex_lock(&c->lock);
             uint64_t b = c->planned;
@@ -289,7 +396,7 @@ void *dh__client_sender_main(void *arg)
             pthread_mutex_unlock(&c->lock);
             if (!go)
                 break;
-            while ((rc ? rc : (rc = send_batch_requests(c, b, &pl, d))) != 0 &&
+            while ((rc ? rc : (rc = send_batch_requests(c, b, &pl, d, false))) != 0 &&
                    !atomic_load(&c->stop)) {
                 dh_wire_recv(c->coord, 100, &r) == 0
                     ? (on_coord_message(c, &r), dh_wire_received_release(&r))

@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "core/internal.h"
@@ -33,6 +34,7 @@
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/log.h"
+#include "datahelix/rng.h"
 #include "datahelix/place.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
@@ -128,6 +130,9 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
         setvbuf(c->telemetry, NULL, _IOLBF, 0);
     }
     c->start_ns = dh_clock_now_ns();
+    /* never 0 (what anyone else sends); a restart at the same endpoint draws another */
+    c->incarnation =
+        dh_rng_mix(c->start_ns ^ ((uint64_t)getpid() << 32), (uint64_t)(uintptr_t)c) | 1;
     *out = c;
     return 0;
 fail:
@@ -218,6 +223,7 @@ static void tell_client(dh_coordinator_t *c, client_t *cl, int32_t ds)
     m.hello.endpoint = s->endpoint;
     m.hello.shm_socket = s->shm_socket;
     m.hello.pid = s->pid;
+    m.hello.incarnation = c->incarnation;
     if (dh__coord_send_to(c, cl->name, &m) == 0)
         cl->told = ds;
 }
@@ -235,6 +241,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     if (h->role == DH_WIRE_ROLE_CLIENT) {
         int32_t idx;
         client_t *cl = dh__coord_find_client(c, peer, &idx);
+        bool fresh = cl == NULL; /* a known client repeats its HELLO as a liveness check */
         if (!cl) {
             int rc = dh__coord_grow((void **)&c->clients, &c->cap_clients, c->n_clients + 1,
                                     sizeof *c->clients);
@@ -246,6 +253,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
             snprintf(cl->name, NAME_CAP, "%s", peer);
             dh__count(&c->counters.clients, 1);
         }
+        int32_t told = fresh ? -1 : cl->told;
         cl->node = node_index(c, h->node);
         cl->rank = h->rank;
         cl->pid = h->pid;
@@ -257,9 +265,10 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
             send_error(c, peer, DH_ENOSERVER, text);
             return;
         }
-        dh_log_info("coordinator: client '%s' (rank %u, node '%s', pid %u) -> local DataServer "
-                    "'%s'",
-                    peer, h->rank, h->node, h->pid, c->servers[ds].name);
+        if (fresh || told != ds)
+            dh_log_info("coordinator: client '%s' (rank %u, node '%s', pid %u) -> local "
+                        "DataServer '%s'",
+                        peer, h->rank, h->node, h->pid, c->servers[ds].name);
         tell_client(c, cl, ds);
         return;
     }
@@ -499,7 +508,10 @@ static void on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t
     dh_msg_request_t *q = &r->msg.request;
     int32_t ci;
     if (!dh__coord_find_client(c, q->client_id, &ci) || strcmp(peer, q->client_id) != 0) {
-        send_error(c, peer, DH_EINVAL, "REQUEST from a client that has not sent HELLO");
+        /* DH_EUNKNOWN: the client registers again and sends what is outstanding (after a
+         * coordinator restart, which forgot every client) instead of failing */
+        send_error(c, peer, DH_EUNKNOWN,
+                   "REQUEST from a client this coordinator does not know: send HELLO");
         return;
     }
     if (find_entry(c, q->client_id, q->seq, NULL))

@@ -121,7 +121,8 @@ struct dh_coordinator {
     dh_candidate_t *cand;
     size_t cap_snap;
     uint64_t start_ns;
-    bool pending_work; /* entries to place exist */
+    uint64_t incarnation; /* random id of this process, in the HELLOs it sends (wire.h) */
+    bool pending_work;    /* entries to place exist */
 
     dh__coord_counters_t counters; /* any thread (counters.h) */
 

@@ -97,7 +97,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(STR, endpoint)                                                                              \
     XX(STR, shm_socket)                                                                            \
     XX(U32, pid)                                                                                   \
-    XX(U32, rank)
+    XX(U32, rank)                                                                                  \
+    XX(U64, incarnation)
 
 #define LINK_FIELDS(XX)                                                                            \
     XX(STR, node)                                                                                  \

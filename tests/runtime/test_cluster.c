@@ -431,6 +431,51 @@ static void cluster_kill9_sidecar_mid_epoch(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The coordinator killed (SIGKILL) mid-epoch and restarted at the same endpoint at once,
+ * 20 times, each at another point of the epoch: the DataServers register again (their
+ * heartbeat is answered "unknown"), the clients see the new incarnation in the answer to
+ * their HELLO (or "unknown client" to a REQUEST), register again and send the requests of
+ * every batch not received: every epoch completes, exactly once and in order. */
+static void cluster_coordinator_kill9_restarted(void **state)
+{
+    for (int run = 0; run < 20; run++) {
+        cluster_t c = {0};
+        for (int r = 0; r < RANKS; r++) { /* the last run's ledgers would end the wait below */
+            char name[32];
+            snprintf(name, sizeof name, "rank-%d.jsonl", r);
+            unlink(dh_test_path(name));
+        }
+        start_servers(&c, true, "deadline", 2);
+        start_ranks(&c, NULL, "3");
+        cl_wait_lines(c.ledgers[run % RANKS], 2 + (run * 7) % (STEPS / 2), T_MS);
+        /* mid-epoch: that rank had not finished when the coordinator died */
+        assert_true(cl_count(c.ledgers[run % RANKS], "\n") < STEPS);
+        cl_signal(&c.coord, SIGKILL);
+        assert_int_equal(cl_wait_exit(&c.coord, 5000), 128 + SIGKILL);
+        char *cargv[] = {"datahelix",      "coordinator",     "--listen", c.coord_ep, "--policy",
+                         (char *)c.policy, "--dead-after-ms", "400",      NULL};
+        cl_spawn(&c.coord, "coordinator-again", cargv);
+        cl_wait_log(c.coord.log, "coordinator: listening on", 1, 10000);
+        finish_ranks(&c);
+        ledger_summary_t s = check_ledgers(&c);
+        assert_int_equal(s.errors, 0);
+        /* the clients saw the restart and sent what was outstanding again */
+        int saw = 0;
+        for (int r = 0; r < RANKS; r++)
+            saw += cl_count(c.ranks[r].log, "restarted: sent the requests of");
+        if (saw == 0)
+            print_error("run %d: no client saw the coordinator restart\n", run);
+        assert_true(saw > 0);
+        for (int i = 0; i < 4; i++) { /* all four came back to the new one */
+            char needle[128];
+            snprintf(needle, sizeof needle, "DataServer '%s' registered", server_names[i]);
+            cl_wait_log(c.coord.log, needle, 1, 10000);
+        }
+        stop_all(&c);
+        cl_assert_no_leftovers();
+    }
+}
+
 static void cluster_kill9_local_server_restarted(void **state)
 {
     cluster_t c = {0};
@@ -683,6 +728,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(cluster_kill9_sidecar_mid_epoch, cl_teardown),
         cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
+        cmocka_unit_test_teardown(cluster_coordinator_kill9_restarted, cl_teardown),
         cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
         cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
         cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),

@@ -104,7 +104,8 @@ static dh_msg_t fixture(unsigned type)
                                    (char *)"tcp://10.0.0.17:7001",
                                    (char *)"datahelix-4242-0",
                                    4242,
-                                   3};
+                                   3,
+                                   0x0123456789abcdefull};
         break;
     case DH_MSG_HEARTBEAT:
         m.heartbeat = (dh_msg_heartbeat_t){.workers = 32,
@@ -462,7 +463,8 @@ static void wire_bodies_keep_their_bytes(void **state)
         size_t len;
         uint64_t fnv1a;
     } want[DH_MSG_TYPE_MAX + 1] = {
-        [DH_MSG_HELLO] = {107, 0x75654c5cab827d8bull},
+        /* 115: the coordinator's incarnation (u64) */
+        [DH_MSG_HELLO] = {115, 0xa8435da906a79b8bull},
         /* 104: dispatches_seen (u64) and read_bytes_per_s (f64), and each link's latency_s
          * (f64) after its bytes_per_s (2 links) */
         [DH_MSG_HEARTBEAT] = {104, 0x1c07837b9886e9a7ull},
@@ -500,7 +502,7 @@ static void wire_header_layout_is_little_endian(void **state)
     in.sender_seq = 0x1122334455667788ull;
     encoded_t e = encode(&in);
     const uint8_t want[DH_WIRE_HEADER_SIZE] = {
-        'D', 'H', 'X', '1', 3, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+        'D', 'H', 'X', '1', 4, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
     assert_memory_equal(e.header, want, sizeof want);
     assert_int_equal(e.body_len, 0);
     dh_wire_header_t h;
@@ -519,7 +521,7 @@ static void wire_refuses_another_version(void **state)
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
                      DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "version 1"));
-    assert_non_null(strstr(dh_last_error(), "version 3"));
+    assert_non_null(strstr(dh_last_error(), "version 4"));
     e.header[4] = 0;
     e.header[5] = 1; /* version 256 */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
