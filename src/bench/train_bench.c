@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -907,6 +908,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
         max_sum += mx;
     }
     res->wall_s = dh_clock_elapsed_s(run.t_begin, run.t_end);
+    struct rusage ru; /* the process's peak so far: the arenas' pages in use are most of it */
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        res->peak_rss_mb = (double)ru.ru_maxrss / 1024.0;
     res->throughput_sps = res->wall_s > 0 ? samples / res->wall_s : 0;
     res->input_wait_p50_s = dh_stats_percentile(waits, 50);
     res->input_wait_p95_s = dh_stats_percentile(waits, 95);
@@ -1129,6 +1133,14 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
     uint32_t real_cores = opt->dataset ? (uint32_t)(online > 0 ? online : 1) : 0;
     uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
     uint32_t cores_for_auto = real_cores && real_cores < helix_cores ? real_cores : helix_cores;
+    if (real_cores && helix_cores > 4 * real_cores)
+        dh_log_warn("bench: %u decode workers (%u servers x %u cores) on %u real cores: real "
+                    "decode oversubscribes the CPUs %.0fx, so every system's batches queue for "
+                    "CPU time (minutes for a few steps) and daemons compete with the workers; "
+                    "give --local-servers, --remote-servers and --cores-per-server that fit the "
+                    "machine (e.g. --local-servers 1 --remote-servers 0 --cores-per-server %u)",
+                    helix_cores, opt->local_servers + opt->remote_servers, opt->cores_per_server,
+                    real_cores, (double)helix_cores / real_cores, 2 * real_cores);
     double ts = opt->dataset ? 1 : opt->time_scale;
     double a, b;
     if (opt->compute_auto) {
@@ -1265,12 +1277,13 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"balance\":%.9g,\"balance_bound\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_"
                 "compute_sum_s\":%.9g,"
                 "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
-                "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g",
+                "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g,\"peak_rss_mb\":%.1f",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->balance_bound,
                 s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
-                s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s);
+                s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s,
+                s->peak_rss_mb);
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);

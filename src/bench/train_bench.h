@@ -132,6 +132,8 @@ typedef struct dh_bench_system_result {
                            * partitioned exactly by their actual tokens (see
                            * docs/benchmarks.md, "The balance bound") */
     double wall_s;
+    double peak_rss_mb;        /* the bench process's peak resident memory when this system's run
+                                * ended (getrusage: a running maximum over the systems so far) */
     double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
                                 * (emulated: their actual costs x time_scale) */
     double max_compute_sum_s;  /* the largest rank's compute, summed per step */

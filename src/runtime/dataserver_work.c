@@ -3,8 +3,11 @@
  * and where a task's output goes: arena slabs for a local target (waiting for space, then
  * spilling to the heap), heap buffers for a sidecar's. Threads: see dataserver.c.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,6 +25,9 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/rt.h"
+
+/* The nice value of worker threads (setpriority on the thread): see dh__ds_worker_main. */
+#define WORKER_NICE 5
 
 /* ---- the queues (under s->lock) ---- */
 
@@ -149,6 +155,13 @@ void *dh__ds_worker_main(void *arg)
     dh_dataserver_t *s = ((worker_arg_t *)arg)->s;
     uint32_t index = ((worker_arg_t *)arg)->index;
     dh_free(arg);
+    /* Below the loop and everything else of the process: many workers on few cores must not
+     * starve the thread that sends heartbeats and delivers (a live server declared dead:
+     * docs/runtime.md, "Failures"), nor, embedded, the training loop. A Python worker
+     * process inherits it. */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), WORKER_NICE) != 0)
+        dh_log_debug("DataServer '%s': cannot lower a worker's priority: %s", s->name,
+                     strerror(errno));
     if (s->cfg.worker_cpus) {
         cpu_set_t set;
         CPU_ZERO(&set);
