@@ -61,6 +61,9 @@ static void usage(FILE *out)
             "      --check-payload         verify each synthetic sample's bytes start with its id\n"
             "  -t, --timeout-ms N          give up when a batch is not ready within N ms\n"
             "                              (default 120000)\n"
+            "      --coordinator-timeout-ms N  fail when the coordinator has not answered\n"
+            "                              for N ms, or this node has had no live local\n"
+            "                              DataServer for N ms (default 60000)\n"
             "      --pipeline SPEC.json    embedded mode: the DataServer's pipeline spec\n"
             "      --workers N             embedded mode: its workers (default 2)\n"
             "      --plan-window W         tier 1 plans W consecutive steps of an epoch together\n"
@@ -153,7 +156,8 @@ int dh_cmd_consume(int argc, char **argv)
         OPT_RB_BUFFER,
         OPT_PLAN_WINDOW,
         OPT_RB_GAIN,
-        OPT_RB_LATE
+        OPT_RB_LATE,
+        OPT_COORD_TIMEOUT
     };
     static const struct option options[] = {
         {"coordinator", required_argument, NULL, 'c'},
@@ -181,6 +185,7 @@ int dh_cmd_consume(int argc, char **argv)
         {"plan-window", required_argument, NULL, OPT_PLAN_WINDOW},
         {"rebalance-min-gain", required_argument, NULL, OPT_RB_GAIN},
         {"rebalance-late-ms", required_argument, NULL, OPT_RB_LATE},
+        {"coordinator-timeout-ms", required_argument, NULL, OPT_COORD_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     dh_client_config_t cfg;
@@ -287,6 +292,11 @@ int dh_cmd_consume(int argc, char **argv)
                 return 2;
             timeout_ms = (int)v;
             break;
+        case OPT_COORD_TIMEOUT:
+            if (dh_cli_parse_u64(CMD, "--coordinator-timeout-ms", optarg, 1, 86400000, &v))
+                return 2;
+            cfg.coordinator_timeout_ms = (int)v;
+            break;
         case OPT_PIPELINE:
             cfg.pipeline_path = optarg;
             break;
@@ -390,6 +400,11 @@ int dh_cmd_consume(int argc, char **argv)
         if (rc == DH_EAGAIN) {
             fprintf(stderr, "datahelix consume: rank %u: batch not ready within %d ms\n", cfg.rank,
                     timeout_ms);
+            status = 1;
+            break;
+        }
+        if (rc == DH_ENOSERVER) { /* no local DataServer for this node: nothing more comes */
+            fprintf(stderr, "datahelix consume: rank %u: %s\n", cfg.rank, dh_last_error());
             status = 1;
             break;
         }

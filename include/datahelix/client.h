@@ -197,7 +197,9 @@ typedef struct dh_client_config {
     int coordinator_timeout_ms;  /* the coordinator silent this long (it answers the
                                   * client's HELLO every 500 ms): next() fails with DH_EAGAIN
                                   * saying so (60000; -1 = never). A coordinator restarted
-                                  * at the same endpoint within it gets the requests again */
+                                  * at the same endpoint within it gets the requests again;
+                                  * and this node without a live local DataServer this long
+                                  * fails next() with DH_ENOSERVER */
     int connect_timeout_ms;      /* creation waits this long for the coordinator (30000) */
     void *zmq_ctx;               /* borrowed ZeroMQ context (NULL = its own); needed to reach
                                   * inproc:// endpoints of servers in this process */

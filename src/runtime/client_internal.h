@@ -199,6 +199,8 @@ struct dh_client {
      * now (it answered a REQUEST with "unknown client"). */
     uint64_t coord_incarnation;
     uint64_t coord_heard_ns, coord_pinged_ns;
+    uint64_t no_local_since_ns; /* the coordinator has said since then that this node has no
+                                 * live local DataServer (0: it has one) */
     bool coord_rehello, coord_resend;
 
     rb_state_t rb; /* tier 2 */

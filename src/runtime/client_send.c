@@ -290,6 +290,20 @@ static void coordinator_liveness(dh_client_t *c)
         send_outstanding_again(c);
     }
     int limit = c->cfg.coordinator_timeout_ms;
+    if (limit >= 0 && c->no_local_since_ns &&
+        now - c->no_local_since_ns > (uint64_t)limit * 1000000ull) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->refused) {
+            c->refused = DH_ENOSERVER;
+            snprintf(c->refused_msg, sizeof c->refused_msg,
+                     "node '%.100s' has had no live local DataServer for %d ms "
+                     "(coordinator_timeout_ms): its DataServer died and none took its place",
+                     c->node, limit);
+            dh_log_error("client '%s': %s", c->id, c->refused_msg);
+        }
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+    }
     if (limit >= 0 && c->coord_heard_ns && now - c->coord_heard_ns > (uint64_t)limit * 1000000ull) {
         pthread_mutex_lock(&c->lock);
         if (!c->refused) {
@@ -314,6 +328,7 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
             c->coord_resend = true;
         if (inc)
             c->coord_incarnation = inc;
+        c->no_local_since_ns = 0;
         pthread_mutex_lock(&c->lock);
         bool changed = strcmp(c->ds.endpoint, r->msg.hello.endpoint) != 0 ||
                        strcmp(c->ds.shm_socket, r->msg.hello.shm_socket) != 0;
@@ -335,6 +350,14 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
                         "registering again",
                         c->id);
         c->coord_rehello = true;
+    } else if (r->msg.type == DH_MSG_ERROR && r->msg.error.code == DH_ENOSERVER) {
+        /* the answer to a HELLO while this node has no live local DataServer: next() fails
+         * when that lasts (coordinator_liveness) */
+        if (!c->no_local_since_ns) {
+            c->no_local_since_ns = c->coord_heard_ns;
+            dh_log_warn("client '%s': coordinator says %s: %s", c->id,
+                        dh_err_name(r->msg.error.code), r->msg.error.message);
+        }
     } else if (r->msg.type == DH_MSG_ERROR) {
         dh_log_warn("client '%s': coordinator says %s: %s", c->id, dh_err_name(r->msg.error.code),
                     r->msg.error.message);

@@ -476,6 +476,29 @@ static void cluster_coordinator_kill9_restarted(void **state)
     }
 }
 
+/* A node's local DataServer killed for good: its ranks fail within their
+ * --coordinator-timeout-ms, naming the cause, instead of waiting for batches that will not
+ * come; the other node's ranks finish their epoch. */
+static void cluster_local_server_gone_fails_its_ranks(void **state)
+{
+    cluster_t c = {0};
+    start_servers(&c, true, "deadline", 2);
+    const char *extra[] = {"--coordinator-timeout-ms", "1500", NULL};
+    start_ranks_with(&c, extra, "20");
+    cl_wait_lines(c.ledgers[2], 3, T_MS);
+    cl_signal(&c.servers[1], SIGKILL); /* local-b: node-b's, ranks 2 and 3 */
+    assert_int_equal(cl_wait_exit(&c.servers[1], 5000), 128 + SIGKILL);
+    for (int r = 2; r < RANKS; r++) {
+        cl_expect_exit(&c.ranks[r], 1, 30000);
+        cl_wait_log(c.ranks[r].log, "has had no live local DataServer for 1500 ms", 1, 1000);
+    }
+    for (int r = 0; r < 2; r++)
+        cl_expect_exit(&c.ranks[r], 0, T_MS);
+    c.servers[1].reaped = true;
+    stop_all(&c);
+    cl_assert_no_leftovers();
+}
+
 static void cluster_kill9_local_server_restarted(void **state)
 {
     cluster_t c = {0};
@@ -729,6 +752,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(cluster_rebalance_exactly_once_under_kill9, cl_teardown),
         cmocka_unit_test_teardown(cluster_kill9_local_server_restarted, cl_teardown),
         cmocka_unit_test_teardown(cluster_coordinator_kill9_restarted, cl_teardown),
+        cmocka_unit_test_teardown(cluster_local_server_gone_fails_its_ranks, cl_teardown),
         cmocka_unit_test_teardown(cluster_sigstop_then_sigcont, cl_teardown),
         cmocka_unit_test_teardown(cluster_client_killed_slabs_reclaimed, cl_teardown),
         cmocka_unit_test_teardown(cluster_failing_samples_skip_and_raise, cl_teardown),
