@@ -25,7 +25,7 @@ VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate demo bench-peers bench-python format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate soak demo bench-peers bench-python format format-check clean help
 
 all: build
 
@@ -37,6 +37,7 @@ help:
 	@echo "make mutate     the mutation check of the tests (scripts/mutate.py, docs/testing.md; not in make test)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
+	@echo "make soak       the chaos soak for SOAK_SECONDS (1800): kill -9, SIGSTOP and restarts during a 4-rank run"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
@@ -107,7 +108,13 @@ test-python: build $(VENV_PY)
 	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
 	    $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
-	    $(VENV_PY) -m pytest -q -rs -p no:cacheprovider tests/netns
+	    $(VENV_PY) -m pytest -q -rs -p no:cacheprovider tests/netns tests/soak
+
+# The chaos soak for SOAK_SECONDS (30 minutes; `make test` runs 2 of them): tests/soak/soak.py
+SOAK_SECONDS ?= 1800
+soak: build $(VENV_PY)
+	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
+	    $(VENV_PY) tests/soak/soak.py --seconds $(SOAK_SECONDS) --json out/soak.json
 
 # The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
 # in a scratch copy (build-mutate/; the working tree is never edited); fails under the
