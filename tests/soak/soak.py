@@ -128,6 +128,8 @@ def main():
     t_end = time.monotonic() + args.seconds
     while time.monotonic() < t_end and any(r.p.poll() is None for r in ranks):
         time.sleep(rng.uniform(0.5, 2.5))
+        if not any(r.p.poll() is None for r in ranks):
+            break
         kind = rng.choice(["kill-sidecar", "kill-sidecar", "stop-sidecar", "kill-local",
                            "stop-local", "kill-coordinator"])
         if kind == "kill-coordinator":
@@ -160,6 +162,13 @@ def main():
             failures.append(f"rank {r}: exit {rc}")
     for s in list(servers.values()) + [coord]:
         s.cont()
+        # a process restarted a moment ago may not have its signal handlers yet: SIGTERM
+        # once it says it runs (its first log line), as an operator's stop would come
+        log = os.path.join(work, f"{s.name}.{s.starts}.log")
+        end = time.monotonic() + 10
+        while s.p.poll() is None and time.monotonic() < end and \
+                os.path.getsize(log) == 0:
+            time.sleep(0.02)
         if s.p.poll() is None:
             s.p.send_signal(signal.SIGTERM)
     for name, s in list(servers.items()) + [("coordinator", coord)]:
