@@ -112,9 +112,17 @@ typedef struct step_plan {
     uint32_t *rows, *owner; /* owner: the rank, after tier 2 */
     uint32_t *off;          /* ranks + 1: CSR over rows sorted by rank (tier 1's share) */
     uint32_t *by_rank;
-    uint32_t materialized;
-    bool decided;
 } step_plan_t;
+
+/* A tier-2 round: rb_steps consecutive steps (client_rebalance.c). */
+typedef struct round {
+    uint64_t r; /* UINT64_MAX = unused */
+    uint32_t done;
+    uint8_t *rank_done; /* ranks: offered */
+    double lead_min, spt_sum;
+    uint32_t spt_n;
+    bool decided;
+} round_t;
 
 typedef struct link_slot {
     uint64_t key; /* (server + 1) << 32 | node; 0 = empty */
@@ -153,6 +161,11 @@ typedef struct sim {
     step_plan_t *steps;
     uint32_t n_steps_ring;
     uint32_t *scratch_rows, *scratch_rank;
+    uint32_t rb_steps, rb_empty, n_rounds_ring;
+    round_t *rounds;
+    dh_rebalance_item_t *rb_items;
+    uint32_t *rb_new, *rb_index;
+    size_t rb_cap;
     uint64_t cur_step;
     uint32_t arrived;
     double step_start_s, t_begin, t_end;
@@ -248,8 +261,6 @@ static step_plan_t *step_of(sim_t *s, uint64_t step)
     }
     p->step = step;
     p->n = (uint32_t)n;
-    p->materialized = 0;
-    p->decided = false;
     memcpy(p->rows, s->scratch_rows, (size_t)n * sizeof *p->rows);
     memcpy(p->owner, s->scratch_rank, (size_t)n * sizeof *p->owner);
     memset(p->off, 0, (s->ranks + 1) * sizeof *p->off);
@@ -474,80 +485,169 @@ static void batch_final(sim_t *s, uint32_t r, batch_t *bt, double final_s)
         s->rc = DH_ENOMEM;
 }
 
-/* Tier 2 over step p, every part materialized (client_rebalance.c's round, one step). */
-static void rebalance_step(sim_t *s, step_plan_t *p)
+/* Tier 2's decision over one step of a round (client_rebalance.c, decide_default): the
+ * step's parts as items in rank order, each rank's samples then its empty slots (slots
+ * mode: a rank's batch has ranks x batch slots; a sample swapped with an empty slot is a
+ * packing move), part counts kept; moved samples cross their sender's link. Writes each
+ * rank's arrival of its incoming moves into final_s. Returns whether it applied, and
+ * *proposed whether the policy proposed a gain. */
+static bool decide_step(sim_t *s, step_plan_t *p, const dh_rebalance_params_t *pr, double *final_s,
+                        bool *proposed)
 {
-    p->decided = true;
-    dh_rebalance_item_t *items = dh_malloc((p->n ? p->n : 1) * sizeof *items);
-    uint32_t *new_rank = dh_malloc((p->n ? p->n : 1) * sizeof *new_rank);
-    double *final_s = dh_malloc(s->ranks * sizeof *final_s);
-    if (!items || !new_rank || !final_s) {
-        s->rc = dh__set_error(DH_ENOMEM, "simulate: out of memory for tier 2");
-        goto done;
-    }
-    for (uint32_t i = 0; i < p->n; i++) {
-        const sample_t *x = &s->samples[p->rows[i]];
-        items[i] = (dh_rebalance_item_t){p->owner[i], x->act_tokens, x->out_bytes};
-    }
-    double slack = INFINITY, spt = s->rk[0].s_per_token > 0 ? s->rk[0].s_per_token : s->a;
+    uint32_t slots = s->slots ? s->ranks * s->opt->batch : 0;
+    /* Limit: at most rb_empty empty slots a rank (all of them while ranks x slots is small),
+     * so the round stays O(ranks x batch) at thousands of ranks; a rank rarely takes more
+     * than a few samples more than tier 1 gave it. */
+    size_t cap = p->n;
     for (uint32_t r = 0; r < s->ranks; r++) {
-        double d = deadline_of(s, &s->rk[r], p->step);
-        slack = d < slack ? d : slack;
-        final_s[r] = s->now;
+        uint32_t own = p->off[r + 1] - p->off[r];
+        uint32_t empty = slots > own ? slots - own : 0;
+        cap += empty < s->rb_empty ? empty : s->rb_empty;
     }
+    if (cap > s->rb_cap) {
+        dh_rebalance_item_t *it = dh_reallocarray(s->rb_items, cap, sizeof *it);
+        uint32_t *nr = dh_reallocarray(s->rb_new, cap, sizeof *nr);
+        uint32_t *ix = dh_reallocarray(s->rb_index, cap, sizeof *ix);
+        if (it)
+            s->rb_items = it;
+        if (nr)
+            s->rb_new = nr;
+        if (ix)
+            s->rb_index = ix;
+        if (!it || !nr || !ix) {
+            s->rc = dh__set_error(DH_ENOMEM, "simulate: out of memory for tier 2");
+            return false;
+        }
+        s->rb_cap = cap;
+    }
+    size_t n = 0;
+    for (uint32_t r = 0; r < s->ranks; r++) {
+        uint32_t own = p->off[r + 1] - p->off[r];
+        for (uint32_t k = p->off[r]; k < p->off[r + 1]; k++) {
+            uint32_t i = p->by_rank[k];
+            const sample_t *x = &s->samples[p->rows[i]];
+            s->rb_items[n] = (dh_rebalance_item_t){r, x->act_tokens, x->out_bytes};
+            s->rb_index[n++] = i;
+        }
+        uint32_t empty = slots > own ? slots - own : 0;
+        for (uint32_t k = 0; k < empty && k < s->rb_empty; k++) {
+            s->rb_items[n] = (dh_rebalance_item_t){r, 0, 0};
+            s->rb_index[n++] = UINT32_MAX;
+        }
+    }
+    dh_rebalance_verdict_t v;
+    if ((s->rc = dh_rebalance_plan(s->rb_items, n, pr, s->rb_new, &v)))
+        return false;
+    *proposed |= v.gain_s > 0;
+    if (!v.applied)
+        return false;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t i = s->rb_index[k];
+        if (i == UINT32_MAX || s->rb_new[k] == p->owner[i])
+            continue;
+        uint32_t from = p->owner[i], to = s->rb_new[k];
+        const sample_t *x = &s->samples[p->rows[i]];
+        s->res->rebalance_moved_samples++;
+        s->res->rebalance_moved_parts++;
+        s->res->rebalance_bytes += x->out_bytes;
+        if (s->rk[from].node != s->rk[to].node && s->rk[from].local >= 0) {
+            s->res->rebalance_bytes_remote += x->out_bytes;
+            s->res->cross_node_bytes += x->out_bytes;
+            double end = transfer(s, (uint32_t)s->rk[from].local, s->rk[to].node, x->out_bytes);
+            final_s[to] = end > final_s[to] ? end : final_s[to];
+        }
+        p->owner[i] = to;
+    }
+    return true;
+}
+
+/* Round r is gathered (every rank's parts of its steps materialized): the same policy every
+ * member runs, per step, with the members' mean s_per_token and their least lead as the
+ * slack; then each rank's batches of the round become final (moved parts in), in order. */
+static void decide_round(sim_t *s, round_t *rd)
+{
+    rd->decided = true;
+    double *final_s = dh_malloc(s->ranks * sizeof *final_s);
+    if (!final_s) {
+        s->rc = dh__set_error(DH_ENOMEM, "simulate: out of memory for tier 2");
+        return;
+    }
+    uint64_t b0 = rd->r * s->rb_steps;
     dh_rebalance_params_t pr;
     dh_rebalance_params_default(&pr);
     pr.ranks = s->ranks;
-    pr.keep_counts = !s->slots;
-    pr.s_per_token = spt > 0 ? spt : 1e-9;
-    pr.move_s_per_B = s->link_Bps > 0 ? s->ts / s->link_Bps : 0;
+    pr.keep_counts = 1;
+    pr.s_per_token = rd->spt_n ? rd->spt_sum / rd->spt_n : 0;
+    bool spans = false;
+    for (uint32_t r = 1; r < s->ranks; r++)
+        spans |= s->rk[r].node != s->rk[0].node;
+    if (!(pr.s_per_token > 0) && !spans)
+        pr.s_per_token = 1;
+    pr.move_s_per_B = spans && s->link_Bps > 0 ? s->ts / s->link_Bps : 0;
     pr.min_gain = s->opt->rebalance_min_gain;
-    pr.slack_s = slack;
-    dh_rebalance_verdict_t v;
-    if ((s->rc = dh_rebalance_plan(items, p->n, &pr, new_rank, &v)))
-        goto done;
+    pr.slack_s = rd->lead_min > 0 ? rd->lead_min : 0;
+    bool applied = false, proposed = false;
     s->res->rebalance_rounds++;
-    if (v.applied) {
-        s->res->rebalance_applied++;
-        for (uint32_t i = 0; i < p->n; i++) {
-            if (new_rank[i] == p->owner[i])
-                continue;
-            uint32_t from = p->owner[i], to = new_rank[i];
-            const sample_t *x = &s->samples[p->rows[i]];
-            s->res->rebalance_moved_samples++;
-            s->res->rebalance_moved_parts++;
-            s->res->rebalance_bytes += x->out_bytes;
-            if (s->rk[from].node != s->rk[to].node && s->rk[from].local >= 0) {
-                s->res->rebalance_bytes_remote += x->out_bytes;
-                s->res->cross_node_bytes += x->out_bytes;
-                double end = transfer(s, (uint32_t)s->rk[from].local, s->rk[to].node, x->out_bytes);
-                final_s[to] = end > final_s[to] ? end : final_s[to];
-            }
-            p->owner[i] = to;
+    for (uint64_t b = b0; b < b0 + s->rb_steps && s->rc == 0; b++) {
+        step_plan_t *p = &s->steps[mod_ring(b, s->n_steps_ring)];
+        for (uint32_t r = 0; r < s->ranks; r++)
+            final_s[r] = s->now;
+        if (p->step == b && pr.s_per_token > 0)
+            applied |= decide_step(s, p, &pr, final_s, &proposed);
+        /* each rank's batch of this step: what it owns now */
+        for (uint32_t r = 0; r < s->ranks; r++) {
+            batch_t *bt = &s->rk[r].ring[mod_ring(b, s->depth + 2)];
+            bt->tokens = bt->bytes = bt->cpu_s = 0;
+            bt->samples = 0;
         }
-    } else if (v.moved == 0 && v.gain_s > 0) {
-        s->res->rebalance_kept_by_gate++;
+        for (uint32_t i = 0; p->step == b && i < p->n; i++) {
+            batch_t *bt = &s->rk[p->owner[i]].ring[mod_ring(b, s->depth + 2)];
+            const sample_t *x = &s->samples[p->rows[i]];
+            bt->tokens += x->act_tokens;
+            bt->bytes += x->out_bytes;
+            bt->cpu_s += x->act_cpu_s;
+            bt->samples++;
+        }
+        for (uint32_t r = 0; r < s->ranks && s->rc == 0; r++)
+            batch_final(s, r, &s->rk[r].ring[mod_ring(b, s->depth + 2)], final_s[r]);
     }
-    /* each rank's batch of this step: what it owns now */
-    for (uint32_t r = 0; r < s->ranks; r++) {
-        batch_t *bt = &s->rk[r].ring[mod_ring(p->step, s->depth + 2)];
-        bt->tokens = bt->bytes = bt->cpu_s = 0;
-        bt->samples = 0;
-    }
-    for (uint32_t i = 0; i < p->n; i++) {
-        batch_t *bt = &s->rk[p->owner[i]].ring[mod_ring(p->step, s->depth + 2)];
-        const sample_t *x = &s->samples[p->rows[i]];
-        bt->tokens += x->act_tokens;
-        bt->bytes += x->out_bytes;
-        bt->cpu_s += x->act_cpu_s;
-        bt->samples++;
-    }
-    for (uint32_t r = 0; r < s->ranks && s->rc == 0; r++)
-        batch_final(s, r, &s->rk[r].ring[mod_ring(p->step, s->depth + 2)], final_s[r]);
-done:
-    dh_free(items);
-    dh_free(new_rank);
+    s->res->rebalance_applied += applied;
+    s->res->rebalance_kept_by_gate += !applied && proposed;
     dh_free(final_s);
+}
+
+/* Rank r's batch b has all its parts: once all its batches of b's round have, the rank
+ * offers the round (its lead and s_per_token), and the last offer decides it. */
+static void rank_offers(sim_t *s, uint32_t r, uint64_t b)
+{
+    uint64_t round = b / s->rb_steps, b0 = round * s->rb_steps;
+    rank_t *rk = &s->rk[r];
+    for (uint64_t x = b0; x < b0 + s->rb_steps; x++) {
+        const batch_t *bt = &rk->ring[mod_ring(x, s->depth + 2)];
+        if (bt->b != x || bt->parts_ready < bt->parts)
+            return;
+    }
+    round_t *rd = &s->rounds[mod_ring(round, s->n_rounds_ring)];
+    if (rd->r != round) {
+        rd->r = round;
+        rd->done = 0;
+        rd->lead_min = INFINITY;
+        rd->spt_sum = 0;
+        rd->spt_n = 0;
+        rd->decided = false;
+        memset(rd->rank_done, 0, s->ranks);
+    }
+    if (rd->rank_done[r])
+        return;
+    rd->rank_done[r] = 1;
+    double lead = deadline_of(s, rk, b0);
+    rd->lead_min = lead < rd->lead_min ? lead : rd->lead_min;
+    if (rk->s_per_token > 0) {
+        rd->spt_sum += rk->s_per_token;
+        rd->spt_n++;
+    }
+    if (++rd->done == s->ranks)
+        decide_round(s, rd);
 }
 
 static void part_delivered(sim_t *s, uint32_t id)
@@ -567,14 +667,10 @@ static void part_delivered(sim_t *s, uint32_t id)
         }
         if (bt->parts_ready == bt->parts) {
             bt->delivered_s = s->now;
-            if (!s->tier2)
+            if (s->tier2)
+                rank_offers(s, q->rank, q->batch);
+            else
                 batch_final(s, q->rank, bt, s->now);
-        }
-        if (s->tier2) {
-            step_plan_t *p = &s->steps[mod_ring(q->batch, s->n_steps_ring)];
-            p->materialized += q->n;
-            if (p->step == q->batch && !p->decided && p->materialized == p->n)
-                rebalance_step(s, p);
         }
     }
     req_free(s, id);
@@ -858,6 +954,12 @@ static void sim_free(sim_t *s)
         dh_free(s->steps[i].by_rank);
     }
     dh_free(s->steps);
+    for (uint32_t i = 0; s->rounds && i < s->n_rounds_ring; i++)
+        dh_free(s->rounds[i].rank_done);
+    dh_free(s->rounds);
+    dh_free(s->rb_items);
+    dh_free(s->rb_new);
+    dh_free(s->rb_index);
     dh_free(s->scratch_rows);
     dh_free(s->scratch_rank);
     dh_free(s->servers);
@@ -1009,6 +1111,25 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
         }
         for (uint32_t k = 0; k < s->depth + 2; k++)
             rk->ring[k].b = UINT64_MAX;
+    }
+    /* tier 2's rounds: buffer / (ranks x batch) steps, at least 1, within the prefetch */
+    s->rb_steps = opt->rebalance_buffer / (opt->ranks * opt->batch);
+    s->rb_steps = s->rb_steps ? s->rb_steps : 1;
+    s->rb_steps = s->rb_steps > s->prefetch ? s->prefetch : s->rb_steps;
+    s->rb_empty =
+        (uint64_t)opt->ranks * opt->ranks * opt->batch <= 65536 ? UINT32_MAX : 2 * opt->batch;
+    s->n_rounds_ring = s->n_steps_ring / s->rb_steps + 2;
+    s->rounds = dh_calloc(s->n_rounds_ring, sizeof *s->rounds);
+    if (!s->rounds) {
+        rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; s->tier2 && i < s->n_rounds_ring; i++) {
+        s->rounds[i].r = UINT64_MAX;
+        if (!(s->rounds[i].rank_done = dh_calloc(opt->ranks, 1))) {
+            rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
+            goto done;
+        }
     }
     if (o->rank_steps) {
         res->rank_step_s = dh_calloc((size_t)opt->ranks * opt->steps, sizeof *res->rank_step_s);
