@@ -38,6 +38,8 @@ static void usage(FILE *out)
             "  --plan-algo NAME      tier 1's algorithm: greedy, kk, swap (the client's\n"
             "                        default), exact\n"
             "  --no-rank-steps       leave rank_step_s (ranks x steps numbers) out of the JSON\n"
+            "  --rebalance-group G   tier 2 in groups of G consecutive ranks (0: one group of\n"
+            "                        all ranks, as bench; its policy is O(G^3) a round)\n"
             "  -h, --help            show this help\n"
             "\n"
             "The table goes to standard output, progress to standard error. Exit status: 0,\n"
@@ -108,7 +110,8 @@ int dh_cmd_simulate(int argc, char **argv)
         O_SPEED,
         O_ALGO,
         O_NO_RANK_STEPS,
-        O_EMULATE
+        O_EMULATE,
+        O_GROUP
     };
     static const struct option longopts[] = {
         {"mix", required_argument, 0, O_MIX},
@@ -144,6 +147,7 @@ int dh_cmd_simulate(int argc, char **argv)
         {"plan-algo", required_argument, 0, O_ALGO},
         {"no-rank-steps", no_argument, 0, O_NO_RANK_STEPS},
         {"emulate", no_argument, 0, O_EMULATE},
+        {"rebalance-group", required_argument, 0, O_GROUP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -267,6 +271,9 @@ int dh_cmd_simulate(int argc, char **argv)
             break;
         case O_NO_RANK_STEPS:
             o.rank_steps = 0;
+            break;
+        case O_GROUP:
+            bad = u32("--rebalance-group", optarg, 0, 1u << 20, &o.rebalance_group);
             break;
         case O_EMULATE:
             break;

@@ -161,7 +161,7 @@ typedef struct sim {
     step_plan_t *steps;
     uint32_t n_steps_ring;
     uint32_t *scratch_rows, *scratch_rank;
-    uint32_t rb_steps, rb_empty, n_rounds_ring;
+    uint32_t rb_steps, rb_empty, n_rounds_ring, rb_group, n_groups;
     round_t *rounds;
     dh_rebalance_item_t *rb_items;
     uint32_t *rb_new, *rb_index;
@@ -491,18 +491,18 @@ static void batch_final(sim_t *s, uint32_t r, batch_t *bt, double final_s)
  * packing move), part counts kept; moved samples cross their sender's link. Writes each
  * rank's arrival of its incoming moves into final_s. Returns whether it applied, and
  * *proposed whether the policy proposed a gain. */
-static bool decide_step(sim_t *s, step_plan_t *p, const dh_rebalance_params_t *pr, double *final_s,
-                        bool *proposed)
+static bool decide_step(sim_t *s, step_plan_t *p, uint32_t g0, uint32_t g1,
+                        const dh_rebalance_params_t *pr, double *final_s, bool *proposed)
 {
     uint32_t slots = s->slots ? s->ranks * s->opt->batch : 0;
     /* Limit: at most rb_empty empty slots a rank (all of them while ranks x slots is small),
      * so the round stays O(ranks x batch) at thousands of ranks; a rank rarely takes more
      * than a few samples more than tier 1 gave it. */
-    size_t cap = p->n;
-    for (uint32_t r = 0; r < s->ranks; r++) {
+    size_t cap = 0;
+    for (uint32_t r = g0; r < g1; r++) {
         uint32_t own = p->off[r + 1] - p->off[r];
         uint32_t empty = slots > own ? slots - own : 0;
-        cap += empty < s->rb_empty ? empty : s->rb_empty;
+        cap += own + (empty < s->rb_empty ? empty : s->rb_empty);
     }
     if (cap > s->rb_cap) {
         dh_rebalance_item_t *it = dh_reallocarray(s->rb_items, cap, sizeof *it);
@@ -521,17 +521,17 @@ static bool decide_step(sim_t *s, step_plan_t *p, const dh_rebalance_params_t *p
         s->rb_cap = cap;
     }
     size_t n = 0;
-    for (uint32_t r = 0; r < s->ranks; r++) {
+    for (uint32_t r = g0; r < g1; r++) {
         uint32_t own = p->off[r + 1] - p->off[r];
         for (uint32_t k = p->off[r]; k < p->off[r + 1]; k++) {
             uint32_t i = p->by_rank[k];
             const sample_t *x = &s->samples[p->rows[i]];
-            s->rb_items[n] = (dh_rebalance_item_t){r, x->act_tokens, x->out_bytes};
+            s->rb_items[n] = (dh_rebalance_item_t){r - g0, x->act_tokens, x->out_bytes};
             s->rb_index[n++] = i;
         }
         uint32_t empty = slots > own ? slots - own : 0;
         for (uint32_t k = 0; k < empty && k < s->rb_empty; k++) {
-            s->rb_items[n] = (dh_rebalance_item_t){r, 0, 0};
+            s->rb_items[n] = (dh_rebalance_item_t){r - g0, 0, 0};
             s->rb_index[n++] = UINT32_MAX;
         }
     }
@@ -543,9 +543,9 @@ static bool decide_step(sim_t *s, step_plan_t *p, const dh_rebalance_params_t *p
         return false;
     for (size_t k = 0; k < n; k++) {
         uint32_t i = s->rb_index[k];
-        if (i == UINT32_MAX || s->rb_new[k] == p->owner[i])
+        if (i == UINT32_MAX || s->rb_new[k] + g0 == p->owner[i])
             continue;
-        uint32_t from = p->owner[i], to = s->rb_new[k];
+        uint32_t from = p->owner[i], to = s->rb_new[k] + g0;
         const sample_t *x = &s->samples[p->rows[i]];
         s->res->rebalance_moved_samples++;
         s->res->rebalance_moved_parts++;
@@ -564,8 +564,9 @@ static bool decide_step(sim_t *s, step_plan_t *p, const dh_rebalance_params_t *p
 /* Round r is gathered (every rank's parts of its steps materialized): the same policy every
  * member runs, per step, with the members' mean s_per_token and their least lead as the
  * slack; then each rank's batches of the round become final (moved parts in), in order. */
-static void decide_round(sim_t *s, round_t *rd)
+static void decide_round(sim_t *s, uint32_t g, round_t *rd)
 {
+    uint32_t g0 = g * s->rb_group, g1 = g0 + s->rb_group < s->ranks ? g0 + s->rb_group : s->ranks;
     rd->decided = true;
     double *final_s = dh_malloc(s->ranks * sizeof *final_s);
     if (!final_s) {
@@ -575,12 +576,12 @@ static void decide_round(sim_t *s, round_t *rd)
     uint64_t b0 = rd->r * s->rb_steps;
     dh_rebalance_params_t pr;
     dh_rebalance_params_default(&pr);
-    pr.ranks = s->ranks;
+    pr.ranks = g1 - g0;
     pr.keep_counts = 1;
     pr.s_per_token = rd->spt_n ? rd->spt_sum / rd->spt_n : 0;
     bool spans = false;
-    for (uint32_t r = 1; r < s->ranks; r++)
-        spans |= s->rk[r].node != s->rk[0].node;
+    for (uint32_t r = g0 + 1; r < g1; r++)
+        spans |= s->rk[r].node != s->rk[g0].node;
     if (!(pr.s_per_token > 0) && !spans)
         pr.s_per_token = 1;
     pr.move_s_per_B = spans && s->link_Bps > 0 ? s->ts / s->link_Bps : 0;
@@ -590,17 +591,18 @@ static void decide_round(sim_t *s, round_t *rd)
     s->res->rebalance_rounds++;
     for (uint64_t b = b0; b < b0 + s->rb_steps && s->rc == 0; b++) {
         step_plan_t *p = &s->steps[mod_ring(b, s->n_steps_ring)];
-        for (uint32_t r = 0; r < s->ranks; r++)
+        for (uint32_t r = g0; r < g1; r++)
             final_s[r] = s->now;
         if (p->step == b && pr.s_per_token > 0)
-            applied |= decide_step(s, p, &pr, final_s, &proposed);
-        /* each rank's batch of this step: what it owns now */
-        for (uint32_t r = 0; r < s->ranks; r++) {
+            applied |= decide_step(s, p, g0, g1, &pr, final_s, &proposed);
+        /* each rank's batch of this step: what it owns now (moves stay in the group) */
+        for (uint32_t r = g0; r < g1; r++) {
             batch_t *bt = &s->rk[r].ring[mod_ring(b, s->depth + 2)];
             bt->tokens = bt->bytes = bt->cpu_s = 0;
             bt->samples = 0;
         }
-        for (uint32_t i = 0; p->step == b && i < p->n; i++) {
+        for (uint32_t k = p->off[g0]; p->step == b && k < p->off[g1]; k++) {
+            uint32_t i = p->by_rank[k];
             batch_t *bt = &s->rk[p->owner[i]].ring[mod_ring(b, s->depth + 2)];
             const sample_t *x = &s->samples[p->rows[i]];
             bt->tokens += x->act_tokens;
@@ -608,7 +610,7 @@ static void decide_round(sim_t *s, round_t *rd)
             bt->cpu_s += x->act_cpu_s;
             bt->samples++;
         }
-        for (uint32_t r = 0; r < s->ranks && s->rc == 0; r++)
+        for (uint32_t r = g0; r < g1 && s->rc == 0; r++)
             batch_final(s, r, &s->rk[r].ring[mod_ring(b, s->depth + 2)], final_s[r]);
     }
     s->res->rebalance_applied += applied;
@@ -627,7 +629,9 @@ static void rank_offers(sim_t *s, uint32_t r, uint64_t b)
         if (bt->b != x || bt->parts_ready < bt->parts)
             return;
     }
-    round_t *rd = &s->rounds[mod_ring(round, s->n_rounds_ring)];
+    uint32_t g = r / s->rb_group;
+    uint32_t members = (g + 1) * s->rb_group < s->ranks ? s->rb_group : s->ranks - g * s->rb_group;
+    round_t *rd = &s->rounds[(size_t)g * s->n_rounds_ring + mod_ring(round, s->n_rounds_ring)];
     if (rd->r != round) {
         rd->r = round;
         rd->done = 0;
@@ -635,19 +639,19 @@ static void rank_offers(sim_t *s, uint32_t r, uint64_t b)
         rd->spt_sum = 0;
         rd->spt_n = 0;
         rd->decided = false;
-        memset(rd->rank_done, 0, s->ranks);
+        memset(rd->rank_done, 0, members);
     }
-    if (rd->rank_done[r])
+    if (rd->rank_done[r - g * s->rb_group])
         return;
-    rd->rank_done[r] = 1;
+    rd->rank_done[r - g * s->rb_group] = 1;
     double lead = deadline_of(s, rk, b0);
     rd->lead_min = lead < rd->lead_min ? lead : rd->lead_min;
     if (rk->s_per_token > 0) {
         rd->spt_sum += rk->s_per_token;
         rd->spt_n++;
     }
-    if (++rd->done == s->ranks)
-        decide_round(s, rd);
+    if (++rd->done == members)
+        decide_round(s, g, rd);
 }
 
 static void part_delivered(sim_t *s, uint32_t id)
@@ -954,7 +958,7 @@ static void sim_free(sim_t *s)
         dh_free(s->steps[i].by_rank);
     }
     dh_free(s->steps);
-    for (uint32_t i = 0; s->rounds && i < s->n_rounds_ring; i++)
+    for (size_t i = 0; s->rounds && i < (size_t)s->n_groups * s->n_rounds_ring; i++)
         dh_free(s->rounds[i].rank_done);
     dh_free(s->rounds);
     dh_free(s->rb_items);
@@ -1112,21 +1116,25 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
         for (uint32_t k = 0; k < s->depth + 2; k++)
             rk->ring[k].b = UINT64_MAX;
     }
-    /* tier 2's rounds: buffer / (ranks x batch) steps, at least 1, within the prefetch */
-    s->rb_steps = opt->rebalance_buffer / (opt->ranks * opt->batch);
+    /* tier 2's groups: rebalance_group consecutive ranks (0: one group of all, bench's);
+     * rounds of buffer / (group x batch) steps, at least 1, within the prefetch */
+    s->rb_group =
+        o->rebalance_group && o->rebalance_group < opt->ranks ? o->rebalance_group : opt->ranks;
+    s->n_groups = (opt->ranks + s->rb_group - 1) / s->rb_group;
+    s->rb_steps = opt->rebalance_buffer / (s->rb_group * opt->batch);
     s->rb_steps = s->rb_steps ? s->rb_steps : 1;
     s->rb_steps = s->rb_steps > s->prefetch ? s->prefetch : s->rb_steps;
     s->rb_empty =
-        (uint64_t)opt->ranks * opt->ranks * opt->batch <= 65536 ? UINT32_MAX : 2 * opt->batch;
+        (uint64_t)s->rb_group * opt->ranks * opt->batch <= 65536 ? UINT32_MAX : 2 * opt->batch;
     s->n_rounds_ring = s->n_steps_ring / s->rb_steps + 2;
-    s->rounds = dh_calloc(s->n_rounds_ring, sizeof *s->rounds);
+    s->rounds = dh_calloc((size_t)s->n_groups * s->n_rounds_ring, sizeof *s->rounds);
     if (!s->rounds) {
         rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
         goto done;
     }
-    for (uint32_t i = 0; s->tier2 && i < s->n_rounds_ring; i++) {
+    for (size_t i = 0; s->tier2 && i < (size_t)s->n_groups * s->n_rounds_ring; i++) {
         s->rounds[i].r = UINT64_MAX;
-        if (!(s->rounds[i].rank_done = dh_calloc(opt->ranks, 1))) {
+        if (!(s->rounds[i].rank_done = dh_calloc(s->rb_group, 1))) {
             rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
             goto done;
         }

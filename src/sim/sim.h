@@ -33,6 +33,8 @@ typedef struct dh_sim_options {
                                 * sigma, drawn from (seed, server); 0 = all at speed 1 */
     dh_plan_algo_t plan_algo;  /* tier 1's algorithm (DH_PLAN_ALGO_DEFAULT, the client's) */
     int rank_steps;            /* 1: keep rank_step_s (ranks x steps doubles) for the JSON */
+    uint32_t rebalance_group;  /* tier 2's load-balance groups: this many consecutive ranks
+                                * each (0 = one group of all ranks, as bench) */
     dh_sim_place_fn *place;    /* NULL = dh_place */
     void *place_ctx;
 } dh_sim_options_t;

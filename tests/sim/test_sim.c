@@ -119,6 +119,25 @@ static void placement_function_is_switchable(void **state)
     dh_bench_report_clear(&other);
 }
 
+/* Tier 2 in groups (--rebalance-group): groups of one rank move nothing; one group of all
+ * the ranks (bench's) moves samples. */
+static void rebalance_groups_bound_the_moves(void **state)
+{
+    (void)state;
+    dh_sim_options_t o;
+    tiny(&o);
+    o.bench.systems = "helix";
+    dh_bench_report_t all, alone;
+    assert_int_equal(dh_sim_run(&o, &all), 0);
+    o.rebalance_group = 1;
+    assert_int_equal(dh_sim_run(&o, &alone), 0);
+    assert_true(all.systems[0].rebalance_moved_samples > 0);
+    assert_int_equal(alone.systems[0].rebalance_moved_samples, 0);
+    assert_true(alone.systems[0].rebalance_rounds > 0);
+    dh_bench_report_clear(&all);
+    dh_bench_report_clear(&alone);
+}
+
 /* Past the bench's limits (64 ranks, 256 servers): 256 ranks, 1,024 servers. */
 static void sim_scales_past_bench_limits(void **state)
 {
@@ -217,6 +236,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sim_runs_every_system_within_definitions),
     cmocka_unit_test(sim_is_deterministic),
     cmocka_unit_test(placement_function_is_switchable),
+    cmocka_unit_test(rebalance_groups_bound_the_moves),
     cmocka_unit_test(sim_scales_past_bench_limits),
     cmocka_unit_test(bad_options_are_named),
     cmocka_unit_test(sim_agrees_with_bench_emulate),
