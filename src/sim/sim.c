@@ -10,8 +10,10 @@
  *     server's true speed; the COMPLETE teaches the cost model and the speed factor;
  *   - a part executed off the rank's node is forwarded on the link (executor, rank's node):
  *     a serial resource, bytes / bandwidth + latency;
- *   - tier 2: when every part of a step is materialized, dh_rebalance_plan decides over the
- *     step's samples; moved samples cross the link of their sender's node;
+ *   - tier 2 (client_rebalance.c): a rank offers a round (buffer / (group x batch) steps)
+ *     once all its parts of it are in; the group's last offer decides, dh_rebalance_plan
+ *     per step over the parts and empty slots, counts kept; moved samples cross the link
+ *     of their sender's node;
  *   - a batch of several parts is joined on the rank's fetcher (a serial resource) at the
  *     one transfer cost; pool's copy is charged on the training thread;
  *   - next() returns when the batch is final; the rank computes a x actual tokens + b, then
@@ -160,7 +162,8 @@ typedef struct sim {
     rank_t *rk;
     step_plan_t *steps;
     uint32_t n_steps_ring;
-    uint32_t *scratch_rows, *scratch_rank;
+    uint32_t *scratch_rows, *scratch_rank, *fan_part;
+    double *fan_load;
     uint32_t rb_steps, rb_empty, n_rounds_ring, rb_group, n_groups;
     round_t *rounds;
     dh_rebalance_item_t *rb_items;
@@ -400,20 +403,19 @@ static void send_batch(sim_t *s, uint32_t r, uint64_t b)
         return;
     uint32_t lo = p->off[r], n = p->off[r + 1] - lo;
     int64_t tokens = 0;
-    double load[4096];
-    uint32_t part_of[4096];
+    double *load = s->fan_load; /* n <= a step's rows: the scratch's size */
+    uint32_t *part_of = s->fan_part;
     for (uint32_t i = 0; i < n; i++) {
         const sample_t *x = &s->samples[p->rows[p->by_rank[lo + i]]];
         tokens += x->row->tokens_est;
-        if (i < 4096)
-            load[i] = (double)x->row->tokens_est;
+        load[i] = (double)x->row->tokens_est;
     }
     uint32_t parts = s->slots ? n : (s->fanout < n ? s->fanout : (n ? n : 1));
-    if (!s->slots && parts > 1 && n <= 4096) {
+    if (!s->slots && parts > 1) {
         if ((s->rc = dh_plan_fanout(load, n, parts, part_of)))
             return;
     } else {
-        for (uint32_t i = 0; i < n && i < 4096; i++)
+        for (uint32_t i = 0; i < n; i++)
             part_of[i] = s->slots ? i : 0;
     }
     rk->tokens_of[mod_ring(b, s->depth + 2)] = tokens;
@@ -442,7 +444,7 @@ static void send_batch(sim_t *s, uint32_t r, uint64_t b)
             return;
         }
         for (uint32_t i = 0; i < n; i++)
-            if ((i < 4096 ? part_of[i] : 0) == part) {
+            if (part_of[i] == part) {
                 const sample_t *x = &s->samples[p->rows[p->by_rank[lo + i]]];
                 q->rows[q->n++] = p->rows[p->by_rank[lo + i]];
                 q->act_cpu_s += x->act_cpu_s;
@@ -967,6 +969,8 @@ static void sim_free(sim_t *s)
     dh_free(s->rb_new);
     dh_free(s->rb_index);
     dh_free(s->scratch_rows);
+    dh_free(s->fan_load);
+    dh_free(s->fan_part);
     dh_free(s->scratch_rank);
     dh_free(s->servers);
     dh_free(s->snap);
@@ -1093,7 +1097,10 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
     s->scratch_rows = dh_malloc(per_step_cap * sizeof *s->scratch_rows);
     s->scratch_rank = dh_malloc((per_step_cap + opt->ranks) * sizeof *s->scratch_rank);
     s->rk = dh_calloc(opt->ranks, sizeof *s->rk);
-    if (!s->steps || !s->scratch_rows || !s->scratch_rank || !s->rk) {
+    s->fan_load = dh_malloc(per_step_cap * sizeof *s->fan_load);
+    s->fan_part = dh_malloc(per_step_cap * sizeof *s->fan_part);
+    if (!s->steps || !s->scratch_rows || !s->scratch_rank || !s->rk || !s->fan_load ||
+        !s->fan_part) {
         rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
         goto done;
     }
