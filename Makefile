@@ -25,7 +25,7 @@ VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers bench-python format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan demo bench-peers bench-python sim-validate format format-check clean help
 
 all: build
 
@@ -37,6 +37,7 @@ help:
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
+	@echo "make sim-validate  bench --emulate against simulate at the paper layout, same seed (docs/simulator.md)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
@@ -133,6 +134,11 @@ bench-python: build $(VENV_PY)
 	    --plan-window 4 --python-dir $(abspath out/python-dataset) \
 	    --json $(abspath out/python-dataset/bench.json)
 	$(VENV_PY) bench/python_dataset/overhead.py --runs 3 --json out/python-dataset/overhead.json
+
+# The simulator against the emulation it models (docs/simulator.md, "Validation against
+# bench --emulate"): the paper layout, same seed, throughput / miss rate / wait p95.
+sim-validate: build
+	python3 scripts/sim_validate.py $(CLI) out/sim/validate
 
 # clang-format is installed by `make deps` as optional; without it these fail, saying so
 # (CI runs format-check, so there it is required).
