@@ -25,7 +25,7 @@ VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate soak demo bench-peers bench-python format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate soak demo bench-peers bench-python sim-validate format format-check clean help
 
 all: build
 
@@ -39,6 +39,7 @@ help:
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make soak       the chaos soak for SOAK_SECONDS (1800): kill -9, SIGSTOP and restarts during a 4-rank run"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
+	@echo "make sim-validate  bench --emulate against simulate at the paper layout, same seed (docs/simulator.md)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
 
 deps:
@@ -154,6 +155,11 @@ bench-python: build $(VENV_PY)
 	    --plan-window 4 --python-dir $(abspath out/python-dataset) \
 	    --json $(abspath out/python-dataset/bench.json)
 	$(VENV_PY) bench/python_dataset/overhead.py --runs 3 --json out/python-dataset/overhead.json
+
+# The simulator against the emulation it models (docs/simulator.md, "Validation against
+# bench --emulate"): the paper layout, same seed, throughput / miss rate / wait p95.
+sim-validate: build
+	python3 scripts/sim_validate.py $(CLI) out/sim/validate
 
 # clang-format is installed by `make deps` as optional; without it these fail, saying so
 # (CI runs format-check, so there it is required).

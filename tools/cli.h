@@ -17,6 +17,7 @@ int dh_cmd_consume(int argc, char **argv);
 int dh_cmd_transport_bench(int argc, char **argv);
 int dh_cmd_rebalance_bench(int argc, char **argv);
 int dh_cmd_bench(int argc, char **argv);
+int dh_cmd_simulate(int argc, char **argv);
 
 /* Prints "datahelix CMD: MESSAGE: dh_last_error()" for a library error and returns 1. */
 int dh_cli_fail(const char *cmd, int err, const char *what);

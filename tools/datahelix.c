@@ -28,6 +28,7 @@ static const command_t commands[] = {
     {"transport-bench", dh_cmd_transport_bench, "local delivery overhead and remote throughput"},
     {"rebalance-bench", dh_cmd_rebalance_bench, "cost of moving decoded clips between ranks"},
     {"bench", dh_cmd_bench, "the emulated training loop: native vs pool vs helix"},
+    {"simulate", dh_cmd_simulate, "the training loop in virtual time (discrete-event simulator)"},
 };
 
 static void usage(FILE *out)

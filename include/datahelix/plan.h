@@ -128,6 +128,16 @@ DH_EXTERN int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sam
                                  const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
                                  uint32_t *rows, size_t cap);
 
+/* Every rank's share of global step `step` at once, as dh_plan_rank_share gives each rank's
+ * (one plan instead of one per rank: what a caller that drives all the ranks, such as the
+ * simulator, needs): writes the step's rows in window order to rows[] and each one's rank
+ * to rank_of[], and returns how many (ranks x batch unless window_steps > 1 moved some), or
+ * DH_ERANGE when more than cap, or dh_plan_rank_share's errors. For every rank r, the rows
+ * with rank_of r are, in order, exactly what dh_plan_rank_share returns for r. */
+DH_EXTERN int dh_plan_step_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                                 const dh_profile_set_t *profiles, uint64_t step, uint32_t *rows,
+                                 uint32_t *rank_of, size_t cap);
+
 /* Planning across steps (window_steps = W > 1): the n = W x ranks x batch items of W
  * consecutive windows (load[], in window order: step 0's ranks x batch items, then step
  * 1's...) go to W x ranks bins (step t, rank r) so that the sum over the W steps of each

@@ -75,27 +75,16 @@ void dh_bench_options_default(dh_bench_options_t *opt)
 
 /* ---- systems ---- */
 
-typedef struct spec {
-    const char *name;
-    dh_policy_t policy;
-    int rank_local; /* one local DataServer per rank (native) */
-    dh_share_mode_t token_plan;
-    int copy;       /* copy every batch out of the arena (object-store hop) */
-    int deep;       /* prefetch opt->prefetch and microbatch fanout (else PyTorch-like) */
-    int tier2;      /* tier 2 (rebalancing) under --rebalance auto: ddlb, helix */
-    uint32_t cores; /* native-N: N; 0 = the default budget */
-} spec_t;
-
 /* Whether a system runs tier 2: --rebalance auto (-1) the system's own choice, 0 none, 1
  * every deep system. */
-static int tier2_on(const dh_bench_options_t *opt, const spec_t *sp)
+int dh_bench_tier2_on(const dh_bench_options_t *opt, const dh_bench_system_t *sp)
 {
     if (!sp->deep || opt->rebalance == 0)
         return 0;
     return opt->rebalance > 0 || sp->tier2;
 }
 
-static int spec_of(const char *name, const dh_bench_options_t *opt, spec_t *out)
+int dh_bench_system_of(const char *name, const dh_bench_options_t *opt, dh_bench_system_t *out)
 {
     memset(out, 0, sizeof *out);
     out->name = name;
@@ -182,12 +171,51 @@ static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double
 /* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
  * the PyTorch-like systems get from the same cores (2 per worker of a rank's share), so
  * at equal budget no system keeps fewer batches in flight than another. */
-static uint32_t deep_prefetch(const dh_bench_options_t *opt, uint32_t cores)
+uint32_t dh_bench_deep_prefetch(const dh_bench_options_t *opt, uint32_t cores)
 {
     if (opt->prefetch)
         return opt->prefetch;
     uint32_t per_rank = cores / (opt->ranks ? opt->ranks : 1);
     return 2 * per_rank > 16 ? 2 * per_rank : 16;
+}
+
+uint32_t dh_bench_system_fanout(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
+                                uint32_t cores_eff, uint32_t cores, double batch_decode_s,
+                                double batch_join_s, double mean_step_s)
+{
+    if (!sp->deep)
+        return 1;
+    uint32_t fanout = opt->fanout
+                          ? opt->fanout
+                          : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
+                                                 dh_bench_deep_prefetch(opt, cores) * mean_step_s);
+    /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
+    int tier2 = dh_bench_tier2_on(opt, sp);
+    if (tier2)
+        fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
+    /* one-sample slots (fanout = ranks x batch): tier 2 with packing, where a sample may
+     * move to another rank's empty slot */
+    bool slots =
+        tier2 && sp->token_plan == DH_SHARE_TOKEN_PACKED && fanout == opt->ranks * opt->batch;
+    if (fanout > opt->batch && !slots)
+        fanout = opt->batch;
+    return fanout;
+}
+
+void dh_bench_compute_model(const dh_bench_options_t *opt, double mean_cpu_s, double mean_tokens,
+                            uint32_t cores, double *a, double *b)
+{
+    double ts = opt->dataset ? 1 : opt->time_scale;
+    if (opt->compute_auto) {
+        double step = (double)opt->ranks * opt->batch * mean_cpu_s * ts / cores;
+        *b = 0.1 * step;
+        *a = mean_tokens > 0 ? 0.9 * step / (opt->batch * mean_tokens) : 0;
+    } else {
+        *a = opt->a * ts;
+        *b = opt->b * ts;
+    }
+    *a *= opt->compute_scale;
+    *b *= opt->compute_scale;
 }
 
 /* ---- sample lookups (id -> row) ---- */
@@ -235,7 +263,7 @@ typedef struct rank_ctx {
 
 struct run {
     const dh_bench_options_t *opt;
-    const spec_t *spec;
+    const dh_bench_system_t *spec;
     const row_ref_t *refs;
     size_t n_refs;
     double a, b; /* seconds (already time-scaled) */
@@ -404,7 +432,8 @@ static void cluster_stop(cluster_t *c)
 static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint64_t *out)
 {
     uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
-    uint32_t depth = opt->prefetch_max ? opt->prefetch_max : 2 * deep_prefetch(opt, helix_cores);
+    uint32_t depth =
+        opt->prefetch_max ? opt->prefetch_max : 2 * dh_bench_deep_prefetch(opt, helix_cores);
     *out = (uint64_t)opt->ranks * depth * ((uint64_t)4 << 20);
     if (*out < (uint64_t)64 << 20)
         *out = (uint64_t)64 << 20;
@@ -470,7 +499,7 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
     return dh_dataserver_start(c->servers[c->n_servers - 1]);
 }
 
-static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const spec_t *sp,
+static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const dh_bench_system_t *sp,
                          const char *pipeline_json)
 {
     memset(c, 0, sizeof *c);
@@ -740,11 +769,12 @@ done:
     return rc;
 }
 
-static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const char *profiles,
-                      const char *pipeline_json, const row_ref_t *refs, size_t n_refs, double a,
-                      double b, double threshold, double batch_decode_s, double batch_join_s,
-                      double mean_step_s, uint32_t real_cores, dh_bench_system_result_t *res,
-                      FILE *trace, int *trace_first, size_t sys_index, uint64_t trace_t0)
+static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
+                      const char *profiles, const char *pipeline_json, const row_ref_t *refs,
+                      size_t n_refs, double a, double b, double threshold, double batch_decode_s,
+                      double batch_join_s, double mean_step_s, uint32_t real_cores,
+                      dh_bench_system_result_t *res, FILE *trace, int *trace_first,
+                      size_t sys_index, uint64_t trace_t0)
 {
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
@@ -772,23 +802,9 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
      * `fanout` rows per rank; so split only what the prefetch horizon cannot cover
      * (dh_plan_fanout_width, from the estimates). On 2 real cores for 4 ranks fanout 2 cost 8% of
      * throughput (docs/benchmarks.md). */
-    uint32_t fanout = 1;
-    int tier2 = tier2_on(opt, sp);
-    if (sp->deep) {
-        fanout = opt->fanout
-                     ? opt->fanout
-                     : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
-                                            deep_prefetch(opt, cl.cores) * mean_step_s);
-        /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
-        if (tier2)
-            fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
-        /* one-sample slots (fanout = ranks x batch): tier 2 with packing, where a sample
-         * may move to another rank's empty slot */
-        bool slots =
-            tier2 && sp->token_plan == DH_SHARE_TOKEN_PACKED && fanout == opt->ranks * opt->batch;
-        if (fanout > opt->batch && !slots)
-            fanout = opt->batch;
-    }
+    int tier2 = dh_bench_tier2_on(opt, sp);
+    uint32_t fanout = dh_bench_system_fanout(opt, sp, cores_eff, cl.cores, batch_decode_s,
+                                             batch_join_s, mean_step_s);
     res->fanout = fanout;
     res->rebalance = tier2;
     /* one load-balance group of all the bench's ranks (group id 0): in the emulated paper
@@ -845,7 +861,7 @@ static int run_system(const dh_bench_options_t *opt, const spec_t *sp, const cha
                                              : opt->time_scale / link_Bps(opt);
         }
         if (sp->deep) {
-            cfg.prefetch = deep_prefetch(opt, cl.cores);
+            cfg.prefetch = dh_bench_deep_prefetch(opt, cl.cores);
             cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * cfg.prefetch;
             res->prefetch = cfg.prefetch;
             cfg.fanout = fanout;
@@ -1143,16 +1159,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
                     real_cores, (double)helix_cores / real_cores, 2 * real_cores);
     double ts = opt->dataset ? 1 : opt->time_scale;
     double a, b;
-    if (opt->compute_auto) {
-        double step = (double)opt->ranks * opt->batch * mean_cpu * ts / cores_for_auto;
-        b = 0.1 * step;
-        a = mean_tok > 0 ? 0.9 * step / (opt->batch * mean_tok) : 0;
-    } else {
-        a = opt->a * ts;
-        b = opt->b * ts;
-    }
-    a *= opt->compute_scale;
-    b *= opt->compute_scale;
+    dh_bench_compute_model(opt, mean_cpu, mean_tok, cores_for_auto, &a, &b);
     out->a = a;
     out->b = b;
     out->mean_step_compute_s = a * opt->batch * mean_tok + b;
@@ -1183,8 +1190,8 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
             rc = dh__set_error(DH_EINVAL, "bench: at most %d systems", DH_BENCH_MAX_SYSTEMS);
             goto done;
         }
-        spec_t sp;
-        if ((rc = spec_of(name, opt, &sp)))
+        dh_bench_system_t sp;
+        if ((rc = dh_bench_system_of(name, opt, &sp)))
             goto done;
         progress(opt, "%s: starting", name);
         /* the fanout join of a mean batch at the one transfer cost (emulated bytes) */

@@ -41,6 +41,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "datahelix/place.h"
+#include "datahelix/plan.h"
+
 #define DH_BENCH_MAX_SYSTEMS 12
 
 /* dh_bench_options_t.rebalance_fanout: the batch (every part a single sample), or the
@@ -113,6 +116,45 @@ typedef struct dh_bench_options {
 } dh_bench_options_t;
 
 void dh_bench_options_default(dh_bench_options_t *opt);
+
+/* A system of --systems, as the harness runs it (docs/benchmarks.md, "Systems"); the
+ * simulator (src/sim/) models the same ones from the same description. */
+typedef struct dh_bench_system {
+    const char *name;
+    dh_policy_t policy;
+    int rank_local; /* one local DataServer per rank (native) */
+    dh_share_mode_t token_plan;
+    int copy;       /* copy every batch out of the arena (object-store hop) */
+    int deep;       /* prefetch opt->prefetch and microbatch fanout (else PyTorch-like) */
+    int tier2;      /* tier 2 (rebalancing) under --rebalance auto: ddlb, helix */
+    uint32_t cores; /* native-N: N; 0 = the default budget */
+} dh_bench_system_t;
+
+/* The system named `name` (borrowed: out->name points into it). Returns 0 or DH_EINVAL
+ * naming it. */
+int dh_bench_system_of(const char *name, const dh_bench_options_t *opt, dh_bench_system_t *out);
+
+/* Whether the system runs tier 2 under opt->rebalance. */
+int dh_bench_tier2_on(const dh_bench_options_t *opt, const dh_bench_system_t *sp);
+
+/* The deep systems' prefetch depth on `cores` cores in all (--prefetch, else at least 16 and
+ * at least 2 x the cores per rank). */
+uint32_t dh_bench_deep_prefetch(const dh_bench_options_t *opt, uint32_t cores);
+
+/* The system's fanout (requests per rank's batch): 1 unless deep; else --fanout or
+ * dh_plan_fanout_width over cores_eff / ranks (the bound's cores) and the horizon of
+ * dh_bench_deep_prefetch(cores), then tier 2's grain (ranks x batch: one-sample slots).
+ * batch_decode_s: batch x the mean estimated CPU (time-scaled); batch_join_s: the fanout
+ * join of a mean batch at the one transfer cost; mean_step_s: the mean step's compute. */
+uint32_t dh_bench_system_fanout(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
+                                uint32_t cores_eff, uint32_t cores, double batch_decode_s,
+                                double batch_join_s, double mean_step_s);
+
+/* The compute model a x tokens + b (seconds, time-scaled): --compute a,b, or the balanced
+ * regime from the estimates' means over `cores` (docs/benchmarks.md, "Compute"); both x
+ * compute_scale. */
+void dh_bench_compute_model(const dh_bench_options_t *opt, double mean_cpu_s, double mean_tokens,
+                            uint32_t cores, double *a, double *b);
 
 typedef struct dh_bench_system_result {
     char name[32];

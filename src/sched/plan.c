@@ -1213,15 +1213,19 @@ done:
     return rc;
 }
 
-int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
-                       const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
-                       uint32_t *rows, size_t cap)
+/* The window of steps that holds `step` planned by cfg: its n_all items (ids, in window
+ * order), each with its step within the window (step_of) and rank (rank_of); *at is
+ * `step`'s index in the window. The arrays are dh_malloc'd, the caller's (NULL on error). */
+static int share_window(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                        const dh_profile_set_t *profiles, uint64_t step, uint32_t **ids_out,
+                        int32_t **rank_out, uint32_t **step_out, size_t *n_out, uint32_t *at)
 {
+    *ids_out = NULL;
+    *rank_out = NULL;
+    *step_out = NULL;
     if (cfg->ranks == 0 || cfg->batch == 0)
         return dh__set_error(DH_EINVAL, "plan share: ranks %u and batch %u must be > 0", cfg->ranks,
                              cfg->batch);
-    if (rank >= cfg->ranks)
-        return dh__set_error(DH_EINVAL, "rank %u >= ranks %u", rank, cfg->ranks);
     if ((unsigned)cfg->mode >= DH_SHARE_MODE_COUNT)
         return dh__set_error(DH_EINVAL, "plan share: unknown mode %d", (int)cfg->mode);
     size_t per_step = (size_t)cfg->ranks * cfg->batch;
@@ -1260,21 +1264,71 @@ int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
         memset(step_of, 0, n_all * sizeof *step_of);
         rc = share_step(cfg, load, key, n_all, rank_of);
     }
+done:
+    dh_free(load);
+    dh_free(key);
+    if (rc) {
+        dh_free(ids);
+        dh_free(rank_of);
+        dh_free(step_of);
+        return rc;
+    }
+    *ids_out = ids;
+    *rank_out = rank_of;
+    *step_out = step_of;
+    *n_out = n_all;
+    *at = (uint32_t)(step - first);
+    return 0;
+}
+
+int dh_plan_rank_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                       const dh_profile_set_t *profiles, uint64_t step, uint32_t rank,
+                       uint32_t *rows, size_t cap)
+{
+    if (rank >= cfg->ranks)
+        return dh__set_error(DH_EINVAL, "rank %u >= ranks %u", rank, cfg->ranks);
+    uint32_t *ids, *step_of, at;
+    int32_t *rank_of;
+    size_t n_all;
+    int rc = share_window(cfg, sampler, profiles, step, &ids, &rank_of, &step_of, &n_all, &at);
     if (rc)
-        goto done;
-    uint32_t at = (uint32_t)(step - first);
+        return rc;
     size_t n = 0;
     for (size_t i = 0; i < n_all; i++)
         if (step_of[i] == at && rank_of[i] == (int32_t)rank && n < cap)
             rows[n++] = ids[i];
-    rc = (int)n;
-done:
     dh_free(ids);
-    dh_free(load);
-    dh_free(key);
     dh_free(rank_of);
     dh_free(step_of);
-    return rc;
+    return (int)n;
+}
+
+int dh_plan_step_share(const dh_share_config_t *cfg, dh_sampler_t *sampler,
+                       const dh_profile_set_t *profiles, uint64_t step, uint32_t *rows,
+                       uint32_t *rank_of, size_t cap)
+{
+    uint32_t *ids, *step_of, at;
+    int32_t *ranks;
+    size_t n_all;
+    int rc = share_window(cfg, sampler, profiles, step, &ids, &ranks, &step_of, &n_all, &at);
+    if (rc)
+        return rc;
+    size_t n = 0;
+    for (size_t i = 0; i < n_all && rc == 0; i++) {
+        if (step_of[i] != at || ranks[i] < 0)
+            continue;
+        if (n == cap) {
+            rc = dh__set_error(DH_ERANGE, "plan share: step %llu has more than %zu rows",
+                               (unsigned long long)step, cap);
+            break;
+        }
+        rows[n] = ids[i];
+        rank_of[n++] = (uint32_t)ranks[i];
+    }
+    dh_free(ids);
+    dh_free(ranks);
+    dh_free(step_of);
+    return rc ? rc : (int)n;
 }
 
 uint32_t dh_plan_fanout_width(uint32_t batch, uint32_t cores_per_rank, double batch_decode_s,

@@ -1,4 +1,5 @@
-/* Tests of a rank's share of a step (dh_plan_rank_share, dh_plan_window_share and
+/* Tests of a rank's share of a step (dh_plan_rank_share, dh_plan_step_share,
+ * dh_plan_window_share and
  * dh_plan_min_rows in src/sched/plan.c): each mode's rows per rank, that the ranks' shares
  * cover the window (or the window of steps) exactly once, the minimum-rows rule and its
  * edges, planning across steps, errors and allocation failures. */
@@ -416,8 +417,51 @@ static void window_share_survives_each_allocation_failure(void **state)
     dh_profile_set_destroy(&set);
 }
 
+/* dh_plan_step_share gives, in one plan, every rank's share as dh_plan_rank_share does
+ * rank by rank: the same rows in the same order, in every mode and across steps (W 3);
+ * too small a cap is DH_ERANGE. */
+static void step_share_matches_rank_shares(void **state)
+{
+    (void)state;
+    dh_profile_set_t *set = rows();
+    const dh_share_mode_t modes[] = {DH_SHARE_SAMPLE_COUNT, DH_SHARE_TOKEN_BALANCED,
+                                     DH_SHARE_TOKEN_PACKED};
+    for (int window = 1; window <= 3; window += 2)
+        for (size_t m = 0; m < 3; m++) {
+            dh_share_config_t cfg = share(modes[m], 2);
+            cfg.window_steps = (uint32_t)window;
+            dh_sampler_t *s = NULL;
+            assert_int_equal(dh_sampler_new(&s, N, 16, 5, 1), 0);
+            for (uint64_t step = 0; step < 6; step++) {
+                uint32_t all[48], rank_of[48];
+                int n = dh_plan_step_share(&cfg, s, set, step, all, rank_of, 48);
+                assert_true(n > 0);
+                int seen = 0;
+                for (uint32_t r = 0; r < 4; r++) {
+                    uint32_t got[48];
+                    int k = dh_plan_rank_share(&cfg, s, set, step, r, got, 48);
+                    assert_true(k >= 0);
+                    int j = 0;
+                    for (int i = 0; i < n; i++)
+                        if (rank_of[i] == r) {
+                            assert_true(j < k);
+                            assert_int_equal(all[i], got[j++]);
+                        }
+                    assert_int_equal(j, k);
+                    seen += k;
+                }
+                assert_int_equal(seen, n);
+            }
+            uint32_t few[4], few_rank[4];
+            assert_int_equal(dh_plan_step_share(&cfg, s, set, 0, few, few_rank, 4), DH_ERANGE);
+            dh_sampler_destroy(&s);
+        }
+    dh_profile_set_destroy(&set);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sample_count_takes_consecutive_rows),
+    cmocka_unit_test(step_share_matches_rank_shares),
     cmocka_unit_test(balanced_gives_batch_rows_and_balances),
     cmocka_unit_test(packed_keeps_min_rows_and_covers_window),
     cmocka_unit_test(cap_truncates_share),
