@@ -40,6 +40,9 @@ static void usage(FILE *out)
             "  --no-rank-steps       leave rank_step_s (ranks x steps numbers) out of the JSON\n"
             "  --rebalance-group G   tier 2 in groups of G consecutive ranks (0: one group of\n"
             "                        all ranks, as bench; its policy is O(G^3) a round)\n"
+            "  --place-index         place with the indexed rule (dh_place_index_*, the same\n"
+            "                        decisions as dh_place in O(log N)-ish; docs/scheduler.md):\n"
+            "                        what large clusters need (docs/simulator.md, \"Scale\")\n"
             "  -h, --help            show this help\n"
             "\n"
             "The table goes to standard output, progress to standard error. Exit status: 0,\n"
@@ -111,7 +114,8 @@ int dh_cmd_simulate(int argc, char **argv)
         O_ALGO,
         O_NO_RANK_STEPS,
         O_EMULATE,
-        O_GROUP
+        O_GROUP,
+        O_INDEX
     };
     static const struct option longopts[] = {
         {"mix", required_argument, 0, O_MIX},
@@ -148,6 +152,7 @@ int dh_cmd_simulate(int argc, char **argv)
         {"no-rank-steps", no_argument, 0, O_NO_RANK_STEPS},
         {"emulate", no_argument, 0, O_EMULATE},
         {"rebalance-group", required_argument, 0, O_GROUP},
+        {"place-index", no_argument, 0, O_INDEX},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -274,6 +279,9 @@ int dh_cmd_simulate(int argc, char **argv)
             break;
         case O_GROUP:
             bad = u32("--rebalance-group", optarg, 0, 1u << 20, &o.rebalance_group);
+            break;
+        case O_INDEX:
+            o.place_index = 1;
             break;
         case O_EMULATE:
             break;

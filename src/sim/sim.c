@@ -151,6 +151,9 @@ typedef struct sim {
     int32_t *node_server; /* node -> its server or -1 */
     dh_link_t links[4];
     dh_cost_model_t *model;
+    dh_place_index_t *index; /* o->place_index: dh_place_index_* instead of dh_place */
+    uint32_t *idx_node;
+    dh_link_t *idx_links;
     dh_place_config_t place;
     link_slot_t *link_tab;
     size_t link_cap, link_n;
@@ -259,6 +262,12 @@ static void snap_sync(sim_t *s, uint32_t i)
     st->queue_len = sv->q_len + sv->busy;
     st->queue_wait_s = sv->queued_cpu_s * sv->speed / sv->workers;
     st->speed_factor = sv->speed;
+    if (s->index) {
+        dh_server_state_t x = *st;
+        x.node = s->idx_node[i];
+        if (dh_place_index_update(s->index, i, &x))
+            s->rc = DH_EINVAL;
+    }
 }
 
 /* ---- steps: tier 1's plan, once per step for every rank ---- */
@@ -351,16 +360,22 @@ static int place_one(sim_t *s, uint32_t id)
     /* Two nodes suffice while every link is alike: the consumer's (0) and the rest (1). */
     rc.consumer_node = 0;
     rc.local_server = rk->local;
-    if (rk->local >= 0)
+    if (rk->local >= 0 && !s->index)
         s->snap[rk->local].node = 0;
     dh_snapshot_t snap = {s->snap, s->n_servers, s->links, 2};
     dh_decision_t d = {.candidates = NULL};
     uint64_t t0 = dh_clock_now_ns();
-    int e = s->o->place ? s->o->place(s->o->place_ctx, &s->place, &snap, &rc, &d)
+    int e;
+    if (s->index) { /* local nodes, then one node for every remote server */
+        rc.consumer_node = rk->local >= 0 ? s->idx_node[rk->local] : 0;
+        e = dh_place_index_decide(s->index, &s->place, &rc, &d);
+    } else {
+        e = s->o->place ? s->o->place(s->o->place_ctx, &s->place, &snap, &rc, &d)
                         : dh_place(&s->place, &snap, &rc, &d);
+    }
     s->sched_s += dh_clock_elapsed_s(t0, dh_clock_now_ns());
     s->decisions++;
-    if (rk->local >= 0)
+    if (rk->local >= 0 && !s->index)
         s->snap[rk->local].node = 1;
     if (e)
         return e;
@@ -991,6 +1006,9 @@ static void sim_free(sim_t *s)
     dh_free(s->link_tab);
     dh_free(s->step_tokens);
     dh_cost_model_destroy(&s->model);
+    dh_place_index_destroy(&s->index);
+    dh_free(s->idx_node);
+    dh_free(s->idx_links);
     dh_sampler_destroy(&s->sampler);
     dh__sim_events_clear(&s->ev);
     dh_stats_destroy(&s->waits);
@@ -1069,6 +1087,37 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
         s->links[i] = l;
     dh_place_config_default(&s->place);
     s->place.policy = sp->policy;
+    if (o->place_index) {
+        /* the index's nodes: each local server's, then one for every remote server (all
+         * links alike): (locals + 1)^2 links, not nodes^2 */
+        uint32_t locals = 0;
+        for (uint32_t i = 0; i < s->n_servers; i++)
+            locals += s->snap[i].role == DH_SERVER_LOCAL;
+        s->idx_node = dh_malloc(s->n_servers * sizeof *s->idx_node);
+        s->idx_links = dh_malloc((size_t)(locals + 1) * (locals + 1) * sizeof *s->idx_links);
+        if (!s->idx_node || !s->idx_links) {
+            rc = dh__set_error(DH_ENOMEM, "simulate: out of memory for the index");
+            goto done;
+        }
+        for (uint32_t i = 0; i < s->n_servers; i++)
+            s->idx_node[i] = s->servers[i].node < locals ? s->servers[i].node : locals;
+        for (size_t i = 0; i < (size_t)(locals + 1) * (locals + 1); i++)
+            s->idx_links[i] = l;
+        dh_server_state_t *copy = dh_malloc(s->n_servers * sizeof *copy);
+        if (!copy) {
+            rc = dh__set_error(DH_ENOMEM, "simulate: out of memory for the index");
+            goto done;
+        }
+        for (uint32_t i = 0; i < s->n_servers; i++) {
+            copy[i] = s->snap[i];
+            copy[i].node = s->idx_node[i];
+        }
+        dh_snapshot_t isnap = {copy, s->n_servers, s->idx_links, locals + 1};
+        rc = dh_place_index_new(&s->index, &isnap);
+        dh_free(copy);
+        if (rc)
+            goto done;
+    }
     if ((rc = dh_cost_model_new(&s->model, NULL)))
         goto done;
     /* the client's configuration (train_bench.c, run_system) */

@@ -35,6 +35,7 @@ typedef struct dh_sim_options {
     int rank_steps;            /* 1: keep rank_step_s (ranks x steps doubles) for the JSON */
     uint32_t rebalance_group;  /* tier 2's load-balance groups: this many consecutive ranks
                                 * each (0 = one group of all ranks, as bench) */
+    int place_index;           /* 1: dh_place_index_* (the same decisions in O(log N)) */
     dh_sim_place_fn *place;    /* NULL = dh_place */
     void *place_ctx;
 } dh_sim_options_t;

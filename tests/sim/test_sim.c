@@ -77,6 +77,30 @@ static void sim_is_deterministic(void **state)
     dh_bench_report_clear(&b);
 }
 
+/* --place-index: the indexed placement gives the same run as the exhaustive rule (the same
+ * decisions, so the same metrics to the bit), with and without remote servers. */
+static void place_index_gives_the_same_run(void **state)
+{
+    (void)state;
+    for (int remote = 0; remote <= 1; remote++) {
+        dh_sim_options_t o;
+        tiny(&o);
+        o.bench.systems = "helix";
+        if (remote)
+            o.bench.remote_servers = 2;
+        dh_bench_report_t a, b;
+        assert_int_equal(dh_sim_run(&o, &a), 0);
+        o.place_index = 1;
+        assert_int_equal(dh_sim_run(&o, &b), 0);
+        assert_close(a.systems[0].throughput_sps, b.systems[0].throughput_sps, 0);
+        assert_close(a.systems[0].input_wait_p95_s, b.systems[0].input_wait_p95_s, 0);
+        assert_close(a.systems[0].ddl_miss_rate, b.systems[0].ddl_miss_rate, 0);
+        assert_close(a.systems[0].cross_node_bytes, b.systems[0].cross_node_bytes, 0);
+        dh_bench_report_clear(&a);
+        dh_bench_report_clear(&b);
+    }
+}
+
 typedef struct place_count {
     unsigned long calls;
     int pick_last; /* 1: always the last live server (a different policy) */
@@ -235,6 +259,7 @@ static void sim_agrees_with_bench_emulate(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sim_runs_every_system_within_definitions),
     cmocka_unit_test(sim_is_deterministic),
+    cmocka_unit_test(place_index_gives_the_same_run),
     cmocka_unit_test(placement_function_is_switchable),
     cmocka_unit_test(rebalance_groups_bound_the_moves),
     cmocka_unit_test(sim_scales_past_bench_limits),
