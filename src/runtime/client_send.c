@@ -272,6 +272,19 @@ static void send_outstanding_again(dh_client_t *c)
                 (unsigned long long)(to ? to - 1 : 0));
 }
 
+/* From now on next() fails with `code` and `why` (the first such cause wins; logged once). */
+static void refuse_next(dh_client_t *c, int code, const char *why)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->refused) {
+        c->refused = code;
+        snprintf(c->refused_msg, sizeof c->refused_msg, "%s", why);
+        dh_log_error("client '%s': %s", c->id, why);
+    }
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* The coordinator's liveness, on the sender thread: a HELLO every PING_NS (and at once after
  * "unknown client"), whose answer carries the incarnation; the requests again after a
  * restart; and an error for next() when it stays silent past coordinator_timeout_ms. */
@@ -290,32 +303,21 @@ static void coordinator_liveness(dh_client_t *c)
         send_outstanding_again(c);
     }
     int limit = c->cfg.coordinator_timeout_ms;
-    if (limit >= 0 && c->no_local_since_ns &&
-        now - c->no_local_since_ns > (uint64_t)limit * 1000000ull) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->refused) {
-            c->refused = DH_ENOSERVER;
-            snprintf(c->refused_msg, sizeof c->refused_msg,
-                     "node '%.100s' has had no live local DataServer for %d ms "
-                     "(coordinator_timeout_ms): its DataServer died and none took its place",
-                     c->node, limit);
-            dh_log_error("client '%s': %s", c->id, c->refused_msg);
-        }
-        pthread_cond_broadcast(&c->cond);
-        pthread_mutex_unlock(&c->lock);
+    uint64_t limit_ns = limit >= 0 ? (uint64_t)limit * 1000000ull : UINT64_MAX;
+    char why[2 * NAME_CAP];
+    if (c->no_local_since_ns && now - c->no_local_since_ns > limit_ns) {
+        snprintf(why, sizeof why,
+                 "node '%.100s' has had no live local DataServer for %d ms "
+                 "(coordinator_timeout_ms): its DataServer died and none took its place",
+                 c->node, limit);
+        refuse_next(c, DH_ENOSERVER, why);
     }
-    if (limit >= 0 && c->coord_heard_ns && now - c->coord_heard_ns > (uint64_t)limit * 1000000ull) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->refused) {
-            c->refused = DH_EAGAIN;
-            snprintf(c->refused_msg, sizeof c->refused_msg,
-                     "the coordinator %.120s has not answered for %d ms (coordinator_timeout_ms): "
-                     "it is down, or restarted elsewhere",
-                     c->coord_endpoint, limit);
-            dh_log_error("client '%s': %s", c->id, c->refused_msg);
-        }
-        pthread_cond_broadcast(&c->cond);
-        pthread_mutex_unlock(&c->lock);
+    if (c->coord_heard_ns && now - c->coord_heard_ns > limit_ns) {
+        snprintf(why, sizeof why,
+                 "the coordinator %.120s has not answered for %d ms (coordinator_timeout_ms): "
+                 "it is down, or restarted elsewhere",
+                 c->coord_endpoint, limit);
+        refuse_next(c, DH_EAGAIN, why);
     }
 }
 
