@@ -59,6 +59,31 @@ def datahelix():
     return dh
 
 
+def torchrun_port():
+    """A MASTER_PORT for torchrun whose +17 (the coordinator's, datahelix's torchrun rule) is
+    free too, both below the kernel's ephemeral range: a port the OS hands out to outgoing
+    connections (every test's sockets) can take P + 17 between this check and the bind, which
+    failed a CI run with 'Address already in use'."""
+    import random
+    import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low - 17)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 17))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair below the ephemeral range")
+
+
 def pytest_report_header(config):
     return f"datahelix from {_path or 'site-packages'}; CLI {CLI}"
 

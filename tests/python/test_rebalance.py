@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, torchrun_port
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -496,9 +496,7 @@ def test_a_user_feature_fn_vector_is_what_sort_fn_sees(datahelix, dataset):
 def test_the_docs_example_runs_under_torchrun(dataset):
     src, ids = dataset
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    with socket.socket() as s:  # a free port for the rendezvous (the coordinator takes +17)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = torchrun_port()  # the rendezvous's, and +17 the coordinator's
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         "--master_addr", "127.0.0.1", "--master_port", str(port),
                         os.path.join(ROOT, "examples", "rebalance_example.py"), "--data", src],

@@ -1,19 +1,16 @@
 """examples/train_ddp.py under torchrun, 2 processes: it runs and its loss falls."""
 import os
 import re
-import socket
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, torchrun_port
 
 
 def test_torchrun_example_runs_and_the_loss_falls(dataset):
     src, _ = dataset
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    with socket.socket() as s:  # a free port for the rendezvous (the coordinator takes +17)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = torchrun_port()  # the rendezvous's, and +17 the coordinator's
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         "--master_addr", "127.0.0.1",
                         "--master_port", str(port), os.path.join(ROOT, "examples", "train_ddp.py"),

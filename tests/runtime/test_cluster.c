@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 
@@ -42,16 +43,35 @@ typedef struct cluster {
 
 static const char *const server_names[4] = {"local-a", "local-b", "remote-1", "remote-2"};
 
+/* A free loopback port below the kernel's ephemeral range: the coordinator is restarted at
+ * the same endpoint (cluster_coordinator_kill9_restarted), and a port in the ephemeral range
+ * can be handed to some outgoing connection while it is down. */
 static void free_tcp_endpoint(char *buf, size_t cap)
 {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(s >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t len = sizeof a;
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-    snprintf(buf, cap, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
-    close(s);
+    int low = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d", &low) != 1)
+            low = 32768;
+        fclose(f);
+    }
+    int lo = low > 13024 ? low - 12000 : 1024, span = low - lo > 1 ? low - lo : 1;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 500; tries++) {
+        int port = lo + (int)(rand_r(&seed) % (unsigned)span);
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(s >= 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = bind(s, (struct sockaddr *)&a, sizeof a) == 0;
+        close(s);
+        if (ok) {
+            snprintf(buf, cap, "tcp://127.0.0.1:%d", port);
+            return;
+        }
+    }
+    fail_msg("no free loopback port below %d", low);
 }
 
 static void make_profiles(const char *path, int count)

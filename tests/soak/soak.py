@@ -27,9 +27,21 @@ SERVERS = [("local-a", "local", "node-a"), ("local-b", "local", "node-b"),
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range: the coordinator is restarted
+    at it, and a port in that range can be handed to an outgoing connection meanwhile."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(500):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Proc:
