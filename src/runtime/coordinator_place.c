@@ -8,6 +8,7 @@
  * candidates and the chosen server's predicted C_cpu and T. A
  * request that no server can take now stays in the book for the next pass.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "datahelix/alloc.h"
@@ -38,10 +39,16 @@ static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_requ
         fprintf(f, "\"server\":null,\"error\":\"%s\",", dh_err_name(rc));
     fprintf(f, "\"reason\":\"%s\",\"candidates\":[", dh_place_reason_name(d->reason));
     static const char *const status[] = {"ok", "dead", "full"};
-    for (size_t i = 0; i < c->n_servers; i++)
-        fprintf(f, "%s{\"server\":\"%s\",\"t_s\":%.6f,\"miss_s\":%.6f,\"status\":\"%s\"}",
-                i ? "," : "", c->servers[i].name, c->cand[i].t_s, c->cand[i].miss_s,
-                status[c->cand[i].status < 3 ? c->cand[i].status : 0]);
+    for (size_t i = 0; i < c->n_servers; i++) {
+        /* a dead server's T is infinite, which JSON cannot say: null */
+        char t[32] = "null", miss[32] = "null";
+        if (isfinite(c->cand[i].t_s))
+            snprintf(t, sizeof t, "%.6f", c->cand[i].t_s);
+        if (isfinite(c->cand[i].miss_s))
+            snprintf(miss, sizeof miss, "%.6f", c->cand[i].miss_s);
+        fprintf(f, "%s{\"server\":\"%s\",\"t_s\":%s,\"miss_s\":%s,\"status\":\"%s\"}", i ? "," : "",
+                c->servers[i].name, t, miss, status[c->cand[i].status < 3 ? c->cand[i].status : 0]);
+    }
     fprintf(f, "]}\n");
 }
 

@@ -442,6 +442,23 @@ static void cluster_kill9_sidecar_mid_epoch(void **state)
     assert_int_equal(s.errors, 0);
     cl_wait_log(c.coord.log, "DataServer 'remote-1' (pid", 1, 5000);
     assert_true(cl_count(c.coord.log, "declared dead") >= 1);
+    /* the telemetry stays JSON with a dead server among the candidates (its T is null) */
+    FILE *tf = fopen(c.telemetry, "r");
+    assert_non_null(tf);
+    char line[65536];
+    int lines = 0, nulls = 0;
+    while (fgets(line, sizeof line, tf)) {
+        json_error_t jerr;
+        json_t *o = json_loads(line, 0, &jerr);
+        if (!o)
+            fail_msg("telemetry line %d is not JSON (%s): %.200s", lines + 1, jerr.text, line);
+        nulls += strstr(line, "\"t_s\":null") != NULL;
+        json_decref(o);
+        lines++;
+    }
+    fclose(tf);
+    assert_true(lines > 0);
+    assert_true(nulls > 0);
     /* what the dead sidecar held was placed again (and, no errors above, delivered) */
     unsigned long long replaced = replaced_requests(c.coord.log);
     if (replaced == 0)
