@@ -522,7 +522,8 @@ static void cluster_local_server_gone_fails_its_ranks(void **state)
     start_servers(&c, true, "deadline", 2);
     const char *extra[] = {"--coordinator-timeout-ms", "1500", NULL};
     start_ranks_with(&c, extra, "20");
-    cl_wait_lines(c.ledgers[2], 3, T_MS);
+    for (int r = 2; r < RANKS; r++) /* both of node-b's ranks running before it goes */
+        cl_wait_lines(c.ledgers[r], 3, T_MS);
     cl_signal(&c.servers[1], SIGKILL); /* local-b: node-b's, ranks 2 and 3 */
     assert_int_equal(cl_wait_exit(&c.servers[1], 5000), 128 + SIGKILL);
     for (int r = 2; r < RANKS; r++) {
