@@ -18,6 +18,7 @@ int dh_cmd_transport_bench(int argc, char **argv);
 int dh_cmd_rebalance_bench(int argc, char **argv);
 int dh_cmd_bench(int argc, char **argv);
 int dh_cmd_simulate(int argc, char **argv);
+int dh_cmd_keygen(int argc, char **argv);
 
 /* Prints "datahelix CMD: MESSAGE: dh_last_error()" for a library error and returns 1. */
 int dh_cli_fail(const char *cmd, int err, const char *what);
@@ -25,6 +26,10 @@ int dh_cli_fail(const char *cmd, int err, const char *what);
 /* Fails with a usage error naming the first argument left after option parsing, if any.
  * Returns 0, or -1 after printing "datahelix CMD: unexpected argument 'X'". */
 int dh_cli_no_extra_args(const char *cmd, int argc, char **argv, int first);
+
+/* The CURVE key directory and key name from $DATAHELIX_KEYS and $DATAHELIX_KEY (each left
+ * as is when unset or empty), the defaults of --keys and --key. */
+void dh_cli_keys_from_env(const char **keys_dir, const char **key_name);
 
 /* Parses a positive/non-negative integer option value; prints a usage error naming the
  * option and returns -1 on bad input. */

@@ -64,6 +64,11 @@ static void usage(FILE *out)
             "      --coordinator-timeout-ms N  fail when the coordinator has not answered\n"
             "                              for N ms, or this node has had no live local\n"
             "                              DataServer for N ms (default 60000)\n"
+            "  -K, --keys DIR              CURVE key directory (default $DATAHELIX_KEYS): tcp://\n"
+            "                              connections authenticate with DIR/NAME.secret and\n"
+            "                              encrypt (docs/security.md)\n"
+            "      --key NAME              this rank's key (default $DATAHELIX_KEY, else\n"
+            "                              server)\n"
             "      --pipeline SPEC.json    embedded mode: the DataServer's pipeline spec\n"
             "      --workers N             embedded mode: its workers (default 2)\n"
             "      --plan-window W         tier 1 plans W consecutive steps of an epoch together\n"
@@ -157,7 +162,8 @@ int dh_cmd_consume(int argc, char **argv)
         OPT_PLAN_WINDOW,
         OPT_RB_GAIN,
         OPT_RB_LATE,
-        OPT_COORD_TIMEOUT
+        OPT_COORD_TIMEOUT,
+        OPT_KEY
     };
     static const struct option options[] = {
         {"coordinator", required_argument, NULL, 'c'},
@@ -186,17 +192,20 @@ int dh_cmd_consume(int argc, char **argv)
         {"rebalance-min-gain", required_argument, NULL, OPT_RB_GAIN},
         {"rebalance-late-ms", required_argument, NULL, OPT_RB_LATE},
         {"coordinator-timeout-ms", required_argument, NULL, OPT_COORD_TIMEOUT},
+        {"keys", required_argument, NULL, 'K'},
+        {"key", required_argument, NULL, OPT_KEY},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
+    dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
     int timeout_ms = 120000;
     int have_rank = 0, have_ranks = 0, have_batch = 0, check = 0, rb_tuned = 0;
     double compute_ms = 0;
     const char *ledger_path = NULL;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:P:r:R:b:f:k:e:s:n:C:l:t:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:P:r:R:b:f:k:e:s:n:C:l:t:K:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -291,6 +300,12 @@ int dh_cmd_consume(int argc, char **argv)
             if (dh_cli_parse_u64(CMD, "--timeout-ms", optarg, 1, 86400000, &v))
                 return 2;
             timeout_ms = (int)v;
+            break;
+        case 'K':
+            cfg.keys_dir = optarg;
+            break;
+        case OPT_KEY:
+            cfg.key_name = optarg;
             break;
         case OPT_COORD_TIMEOUT:
             if (dh_cli_parse_u64(CMD, "--coordinator-timeout-ms", optarg, 1, 86400000, &v))

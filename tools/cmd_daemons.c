@@ -41,6 +41,7 @@ static void coordinator_usage(FILE *out)
     fprintf(out,
             "usage: datahelix coordinator --listen ENDPOINT [--policy P] [--dead-after-ms N]\n"
             "                             [--queue-cap N] [--telemetry FILE]\n"
+            "                             [--keys DIR [--key NAME]]\n"
             "\n"
             "Runs the coordinator of a job: the registry of DataServers and clients, their\n"
             "liveness, and the scheduler that places every request (docs/runtime.md).\n"
@@ -57,6 +58,11 @@ static void coordinator_usage(FILE *out)
             "                          (backpressure; default 4, 0 = no cap)\n"
             "  -t, --telemetry FILE    write every placement decision as a JSON line: chosen\n"
             "                          server, reason, every candidate's predicted time\n"
+            "  -K, --keys DIR          CURVE key directory (default $DATAHELIX_KEYS): a tcp://\n"
+            "                          endpoint admits only the keys DIR/*.pub lists and\n"
+            "                          encrypts; needs DIR/server.secret (docs/security.md)\n"
+            "      --key NAME          this process's key, DIR/NAME.secret (default\n"
+            "                          $DATAHELIX_KEY, else server)\n"
             "  -h, --help              show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -69,13 +75,16 @@ int dh_cmd_coordinator(int argc, char **argv)
                                             {"dead-after-ms", required_argument, NULL, 'd'},
                                             {"queue-cap", required_argument, NULL, 'q'},
                                             {"telemetry", required_argument, NULL, 't'},
+                                            {"keys", required_argument, NULL, 'K'},
+                                            {"key", required_argument, NULL, 'k'},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_coordinator_config_t cfg;
     dh_coordinator_config_default(&cfg);
+    dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "l:p:d:q:t:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "l:p:d:q:t:K:h", options, NULL)) != -1) {
         switch (opt) {
         case 'l':
             cfg.listen = optarg;
@@ -101,6 +110,12 @@ int dh_cmd_coordinator(int argc, char **argv)
             break;
         case 't':
             cfg.telemetry_path = optarg;
+            break;
+        case 'K':
+            cfg.keys_dir = optarg;
+            break;
+        case 'k':
+            cfg.key_name = optarg;
             break;
         case 'h':
             coordinator_usage(stdout);
@@ -137,7 +152,7 @@ static void server_usage(FILE *out)
             "                        [--arena-mb M]\n"
             "                        [--arena-budget BYTES] [--name NAME]\n"
             "                        [--data-listen ENDPOINT] [--advertise HOST|ENDPOINT]\n"
-            "                        [--heartbeat-ms N]\n"
+            "                        [--heartbeat-ms N] [--keys DIR [--key NAME]]\n"
             "\n"
             "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
             "coordinator dispatches to it (docs/runtime.md).\n"
@@ -182,6 +197,13 @@ static void server_usage(FILE *out)
             "                              replaced by this machine's address on the route\n"
             "                              to the coordinator (docs/multinode.md)\n"
             "  -b, --heartbeat-ms N        heartbeat period (default 100)\n"
+            "  -K, --keys DIR              CURVE key directory (default $DATAHELIX_KEYS): every\n"
+            "                              tcp:// connection authenticated and encrypted; the\n"
+            "                              data endpoint admits only the keys DIR/*.pub lists\n"
+            "                              (a local server needs DIR/server.secret;\n"
+            "                              docs/security.md)\n"
+            "      --key NAME              this process's key, DIR/NAME.secret (default\n"
+            "                              $DATAHELIX_KEY, else server)\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -202,16 +224,19 @@ int dh_cmd_server(int argc, char **argv)
                                             {"listen", required_argument, NULL, 'D'},
                                             {"advertise", required_argument, NULL, 'A'},
                                             {"heartbeat-ms", required_argument, NULL, 'b'},
+                                            {"keys", required_argument, NULL, 'K'},
+                                            {"key", required_argument, NULL, 'k'},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     cfg.workers = 0;
+    dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
     int have_role = 0, have_workers = 0;
     const char *dataset = NULL;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:A:b:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:A:b:K:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -277,6 +302,12 @@ int dh_cmd_server(int argc, char **argv)
             if (dh_cli_parse_u64("server", "--heartbeat-ms", optarg, 5, 60000, &v))
                 return 2;
             cfg.heartbeat_ms = (uint32_t)v;
+            break;
+        case 'K':
+            cfg.keys_dir = optarg;
+            break;
+        case 'k':
+            cfg.key_name = optarg;
             break;
         case 'h':
             server_usage(stdout);

@@ -29,6 +29,7 @@ static const command_t commands[] = {
     {"rebalance-bench", dh_cmd_rebalance_bench, "cost of moving decoded clips between ranks"},
     {"bench", dh_cmd_bench, "the emulated training loop: native vs pool vs helix"},
     {"simulate", dh_cmd_simulate, "the training loop in virtual time (discrete-event simulator)"},
+    {"keygen", dh_cmd_keygen, "make a CURVE key pair for authenticated, encrypted transport"},
 };
 
 static void usage(FILE *out)
@@ -50,6 +51,15 @@ int dh_cli_fail(const char *cmd, int err, const char *what)
         fprintf(stderr, "datahelix %s: %s: %s (%s)\n", cmd, what, dh_strerror(err),
                 dh_err_name(err));
     return 1;
+}
+
+void dh_cli_keys_from_env(const char **keys_dir, const char **key_name)
+{
+    const char *dir = getenv("DATAHELIX_KEYS"), *name = getenv("DATAHELIX_KEY");
+    if (dir && dir[0])
+        *keys_dir = dir;
+    if (name && name[0])
+        *key_name = name;
 }
 
 int dh_cli_no_extra_args(const char *cmd, int argc, char **argv, int first)

@@ -228,6 +228,9 @@ typedef struct dh_client_config {
                                       * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
                                       * quarter of physical memory) */
     dh_rebalance_config_t rebalance; /* tier 2 (off by default) */
+    const char *keys_dir;            /* CURVE key directory: tcp:// connections authenticate with
+                                      * key_name and encrypt (docs/security.md); NULL = plaintext */
+    const char *key_name;            /* this rank's key in keys_dir (NULL = "server") */
 } dh_client_config_t;
 
 /* Fills *cfg with the defaults above (profiles NULL: must be set). */

@@ -36,7 +36,8 @@ extern "C" {
     XX(TOOBIG, DH__ERR_BASE - 5, "instance too large for the exact solver")                        \
     XX(UNKNOWN, DH__ERR_BASE - 6, "unknown name")                                                  \
     XX(EOF, DH__ERR_BASE - 7, "end of input")                                                      \
-    XX(DATASET, DH__ERR_BASE - 8, "the user's dataset code failed")
+    XX(DATASET, DH__ERR_BASE - 8, "the user's dataset code failed")                                \
+    XX(AUTH, DH__ERR_BASE - 9, "authentication refused, or keys unusable")
 
 typedef enum {
 #define DH__ERR_ENUM(name, code, msg) DH_E##name = (code),

@@ -50,6 +50,10 @@ typedef struct dh_coordinator_config {
     double default_link_Bps;    /* bandwidth between nodes before any estimate (1.25e9) */
     double default_latency_s;   /* one-way latency between nodes (100e-6) */
     void *zmq_ctx;              /* borrowed ZeroMQ context, or NULL for an own one */
+    const char *keys_dir;       /* CURVE key directory (wire.h "Authentication",
+                                 * docs/security.md): a tcp:// listen endpoint admits only its
+                                 * listed keys; NULL = plaintext, anyone admitted */
+    const char *key_name;       /* this process's key in keys_dir (NULL = "server") */
 } dh_coordinator_config_t;
 
 /* Fills *cfg with the defaults above (listen NULL: must be set). */
@@ -170,6 +174,10 @@ typedef struct dh_dataserver_config {
     /* local: the memory the arena may take when arena_bytes is 0; 0 =
      * dh_arena_budget_default() */
     uint64_t arena_budget_bytes;
+    const char *keys_dir; /* CURVE key directory: every tcp:// socket authenticated and
+                           * encrypted, the data endpoint admitting only listed keys
+                           * (docs/security.md); NULL = plaintext */
+    const char *key_name; /* this process's key in keys_dir (NULL = "server") */
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);

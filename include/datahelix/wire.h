@@ -329,9 +329,51 @@ DH_EXTERN int dh_wire_decode_packet(const void *buf, size_t len, dh_msg_t *out);
 
 typedef struct dh_wire_socket dh_wire_socket_t;
 
+/* ---- Authentication (src/wire/auth.c; docs/security.md) ----
+ *
+ * A key directory holds CURVE keys in Z85 text, one per file, as `datahelix keygen -o
+ * DIR/NAME` writes them: NAME.pub (public) and NAME.secret (secret, mode 0600; a secret
+ * readable by group or others is refused). server.pub is the job's server key: every socket
+ * that binds tcp:// is a CURVE server with server.secret (needed only where a coordinator or
+ * DataServer runs); every socket that connects to tcp:// is a CURVE client with server.pub
+ * and this process's identity key (NAME.secret; default "server"). A ZAP handler on the
+ * binding side admits a client only when its public key is one of the directory's *.pub
+ * files, and logs each refusal with the key and the peer's address. ipc:// and inproc://
+ * sockets use no CURVE (they do not leave the machine). */
+
+typedef struct dh_wire_keys dh_wire_keys_t;
+typedef struct dh_wire_auth dh_wire_auth_t;
+
+/* Loads the key directory dir with identity NAME (NULL or "": "server"). Returns 0 or a
+ * negative code with a message naming the file: -ENOENT (no such directory, no server.pub,
+ * no NAME.secret), DH_EACCES (a secret readable by others), DH_EPARSE (not a Z85 key),
+ * DH_EINVAL (libzmq without CURVE), DH_ENOMEM. *out is the caller's (dh_wire_keys_destroy);
+ * it is read-only after loading, so any thread may use it. */
+DH_EXTERN int dh_wire_keys_load(dh_wire_keys_t **out, const char *dir, const char *identity);
+DH_EXTERN void dh_wire_keys_destroy(dh_wire_keys_t **k);
+/* The directory, this process's key name and its public key (Z85); borrowed from k. */
+DH_EXTERN const char *dh_wire_keys_dir(const dh_wire_keys_t *k);
+DH_EXTERN const char *dh_wire_keys_name(const dh_wire_keys_t *k);
+DH_EXTERN const char *dh_wire_keys_public(const dh_wire_keys_t *k);
+
+/* Makes a new key pair: PREFIX.secret (mode 0600) and PREFIX.pub (0644), never overwriting
+ * (-EEXIST names the file). Copies the public key (41 bytes with the NUL) to public_out
+ * unless NULL. Returns 0 or a negative code with a message. */
+DH_EXTERN int dh_wire_keygen(const char *prefix, char public_out[41]);
+
+/* Starts the ZAP handler of zmq_ctx (a thread; one per context) that admits the public keys
+ * of keys, which must outlive it. Stop it (dh_wire_auth_stop) before zmq_ctx_term. Returns 0,
+ * -EADDRINUSE (the context has one), or a negative code with a message. */
+DH_EXTERN int dh_wire_auth_start(dh_wire_auth_t **out, void *zmq_ctx, const dh_wire_keys_t *keys);
+DH_EXTERN void dh_wire_auth_stop(dh_wire_auth_t **a);
+/* CURVE handshakes refused so far (unlisted keys, other mechanisms). Thread-safe. */
+DH_EXTERN uint64_t dh_wire_auth_refused(const dh_wire_auth_t *a);
+
 typedef struct dh_wire_socket_opts {
-    int64_t max_msg_size; /* ZMQ_MAXMSGSIZE (per frame); 0 = DH_WIRE_DEFAULT_MAX_MSG_SIZE,
-                           * -1 = no limit */
+    int64_t max_msg_size;       /* ZMQ_MAXMSGSIZE (per frame); 0 = DH_WIRE_DEFAULT_MAX_MSG_SIZE,
+                                 * -1 = no limit */
+    const dh_wire_keys_t *keys; /* CURVE on tcp:// endpoints (borrowed; must outlive the
+                                 * socket); NULL = plaintext */
 } dh_wire_socket_opts_t;
 
 /* Makes a socket of ZeroMQ type zmq_type (ZMQ_DEALER, ZMQ_ROUTER, ZMQ_PUSH, ZMQ_PULL ...) on
@@ -346,8 +388,10 @@ DH_EXTERN int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_
 DH_EXTERN void dh_wire_socket_destroy(dh_wire_socket_t **s);
 
 /* Bind / connect to an endpoint ("inproc://x", "ipc:///path", "tcp://host:port"). The last
- * endpoint is remembered to name the socket in error messages. Returns 0 or a negative errno
- * with a message naming the endpoint. */
+ * endpoint is remembered to name the socket in error messages. With keys in the socket's opts
+ * and a tcp:// endpoint, the socket is a CURVE server (bind) or client (connect) first.
+ * Returns 0 or a negative errno with a message naming the endpoint (DH_EAUTH: binding tcp://
+ * with keys but no server.secret). */
 DH_EXTERN int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint);
 DH_EXTERN int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint);
 

@@ -79,6 +79,7 @@ static void name_errors(void)
         {"UNKNOWN", "UnknownNameError", &PyExc_LookupError},
         {"EOF", "EndOfInputError", NULL},
         {"DATASET", "DatasetError", &PyExc_RuntimeError},
+        {"AUTH", "AuthError", &PyExc_PermissionError},
     };
     for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
         for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)

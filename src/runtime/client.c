@@ -191,7 +191,8 @@ static int register_with_coordinator(dh_client_t *c)
     /* Asking again (the named DataServer was gone) replaces the socket of the last ask: one
      * left open would keep zmq_ctx_term, and so dh_client_destroy, waiting forever. */
     dh_wire_socket_destroy(&c->coord);
-    if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, NULL)) ||
+    dh_wire_socket_opts_t opts = {.keys = c->keys};
+    if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, &opts)) ||
         (rc = dh__wire_set_routing_id(c->coord, c->id)) ||
         (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
         return rc;
@@ -215,6 +216,8 @@ static int register_with_coordinator(dh_client_t *c)
         if (rc == 0 && r.msg.type == DH_MSG_ERROR)
             snprintf(last, sizeof last, "%s", r.msg.error.message);
         dh_wire_received_release(&r);
+        if (rc == DH_EAUTH)
+            return rc;
         if (c->cfg.connect_timeout_ms >= 0 &&
             dh_clock_elapsed_s(start, dh_clock_now_ns()) * 1000 > c->cfg.connect_timeout_ms)
             return dh__set_error(DH_EAGAIN,
@@ -440,6 +443,10 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         rc = dh__set_error(DH_ENOMEM, "client: zmq_ctx_new failed");
         goto fail;
     }
+    c->cfg.keys_dir = c->cfg.key_name = NULL;
+    if (cfg->keys_dir && cfg->keys_dir[0] &&
+        (rc = dh_wire_keys_load(&c->keys, cfg->keys_dir, cfg->key_name)))
+        goto fail;
     if (cfg->coordinator && cfg->coordinator[0]) {
         snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", cfg->coordinator);
     } else if ((rc = start_embedded(c, cfg))) {
@@ -486,9 +493,13 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     c->threads_started = true;
     *out = c;
     return 0;
-fail:
+fail : {
+    /* destroy says GOODBYE, which may fail and record its own message: keep the cause's */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", dh_last_error());
     dh_client_destroy(&c);
-    return rc;
+    return dh__set_error(rc, "%s", why);
+}
 }
 
 /* ---- next ---- */
@@ -731,6 +742,7 @@ void dh_client_destroy(dh_client_t **pc)
         dh__client_arena_ref_drop(c->arenas[i]);
     dh_dataserver_destroy(&c->embedded_ds);
     dh_coordinator_destroy(&c->embedded_coord);
+    dh_wire_keys_destroy(&c->keys);
     if (c->ctx && !c->cfg.zmq_ctx)
         zmq_ctx_term(c->ctx);
     dh_sampler_destroy(&c->sampler);

@@ -78,7 +78,8 @@ int dh__client_connect_local(dh_client_t *c, const ds_info_t *ds)
         c->arenas[c->n_arenas++] = a;
     }
     dh_wire_socket_t *sock = NULL;
-    if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, NULL)) ||
+    dh_wire_socket_opts_t opts = {.keys = c->keys};
+    if ((rc = dh_wire_socket_new(&sock, c->ctx, ZMQ_DEALER, &opts)) ||
         (rc = dh__wire_set_routing_id(sock, c->id)) ||
         (rc = dh_wire_socket_connect(sock, ds->endpoint))) {
         dh_wire_socket_destroy(&sock);

@@ -152,6 +152,7 @@ struct dh_client {
     uint64_t total;
 
     void *ctx;
+    dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL */
     dh_coordinator_t *embedded_coord;
     dh_dataserver_t *embedded_ds;
     dh_wire_socket_t *coord; /* sender thread after start */

@@ -105,7 +105,8 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
     char id[NAME_CAP + 4];
     snprintf(id, sizeof id, "%s/rb", c->id);
     int err;
-    if ((err = dh_wire_socket_new(&rb->sock, c->ctx, ZMQ_DEALER, NULL)) ||
+    dh_wire_socket_opts_t opts = {.keys = c->keys};
+    if ((err = dh_wire_socket_new(&rb->sock, c->ctx, ZMQ_DEALER, &opts)) ||
         (err = dh__wire_set_routing_id(rb->sock, id)) ||
         (err = dh_wire_socket_connect(rb->sock, c->coord_endpoint)))
         return err;

@@ -110,7 +110,12 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
                                    cfg->default_latency_s);
     if ((rc = dh_cost_model_new(&c->model, NULL)))
         goto fail;
-    if ((rc = dh_wire_socket_new(&c->sock, c->ctx, ZMQ_ROUTER, NULL)))
+    c->cfg.keys_dir = c->cfg.key_name = NULL;
+    if ((rc = dh__wire_secure(c->ctx, cfg->keys_dir, cfg->key_name, cfg->listen, &c->keys,
+                              &c->auth_ref)))
+        goto fail;
+    dh_wire_socket_opts_t opts = {.keys = c->keys};
+    if ((rc = dh_wire_socket_new(&c->sock, c->ctx, ZMQ_ROUTER, &opts)))
         goto fail;
     if ((rc = dh__wire_router_handover(c->sock)) ||
         (rc = dh_wire_socket_bind(c->sock, cfg->listen)))
@@ -906,6 +911,7 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     dh_free(c->cand);
     dh_cost_model_destroy(&c->model);
     dh_wire_socket_destroy(&c->sock);
+    dh__wire_secure_end(c->ctx, &c->keys, c->auth_ref);
     if (c->telemetry)
         fclose(c->telemetry);
     dh_free(c->telemetry_path);

@@ -91,6 +91,8 @@ struct dh_coordinator {
     dh_coordinator_config_t cfg;
     void *ctx;
     bool own_ctx;
+    dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL */
+    int auth_ref;         /* holds ctx's ZAP handler (dh__wire_secure) */
     dh_wire_socket_t *sock;
     char endpoint[ENDPOINT_CAP];
     FILE *telemetry;

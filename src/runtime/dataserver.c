@@ -598,6 +598,12 @@ int dh_dataserver_run(dh_dataserver_t *s)
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
+            if (dh__wire_auth_check(s->coord)) {
+                /* refused keys do not heal: fail, saying which, rather than retry forever */
+                rc = DH_EAUTH;
+                dh_log_error("DataServer '%s': %s", s->name, dh_last_error());
+                break;
+            }
             send_heartbeat(s);
         }
         if (s->arena && now - last_reclaim > 200000000ull) {
@@ -763,6 +769,13 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         rc = dh__set_error(-errno, "DataServer: eventfd: %s", strerror(errno));
         goto fail;
     }
+    s->cfg.keys_dir = s->cfg.key_name = NULL;
+    const char *listen =
+        cfg->data_listen && cfg->data_listen[0] ? cfg->data_listen : "tcp://127.0.0.1:*";
+    if ((rc = dh__wire_secure(s->ctx, cfg->keys_dir, cfg->key_name,
+                              cfg->role == DH_DS_LOCAL ? listen : NULL, &s->keys, &s->auth_ref)))
+        goto fail;
+    dh_wire_socket_opts_t opts = {.keys = s->keys};
     if (cfg->role == DH_DS_LOCAL) {
         /* The arena's memfd is sparse: a budget-sized default costs memory only as far as
          * batches fill it, and each rank's prefetch keeps to its share (client_send.c). */
@@ -772,12 +785,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         if ((rc = dh_shm_arena_new(&s->arena, (size_t)bytes, 0)))
             goto fail;
         s->cfg.arena_bytes = bytes;
-        if ((rc = dh_wire_socket_new(&s->data, s->ctx, ZMQ_ROUTER, NULL)))
+        if ((rc = dh_wire_socket_new(&s->data, s->ctx, ZMQ_ROUTER, &opts)))
             goto fail;
         if ((rc = dh__wire_router_handover(s->data)))
             goto fail;
-        const char *listen =
-            cfg->data_listen && cfg->data_listen[0] ? cfg->data_listen : "tcp://127.0.0.1:*";
         if ((rc = dh_wire_socket_bind(s->data, listen)))
             goto fail;
         if ((rc = dh__wire_last_endpoint(s->data, s->data_endpoint, sizeof s->data_endpoint)))
@@ -787,7 +798,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         if ((rc = dh__notice_server_listen(&s->notice)))
             goto fail;
     }
-    if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, NULL)) ||
+    if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, &opts)) ||
         (rc = dh__wire_set_routing_id(s->coord, s->name)) ||
         (rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
         goto fail;
@@ -858,6 +869,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
         dh__ds_link_close(s, &s->links[i]);
     dh_wire_socket_destroy(&s->coord);
     dh_wire_socket_destroy(&s->data);
+    dh__wire_secure_end(s->ctx, &s->keys, s->auth_ref);
     dh__notice_server_close(&s->notice);
     if (s->wake_fd >= 0)
         close(s->wake_fd);

@@ -120,6 +120,8 @@ struct dh_dataserver {
     dh__rt_pipeline_t pipeline;
     void *ctx;
     bool own_ctx;
+    dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL: every socket's, links' too */
+    int auth_ref;         /* holds ctx's ZAP handler (dh__wire_secure) */
     dh_wire_socket_t *coord;
     dh_wire_socket_t *data;
     dh__notice_server_t notice; /* local role: the arena socket and the notice channels */

@@ -66,7 +66,8 @@ static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
     link_t *l = &s->links[s->n_links];
     memset(l, 0, sizeof *l);
     snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
-    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, NULL) ||
+    dh_wire_socket_opts_t opts = {.keys = s->keys};
+    if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, &opts) ||
         dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
         dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
                      dh_last_error());

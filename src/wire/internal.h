@@ -28,6 +28,28 @@ int dh__wire_router_handover(dh_wire_socket_t *s);
  * or a negative code with a message. */
 int dh__wire_last_endpoint(dh_wire_socket_t *s, char *buf, size_t cap);
 
+/* Makes sock a CURVE server (bind) or client (connect) with keys when endpoint is tcp://;
+ * nothing for NULL keys or another transport. Before bind/connect. Returns 0 or DH_EAUTH with
+ * a message (auth.c). */
+int dh__wire_keys_apply(const dh_wire_keys_t *keys, void *sock, const char *endpoint, int bind);
+
+/* The runtime's set-up of authentication (auth.c): loads the key directory dir with identity
+ * (NULL or "" dir: no keys, *keys NULL) and, when bind_endpoint is tcp://, makes sure ctx has
+ * a ZAP handler admitting the directory's keys (counted per context: *auth_ref 1 means this
+ * caller holds one). Returns 0 or a negative code with a message. dh__wire_secure_end drops
+ * both; call it after closing the caller's sockets and before zmq_ctx_term. */
+int dh__wire_secure(void *ctx, const char *dir, const char *identity, const char *bind_endpoint,
+                    dh_wire_keys_t **keys, int *auth_ref);
+void dh__wire_secure_end(void *ctx, dh_wire_keys_t **keys, int auth_ref);
+/* Handshakes refused so far by ctx's handler (0 without one). */
+uint64_t dh__wire_secure_refused(void *ctx);
+
+/* A CURVE client socket's handshake failures so far (its monitor, drained without waiting):
+ * 0, or DH_EAUTH with a message naming the peer and what to fix (the peer does not list this
+ * process's key; the peer runs without keys or with another server key). Once seen, every
+ * later call reports it too. dh_wire_recv checks it when it times out. */
+int dh__wire_auth_check(dh_wire_socket_t *s);
+
 /* The name of this machine (gethostname), or "localhost"; always terminated. */
 void dh__wire_hostname(char *buf, size_t cap);
 

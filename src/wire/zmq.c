@@ -25,6 +25,11 @@ struct dh_wire_socket {
     void *sock;
     int type;
     uint64_t sent;
+    const dh_wire_keys_t *keys; /* CURVE on tcp:// (borrowed), or NULL */
+    void *ctx;
+    void *monitor;      /* CURVE client: a PAIR receiving the handshake failures, or NULL */
+    int auth_error;     /* a handshake failure seen (its code), reported by every check */
+    char auth_msg[512]; /* and its message */
     char endpoint[256]; /* the last endpoint bound or connected, for messages */
 };
 
@@ -82,6 +87,8 @@ int dh_wire_socket_new(dh_wire_socket_t **out, void *zmq_ctx, int zmq_type,
     if (!s)
         return dh__set_error(DH_ENOMEM, "out of memory for a ZeroMQ socket");
     s->type = zmq_type;
+    s->keys = opts ? opts->keys : NULL;
+    s->ctx = zmq_ctx;
     s->sock = zmq_socket(zmq_ctx, zmq_type);
     if (!s->sock) {
         int e = zmq_errno();
@@ -111,6 +118,10 @@ void dh_wire_socket_destroy(dh_wire_socket_t **s)
 {
     if (!s || !*s)
         return;
+    if ((*s)->monitor) {
+        zmq_socket_monitor((*s)->sock, NULL, 0);
+        zmq_close((*s)->monitor);
+    }
     zmq_close((*s)->sock);
     dh_free(*s);
     *s = NULL;
@@ -120,6 +131,27 @@ static int attach(dh_wire_socket_t *s, const char *endpoint, int bind)
 {
     assert(s && endpoint);
     snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    int rc = dh__wire_keys_apply(s->keys, s->sock, endpoint, bind);
+    if (rc)
+        return rc;
+    if (!bind && !s->monitor && strncmp(endpoint, "tcp://", 6) == 0) {
+        /* A client learns of a refused key or a peer that wants CURVE (or does not) only from
+         * the socket's events: watch them, so a refusal fails fast with a reason instead of
+         * looking like a silent peer. */
+        char mon[64];
+        snprintf(mon, sizeof mon, "inproc://dh-curve-monitor-%p", (void *)s);
+        int linger = 0;
+        if (zmq_socket_monitor(s->sock, mon,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0 ||
+            !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
+            zmq_setsockopt(s->monitor, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+            zmq_connect(s->monitor, mon) != 0) {
+            int e = zmq_errno();
+            return dh__set_error(map_errno(e), "monitor of %s: %s", endpoint, zmq_strerror(e));
+        }
+    }
     if ((bind ? zmq_bind(s->sock, endpoint) : zmq_connect(s->sock, endpoint)) != 0) {
         int e = zmq_errno();
         return dh__set_error(map_errno(e), "%s %s: %s", bind ? "bind" : "connect", endpoint,
@@ -136,6 +168,54 @@ int dh_wire_socket_bind(dh_wire_socket_t *s, const char *endpoint)
 int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint)
 {
     return attach(s, endpoint, 0);
+}
+
+int dh__wire_auth_check(dh_wire_socket_t *s)
+{
+    while (s->monitor && !s->auth_error) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, s->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        char where[256] = "";
+        if (zmq_msg_more(&ev)) {
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, s->monitor, 0) >= 0)
+                snprintf(where, sizeof where, "%.*s", (int)zmq_msg_size(&addr),
+                         (const char *)zmq_msg_data(&addr));
+            zmq_msg_close(&addr);
+        }
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        zmq_msg_close(&ev);
+        const char *dir = s->keys ? dh_wire_keys_dir(s->keys) : NULL;
+        if (!s->keys)
+            snprintf(s->auth_msg, sizeof s->auth_msg,
+                     "the handshake with %s failed (%u): the peer requires CURVE keys; start "
+                     "this process with --keys DIR or DATAHELIX_KEYS (docs/security.md)",
+                     where[0] ? where : endpoint_of(s), value);
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            snprintf(s->auth_msg, sizeof s->auth_msg,
+                     "%s refused this process's key %s (status %u): its key directory does "
+                     "not list it; copy %s/%s.pub to the peer's key directory",
+                     where[0] ? where : endpoint_of(s), dh_wire_keys_public(s->keys), value, dir,
+                     dh_wire_keys_name(s->keys));
+        else
+            snprintf(s->auth_msg, sizeof s->auth_msg,
+                     "the CURVE handshake with %s failed (%s, %u): the peer runs without keys "
+                     "or with another server key than %s/server.pub",
+                     where[0] ? where : endpoint_of(s),
+                     event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol error" : "no detail",
+                     value, dir);
+        s->auth_error = DH_EAUTH;
+    }
+    return s->auth_error ? dh__set_error(s->auth_error, "%s", s->auth_msg) : 0;
 }
 
 void *dh_wire_socket_handle(dh_wire_socket_t *s)
@@ -435,6 +515,8 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
         int ready = wait_for(s, ZMQ_POLLIN, deadline);
         if (ready <= 0) {
             zmq_msg_close(&first);
+            if (ready == 0 && dh__wire_auth_check(s))
+                return DH_EAUTH; /* not silence: the peer refused our key */
             if (ready == 0)
                 return dh__set_error(DH_EAGAIN, "recv on %s: timed out after %d ms", endpoint_of(s),
                                      timeout_ms);
