@@ -9,24 +9,23 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix keygen -o DIR/NAME\n"
-            "\n"
-            "Makes a CURVE key pair for authenticated, encrypted transport: DIR/NAME.secret\n"
-            "(mode 0600; keep it on the hosts that use it) and DIR/NAME.pub (share it).\n"
-            "A process started with --keys DIR (or $DATAHELIX_KEYS=DIR) admits a peer only\n"
-            "when the peer's public key is one of DIR/*.pub. Every job needs the server key:\n"
-            "  datahelix keygen -o DIR/server     the key of every socket that binds tcp://\n"
-            "                                     (coordinator, local DataServers)\n"
-            "and may give each host or rank its own identity (--key NAME / $DATAHELIX_KEY):\n"
-            "  datahelix keygen -o DIR/node-a     then copy node-a.pub to every host's DIR\n"
-            "Existing files are never overwritten. Prints the public key.\n"
-            "\n"
-            "options:\n"
-            "  -o, --output DIR/NAME   where to write NAME.secret and NAME.pub (required)\n"
-            "  -h, --help              show this help\n"
-            "\n"
-            "Exit status: 0 written, 1 failure, 2 usage error.\n");
+    fprintf(out, "usage: datahelix keygen -o DIR/NAME\n"
+                 "\n"
+                 "Makes a CURVE key pair for authenticated, encrypted transport: DIR/NAME.secret\n"
+                 "(mode 0600; keep it on the hosts that use it) and DIR/NAME.pub (share it).\n"
+                 "A process started with --keys DIR (or $DATAHELIX_KEYS=DIR) admits a peer only\n"
+                 "when the peer's public key is one of DIR/*.pub. Every job needs the server key:\n"
+                 "  datahelix keygen -o DIR/server     the key of every socket that binds tcp://\n"
+                 "                                     (coordinator, local DataServers)\n"
+                 "and may give each host or rank its own identity (--key NAME / $DATAHELIX_KEY):\n"
+                 "  datahelix keygen -o DIR/node-a     then copy node-a.pub to every host's DIR\n"
+                 "Existing files are never overwritten. Prints the public key.\n"
+                 "\n"
+                 "options:\n"
+                 "  -o, --output DIR/NAME   where to write NAME.secret and NAME.pub (required)\n"
+                 "  -h, --help              show this help\n"
+                 "\n"
+                 "Exit status: 0 written, 1 failure, 2 usage error.\n");
 }
 
 int dh_cmd_keygen(int argc, char **argv)

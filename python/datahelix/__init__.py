@@ -34,6 +34,7 @@ from ._spec import ArraySpec
 from ._C import (  # noqa: F401  (re-exported)
     DataHelixError,
     DatasetError,
+    AuthError,
     EndOfInputError,
     InfeasibleError,
     InvalidArgumentError,
@@ -61,6 +62,7 @@ __all__ = [
     "REBALANCE_KEYS",
     "DataHelixError",
     "DatasetError",
+    "AuthError",
     "get_worker_info",
     "default_collate",
     "ArraySpec",
@@ -403,7 +405,8 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
                   arena_budget: Union[None, int, str] = None, dataset: Any = None,
                   collate_fn: Optional[Callable[..., Any]] = None,
                   worker_init_fn: Optional[Callable[[int], None]] = None,
-                  seed: int = 0) -> Cluster:
+                  seed: int = 0, keys: Union[None, str, os.PathLike] = None,
+                  key: Optional[str] = None) -> Cluster:
     """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
     local DataServer for ``node`` (default: this host) with ``workers`` decode threads
     (default: this machine's CPUs), as threads of this process. ``source`` is only checked
@@ -413,8 +416,12 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
     costs only what the batches in flight take. ``dataset`` (a map-style Python dataset, with
     ``collate_fn``, ``worker_init_fn`` and ``seed``): the DataServer runs it in ``workers``
     worker processes instead of the video pipeline (docs/datasets.md, "Your own Dataset").
+    ``keys``/``key``: the CURVE key directory and this process's key in it (default
+    DATAHELIX_KEYS / DATAHELIX_KEY): tcp:// endpoints admit only the directory's keys, and
+    encrypt (docs/security.md).
     """
     _set_arena_budget(arena_budget)
+    auth = _keys(keys, key)
     scratch = None
     if dataset is not None:
         import tempfile
@@ -427,12 +434,13 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
         resolve_source(source)
     coord = None
     if coordinator is None:
-        coord = _C.Coordinator(listen, policy=policy)
+        coord = _C.Coordinator(listen, policy=policy, **auth)
         coordinator = coord.endpoint
     try:
         server = _C.DataServer(coordinator, _node_name(node),
                                workers=workers or os.cpu_count() or 1,
-                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes)
+                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
+                               **auth)
     except BaseException:
         if coord is not None:
             coord.close()
@@ -447,6 +455,22 @@ def _node_name(node: Optional[str]) -> str:
     """A rank's or DataServer's node: as given, else DATAHELIX_NODE, else the host name
     (machines or containers that share a host name set DATAHELIX_NODE)."""
     return node or os.environ.get("DATAHELIX_NODE") or socket.gethostname()
+
+
+def _keys(keys: Union[None, str, os.PathLike], key: Optional[str]) -> Dict[str, Optional[str]]:
+    """The CURVE settings of a coordinator, DataServer or client this process makes: the key
+    directory (as given, else DATAHELIX_KEYS) and this process's key name in it (as given,
+    else DATAHELIX_KEY, else "server"); none (plaintext) when neither gives a directory."""
+    folder = os.fspath(keys) if keys is not None else os.environ.get("DATAHELIX_KEYS") or None
+    if folder is None:
+        if key is not None:
+            raise InvalidArgumentError("key= names a key in a key directory: give keys= too "
+                                       "(or DATAHELIX_KEYS)")
+        return {}
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(f"keys={folder!r}: not a directory (make one with "
+                                   "`datahelix keygen -o DIR/server`; docs/security.md)")
+    return {"keys_dir": folder, "key_name": key or os.environ.get("DATAHELIX_KEY") or None}
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -466,7 +490,7 @@ _job_clusters: Dict[str, Cluster] = {}
 
 
 def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, arena_bytes: int,
-                          policy: str) -> str:
+                          policy: str, auth: Optional[Dict[str, Optional[str]]] = None) -> str:
     """The coordinator of a multi-rank job when none is given: DATAHELIX_COORDINATOR, or
     tcp://MASTER_ADDR:(MASTER_PORT + 17). Rank 0 starts it; the first local rank of each
     node starts the node's DataServer; the others connect (waiting for them)."""
@@ -493,7 +517,7 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         # a loopback master binds loopback; any other binds every interface
         bind = endpoint if addr.startswith("127.") or not endpoint.startswith(f"tcp://{addr}:") \
             else endpoint.replace(f"tcp://{addr}:", "tcp://0.0.0.0:")
-        coord = _C.Coordinator(bind, policy=policy)
+        coord = _C.Coordinator(bind, policy=policy, **(auth or {}))
     server = None
     if local_rank == 0:
         # several nodes (a coordinator off loopback): the data socket binds every interface
@@ -506,7 +530,8 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
                                workers=workers or os.cpu_count() or 1,
                                pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
                                data_listen="tcp://0.0.0.0:*" if multi else None,
-                               data_advertise=os.environ.get("DATAHELIX_ADVERTISE") or None)
+                               data_advertise=os.environ.get("DATAHELIX_ADVERTISE") or None,
+                               **(auth or {}))
     cluster = Cluster(coord, endpoint, server)
     _job_clusters[endpoint] = cluster
     with _clusters_lock:
@@ -848,6 +873,10 @@ class DataLoader:
             cloudpickle when plain pickle cannot).
         costs: with ``dataset``, a JSONL file of learned per-sample costs: read at the start
             (with ``costs.rank*``) and written when a pass ends.
+        keys, key: a CURVE key directory (default DATAHELIX_KEYS) and this process's key in
+            it (default DATAHELIX_KEY, else "server"): every tcp:// connection authenticates
+            and encrypts, and what this loader starts under torchrun admits only the
+            directory's keys (docs/security.md). None: plaintext.
     """
 
     def __init__(self, source: Union[None, str, os.PathLike, Sequence[Tuple[Any, float]]] = None,
@@ -866,7 +895,9 @@ class DataLoader:
                  plan_window: int = 1, dataset: Any = None,
                  collate_fn: Optional[Callable[..., Any]] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 costs: Union[None, str, os.PathLike] = None) -> None:
+                 costs: Union[None, str, os.PathLike] = None,
+                 keys: Union[None, str, os.PathLike] = None,
+                 key: Optional[str] = None) -> None:
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -886,6 +917,7 @@ class DataLoader:
         if not 1 <= plan_window <= 1024:
             raise InvalidArgumentError(f"plan_window must be in [1, 1024], not {plan_window}")
         _set_arena_budget(arena_budget)
+        auth = _keys(keys, key)
         self._blend_dir: Optional[str] = None
         self.dataset = dataset
         self._costs_path = os.fspath(costs) if costs is not None else None
@@ -940,7 +972,8 @@ class DataLoader:
         self._pipeline = _pipeline_json(pipeline)
         rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
         if coordinator is None and self.world_size > 1:
-            coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy)
+            coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy,
+                                                auth)
         self.coordinator = coordinator
         self._client_kwargs = dict(
             coordinator=coordinator, node=_node_name(node), prefetch=prefetch,
@@ -951,7 +984,8 @@ class DataLoader:
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
             workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,
             # the ranks that share this node's arena (torchrun sets LOCAL_WORLD_SIZE); 0 = all
-            local_ranks=(_env_int("LOCAL_WORLD_SIZE") or 0) if self.world_size > 1 else 0)
+            local_ranks=(_env_int("LOCAL_WORLD_SIZE") or 0) if self.world_size > 1 else 0,
+            **auth)
         if rebalance_spec is not None:
             # a part is the unit that moves: fanout parts per batch (default: single samples)
             self._client_kwargs["fanout"] = rebalance_spec.pop("fanout")

@@ -1780,6 +1780,8 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "rebalance",
                              "plan_window",
                              "first_step",
+                             "keys_dir",
+                             "key_name",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
@@ -1793,12 +1795,12 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
     PyObject *rebalance = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIK", kwlist, &cfg.profiles, &rank, &ranks,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIKzz", kwlist, &cfg.profiles, &rank, &ranks,
             &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
             &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
             &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
             &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance, &plan_window,
-            &first_step))
+            &first_step, &cfg.keys_dir, &cfg.key_name))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -2056,13 +2058,13 @@ typedef struct {
 
 static int Coordinator_init(CoordinatorObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"listen", "policy", "dead_after_ms", NULL};
+    static char *kwlist[] = {"listen", "policy", "dead_after_ms", "keys_dir", "key_name", NULL};
     dh_coordinator_config_t cfg;
     dh_coordinator_config_default(&cfg);
     const char *policy = NULL;
     unsigned dead_after = cfg.dead_after_ms;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$zI", kwlist, &cfg.listen, &policy,
-                                     &dead_after))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$zIzz", kwlist, &cfg.listen, &policy,
+                                     &dead_after, &cfg.keys_dir, &cfg.key_name))
         return -1;
     if (self->coord) {
         PyErr_SetString(PyExc_RuntimeError, "Coordinator already initialised");
@@ -2166,18 +2168,19 @@ typedef struct {
 
 static int DataServer_init(DataServerObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {
-        "coordinator",   "node",        "role",        "workers",        "name", "pipeline_json",
-        "pipeline_path", "arena_bytes", "data_listen", "data_advertise", NULL};
+    static char *kwlist[] = {"coordinator", "node",           "role",          "workers",
+                             "name",        "pipeline_json",  "pipeline_path", "arena_bytes",
+                             "data_listen", "data_advertise", "keys_dir",      "key_name",
+                             NULL};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     const char *role = "local";
     unsigned workers = cfg.workers;
     unsigned long long arena = cfg.arena_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|$sIzzzKzz", kwlist, &cfg.coordinator,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|$sIzzzKzzzz", kwlist, &cfg.coordinator,
                                      &cfg.node, &role, &workers, &cfg.name, &cfg.pipeline_json,
                                      &cfg.pipeline_path, &arena, &cfg.data_listen,
-                                     &cfg.data_advertise))
+                                     &cfg.data_advertise, &cfg.keys_dir, &cfg.key_name))
         return -1;
     if (self->ds) {
         PyErr_SetString(PyExc_RuntimeError, "DataServer already initialised");

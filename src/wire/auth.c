@@ -41,7 +41,7 @@ struct dh_wire_keys {
     char identity_public[Z85_KEY_LEN + 1];
     char identity_secret[Z85_KEY_LEN + 1];
     char (*admitted)[Z85_KEY_LEN + 1]; /* Z85 public keys of every *.pub */
-    char (*admitted_names)[256];        /* their file names, for the log */
+    char (*admitted_names)[256];       /* their file names, for the log */
     size_t n_admitted;
 };
 
@@ -150,8 +150,7 @@ int dh_wire_keys_load(dh_wire_keys_t **out, const char *dir, const char *identit
             closedir(d);
             goto fail;
         }
-        snprintf(k->admitted_names[k->n_admitted], sizeof k->admitted_names[0], "%s",
-                 ent->d_name);
+        snprintf(k->admitted_names[k->n_admitted], sizeof k->admitted_names[0], "%s", ent->d_name);
         k->n_admitted++;
     }
     closedir(d);
@@ -402,7 +401,8 @@ static void *auth_thread(void *arg)
 {
     dh_wire_auth_t *a = arg;
     for (;;) {
-        zmq_pollitem_t items[2] = {{a->zap, 0, ZMQ_POLLIN, 0}, {a->control_thread, 0, ZMQ_POLLIN, 0}};
+        zmq_pollitem_t items[2] = {{a->zap, 0, ZMQ_POLLIN, 0},
+                                   {a->control_thread, 0, ZMQ_POLLIN, 0}};
         if (zmq_poll(items, 2, -1) < 0) {
             if (zmq_errno() == EINTR)
                 continue;

@@ -99,3 +99,27 @@ class IntoSlabs:
         out = arrays["video"]
         out[...] = clip(i)  # a decoder would write here directly
         out.flags.writeable = True
+
+
+PATTERN = b"PIXELS-PIXELS-PX"  # 16 bytes no message header or key carries
+
+
+class Pattern:
+    """Images made of PATTERN repeated (64 x 64 bytes each): a tcp capture of a batch in
+    plaintext contains it (tests/python/test_security.py)."""
+
+    def __init__(self, n=12):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import numpy as np
+        return {"image": np.frombuffer(PATTERN * 256, dtype=np.uint8).reshape(64, 64).copy(),
+                "label": i}
+
+
+def make_pattern():
+    """A factory for `datahelix server --dataset pydatasets:make_pattern`."""
+    return Pattern()
