@@ -16,6 +16,7 @@
 #include "datahelix/error.h"
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
+#include "datahelix/wire.h"
 #include "bench/transport_bench.h"
 
 #define SYNTH_NONE "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":1}"
@@ -53,7 +54,8 @@ static void stack_stop(stack_t_ *s)
     memset(s, 0, sizeof *s);
 }
 
-static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes)
+/* keys_dir: CURVE on every tcp:// socket of the stack and the client (NULL: plaintext). */
+static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes, const char *keys_dir)
 {
     memset(s, 0, sizeof *s);
     s->ctx = zmq_ctx_new();
@@ -64,6 +66,7 @@ static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes)
     cc.listen = "tcp://127.0.0.1:*";
     cc.zmq_ctx = s->ctx;
     cc.place.policy = DH_POLICY_LEAST_REQUEST;
+    cc.keys_dir = keys_dir;
     int rc = dh_coordinator_new(&s->coord, &cc);
     if (rc || (rc = dh_coordinator_start(s->coord)))
         goto fail;
@@ -76,6 +79,7 @@ static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes)
     dc.pipeline_json = SYNTH_NONE;
     dc.arena_bytes = arena_bytes;
     dc.zmq_ctx = s->ctx;
+    dc.keys_dir = keys_dir;
     if ((rc = dh_dataserver_new(&s->local, &dc)) || (rc = dh_dataserver_start(s->local)))
         goto fail;
     if (with_remote) {
@@ -92,10 +96,12 @@ fail:
     return rc;
 }
 
-static int open_client(stack_t_ *s, const char *profiles, uint32_t prefetch, dh_client_t **c)
+static int open_client(stack_t_ *s, const char *profiles, uint32_t prefetch, const char *keys_dir,
+                       dh_client_t **c)
 {
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
+    cfg.keys_dir = keys_dir;
     cfg.coordinator = dh_coordinator_endpoint(s->coord);
     cfg.profiles = profiles;
     cfg.node = "bench-node";
@@ -118,11 +124,11 @@ static int local_point(uint64_t bytes, size_t batches, const char *dir,
     stack_t_ s;
     /* room for two batches: the one next() holds and the one being made */
     uint64_t arena = 2 * bytes + ((uint64_t)16 << 20);
-    if ((rc = stack_start(&s, false, arena)))
+    if ((rc = stack_start(&s, false, arena, NULL)))
         return rc;
     dh_client_t *c = NULL;
     dh_stats_t *st = NULL;
-    if ((rc = open_client(&s, path, 1, &c)) || (rc = dh_stats_new(&st)))
+    if ((rc = open_client(&s, path, 1, NULL, &c)) || (rc = dh_stats_new(&st)))
         goto done;
     for (size_t i = 0; i < batches + 1; i++) {
         dh_client_batch_t *b = NULL;
@@ -145,19 +151,20 @@ done:
     return rc;
 }
 
-static double remote_run(uint64_t bytes, size_t batches, const char *dir, int *rc_out)
+static double remote_run(uint64_t bytes, size_t batches, const char *dir, const char *keys_dir,
+                         int *rc_out)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/transport-remote.jsonl", dir);
     int rc = write_profiles(path, batches + 2, bytes);
     double gbps = 0;
     stack_t_ s;
-    if (rc || (rc = stack_start(&s, true, 6 * bytes + ((uint64_t)16 << 20)))) {
+    if (rc || (rc = stack_start(&s, true, 6 * bytes + ((uint64_t)16 << 20), keys_dir))) {
         *rc_out = rc;
         return 0;
     }
     dh_client_t *c = NULL;
-    if ((rc = open_client(&s, path, 4, &c)))
+    if ((rc = open_client(&s, path, 4, keys_dir, &c)))
         goto done;
     dh_client_batch_t *b = NULL;
     /* the first two batches warm up the connections and the arena's pages */
@@ -291,30 +298,68 @@ int dh_transport_bench(const dh_transport_options_t *opt, dh_transport_report_t 
             opt->progress(line, opt->ctx);
     }
     int runs = opt->runs > 0 ? opt->runs : 3;
-    double remote[32], raw[32], ratio[32];
+    double remote[32], raw[32], ratio[32], curve[32], curve_ratio[32];
     if (runs > 32)
         runs = 32;
-    for (int r = 0; r < runs; r++) {
-        int rc;
-        remote[r] = remote_run(opt->remote_bytes, opt->remote_batches, dir, &rc);
-        if (rc)
+    char keys[1100] = "", key_prefix[1200];
+    if (opt->curve) { /* a key directory of this run: the server key, which every peer uses */
+        snprintf(keys, sizeof keys, "%s/datahelix-transport-keys-XXXXXX", dir);
+        if (!mkdtemp(keys))
+            return dh__set_error(-errno, "transport-bench: mkdtemp %s: %s", keys, strerror(errno));
+        snprintf(key_prefix, sizeof key_prefix, "%s/server", keys);
+        int rc = dh_wire_keygen(key_prefix, NULL);
+        if (rc) {
+            rmdir(keys);
             return rc;
+        }
+    }
+    int rc = 0;
+    for (int r = 0; r < runs && rc == 0; r++) {
+        remote[r] = remote_run(opt->remote_bytes, opt->remote_batches, dir, NULL, &rc);
+        if (rc)
+            break;
         raw[r] = raw_tcp_run(opt->remote_bytes, opt->remote_batches, &rc);
         if (rc)
-            return rc;
+            break;
         ratio[r] = raw[r] > 0 ? remote[r] / raw[r] : 0;
-        snprintf(line, sizeof line,
-                 "remote run %d: DataHelix %.2f Gb/s, raw TCP %.2f Gb/s, ratio %.2f", r + 1,
-                 remote[r], raw[r], ratio[r]);
+        curve[r] = curve_ratio[r] = 0;
+        if (opt->curve) {
+            curve[r] = remote_run(opt->remote_bytes, opt->remote_batches, dir, keys, &rc);
+            if (rc)
+                break;
+            curve_ratio[r] = remote[r] > 0 ? curve[r] / remote[r] : 0;
+            snprintf(line, sizeof line,
+                     "remote run %d: DataHelix %.2f Gb/s, with CURVE %.2f Gb/s (%.2fx), raw TCP "
+                     "%.2f Gb/s, ratio %.2f",
+                     r + 1, remote[r], curve[r], curve_ratio[r], raw[r], ratio[r]);
+        } else {
+            snprintf(line, sizeof line,
+                     "remote run %d: DataHelix %.2f Gb/s, raw TCP %.2f Gb/s, ratio %.2f", r + 1,
+                     remote[r], raw[r], ratio[r]);
+        }
         if (opt->progress)
             opt->progress(line, opt->ctx);
     }
+    if (opt->curve) {
+        for (const char *ext = ".secret"; ext; ext = ext[1] == 's' ? ".pub" : NULL) {
+            char path[1300];
+            snprintf(path, sizeof path, "%s%s", key_prefix, ext);
+            unlink(path);
+        }
+        rmdir(keys);
+    }
+    if (rc)
+        return rc;
     qsort(remote, (size_t)runs, sizeof *remote, cmp_double);
     qsort(raw, (size_t)runs, sizeof *raw, cmp_double);
     qsort(ratio, (size_t)runs, sizeof *ratio, cmp_double);
+    qsort(curve, (size_t)runs, sizeof *curve, cmp_double);
+    qsort(curve_ratio, (size_t)runs, sizeof *curve_ratio, cmp_double);
     out->remote_gbps = remote[runs / 2];
     out->raw_tcp_gbps = raw[runs / 2];
     out->remote_ratio = ratio[runs / 2];
     out->remote_bytes = opt->remote_bytes;
+    out->curve_gbps = curve[runs / 2];
+    out->curve_ratio = curve_ratio[runs / 2];
     return 0;
 }

@@ -8,7 +8,9 @@
  * (b) remote forwarding throughput: the same with a delivery-only local DataServer and a
  *     sidecar, so every batch's bytes cross tcp://127.0.0.1 from the sidecar to the local
  *     DataServer's arena; beside it, in the same run, a plain TCP stream of the same bytes
- *     between two threads (the ceiling of the loopback link on this machine).
+ *     between two threads (the ceiling of the loopback link on this machine); with curve,
+ *     the same again with CURVE authentication and encryption on every socket, in each run
+ *     right after the plaintext one (docs/security.md, "Cost").
  */
 #ifndef DH_BENCH_TRANSPORT_BENCH_H
 #define DH_BENCH_TRANSPORT_BENCH_H
@@ -27,6 +29,8 @@ typedef struct dh_transport_report {
     size_t n_local;
     double remote_gbps, raw_tcp_gbps, remote_ratio;
     uint64_t remote_bytes;
+    double curve_gbps;  /* --curve: the remote part with CURVE on every socket (0 without) */
+    double curve_ratio; /* median over runs of curve / plaintext, each run side by side */
 } dh_transport_report_t;
 
 typedef struct dh_transport_options {
@@ -36,6 +40,7 @@ typedef struct dh_transport_options {
     uint64_t remote_bytes; /* per batch (b) */
     size_t remote_batches; /* (b) */
     int runs;              /* (b) repeated, medians reported */
+    int curve;             /* (b) also with CURVE (a key directory of the run), beside it */
     void (*progress)(const char *line, void *ctx);
     void *ctx;
 } dh_transport_options_t;
