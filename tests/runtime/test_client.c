@@ -789,6 +789,79 @@ static void client_asks_again_when_named_server_is_gone(void **state)
     cl_assert_no_leftovers();
 }
 
+/* With a key directory, the coordinator, a local DataServer and a sidecar sharing one ZeroMQ
+ * context (one ZAP handler, counted) and a client in its own: every tcp:// socket speaks
+ * CURVE, the sidecar's batches are forwarded over it, and the epoch arrives whole. Under TSan
+ * (make test-tsan) this covers the ZAP thread and the handler registry. */
+static void cluster_over_curve_delivers_the_epoch(void **state)
+{
+    (void)state;
+    const char *profiles = cl_write_profiles("p.jsonl", 32);
+    char keys[600], prefix[700];
+    snprintf(keys, sizeof keys, "%s", dh_test_path("keys"));
+    assert_int_equal(mkdir(keys, 0700), 0);
+    snprintf(prefix, sizeof prefix, "%s/server", keys);
+    assert_int_equal(dh_wire_keygen(prefix, NULL), 0);
+    snprintf(prefix, sizeof prefix, "%s/rank", keys);
+    assert_int_equal(dh_wire_keygen(prefix, NULL), 0);
+    void *ctx = zmq_ctx_new();
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = "tcp://127.0.0.1:*";
+    cc.zmq_ctx = ctx;
+    cc.keys_dir = keys;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = dh_coordinator_endpoint(coord);
+    dc.node = "test-node";
+    dc.name = "local";
+    dc.workers = 0; /* delivery only: every batch crosses tcp from the sidecar */
+    dc.pipeline_json = SYNTH;
+    dc.arena_bytes = 16u << 20;
+    dc.heartbeat_ms = 50;
+    dc.zmq_ctx = ctx;
+    dc.keys_dir = keys;
+    dh_dataserver_t *local = NULL, *sidecar = NULL;
+    assert_int_equal(dh_dataserver_new(&local, &dc), 0);
+    assert_int_equal(dh_dataserver_start(local), 0);
+    dc.role = DH_DS_REMOTE;
+    dc.node = "spare";
+    dc.name = "sidecar";
+    dc.workers = 2;
+    assert_int_equal(dh_dataserver_new(&sidecar, &dc), 0);
+    assert_int_equal(dh_dataserver_start(sidecar), 0);
+    wait_servers_alive(coord, 2);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, NULL);
+    cfg.coordinator = dh_coordinator_endpoint(coord);
+    cfg.keys_dir = keys;
+    cfg.key_name = "rank";
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t batches = 0;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        assert_string_equal(b->server, "sidecar");
+        check_synthetic(b);
+        dh_client_batch_release(&b);
+        batches++;
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(batches, 8);
+    dh_client_destroy(&c);
+    dh_dataserver_destroy(&sidecar);
+    dh_dataserver_destroy(&local);
+    dh_coordinator_destroy(&coord);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+    cl_assert_no_leftovers();
+}
+
 /* A client that leaves with requests in flight (it prefetched past what it consumed): the
  * DataServer drops those batches at once, counts them, and says so only at debug level (it
  * used to hold them 5 s and then warn "dropped batch ... Host unreachable" for each). */
@@ -977,6 +1050,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),
         cmocka_unit_test(dataserver_drops_a_departed_clients_batches_quietly),
+        cmocka_unit_test(cluster_over_curve_delivers_the_epoch),
         cmocka_unit_test(embedded_video_with_corrupt_clip),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
