@@ -549,8 +549,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
         }
         links_at = n;
         for (size_t i = 0; i < s->n_links; i++)
-            items[n++] =
-                (zmq_pollitem_t){dh_wire_socket_handle(s->links[i].sock), 0, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){
+                dh_wire_socket_handle(s->links[i].sock), 0,
+                (short)(ZMQ_POLLIN | (dh__ds_link_wants_out(&s->links[i]) ? ZMQ_POLLOUT : 0)), 0};
         int notice_at = n;
         size_t n_notice = s->notice.n_conns;
         for (size_t i = 0; i < n_notice; i++)

@@ -64,8 +64,8 @@ typedef struct queue {
     size_t len;
 } queue_t;
 
-/* A forwarded delivery on an emulated link (cfg.emulate_link_Bps): encoded when it was
- * handed to the link, sent when its transmission is over (forward.c). */
+/* A forwarded delivery in its link's FIFO: encoded when it was handed to the link, sent when
+ * its (emulated) transmission is over and the socket takes it without blocking (forward.c). */
 typedef struct held {
     struct held *next;
     uint8_t header[DH_WIRE_HEADER_SIZE];
@@ -87,8 +87,10 @@ typedef struct link {
     double bytes_per_s, latency_s;
     double fit_x, fit_y, fit_xx, fit_xy;
     uint64_t fit_n;
-    uint64_t busy_until_ns;   /* emulated: the link transmits until then */
-    held_t *held, *held_tail; /* emulated: deliveries in transmission, in order */
+    uint64_t busy_until_ns;    /* emulated: the link transmits until then */
+    held_t *held, *held_tail;  /* deliveries not sent yet, in order (forward.c): emulated ones
+                                * in transmission, others waiting for the socket */
+    uint64_t blocked_since_ns; /* the head is due but the socket would block since (0: no) */
     uint64_t sent_at_ns[64];
     uint64_t sent_seq[64];
     uint64_t sent_bytes[64]; /* emulated bytes */
@@ -258,6 +260,8 @@ void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r
  * at most `timeout`; and sends every delivery whose transmission is over. */
 long dh__ds_links_timeout_ms(const dh_dataserver_t *s, long timeout);
 void dh__ds_links_send_due(dh_dataserver_t *s);
+/* Whether the loop should poll link l's socket for POLLOUT (its due head is waiting). */
+bool dh__ds_link_wants_out(const link_t *l);
 
 /* Closes a link: deliveries still held are dropped (counted undeliverable), the socket
  * closed. */

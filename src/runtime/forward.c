@@ -8,6 +8,15 @@
  * (the client has not connected, the arena is full) waits in the pending list, retried by
  * the loop. Threads: the loop's (see dataserver.c).
  *
+ * The loop never waits on a link: every delivery goes into its link's FIFO (held_t, encoded
+ * once, payloads still zero-copy) and leaves when the link's socket takes it without
+ * blocking (ZMQ_POLLOUT; the loop polls for it). A DEALER blocks when its peer's pipe is full
+ * (ZMQ_SNDHWM messages queued to a slow or stopped target); before, each such send waited
+ * up to 1 s on the loop, and a run of them starved the heartbeats the loop also sends, so
+ * the coordinator could declare a busy, live server dead. A delivery its link has not taken
+ * for FORWARD_STALL_MS is dropped (warned, counted undeliverable; the coordinator re-places
+ * what never completes), as the 1 s send timeout dropped it before.
+ *
  * Emulated network (cfg.emulate_link_Bps > 0): a link to another node is a serial
  * resource. A delivery handed to it starts its transmission when the link is free (the
  * previous delivery's transmission is over) and takes emulated bytes / emulate_link_Bps
@@ -53,6 +62,13 @@
 #include "runtime/rt.h"
 #include "wire/internal.h"
 
+/* How long a delivery may wait for its link's socket to take it (see the top). */
+#define FORWARD_STALL_MS 1000
+/* Deliveries a link's socket queues (ZMQ_SNDHWM; ZeroMQ's default is 1,000): a target that
+ * stops reading holds at most this many of a sidecar's batches in ZeroMQ; the rest wait in
+ * the link's FIFO and leave it within FORWARD_STALL_MS, sent or dropped. */
+#define LINK_SNDHWM 16
+
 static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
 {
     for (size_t i = 0; i < s->n_links; i++)
@@ -67,7 +83,9 @@ static link_t *link_for(dh_dataserver_t *s, const char *endpoint)
     memset(l, 0, sizeof *l);
     snprintf(l->endpoint, ENDPOINT_CAP, "%s", endpoint);
     dh_wire_socket_opts_t opts = {.keys = s->keys};
+    int hwm = LINK_SNDHWM;
     if (dh_wire_socket_new(&l->sock, s->ctx, ZMQ_DEALER, &opts) ||
+        zmq_setsockopt(dh_wire_socket_handle(l->sock), ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         dh__wire_set_routing_id(l->sock, s->name) || dh_wire_socket_connect(l->sock, endpoint)) {
         dh_log_error("DataServer '%s': cannot connect to target %s: %s", s->name, endpoint,
                      dh_last_error());
@@ -131,10 +149,12 @@ static void held_free(held_t *h)
     dh_free(h);
 }
 
-/* Hands a DELIVER to emulated link l: its transmission starts when the link is free. Takes
- * the payloads. Returns 0, or a negative code (nothing held; the payloads freed). */
+/* Hands a DELIVER to link l's FIFO. Emulated (a link to another node with
+ * cfg.emulate_link_Bps): its transmission starts when the link is free and it is due when
+ * that is over; otherwise it is due now. Takes the payloads. Returns 0, or a negative code
+ * (nothing held; the payloads freed). */
 static int hold(dh_dataserver_t *s, link_t *l, const dh_msg_t *m, dh_wire_payload_t *payloads,
-                size_t np, uint64_t bytes)
+                size_t np, uint64_t bytes, bool emulate)
 {
     held_t *h = dh_calloc(1, sizeof *h);
     int rc = h ? dh_wire_encode(m, h->header, &h->body, &h->body_len)
@@ -150,10 +170,14 @@ static int hold(dh_dataserver_t *s, link_t *l, const dh_msg_t *m, dh_wire_payloa
     h->bytes = bytes;
     h->emulated_bytes = emulated_bytes(s, bytes);
     uint64_t now = dh_clock_now_ns();
-    h->start_ns = l->busy_until_ns > now ? l->busy_until_ns : now;
-    h->due_ns =
-        h->start_ns + (uint64_t)((double)h->emulated_bytes / s->cfg.emulate_link_Bps * 1e9 + 0.5);
-    l->busy_until_ns = h->due_ns;
+    if (emulate) {
+        h->start_ns = l->busy_until_ns > now ? l->busy_until_ns : now;
+        h->due_ns = h->start_ns +
+                    (uint64_t)((double)h->emulated_bytes / s->cfg.emulate_link_Bps * 1e9 + 0.5);
+        l->busy_until_ns = h->due_ns;
+    } else {
+        h->start_ns = h->due_ns = now;
+    }
     if (l->held_tail)
         l->held_tail->next = h;
     else
@@ -162,7 +186,7 @@ static int hold(dh_dataserver_t *s, link_t *l, const dh_msg_t *m, dh_wire_payloa
     return 0;
 }
 
-/* Sends a held delivery whose transmission is over. */
+/* Sends a held delivery whose transmission is over, on a link whose socket takes it now. */
 static void send_held(dh_dataserver_t *s, link_t *l, held_t *h)
 {
     dh_wire_frame_t frames[DH__RT_MAX_TENSORS];
@@ -172,7 +196,7 @@ static void send_held(dh_dataserver_t *s, link_t *l, held_t *h)
     int rc = dh_wire_decode(h->header, sizeof h->header, h->body, h->body_len, frames,
                             h->n_payloads, &m);
     if (rc == 0) {
-        rc = dh_wire_send(l->sock, NULL, 0, &m, h->payloads, h->n_payloads, 1000);
+        rc = dh_wire_send(l->sock, NULL, 0, &m, h->payloads, h->n_payloads, 0);
         h->n_payloads = 0; /* taken by dh_wire_send in every case */
         dh_msg_clear(&m);
     }
@@ -198,24 +222,63 @@ long dh__ds_links_timeout_ms(const dh_dataserver_t *s, long timeout)
         const held_t *h = s->links[i].held;
         if (!h)
             continue;
-        long ms = h->due_ns <= now ? 0 : (long)((h->due_ns - now + 999999) / 1000000);
+        uint64_t due = h->due_ns;
+        if (s->links[i].blocked_since_ns) /* the poll wakes on POLLOUT; else at the stall */
+            due = s->links[i].blocked_since_ns + (uint64_t)FORWARD_STALL_MS * 1000000;
+        long ms = due <= now ? 0 : (long)((due - now + 999999) / 1000000);
         if (ms < timeout)
             timeout = ms;
     }
     return timeout;
 }
 
+/* Whether link l's socket takes a message now without blocking. */
+static bool link_writable(link_t *l)
+{
+    int events = 0;
+    size_t len = sizeof events;
+    return zmq_getsockopt(dh_wire_socket_handle(l->sock), ZMQ_EVENTS, &events, &len) == 0 &&
+           (events & ZMQ_POLLOUT);
+}
+
+bool dh__ds_link_wants_out(const link_t *l)
+{
+    return l->blocked_since_ns != 0;
+}
+
 void dh__ds_links_send_due(dh_dataserver_t *s)
 {
     for (size_t i = 0; i < s->n_links; i++) {
         link_t *l = &s->links[i];
-        while (l->held && l->held->due_ns <= dh_clock_now_ns()) {
+        for (;;) {
+            uint64_t now = dh_clock_now_ns();
             held_t *h = l->held;
+            if (!h || h->due_ns > now)
+                break;
+            if (!link_writable(l)) {
+                if (!l->blocked_since_ns)
+                    l->blocked_since_ns = now;
+                if (now - l->blocked_since_ns < (uint64_t)FORWARD_STALL_MS * 1000000)
+                    break; /* the loop polls for POLLOUT on it */
+                dh_log_warn("DataServer '%s': cannot forward request %llu to %s: not taken for "
+                            "%d ms (the target is gone or not keeping up)",
+                            s->name, (unsigned long long)h->seq, l->endpoint, FORWARD_STALL_MS);
+                dh__count(&s->counters.undeliverable, 1);
+                l->held = h->next;
+                if (!l->held)
+                    l->held_tail = NULL;
+                held_free(h);
+                l->blocked_since_ns = now; /* the next one gets its own wait */
+                continue;
+            }
+            l->blocked_since_ns = 0;
             l->held = h->next;
             if (!l->held)
                 l->held_tail = NULL;
             send_held(s, l, h);
         }
+        if (!l->held)
+            l->blocked_since_ns = 0;
     }
 }
 
@@ -275,15 +338,18 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
      * finished task made the stop slow and printed a WARN for each); the stop line counts
      * what was not forwarded as undeliverable. */
     bool stopping = atomic_load(&s->stop) != 0;
-    if (!stopping && s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0) {
-        int rc = hold(s, l, &m, payloads, np, bytes);
+    if (!stopping) { /* into the link's FIFO: out when the socket takes it (the top) */
+        bool emulate = s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0;
+        int rc = hold(s, l, &m, payloads, np, bytes, emulate);
         if (rc)
             dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
                         d->request.client_id, (unsigned long long)d->request.seq,
                         d->target_endpoint, dh_last_error());
+        else
+            dh__ds_links_send_due(s);
         return;
     }
-    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, stopping ? 0 : 1000);
+    int rc = dh_wire_send(l->sock, NULL, 0, &m, payloads, np, 0);
     if (rc) {
         if (stopping) {
             dh__count(&s->counters.undeliverable, 1);
@@ -534,17 +600,10 @@ void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_re
         d.deliver.ready_ns = p->ready_ns;
         d.deliver.server = p->server;
         dh__count(&s->counters.rebalance_sent, 1);
-        if (s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0) {
-            if ((rc = hold(s, l, &d, payloads, np, bytes)))
-                dh_log_warn("DataServer '%s': cannot move a rebalanced part to %s: %s", s->name,
-                            m->endpoint, dh_last_error());
-            continue;
-        }
-        uint64_t now = dh_clock_now_ns();
-        if ((rc = dh_wire_send(l->sock, NULL, 0, &d, payloads, np, 1000)))
+        bool emulate = s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0;
+        if ((rc = hold(s, l, &d, payloads, np, bytes, emulate)))
             dh_log_warn("DataServer '%s': cannot move a rebalanced part to %s: %s", s->name,
                         m->endpoint, dh_last_error());
-        else
-            sent(s, l, d.deliver.seq, bytes, emulated_bytes(s, bytes), now);
     }
+    dh__ds_links_send_due(s);
 }
