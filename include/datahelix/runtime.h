@@ -221,6 +221,8 @@ typedef struct dh_dataserver_stats {
                                      docs/shared-memory.md, "Full arena") */
     uint64_t rebalance_sent;      /* tier 2: parts its clients moved to another node (their
                                    * bytes are in bytes_forwarded and bytes_cross_node) */
+    uint64_t output_waits;        /* tasks for another node that waited for the process's
+                                   * output budget (DH_OUTPUT_BUDGET; docs/runtime.md) */
 } dh_dataserver_stats_t;
 
 DH_EXTERN void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);

@@ -2251,7 +2251,7 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
         (unsigned long long)s.tasks, "samples", (unsigned long long)s.samples, "sample_errors",
         (unsigned long long)s.sample_errors, "delivered_local",
         (unsigned long long)s.delivered_local, "delivered_forwarded",
@@ -2260,7 +2260,8 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
         (unsigned long long)s.bytes_received, "bytes_cross_node",
         (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
         "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
-        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent);
+        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent,
+        "output_waits", (unsigned long long)s.output_waits);
 }
 
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)

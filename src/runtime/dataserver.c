@@ -623,13 +623,14 @@ int dh_dataserver_run(dh_dataserver_t *s)
     dh_dataserver_stats(s, &st);
     dh_log_info("DataServer '%s': stopping: %llu tasks, %llu samples (%llu failed), delivered "
                 "%llu own + %llu forwarded batches, bytes received %llu, forwarded %llu batches, "
-                "bytes forwarded %llu, arena waits %llu, spills %llu, undeliverable %llu",
+                "bytes forwarded %llu, arena waits %llu, spills %llu, undeliverable %llu, output "
+                "budget waits %llu",
                 s->name, (unsigned long long)st.tasks, (unsigned long long)st.samples,
                 (unsigned long long)st.sample_errors, (unsigned long long)st.delivered_local,
                 (unsigned long long)st.delivered_forwarded, (unsigned long long)st.bytes_received,
                 (unsigned long long)st.forwarded, (unsigned long long)st.bytes_forwarded,
                 (unsigned long long)st.arena_waits, (unsigned long long)st.arena_spills,
-                (unsigned long long)st.undeliverable);
+                (unsigned long long)st.undeliverable, (unsigned long long)st.output_waits);
     return rc;
 }
 

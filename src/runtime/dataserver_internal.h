@@ -39,7 +39,8 @@
     XX(arena_waits)                                                                                \
     XX(undeliverable)                                                                              \
     XX(arena_spills)                                                                               \
-    XX(rebalance_sent)
+    XX(rebalance_sent)                                                                             \
+    XX(output_waits)
 
 typedef struct dh__ds_counters {
     DH__DS_COUNTERS(DH__COUNTER_FIELD)
@@ -55,8 +56,10 @@ typedef struct task {
     double queue_s;
     uint64_t ready_ns;
     bool local_target;
-    double booked_cpu_s; /* its share of the server's booked work (loop thread) */
-    bool booked;         /* counted in booked_tasks until its executor COMPLETE is sent */
+    double booked_cpu_s;      /* its share of the server's booked work (loop thread) */
+    bool booked;              /* counted in booked_tasks until its executor COMPLETE is sent */
+    dh__out_charge_t *charge; /* heap outputs' reservation (output_budget.c), or NULL: the
+                               * task's reference, handed to its payload frames */
 } task_t;
 
 typedef struct queue {

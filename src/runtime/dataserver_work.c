@@ -60,6 +60,7 @@ void dh__ds_task_free(task_t *t)
         return;
     dh_msg_clear(&t->msg);
     dh__rt_result_clear(&t->result);
+    dh__out_release(t->charge); /* its outputs are freed by now (or were never made) */
     dh_free(t);
 }
 
@@ -196,6 +197,15 @@ void *dh__ds_worker_main(void *arg)
         t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
         t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
+        if (!t->local_target && w) { /* heap outputs: within the process's budget */
+            double scale = s->pipeline.synthetic ? s->pipeline.bytes_scale : 1.0, need = 0;
+            for (uint32_t i = 0; i < d->request.n_samples; i++)
+                need += (double)d->request.samples[i].out_bytes * scale;
+            bool waited = false;
+            t->charge = dh__out_reserve((uint64_t)need, &s->stop, &waited);
+            if (waited)
+                dh__count(&s->counters.output_waits, 1);
+        }
         if (!w) {
             t->rc = wrc;
         } else if (t->local_target) {

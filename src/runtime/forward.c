@@ -308,15 +308,15 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
     for (size_t i = 0; i < r->n_tensors; i++) {
         payloads[np].data = r->tensors[i].tensor.data;
         payloads[np].size = r->tensors[i].tensor.nbytes;
-        payloads[np].free_fn = dh__ds_free_payload;
-        payloads[np].hint = NULL;
+        payloads[np].free_fn = dh__out_free_payload; /* each frame holds the task's charge */
+        payloads[np].hint = t->charge;
+        dh__out_charge_add(t->charge, 1);
         bytes += r->tensors[i].tensor.nbytes;
         r->tensors[i].tensor.data = NULL; /* the socket owns it now */
         np++;
     }
     if (!l) {
-        for (size_t i = 0; i < np; i++)
-            dh_free(payloads[i].data);
+        free_payloads(payloads, np);
         return;
     }
     /* the link's peer node: the heartbeat reports the link under it, the coordinator's

@@ -48,6 +48,25 @@ typedef struct dh__rt_pipeline {
     uint64_t py_seed;
 } dh__rt_pipeline_t;
 
+/* ---- Output budget (output_budget.c): heap outputs of DataServer tasks, process-wide ---- */
+
+typedef struct dh__out_charge dh__out_charge_t;
+
+/* The budget in bytes: DH_OUTPUT_BUDGET, else a quarter of physical memory (read once). */
+uint64_t dh__out_budget(void);
+/* Bytes reserved now by every charge of the process. */
+uint64_t dh__out_reserved(void);
+/* Reserves `bytes` for a task's outputs, waiting while the process's reservations would pass
+ * the budget (and none is alone) and *stop is 0. Sets *waited when it waited. Returns the
+ * charge (one reference), or NULL for 0 bytes or no memory (nothing reserved). */
+dh__out_charge_t *dh__out_reserve(uint64_t bytes, atomic_int *stop, bool *waited);
+/* Adds references (one per payload frame that will release it). NULL-safe. */
+void dh__out_charge_add(dh__out_charge_t *c, unsigned refs);
+/* Drops one reference; the last gives the bytes back. NULL-safe; any thread. */
+void dh__out_release(dh__out_charge_t *c);
+/* A dh_wire_free_fn for a charged payload: frees data, releases the charge in hint. */
+void dh__out_free_payload(void *data, void *hint);
+
 /* The synthetic pipeline's actual cost and tokens of a sample (before cpu_scale): see the
  * misprediction fields above. A pure function of the spec, id, key and the estimates. */
 double dh__rt_synth_actual_cpu_s(const dh__rt_pipeline_t *p, const char *id, const char *key,

@@ -37,8 +37,8 @@ static void sidecar_heartbeats_while_its_link_is_full(void **state)
     char target_ep[128];
     assert_int_equal(dh_wire_socket_new(&target, ctx, ZMQ_ROUTER, NULL), 0);
     int one = 1;
-    assert_int_equal(
-        zmq_setsockopt(dh_wire_socket_handle(target), ZMQ_RCVHWM, &one, sizeof one), 0);
+    assert_int_equal(zmq_setsockopt(dh_wire_socket_handle(target), ZMQ_RCVHWM, &one, sizeof one),
+                     0);
     assert_int_equal(
         zmq_setsockopt(dh_wire_socket_handle(target), ZMQ_RCVBUF, &(int){4096}, sizeof(int)), 0);
     assert_int_equal(dh_wire_socket_bind(target, "tcp://127.0.0.1:*"), 0);
@@ -71,7 +71,8 @@ static void sidecar_heartbeats_while_its_link_is_full(void **state)
     for (uint32_t i = 0; i < DISPATCHES; i++) {
         char id[32];
         snprintf(id, sizeof id, "s%u", i);
-        dh_wire_sample_t sample = {.id = id, .uri = "synthetic", .key = "", .out_bytes = SAMPLE_BYTES, .tokens = 1};
+        dh_wire_sample_t sample = {
+            .id = id, .uri = "synthetic", .key = "", .out_bytes = SAMPLE_BYTES, .tokens = 1};
         dh_msg_t m = {.type = DH_MSG_DISPATCH};
         m.dispatch.request = (dh_msg_request_t){.client_id = "rank-0",
                                                 .seq = i,
