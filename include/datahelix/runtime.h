@@ -176,7 +176,8 @@ DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
 
 /* The default memory budget of an arena: DH_ARENA_BUDGET (bytes, or with a K, M or G
  * suffix: KiB, MiB, GiB) when set and valid (else a warning), otherwise a quarter of the
- * machine's physical memory (4 GiB where that is unknown). */
+ * machine's physical memory, or of the process's memory cgroup limit when that is lower
+ * (4 GiB where neither is known). */
 DH_EXTERN uint64_t dh_arena_budget_default(void);
 
 /* Parses a byte count: digits with an optional K, M or G suffix (KiB, MiB, GiB). Returns 0
@@ -186,7 +187,9 @@ DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
  * workers. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config or spec: the message
- * names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the caller's. */
+ * names the field or file), -errno (bind, memfd), DH_ENOMEM (out of memory, or an arena
+ * this process cannot hold: the message names its size and the limit), -EFBIG (an arena
+ * over RLIMIT_FSIZE). *out is the caller's. */
 DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
 DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);

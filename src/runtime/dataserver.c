@@ -50,6 +50,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/notice.h"
+#include "shm/shm_internal.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
 
@@ -104,9 +105,14 @@ uint64_t dh_arena_budget_default(void)
         dh_log_warn("%s; using the default (a quarter of physical memory)", dh_last_error());
     }
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0)
-        return (uint64_t)4 << 30;
-    return (uint64_t)pages * (uint64_t)page / 4;
+    uint64_t memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)16 << 30;
+    /* In a container the cgroup's limit, not the host's memory, is what the arena may
+     * take: a quarter of the host would fail at start (docs/shared-memory.md). */
+    dh__shm_memory_t mem;
+    dh__shm_memory_probe(NULL, &mem);
+    if (mem.cgroup_limit_bytes < memory)
+        memory = mem.cgroup_limit_bytes;
+    return memory / 4;
 }
 
 const char *dh_dataserver_name(const dh_dataserver_t *s)
