@@ -170,6 +170,12 @@ typedef struct dh_dataserver_config {
     /* local: the memory the arena may take when arena_bytes is 0; 0 =
      * dh_arena_budget_default() */
     uint64_t arena_budget_bytes;
+
+    /* local: uids, besides this process's effective uid, whose processes may get the
+     * arena's memfd over the fd-passing socket: "UID[,UID...]" (at most 16). NULL = the
+     * environment variable DH_SHM_ALLOW_UIDS, else none. A process of any other uid is
+     * refused (SO_PEERCRED) and logged with its pid and uid (docs/shared-memory.md §3) */
+    const char *shm_allow_uids;
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);

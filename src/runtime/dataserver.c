@@ -751,6 +751,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.pipeline_path = NULL;
     s->cfg.data_listen = NULL;
     s->cfg.data_advertise = NULL;
+    s->cfg.shm_allow_uids = NULL;
     int rc = dh__rt_pipeline_load(cfg->pipeline_json,
                                   cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
     if (rc)
@@ -770,6 +771,11 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         goto fail;
     }
     if (cfg->role == DH_DS_LOCAL) {
+        const char *allow = cfg->shm_allow_uids ? cfg->shm_allow_uids : getenv("DH_SHM_ALLOW_UIDS");
+        if ((rc = dh__notice_server_allow(&s->notice, allow,
+                                          cfg->shm_allow_uids ? "DataServer: --shm-allow-uid"
+                                                              : "DataServer: DH_SHM_ALLOW_UIDS")))
+            goto fail;
         /* The arena's memfd is sparse: a budget-sized default costs memory only as far as
          * batches fill it, and each rank's prefetch keeps to its share (client_send.c). */
         uint64_t bytes = cfg->arena_bytes          ? cfg->arena_bytes
