@@ -2165,18 +2165,18 @@ typedef struct {
 
 static int DataServer_init(DataServerObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {
-        "coordinator",   "node",        "role",        "workers",        "name", "pipeline_json",
-        "pipeline_path", "arena_bytes", "data_listen", "data_advertise", NULL};
+    static char *kwlist[] = {"coordinator", "node",           "role",           "workers",
+                             "name",        "pipeline_json",  "pipeline_path",  "arena_bytes",
+                             "data_listen", "data_advertise", "shm_allow_uids", NULL};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     const char *role = "local";
     unsigned workers = cfg.workers;
     unsigned long long arena = cfg.arena_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|$sIzzzKzz", kwlist, &cfg.coordinator,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|$sIzzzKzzz", kwlist, &cfg.coordinator,
                                      &cfg.node, &role, &workers, &cfg.name, &cfg.pipeline_json,
                                      &cfg.pipeline_path, &arena, &cfg.data_listen,
-                                     &cfg.data_advertise))
+                                     &cfg.data_advertise, &cfg.shm_allow_uids))
         return -1;
     if (self->ds) {
         PyErr_SetString(PyExc_RuntimeError, "DataServer already initialised");

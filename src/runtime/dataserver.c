@@ -773,8 +773,9 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     if (cfg->role == DH_DS_LOCAL) {
         const char *allow = cfg->shm_allow_uids ? cfg->shm_allow_uids : getenv("DH_SHM_ALLOW_UIDS");
         if ((rc = dh__notice_server_allow(&s->notice, allow,
-                                          cfg->shm_allow_uids ? "DataServer: --shm-allow-uid"
-                                                              : "DataServer: DH_SHM_ALLOW_UIDS")))
+                                          cfg->shm_allow_uids
+                                              ? "DataServer: shm_allow_uids (--shm-allow-uid)"
+                                              : "DataServer: DH_SHM_ALLOW_UIDS")))
             goto fail;
         /* The arena's memfd is sparse: a budget-sized default costs memory only as far as
          * batches fill it, and each rank's prefetch keeps to its share (client_send.c). */
