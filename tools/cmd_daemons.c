@@ -150,7 +150,8 @@ static void server_usage(FILE *out)
             "usage: datahelix server --coordinator ENDPOINT --role local|remote --node NAME\n"
             "                        --workers N [--pipeline SPEC.json | --dataset M:F]\n"
             "                        [--arena-mb M]\n"
-            "                        [--arena-budget BYTES] [--name NAME]\n"
+            "                        [--arena-budget BYTES] [--shm-allow-uid UID[,UID]]\n"
+            "                        [--name NAME]\n"
             "                        [--data-listen ENDPOINT] [--advertise HOST|ENDPOINT]\n"
             "                        [--heartbeat-ms N] [--keys DIR [--key NAME]]\n"
             "\n"
@@ -185,7 +186,14 @@ static void server_usage(FILE *out)
             "                              rank's prefetch keeps to its share of it)\n"
             "  -B, --arena-budget BYTES    local: memory the default arena may take, e.g.\n"
             "                              8G, 512M (default: $DH_ARENA_BUDGET, else a quarter\n"
-            "                              of physical memory)\n"
+            "                              of physical memory or of the memory cgroup's\n"
+            "                              limit, the lower). An arena this process cannot\n"
+            "                              hold (RLIMIT_FSIZE, RLIMIT_AS, the cgroup's limit,\n"
+            "                              MemAvailable) fails at start, naming the limit\n"
+            "  -U, --shm-allow-uid UID[,UID]  local: uids besides this server's own whose\n"
+            "                              processes may map the arena (default:\n"
+            "                              $DH_SHM_ALLOW_UIDS, else none; others are refused\n"
+            "                              and logged with their pid and uid)\n"
             "  -N, --name NAME             server name (default NODE-ROLE-PID)\n"
             "  -D, --data-listen ENDPOINT  local: endpoint for clients and sidecars (default\n"
             "      --listen ENDPOINT       tcp://127.0.0.1:*; tcp://0.0.0.0:PORT (PORT may be\n"
@@ -219,6 +227,7 @@ int dh_cmd_server(int argc, char **argv)
                                             {"dataset", required_argument, NULL, 'd'},
                                             {"arena-mb", required_argument, NULL, 'a'},
                                             {"arena-budget", required_argument, NULL, 'B'},
+                                            {"shm-allow-uid", required_argument, NULL, 'U'},
                                             {"name", required_argument, NULL, 'N'},
                                             {"data-listen", required_argument, NULL, 'D'},
                                             {"listen", required_argument, NULL, 'D'},
@@ -236,7 +245,7 @@ int dh_cmd_server(int argc, char **argv)
     const char *dataset = NULL;
     unsigned long long v;
     int opt;
-    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:A:b:K:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:U:N:D:A:b:K:h", options, NULL)) != -1) {
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -288,6 +297,9 @@ int dh_cmd_server(int argc, char **argv)
                 fprintf(stderr, "%s\n", dh_last_error());
                 return 2;
             }
+            break;
+        case 'U':
+            cfg.shm_allow_uids = optarg;
             break;
         case 'N':
             cfg.name = optarg;

@@ -226,7 +226,8 @@ typedef struct dh_client_config {
                                       * when ranks span nodes) */
     uint64_t arena_budget_bytes;     /* embedded mode: the memory the arena may take; 0 =
                                       * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
-                                      * quarter of physical memory) */
+                                      * quarter of physical memory or of the
+                                      * memory cgroup's limit, the lower) */
     dh_rebalance_config_t rebalance; /* tier 2 (off by default) */
     const char *keys_dir;            /* CURVE key directory: tcp:// connections authenticate with
                                       * key_name and encrypt (docs/security.md); NULL = plaintext */

@@ -178,13 +178,20 @@ typedef struct dh_dataserver_config {
                            * encrypted, the data endpoint admitting only listed keys
                            * (docs/security.md); NULL = plaintext */
     const char *key_name; /* this process's key in keys_dir (NULL = "server") */
+
+    /* local: uids, besides this process's effective uid, whose processes may get the
+     * arena's memfd over the fd-passing socket: "UID[,UID...]" (at most 16). NULL = the
+     * environment variable DH_SHM_ALLOW_UIDS, else none. A process of any other uid is
+     * refused (SO_PEERCRED) and logged with its pid and uid (docs/shared-memory.md §3) */
+    const char *shm_allow_uids;
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
 
 /* The default memory budget of an arena: DH_ARENA_BUDGET (bytes, or with a K, M or G
  * suffix: KiB, MiB, GiB) when set and valid (else a warning), otherwise a quarter of the
- * machine's physical memory (4 GiB where that is unknown). */
+ * machine's physical memory, or of the process's memory cgroup limit when that is lower
+ * (4 GiB where neither is known). */
 DH_EXTERN uint64_t dh_arena_budget_default(void);
 
 /* Parses a byte count: digits with an optional K, M or G suffix (KiB, MiB, GiB). Returns 0
@@ -194,7 +201,9 @@ DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
  * workers. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config or spec: the message
- * names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the caller's. */
+ * names the field or file), -errno (bind, memfd), DH_ENOMEM (out of memory, or an arena
+ * this process cannot hold: the message names its size and the limit), -EFBIG (an arena
+ * over RLIMIT_FSIZE). *out is the caller's. */
 DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
 DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);

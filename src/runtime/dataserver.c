@@ -50,6 +50,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/notice.h"
+#include "shm/shm_internal.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
 
@@ -104,9 +105,14 @@ uint64_t dh_arena_budget_default(void)
         dh_log_warn("%s; using the default (a quarter of physical memory)", dh_last_error());
     }
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0)
-        return (uint64_t)4 << 30;
-    return (uint64_t)pages * (uint64_t)page / 4;
+    uint64_t memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)16 << 30;
+    /* In a container the cgroup's limit, not the host's memory, is what the arena may
+     * take: a quarter of the host would fail at start (docs/shared-memory.md). */
+    dh__shm_memory_t mem;
+    dh__shm_memory_probe(NULL, &mem);
+    if (mem.cgroup_limit_bytes < memory)
+        memory = mem.cgroup_limit_bytes;
+    return memory / 4;
 }
 
 const char *dh_dataserver_name(const dh_dataserver_t *s)
@@ -753,6 +759,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.pipeline_path = NULL;
     s->cfg.data_listen = NULL;
     s->cfg.data_advertise = NULL;
+    s->cfg.shm_allow_uids = NULL;
     int rc = dh__rt_pipeline_load(cfg->pipeline_json,
                                   cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
     if (rc)
@@ -779,6 +786,12 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         goto fail;
     dh_wire_socket_opts_t opts = {.keys = s->keys};
     if (cfg->role == DH_DS_LOCAL) {
+        const char *allow = cfg->shm_allow_uids ? cfg->shm_allow_uids : getenv("DH_SHM_ALLOW_UIDS");
+        if ((rc = dh__notice_server_allow(&s->notice, allow,
+                                          cfg->shm_allow_uids
+                                              ? "DataServer: shm_allow_uids (--shm-allow-uid)"
+                                              : "DataServer: DH_SHM_ALLOW_UIDS")))
+            goto fail;
         /* The arena's memfd is sparse: a budget-sized default costs memory only as far as
          * batches fill it, and each rank's prefetch keeps to its share (client_send.c). */
         uint64_t bytes = cfg->arena_bytes          ? cfg->arena_bytes

@@ -2,6 +2,10 @@
  * AF_UNIX SOCK_SEQPACKET socket that hands out the arena's memfd and then carries DELIVERs of
  * arena handles as single packets, and the client's connection to it.
  *
+ * Only processes of the DataServer's effective uid, or of a uid on its allowed list, get
+ * the memfd (SO_PEERCRED; the abstract socket has no file permissions to do it): a process
+ * that holds the fd can read and write every batch of every rank on the node.
+ *
  * Every send and receive is non-blocking on the DataServer's side (its loop never waits on
  * a slow client: a full channel sends over ZeroMQ instead). Cost: one encode and one send
  * per DELIVER; a receive peeks the packet's size first, so one allocation of exactly that.
@@ -10,6 +14,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -40,6 +45,56 @@ void dh__notice_server_init(dh__notice_server_t *ns, const char *owner)
     ns->owner = owner;
 }
 
+int dh__notice_server_allow(dh__notice_server_t *ns, const char *text, const char *what)
+{
+    ns->n_allow_uids = 0;
+    if (!text || !text[0])
+        return 0;
+    const char *s = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        unsigned long long uid = s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
+        if (s[0] < '0' || s[0] > '9' || errno || (*end && *end != ',') ||
+            uid >= (unsigned long long)(uid_t)-1 || ns->n_allow_uids == DH__NOTICE_ALLOW_MAX) {
+            const char *why = ns->n_allow_uids == DH__NOTICE_ALLOW_MAX
+                                  ? "more than 16 uids"
+                                  : "each entry must be a decimal uid below 4294967295";
+            ns->n_allow_uids = 0;
+            return dh__set_error(DH_EINVAL, "%s: '%s' is not a list of uids (UID[,UID...]): %s",
+                                 what, text, why);
+        }
+        ns->allow_uids[ns->n_allow_uids++] = (uid_t)uid;
+        if (!*end)
+            return 0;
+        s = end + 1;
+    }
+}
+
+/* Tells a refused peer why in one packet without an fd (its dh__notice_connect fails
+ * with DH_EACCES and this text, instead of retrying as if the server had died), counts it
+ * and hangs up. */
+static void refuse(dh__notice_server_t *ns, int conn, const char *why)
+{
+    ssize_t sent;
+    do {
+        sent = send(conn, why, strlen(why), MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    ns->refused++;
+    close(conn);
+}
+
+/* The peer's uid is ours or an allowed one. */
+static bool uid_allowed(const dh__notice_server_t *ns, uid_t uid)
+{
+    if (uid == geteuid())
+        return true;
+    for (size_t i = 0; i < ns->n_allow_uids; i++)
+        if (ns->allow_uids[i] == uid)
+            return true;
+    return false;
+}
+
 int dh__notice_server_listen(dh__notice_server_t *ns)
 {
     static atomic_uint counter;
@@ -61,6 +116,28 @@ void dh__notice_server_accept(dh__notice_server_t *ns, int arena_fd)
     int conn = accept4(ns->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (conn < 0)
         return;
+    /* The credentials the kernel recorded at connect(): the peer cannot forge them. */
+    struct ucred cred;
+    socklen_t cred_len = sizeof cred;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 ||
+        cred_len != sizeof cred) {
+        dh_log_warn("DataServer '%s': refused the arena to a client on @%s: SO_PEERCRED: %s",
+                    ns->owner, ns->name, strerror(errno));
+        refuse(ns, conn, DH__NOTICE_REFUSED "the DataServer cannot tell the client's uid");
+        return;
+    }
+    if (!uid_allowed(ns, cred.uid)) {
+        char why[256];
+        snprintf(why, sizeof why,
+                 DH__NOTICE_REFUSED "uid %u is not this DataServer's uid %u nor an allowed one "
+                                    "(--shm-allow-uid, DH_SHM_ALLOW_UIDS)",
+                 (unsigned)cred.uid, (unsigned)geteuid());
+        dh_log_warn("DataServer '%s': refused the arena to pid %d (uid %u) on @%s: not this "
+                    "server's uid %u nor an allowed one (--shm-allow-uid, DH_SHM_ALLOW_UIDS)",
+                    ns->owner, (int)cred.pid, (unsigned)cred.uid, ns->name, (unsigned)geteuid());
+        refuse(ns, conn, why);
+        return;
+    }
     int rc = dh_shm_send_fd(conn, arena_fd);
     if (rc == 0 && ns->n_conns < DH__NOTICE_MAX &&
         fcntl(conn, F_SETFL, fcntl(conn, F_GETFL) | O_NONBLOCK) == 0) {
@@ -154,6 +231,20 @@ int dh__notice_connect(const char *name, int *fd_out, int *conn_out)
         close(sock);
         return dh__set_error(-e, "cannot connect to the DataServer's arena socket @%s: %s", name,
                              strerror(e));
+    }
+    /* A refusal is a packet of text without an fd (the arena's is one byte with it). */
+    char peek[256];
+    ssize_t n;
+    do {
+        n = recv(sock, peek, sizeof peek - 1, MSG_PEEK);
+    } while (n < 0 && errno == EINTR);
+    size_t prefix = strlen(DH__NOTICE_REFUSED);
+    if (n > (ssize_t)prefix && memcmp(peek, DH__NOTICE_REFUSED, prefix) == 0) {
+        peek[n] = '\0';
+        close(sock);
+        return dh__set_error(DH_EACCES,
+                             "the DataServer's arena socket @%s refused this process: %s", name,
+                             peek + prefix);
     }
     int rc = dh_shm_recv_fd(sock, fd_out);
     if (rc) {

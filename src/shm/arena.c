@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -180,6 +181,10 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size)
         return rc;
     if (layout.size > (uint64_t)SIZE_MAX || layout.size > (uint64_t)INT64_MAX)
         return dh__set_error(DH_EINVAL, "shm arena: size %zu does not fit this platform", size);
+    /* An arena this process can never hold fails here, naming the limit, not later with
+     * SIGXFSZ at ftruncate, the OOM killer, or backpressure that never ends (limits.c). */
+    if ((rc = dh__shm_check_size(layout.size, NULL)) < 0)
+        return rc;
 
     dh_shm_arena_t *a = dh_calloc(1, sizeof *a);
     if (!a)
@@ -243,8 +248,15 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size)
 fail:
     rc = -errno;
     dh_shm_arena_destroy(&a);
-    return dh__set_error(rc, "shm arena: %s of %" PRIu64 " bytes: %s", step, layout.size,
-                         strerror(-rc));
+    /* ENOMEM/ENOSPC here: the limits were fine a moment ago, but the memory for the header
+     * and records, or the address space for the mapping, was not there. Name the rlimit. */
+    struct rlimit as;
+    char limit[96] = "";
+    if ((rc == -ENOMEM || rc == -ENOSPC) && getrlimit(RLIMIT_AS, &as) == 0 &&
+        as.rlim_cur != RLIM_INFINITY)
+        snprintf(limit, sizeof limit, " (RLIMIT_AS %" PRIu64 " bytes)", (uint64_t)as.rlim_cur);
+    return dh__set_error(rc, "shm arena: %s of %" PRIu64 " bytes: %s%s", step, layout.size,
+                         strerror(-rc), limit);
 }
 
 /* The header fields that never change after creation, as they must read for `layout`. */

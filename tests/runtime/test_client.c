@@ -482,6 +482,26 @@ static void embedded_full_arena_is_backpressure(void **state)
     cl_assert_no_leftovers();
 }
 
+/* An embedded client whose arena cannot be had fails in dh_client_new, before its epoch,
+ * naming the arena's size and the limit (docs/shared-memory.md §2a). */
+static void embedded_arena_that_cannot_be_had_fails_at_start(void **state)
+{
+    (void)state;
+    const char *profiles = cl_write_profiles("p.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.arena_bytes = (uint64_t)1 << 49; /* 512 TiB */
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc != DH_ENOMEM || !strstr(dh_last_error(), "562949953421312 bytes"))
+        print_error("dh_client_new: %s (%s)\n", dh_err_name(rc), dh_last_error());
+    assert_int_equal(rc, DH_ENOMEM);
+    assert_null(c);
+    assert_non_null(strstr(dh_last_error(), "562949953421312 bytes"));
+    assert_non_null(strstr(dh_last_error(), "exceed"));
+    cl_assert_no_leftovers();
+}
+
 static void embedded_zero_copy_and_batch_outlives_client(void **state)
 {
     const char *profiles = cl_write_profiles("p.jsonl", 16);
@@ -1044,6 +1064,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(prefetch_keeps_to_its_share_of_the_arena),
         cmocka_unit_test(embedded_arena_sized_from_data_within_budget),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),
+        cmocka_unit_test(embedded_arena_that_cannot_be_had_fails_at_start),
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(plan_window_plans_every_row_once_and_balances_across_steps),
         cmocka_unit_test(coordinator_refused_request_fails_next),

@@ -5,12 +5,15 @@
  * `datahelix consume` process, killed with SIGKILL while it holds batches; the rank that
  * lives is a client in this process, holding its first batch. The test reads the holders
  * and counts from the arena's records through the live client's own mapping
- * (shm/shm_internal.h) and waits on them, never on a fixed sleep. */
+ * (shm/shm_internal.h) and waits on them, never on a fixed sleep. Also: a server whose
+ * arena cannot be had (more than the machine's memory, or over RLIMIT_FSIZE) or whose
+ * --shm-allow-uid is malformed exits 1 at start with a message that says why. */
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cluster.h"
@@ -235,11 +238,88 @@ static void dataserver_reclaims_dead_client_not_live_one(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Expects `server` to exit 1 at start with each of `needles` in its log. */
+static void expect_start_failure(cl_proc_t *server, const char *const *needles, size_t n)
+{
+    cl_expect_exit(server, 1, T_MS);
+    char *log = cl_read(server->log);
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(log, needles[i])) {
+            print_error("%s: log lacks '%s':\n", server->name, needles[i]);
+            cl_print_log(log);
+            free(log);
+            fail();
+        }
+    free(log);
+}
+
+static void dataserver_arena_that_cannot_be_had_fails_at_start(void **state)
+{
+    (void)state;
+    dh__shm_memory_t mem;
+    dh__shm_memory_probe(NULL, &mem);
+    if (mem.available_bytes > ((uint64_t)1 << 40) && mem.cgroup_limit_bytes > ((uint64_t)1 << 40))
+        skip(); /* a machine that could hold the 1 TiB arena */
+    cl_proc_t huge, limited;
+    char *huge_args[] = {"datahelix", "server", "--coordinator", "tcp://127.0.0.1:1",
+                         "--role",    "local",  "--node",        "n0",
+                         "--workers", "1",      "--arena-mb",    "1048576",
+                         NULL};
+    cl_spawn(&huge, "server-huge", huge_args);
+    const char *huge_says[] = {"cannot start", "1099511627776 bytes", "exceed the memory"};
+    expect_start_failure(&huge, huge_says, 3);
+
+    /* Under RLIMIT_FSIZE (inherited by the child; set here only around the fork). Before
+     * the check, ftruncate killed the server with SIGXFSZ (exit 153). */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)16 << 20;
+    char *limited_args[] = {"datahelix", "server", "--coordinator", "tcp://127.0.0.1:1",
+                            "--role",    "local",  "--node",        "n0",
+                            "--workers", "1",      "--arena-mb",    "64",
+                            NULL};
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &low), 0);
+    cl_spawn(&limited, "server-fsize", limited_args);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    const char *limited_says[] = {"cannot start", "67108864 bytes",
+                                  "RLIMIT_FSIZE of 16777216 bytes"};
+    expect_start_failure(&limited, limited_says, 3);
+    cl_assert_no_leftovers();
+}
+
+static void dataserver_bad_shm_allow_uid_fails_at_start(void **state)
+{
+    (void)state;
+    cl_proc_t server;
+    char *args[] = {"datahelix",
+                    "server",
+                    "--coordinator",
+                    "tcp://127.0.0.1:1",
+                    "--role",
+                    "local",
+                    "--node",
+                    "n0",
+                    "--workers",
+                    "1",
+                    "--arena-mb",
+                    "4",
+                    "--shm-allow-uid",
+                    "1000,nobody",
+                    NULL};
+    cl_spawn(&server, "server-bad-uid", args);
+    const char *says[] = {"cannot start", "--shm-allow-uid", "'1000,nobody'"};
+    expect_start_failure(&server, says, 3);
+    cl_assert_no_leftovers();
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(dataserver_reclaims_dead_client_not_live_one, cl_teardown),
+        cmocka_unit_test_teardown(dataserver_arena_that_cannot_be_had_fails_at_start, cl_teardown),
+        cmocka_unit_test_teardown(dataserver_bad_shm_allow_uid_fails_at_start, cl_teardown),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

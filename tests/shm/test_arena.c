@@ -1,7 +1,9 @@
 /* Tests of the shared-memory arena: allocation, reuse, fragmentation, backpressure, handle
  * validation, attach validation, cross-process use (inherited fd and SCM_RIGHTS), clients
  * killed while holding references (and a live one's kept), concurrent counts, allocation
- * failures, memory reserved only as far as used.
+ * failures, memory reserved only as far as used, a hostile peer that tries to truncate the
+ * memfd under a reader (and a reader of an unsealed one, which does die of SIGBUS), an arena
+ * over RLIMIT_FSIZE or RLIMIT_AS that fails at start with the size and the limit.
  *
  * Children are forked and report through their exit status (cmocka's asserts belong to the
  * parent); the parent waits on pipes and sockets with poll() and a timeout, never a sleep. */
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -984,6 +987,247 @@ static void arena_memory_is_reserved_as_used(void **state)
     dh_shm_arena_destroy(&a);
 }
 
+/* ---- hostile peers and limits ------------------------------------------------------------ */
+
+/* What a reader child exits with when a page of its mapping faults with SIGBUS: its own
+ * handler, so the status says SIGBUS under the sanitizers too (they catch SIGBUS first). */
+#define SIGBUS_EXIT 77
+
+static void exit_on_sigbus(int sig)
+{
+    (void)sig;
+    _exit(SIGBUS_EXIT);
+}
+
+/* In a child: touches every page of [base, base + size) and returns the bytes' sum. */
+static unsigned long child_read_every_page(const void *base, size_t size)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = exit_on_sigbus;
+    CHILD_EXPECT(sigaction(SIGBUS, &sa, NULL) == 0);
+    const volatile unsigned char *p = base;
+    unsigned long sum = 0;
+    for (size_t off = 0; off < size; off += 4096)
+        sum += p[off];
+    return sum;
+}
+
+static void expect_exit_code(pid_t pid, int code)
+{
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != code)
+        print_error("child %d: status 0x%x, want exit %d\n", (int)pid, status, code);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), code);
+}
+
+/* A peer with its own open file description of the arena (as one that got the fd over the
+ * socket, or opened /proc/PID/fd/N) tries every way to change its size or seals. The
+ * seals refuse each (EPERM), so a reader that maps the arena reads every page afterwards
+ * without SIGBUS. What the seals do not stop: punching a hole (the pages read as zeros, a
+ * spoiled batch like any scribble, not a fault). */
+static void arena_hostile_peer_cannot_truncate_under_a_reader(void **state)
+{
+    (void)state;
+    dh_shm_arena_t *a = new_arena();
+    void *p = NULL;
+    alloc_ok(a, ARENA_SLABS * SLAB, 0, &p);
+    memset(p, 0x5a, ARENA_SLABS * SLAB);
+    const void *creator_base;
+    size_t creator_size;
+    dh_shm_arena_mapping(a, &creator_base, &creator_size);
+    size_t data_offset = (size_t)((const unsigned char *)p - (const unsigned char *)creator_base);
+    int fd = dh_shm_arena_fd(a);
+    struct stat before;
+    assert_int_equal(fstat(fd, &before), 0);
+
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t reader = fork();
+    assert_true(reader >= 0);
+    if (reader == 0) {
+        close(up[0]);
+        close(down[1]);
+        dh_shm_arena_t *b = NULL;
+        CHILD_EXPECT(dh_shm_arena_attach(&b, fd) == 0);
+        CHILD_EXPECT(write(up[1], "r", 1) == 1);
+        char go = 0;
+        child_read_exact(down[0], &go, 1);
+        const void *base;
+        size_t size;
+        dh_shm_arena_mapping(b, &base, &size);
+        CHILD_EXPECT(size == ARENA_SIZE);
+        child_read_every_page(base, size);
+        /* the slabs kept their bytes, but the one the peer punched reads as zeros */
+        const unsigned char *slabs = (const unsigned char *)base + data_offset;
+        for (size_t i = 0; i < (ARENA_SLABS - 1) * SLAB; i += 4096)
+            CHILD_EXPECT(slabs[i] == 0x5a);
+        for (size_t i = (ARENA_SLABS - 1) * SLAB; i < ARENA_SLABS * SLAB; i += 4096)
+            CHILD_EXPECT(slabs[i] == 0);
+        dh_shm_arena_destroy(&b);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    wait_readable(up[0], 5000);
+    char ready = 0;
+    read_exact(up[0], &ready, 1);
+    assert_int_equal(ready, 'r');
+
+    pid_t hostile = fork();
+    assert_true(hostile >= 0);
+    if (hostile == 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        int own = open(path, O_RDWR | O_CLOEXEC); /* a description of its own */
+        CHILD_EXPECT(own >= 0);
+        off_t sizes[] = {0, 4096, ARENA_SIZE / 2, ARENA_SIZE - 1, 2 * ARENA_SIZE};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            CHILD_EXPECT(ftruncate(own, sizes[i]) == -1 && errno == EPERM);
+            CHILD_EXPECT(ftruncate(fd, sizes[i]) == -1 && errno == EPERM);
+        }
+        /* no seal can be added (F_SEAL_SEAL): not even one that would stop new mappings */
+        CHILD_EXPECT(fcntl(own, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == -1 && errno == EPERM);
+        CHILD_EXPECT(fcntl(own, F_ADD_SEALS, F_SEAL_WRITE) == -1 && errno == EPERM);
+        /* growing through fallocate is sealed too */
+        CHILD_EXPECT(fallocate(own, 0, ARENA_SIZE, 4096) == -1 && errno == EPERM);
+        /* punching a hole is not: it drops the last slab's pages */
+        CHILD_EXPECT(fallocate(own, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                               (off_t)(data_offset + (ARENA_SLABS - 1) * SLAB), (off_t)SLAB) == 0);
+        close(own);
+        _exit(0);
+    }
+    expect_exit_zero(hostile);
+    struct stat after;
+    assert_int_equal(fstat(fd, &after), 0);
+    assert_int_equal(after.st_size, before.st_size);
+    assert_int_equal(write(down[1], "g", 1), 1);
+    expect_exit_code(reader, 0); /* SIGBUS would be SIGBUS_EXIT */
+    /* and the arena still attaches */
+    dh_shm_arena_t *b = NULL;
+    assert_int_equal(dh_shm_arena_attach(&b, fd), 0);
+    dh_shm_arena_destroy(&b);
+    close(up[0]);
+    close(down[1]);
+    dh_shm_arena_destroy(&a);
+}
+
+/* The control of the test above, so that it can fail: a reader of a memfd without the
+ * seals, truncated by a peer, does die of SIGBUS on its next touch. */
+static void arena_reader_of_an_unsealed_memfd_dies_of_sigbus(void **state)
+{
+    (void)state;
+    int fd = memfd_create("unsealed", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, ARENA_SIZE), 0);
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t reader = fork();
+    assert_true(reader >= 0);
+    if (reader == 0) {
+        close(up[0]);
+        close(down[1]);
+        void *base = mmap(NULL, ARENA_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+        CHILD_EXPECT(base != MAP_FAILED);
+        child_read_every_page(base, ARENA_SIZE);
+        CHILD_EXPECT(write(up[1], "r", 1) == 1);
+        char go = 0;
+        child_read_exact(down[0], &go, 1);
+        child_read_every_page(base, ARENA_SIZE);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    wait_readable(up[0], 5000);
+    char ready = 0;
+    read_exact(up[0], &ready, 1);
+    assert_int_equal(ftruncate(fd, 0), 0); /* nothing stops it */
+    assert_int_equal(write(down[1], "g", 1), 1);
+    expect_exit_code(reader, SIGBUS_EXIT);
+    close(up[0]);
+    close(down[1]);
+    close(fd);
+}
+
+/* ftruncate past RLIMIT_FSIZE kills the process with SIGXFSZ: the arena must refuse first,
+ * naming the size and the limit. In a child, so the limit stays there. */
+static void arena_new_over_file_size_limit_fails_at_start(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        CHILD_EXPECT(getrlimit(RLIMIT_FSIZE, &rl) == 0);
+        rl.rlim_cur = ARENA_SIZE;
+        CHILD_EXPECT(setrlimit(RLIMIT_FSIZE, &rl) == 0);
+        dh_shm_arena_t *a = NULL;
+        int rc = dh_shm_arena_new(&a, 8 * ARENA_SIZE, SLAB);
+        CHILD_EXPECT(rc == -EFBIG && a == NULL);
+        CHILD_EXPECT(strstr(dh_last_error(), "8388608 bytes"));
+        CHILD_EXPECT(strstr(dh_last_error(), "RLIMIT_FSIZE of 1048576 bytes"));
+        CHILD_EXPECT(dh_shm_arena_new(&a, ARENA_SIZE, SLAB) == 0); /* at the limit: fine */
+        dh_shm_arena_destroy(&a);
+        _exit(0);
+    }
+    expect_exit_zero(pid);
+}
+
+/* Size of this process's address space now (VmSize), in bytes. */
+static uint64_t child_vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    CHILD_EXPECT(f);
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    CHILD_EXPECT(kib > 0);
+    return (uint64_t)kib * 1024;
+}
+
+/* Under RLIMIT_AS: an arena larger than the limit is refused before anything is made, and
+ * one that fits the limit but not the room left under it fails at its mmap; both name the
+ * limit. Not under the sanitizers: their shadow memory needs terabytes of address space. */
+static void arena_new_over_address_space_limit_fails_at_start(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    skip();
+#endif
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        CHILD_EXPECT(getrlimit(RLIMIT_AS, &rl) == 0);
+        uint64_t limit = child_vm_size() + 32 * ARENA_SIZE; /* 32 MiB to spare */
+        rl.rlim_cur = (rlim_t)limit;
+        CHILD_EXPECT(setrlimit(RLIMIT_AS, &rl) == 0);
+        char want[128];
+        snprintf(want, sizeof want, "RLIMIT_AS of %llu bytes", (unsigned long long)limit);
+        dh_shm_arena_t *a = NULL;
+        int rc = dh_shm_arena_new(&a, (size_t)limit + ARENA_SIZE, SLAB);
+        CHILD_EXPECT(rc == DH_ENOMEM && a == NULL);
+        CHILD_EXPECT(strstr(dh_last_error(), want));
+        /* under the limit, over the room left under it */
+        size_t size = (size_t)(limit - ARENA_SIZE) / SLAB * SLAB;
+        rc = dh_shm_arena_new(&a, size, SLAB);
+        CHILD_EXPECT(rc == -ENOMEM && a == NULL);
+        snprintf(want, sizeof want, "mmap of %zu bytes", size);
+        CHILD_EXPECT(strstr(dh_last_error(), want));
+        snprintf(want, sizeof want, "RLIMIT_AS %llu bytes", (unsigned long long)limit);
+        CHILD_EXPECT(strstr(dh_last_error(), want));
+        _exit(0);
+    }
+    expect_exit_zero(pid);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_new_lays_out_header_and_slabs),
     cmocka_unit_test(arena_new_rejects_bad_sizes),
@@ -1005,6 +1249,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_concurrent_last_unref_releases_once),
     cmocka_unit_test(arena_survives_each_allocation_failure),
     cmocka_unit_test(arena_memory_is_reserved_as_used),
+    cmocka_unit_test(arena_hostile_peer_cannot_truncate_under_a_reader),
+    cmocka_unit_test(arena_reader_of_an_unsealed_memfd_dies_of_sigbus),
+    cmocka_unit_test(arena_new_over_file_size_limit_fails_at_start),
+    cmocka_unit_test(arena_new_over_address_space_limit_fails_at_start),
 };
 
 DH_TEST_MAIN(tests)

@@ -1,0 +1,230 @@
+/* test_notice.c: who gets the arena's memfd from the DataServer's abstract socket
+ * (src/runtime/notice.c): a process of the server's own uid does, one of another uid is
+ * refused (SO_PEERCRED) and logged with its pid and uid, unless its uid is on the allowed
+ * list; the list's parsing. The peers are forked children that setuid() to nobody (65534),
+ * so the uid cases need root and are skipped without it. Children report through their
+ * exit status; the parent waits on the listening socket with poll() and a timeout. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dh_test.h"
+#include "datahelix/error.h"
+#include "datahelix/shm.h"
+#include "runtime/notice.h"
+
+#define NOBODY ((uid_t)65534)
+#define SAME_UID ((uid_t)-1)
+
+/* In a forked child: report a failed check on stderr and exit non-zero. */
+#define CHILD_EXPECT(cond)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child %d: %s:%d: failed: %s (%s)\n", (int)getpid(), __FILE__,         \
+                    __LINE__, #cond, dh_last_error());                                             \
+            _exit(1);                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* A forked peer: becomes `uid` (SAME_UID: stays), connects to @name and expects the arena's
+ * fd (an attachable arena) or a refusal (DH_EACCES, the server's reason, no fd). */
+static pid_t spawn_peer(const char *name, uid_t uid, bool expect_fd)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid != 0)
+        return pid;
+    if (uid != SAME_UID) {
+        CHILD_EXPECT(setgroups(0, NULL) == 0);
+        CHILD_EXPECT(setgid((gid_t)uid) == 0);
+        CHILD_EXPECT(setuid(uid) == 0);
+        CHILD_EXPECT(geteuid() == uid);
+    }
+    int fd = -1, conn = -1;
+    int rc = dh__notice_connect(name, &fd, &conn);
+    if (expect_fd) {
+        CHILD_EXPECT(rc == 0 && fd >= 0);
+        dh_shm_arena_t *arena = NULL;
+        CHILD_EXPECT(dh_shm_arena_attach(&arena, fd) == 0);
+        dh_shm_arena_destroy(&arena);
+        close(fd);
+        close(conn);
+    } else {
+        char want[64];
+        snprintf(want, sizeof want, "refused this process: uid %u is not", (unsigned)geteuid());
+        CHILD_EXPECT(rc == DH_EACCES && fd == -1 && strstr(dh_last_error(), want));
+    }
+    _exit(0);
+}
+
+static void expect_exit_zero(pid_t pid)
+{
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        print_error("peer %d: status 0x%x\n", (int)pid, status);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* Waits for the peer's connection and accepts it, with the server's log lines (stderr)
+ * written to the test's file `log_name`; returns that file's text (the caller frees). */
+static char *accept_logged(dh__notice_server_t *ns, int arena_fd, const char *log_name)
+{
+    struct pollfd p = {.fd = ns->listen_fd, .events = POLLIN};
+    int rc;
+    do {
+        rc = poll(&p, 1, 10000);
+    } while (rc < 0 && errno == EINTR);
+    assert_int_equal(rc, 1);
+    const char *path = dh_test_path(log_name);
+    int log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    assert_true(log >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(log, 2), 2);
+    dh__notice_server_accept(ns, arena_fd);
+    fflush(stderr);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    close(log);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char *text = calloc(1, 4096);
+    assert_non_null(text);
+    size_t n = fread(text, 1, 4095, f);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+typedef struct fixture {
+    dh__notice_server_t ns;
+    dh_shm_arena_t *arena;
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *fx = calloc(1, sizeof *fx);
+    assert_non_null(fx);
+    dh__notice_server_init(&fx->ns, "test");
+    assert_int_equal(dh__notice_server_listen(&fx->ns), 0);
+    assert_int_equal(dh_shm_arena_new(&fx->arena, (size_t)1 << 20, (size_t)64 << 10), 0);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *fx = *state;
+    dh__notice_server_close(&fx->ns);
+    dh_shm_arena_destroy(&fx->arena);
+    free(fx);
+    return 0;
+}
+
+static void notice_hands_the_arena_to_the_same_uid(void **state)
+{
+    fixture_t *fx = *state;
+    pid_t pid = spawn_peer(fx->ns.name, SAME_UID, true);
+    char *log = accept_logged(&fx->ns, dh_shm_arena_fd(fx->arena), "same.log");
+    expect_exit_zero(pid);
+    assert_int_equal(fx->ns.refused, 0);
+    assert_int_equal(fx->ns.n_conns, 1);
+    assert_null(strstr(log, "refused"));
+    free(log);
+}
+
+static void notice_refuses_a_peer_of_another_uid(void **state)
+{
+    fixture_t *fx = *state;
+    if (geteuid() != 0)
+        skip(); /* no other uid to become */
+    pid_t pid = spawn_peer(fx->ns.name, NOBODY, false);
+    char *log = accept_logged(&fx->ns, dh_shm_arena_fd(fx->arena), "refused.log");
+    expect_exit_zero(pid);
+    assert_int_equal(fx->ns.refused, 1);
+    assert_int_equal(fx->ns.n_conns, 0);
+    char want[128];
+    snprintf(want, sizeof want, "refused the arena to pid %d (uid 65534)", (int)pid);
+    if (!strstr(log, want))
+        print_error("log lacks '%s':\n%s\n", want, log);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "not this server's uid 0"));
+    free(log);
+}
+
+static void notice_hands_the_arena_to_an_allowed_uid(void **state)
+{
+    fixture_t *fx = *state;
+    if (geteuid() != 0)
+        skip();
+    assert_int_equal(dh__notice_server_allow(&fx->ns, "1000,65534", "--shm-allow-uid"), 0);
+    assert_int_equal(fx->ns.n_allow_uids, 2);
+    pid_t pid = spawn_peer(fx->ns.name, NOBODY, true);
+    char *log = accept_logged(&fx->ns, dh_shm_arena_fd(fx->arena), "allowed.log");
+    expect_exit_zero(pid);
+    assert_int_equal(fx->ns.refused, 0);
+    assert_int_equal(fx->ns.n_conns, 1);
+    free(log);
+    /* an allowed list without its uid refuses it again */
+    assert_int_equal(dh__notice_server_allow(&fx->ns, "1000", "--shm-allow-uid"), 0);
+    pid = spawn_peer(fx->ns.name, NOBODY, false);
+    log = accept_logged(&fx->ns, dh_shm_arena_fd(fx->arena), "allowed2.log");
+    expect_exit_zero(pid);
+    assert_int_equal(fx->ns.refused, 1);
+    free(log);
+}
+
+static void notice_allow_list_is_parsed_strictly(void **state)
+{
+    fixture_t *fx = *state;
+    dh__notice_server_t *ns = &fx->ns;
+    assert_int_equal(dh__notice_server_allow(ns, NULL, "x"), 0);
+    assert_int_equal(ns->n_allow_uids, 0);
+    assert_int_equal(dh__notice_server_allow(ns, "", "x"), 0);
+    assert_int_equal(ns->n_allow_uids, 0);
+    assert_int_equal(dh__notice_server_allow(ns, "0", "x"), 0);
+    assert_int_equal(ns->n_allow_uids, 1);
+    assert_int_equal(ns->allow_uids[0], 0);
+    assert_int_equal(dh__notice_server_allow(ns, "1,22,4294967294", "x"), 0);
+    assert_int_equal(ns->n_allow_uids, 3);
+    assert_int_equal(ns->allow_uids[2], 4294967294u);
+    const char *bad[] = {
+        "abc", "1,,2", "1,", ",1", "-1", " 1", "1 ", "4294967295", "99999999999999999999", "1;2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = dh__notice_server_allow(ns, bad[i], "DataServer: --shm-allow-uid");
+        if (rc != DH_EINVAL)
+            print_error("'%s' was accepted\n", bad[i]);
+        assert_int_equal(rc, DH_EINVAL);
+        assert_non_null(strstr(dh_last_error(), "--shm-allow-uid"));
+        assert_non_null(strstr(dh_last_error(), bad[i]));
+        assert_int_equal(ns->n_allow_uids, 0); /* nothing half-parsed is kept */
+    }
+    char many[256] = "1";
+    for (int i = 2; i <= DH__NOTICE_ALLOW_MAX + 1; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), ",%d", i);
+    assert_int_equal(dh__notice_server_allow(ns, many, "x"), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "more than 16"));
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(notice_hands_the_arena_to_the_same_uid, setup, teardown),
+        cmocka_unit_test_setup_teardown(notice_refuses_a_peer_of_another_uid, setup, teardown),
+        cmocka_unit_test_setup_teardown(notice_hands_the_arena_to_an_allowed_uid, setup, teardown),
+        cmocka_unit_test_setup_teardown(notice_allow_list_is_parsed_strictly, setup, teardown),
+    };
+    return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
+}
