@@ -40,7 +40,8 @@ static void coordinator_usage(FILE *out)
 {
     fprintf(out,
             "usage: datahelix coordinator --listen ENDPOINT [--policy P] [--dead-after-ms N]\n"
-            "                             [--queue-cap N] [--telemetry FILE]\n"
+"                             [--queue-cap N] [--telemetry FILE]\n"
+            "                             [--metrics-listen HOST:PORT [--metrics-port-file F]]\n"
             "\n"
             "Runs the coordinator of a job: the registry of DataServers and clients, their\n"
             "liveness, and the scheduler that places every request (docs/runtime.md).\n"
@@ -57,6 +58,14 @@ static void coordinator_usage(FILE *out)
             "                          (backpressure; default 4, 0 = no cap)\n"
             "  -t, --telemetry FILE    write every placement decision as a JSON line: chosen\n"
             "                          server, reason, every candidate's predicted time\n"
+            "      --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
+            "                          http://HOST:PORT/metrics (decisions by rule, predicted\n"
+            "                          misses, each server's queue, heartbeat gaps, dead\n"
+            "                          servers, cost prediction error, rebalance rounds:\n"
+            "                          docs/operations.md \"Metrics\"); PORT 0 picks a free one,\n"
+            "                          named in the log; 0.0.0.0 for every interface. Off\n"
+            "                          by default\n"
+            "      --metrics-port-file F  write the metrics port bound to F once it serves\n"
             "  -h, --help              show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -69,10 +78,13 @@ int dh_cmd_coordinator(int argc, char **argv)
                                             {"dead-after-ms", required_argument, NULL, 'd'},
                                             {"queue-cap", required_argument, NULL, 'q'},
                                             {"telemetry", required_argument, NULL, 't'},
+                                            {"metrics-listen", required_argument, NULL, 0x100},
+                                            {"metrics-port-file", required_argument, NULL, 0x101},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_coordinator_config_t cfg;
     dh_coordinator_config_default(&cfg);
+    const char *port_file = NULL;
     unsigned long long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "l:p:d:q:t:h", options, NULL)) != -1) {
@@ -102,6 +114,12 @@ int dh_cmd_coordinator(int argc, char **argv)
         case 't':
             cfg.telemetry_path = optarg;
             break;
+        case 0x100: /* --metrics-listen: long options only, no letter */
+            cfg.metrics_listen = optarg;
+            break;
+        case 0x101: /* --metrics-port-file */
+            port_file = optarg;
+            break;
         case 'h':
             coordinator_usage(stdout);
             return 0;
@@ -116,10 +134,19 @@ int dh_cmd_coordinator(int argc, char **argv)
         fprintf(stderr, "datahelix coordinator: --listen ENDPOINT is required\n");
         return 2;
     }
+    if (port_file && !cfg.metrics_listen) {
+        fprintf(stderr, "datahelix coordinator: --metrics-port-file needs --metrics-listen\n");
+        return 2;
+    }
     dh_coordinator_t *c = NULL;
     int rc = dh_coordinator_new(&c, &cfg);
     if (rc)
         return dh_cli_fail("coordinator", rc, "cannot start");
+    if (port_file &&
+        dh_cli_write_port_file("coordinator", port_file, dh_coordinator_metrics_port(c))) {
+        dh_coordinator_destroy(&c);
+        return 1;
+    }
     running_coordinator = c;
     install_signals();
     rc = dh_coordinator_run(c);
@@ -138,6 +165,7 @@ static void server_usage(FILE *out)
             "                        [--arena-budget BYTES] [--name NAME]\n"
             "                        [--data-listen ENDPOINT] [--advertise HOST|ENDPOINT]\n"
             "                        [--heartbeat-ms N]\n"
+            "                        [--metrics-listen HOST:PORT [--metrics-port-file F]]\n"
             "\n"
             "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
             "coordinator dispatches to it (docs/runtime.md).\n"
@@ -182,6 +210,13 @@ static void server_usage(FILE *out)
             "                              replaced by this machine's address on the route\n"
             "                              to the coordinator (docs/multinode.md)\n"
             "  -b, --heartbeat-ms N        heartbeat period (default 100)\n"
+            "      --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
+            "                              http://HOST:PORT/metrics (queue depth and work,\n"
+            "                              bytes forwarded, arena bytes and slabs in use,\n"
+            "                              spills, worker busy fraction, cost prediction\n"
+            "                              error: docs/operations.md \"Metrics\"); PORT 0 picks\n"
+            "                              a free one, named in the log. Off by default\n"
+            "      --metrics-port-file F   write the metrics port bound to F once it serves\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -202,13 +237,15 @@ int dh_cmd_server(int argc, char **argv)
                                             {"listen", required_argument, NULL, 'D'},
                                             {"advertise", required_argument, NULL, 'A'},
                                             {"heartbeat-ms", required_argument, NULL, 'b'},
+                                            {"metrics-listen", required_argument, NULL, 0x100},
+                                            {"metrics-port-file", required_argument, NULL, 0x101},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     cfg.workers = 0;
     int have_role = 0, have_workers = 0;
-    const char *dataset = NULL;
+    const char *dataset = NULL, *port_file = NULL;
     unsigned long long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:N:D:A:b:h", options, NULL)) != -1) {
@@ -278,6 +315,12 @@ int dh_cmd_server(int argc, char **argv)
                 return 2;
             cfg.heartbeat_ms = (uint32_t)v;
             break;
+        case 0x100: /* --metrics-listen: long options only, no letter */
+            cfg.metrics_listen = optarg;
+            break;
+        case 0x101: /* --metrics-port-file */
+            port_file = optarg;
+            break;
         case 'h':
             server_usage(stdout);
             return 0;
@@ -301,6 +344,10 @@ int dh_cmd_server(int argc, char **argv)
         fprintf(stderr, "datahelix server: give --pipeline or --dataset, not both\n");
         return 2;
     }
+    if (port_file && !cfg.metrics_listen) {
+        fprintf(stderr, "datahelix server: --metrics-port-file needs --metrics-listen\n");
+        return 2;
+    }
     char spec[5200];
     if (dataset) { /* the python pipeline, the current directory importable */
         char cwd[4096];
@@ -314,6 +361,10 @@ int dh_cmd_server(int argc, char **argv)
     int rc = dh_dataserver_new(&s, &cfg);
     if (rc)
         return dh_cli_fail("server", rc, "cannot start");
+    if (port_file && dh_cli_write_port_file("server", port_file, dh_dataserver_metrics_port(s))) {
+        dh_dataserver_destroy(&s);
+        return 1;
+    }
     running_server = s;
     install_signals();
     rc = dh_dataserver_run(s);

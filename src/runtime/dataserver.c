@@ -49,6 +49,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
+#include "runtime/dataserver_metrics.h"
 #include "runtime/notice.h"
 #include "runtime/rt.h"
 #include "wire/internal.h"
@@ -390,6 +391,7 @@ static void drain_results(dh_dataserver_t *s)
         if (!t)
             break;
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
+        dh__ds_metrics_task(s, t);
         if (t->local_target) {
             if (!dh__ds_finish_local(s, t, dh_clock_now_ns())) {
                 pending_t *p = dh_calloc(1, sizeof *p);
@@ -595,6 +597,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
         dh__ds_links_send_due(s);
         if (s->pending)
             dh__ds_retry_pending(s);
+        dh__ds_metrics_tick(s);
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
@@ -745,6 +748,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.pipeline_path = NULL;
     s->cfg.data_listen = NULL;
     s->cfg.data_advertise = NULL;
+    s->cfg.metrics_listen = NULL;
     int rc = dh__rt_pipeline_load(cfg->pipeline_json,
                                   cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
     if (rc)
@@ -812,6 +816,9 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         }
         s->n_threads++;
     }
+    if (cfg->metrics_listen && cfg->metrics_listen[0] &&
+        (rc = dh__ds_metrics_start(s, cfg->metrics_listen)))
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -824,6 +831,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     if (!ps || !*ps)
         return;
     dh_dataserver_t *s = *ps;
+    dh__ds_metrics_destroy(s); /* its scrapes read the counters and the arena */
     atomic_store(&s->stop, 1);
     if (s->started)
         pthread_join(s->loop_thread, NULL);

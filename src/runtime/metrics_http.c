@@ -159,10 +159,10 @@ int dh__metrics_http_start(dh__metrics_http_t **out, dh__metrics_t *m, const cha
         flags |= MHD_USE_IPv6;
     /* MHD logs a failure to bind through its logger too; errno says why. */
     errno = 0;
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 16u,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_EXTERNAL_LOGGER,
-                                 log_mhd, h, MHD_OPTION_END);
+    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                                 MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h, /* first: MHD wants it so */
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     int err = errno;
     freeaddrinfo(ai);
     if (!h->daemon) {
