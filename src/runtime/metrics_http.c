@@ -69,13 +69,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     (void)upload_data;
     dh__metrics_http_t *h = cls;
-    /* The first call of a request only announces it (its headers read); answering then
-     * means a request body is never read, which a GET does not have. */
+    /* The first call of a request only announces it (its headers read); a body (which a GET
+     * does not have) comes in the calls after, and is dropped; the answer goes in the last
+     * call, when no body is left. */
     if (*con_cls == NULL) {
         *con_cls = (void *)1;
         return MHD_YES;
     }
-    *upload_data_size = 0;
+    if (*upload_data_size) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
     static const char text_plain[] = "text/plain; charset=utf-8";
     if (strcmp(url, "/metrics") != 0) {
         static const char body[] = "not found: the metrics are at /metrics\n";
