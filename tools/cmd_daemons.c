@@ -40,7 +40,7 @@ static void coordinator_usage(FILE *out)
 {
     fprintf(out,
             "usage: datahelix coordinator --listen ENDPOINT [--policy P] [--dead-after-ms N]\n"
-"                             [--queue-cap N] [--telemetry FILE]\n"
+            "                             [--queue-cap N] [--telemetry FILE]\n"
             "                             [--metrics-listen HOST:PORT [--metrics-port-file F]]\n"
             "\n"
             "Runs the coordinator of a job: the registry of DataServers and clients, their\n"

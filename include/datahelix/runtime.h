@@ -60,7 +60,8 @@ DH_EXTERN void dh_coordinator_config_default(dh_coordinator_config_t *cfg);
 
 /* Makes a coordinator and binds its socket. Returns 0, DH_EINVAL (no endpoint), -errno with
  * a message naming the endpoint (cannot bind: -EADDRINUSE ...), -errno naming the telemetry
- * file, DH_EINVAL or -errno naming metrics_listen (not HOST:PORT, cannot bind), or DH_ENOMEM. *out is the caller's (dh_coordinator_destroy). */
+ * file, DH_EINVAL or -errno naming metrics_listen (not HOST:PORT, cannot bind), or DH_ENOMEM. *out
+ * is the caller's (dh_coordinator_destroy). */
 DH_EXTERN int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg);
 
 /* The endpoint actually bound (a wildcard port resolved). Borrowed. */
@@ -196,7 +197,8 @@ DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
  * workers, serves metrics_listen. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config
- * or spec: the message names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the caller's. */
+ * or spec: the message names the field or file), -errno (bind, memfd), DH_ENOMEM. *out is the
+ * caller's. */
 DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
 DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);

@@ -149,10 +149,10 @@ static int build(struct dh__coord_metrics *m)
         "Requests the coordinator's book holds for the server: dispatched, not yet executed "
         "(corrected by its heartbeats).",
         DH__METRIC_GAUGE, "server", NULL, 0);
-    m->f_work = dh__metrics_add(
-        r, "datahelix_coordinator_server_queued_work_seconds",
-        "Predicted CPU seconds (speed 1) of the requests in the server's queue.",
-        DH__METRIC_GAUGE, "server", NULL, 0);
+    m->f_work =
+        dh__metrics_add(r, "datahelix_coordinator_server_queued_work_seconds",
+                        "Predicted CPU seconds (speed 1) of the requests in the server's queue.",
+                        DH__METRIC_GAUGE, "server", NULL, 0);
     m->f_speed = dh__metrics_add(r, "datahelix_coordinator_server_speed_factor",
                                  "The server's learned speed factor (measured / predicted CPU).",
                                  DH__METRIC_GAUGE, "server", NULL, 0);
@@ -162,8 +162,8 @@ static int build(struct dh__coord_metrics *m)
     if (!m->misses || !m->requests || !m->dispatches || !m->redispatches || !m->completes ||
         !m->delivered || !m->servers_alive || !m->servers_dead || !m->client_hellos ||
         !m->rebalance_rounds || !m->sched_s || !m->book || !m->late || !m->heartbeat_gap ||
-        !m->cpu_ratio || !m->cpu_abs_error || !m->ready_abs_error || !m->f_alive ||
-        !m->f_depth || !m->f_work || !m->f_speed || !m->f_silence)
+        !m->cpu_ratio || !m->cpu_abs_error || !m->ready_abs_error || !m->f_alive || !m->f_depth ||
+        !m->f_work || !m->f_speed || !m->f_silence)
         return DH_ENOMEM;
     return 0;
 }
@@ -248,11 +248,10 @@ void dh__coord_metrics_tick(dh_coordinator_t *c)
         m->servers = s;
         for (size_t i = m->n_servers; i < c->n_servers; i++) {
             const char *name = c->servers[i].name;
-            server_series_t x = {dh__metric_series(m->f_alive, name),
-                                 dh__metric_series(m->f_depth, name),
-                                 dh__metric_series(m->f_work, name),
-                                 dh__metric_series(m->f_speed, name),
-                                 dh__metric_series(m->f_silence, name)};
+            server_series_t x = {
+                dh__metric_series(m->f_alive, name), dh__metric_series(m->f_depth, name),
+                dh__metric_series(m->f_work, name), dh__metric_series(m->f_speed, name),
+                dh__metric_series(m->f_silence, name)};
             if (!x.alive || !x.queue_depth || !x.queued_work || !x.speed || !x.silence)
                 break;
             m->servers[m->n_servers++] = x;
@@ -266,8 +265,8 @@ void dh__coord_metrics_tick(dh_coordinator_t *c)
         dh__series_set(x->queue_depth, s->queue_len);
         dh__series_set(x->queued_work, s->queued_cpu_s);
         dh__series_set(x->speed, s->speed);
-        dh__series_set(x->silence, now > s->last_seen_ns ? (double)(now - s->last_seen_ns) * 1e-9
-                                                         : 0);
+        dh__series_set(x->silence,
+                       now > s->last_seen_ns ? (double)(now - s->last_seen_ns) * 1e-9 : 0);
     }
     dh__series_set(m->book, (double)c->n_book);
     dh__series_set(m->late, (double)c->n_late);

@@ -30,9 +30,9 @@
 struct dh__ds_metrics {
     dh__metrics_t *reg;
     dh__metrics_http_t *http;
-    dh__series_t *tasks, *samples, *sample_errors, *delivered_own, *delivered_forwarded,
-        *forwarded, *bytes_forwarded, *bytes_received, *bytes_cross_node, *arena_waits,
-        *arena_spills, *undeliverable, *rebalance_sent;
+    dh__series_t *tasks, *samples, *sample_errors, *delivered_own, *delivered_forwarded, *forwarded,
+        *bytes_forwarded, *bytes_received, *bytes_cross_node, *arena_waits, *arena_spills,
+        *undeliverable, *rebalance_sent;
     dh__series_t *queue_depth, *queued_work, *workers, *busy_s, *busy_ratio;
     dh__series_t *arena_size, *arena_used_bytes, *arena_slabs_used, *arena_slabs_total,
         *arena_allocations;
@@ -152,11 +152,11 @@ static int build(struct dh__ds_metrics *m, const dh_dataserver_t *s)
     m->arena_slabs_total = GAUGE("datahelix_dataserver_arena_slabs", "Slabs in the arena.");
     m->arena_allocations = GAUGE("datahelix_dataserver_arena_allocations_live",
                                  "Arena allocations still referenced (batches ranks hold).");
-    m->cpu_ratio = one(r, "datahelix_dataserver_cpu_actual_over_predicted_ratio",
-                       "Per executed request: measured CPU seconds / the DISPATCH's predicted "
-                       "CPU seconds at speed 1 (a server slower than speed 1 reads above 1).",
-                       DH__METRIC_HISTOGRAM, ratio_bounds,
-                       sizeof ratio_bounds / sizeof ratio_bounds[0]);
+    m->cpu_ratio =
+        one(r, "datahelix_dataserver_cpu_actual_over_predicted_ratio",
+            "Per executed request: measured CPU seconds / the DISPATCH's predicted "
+            "CPU seconds at speed 1 (a server slower than speed 1 reads above 1).",
+            DH__METRIC_HISTOGRAM, ratio_bounds, sizeof ratio_bounds / sizeof ratio_bounds[0]);
     if (!m->tasks || !m->samples || !m->sample_errors || !m->forwarded || !m->bytes_forwarded ||
         !m->bytes_cross_node || !m->bytes_received || !m->arena_waits || !m->arena_spills ||
         !m->undeliverable || !m->rebalance_sent || !m->queue_depth || !m->queued_work ||

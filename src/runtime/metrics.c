@@ -378,8 +378,8 @@ static void render_family(buf_t *b, const dh__metric_t *f)
         }
         put_sample_name(b, f, "_sum", s, NULL);
         put(b, " ");
-        put_value(b, double_of(atomic_load_explicit((_Atomic uint64_t *)&s->sum,
-                                                    memory_order_relaxed)));
+        put_value(
+            b, double_of(atomic_load_explicit((_Atomic uint64_t *)&s->sum, memory_order_relaxed)));
         put(b, "\n");
         put_sample_name(b, f, "_count", s, NULL);
         put(b, " %llu\n", (unsigned long long)cumulative);

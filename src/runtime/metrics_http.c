@@ -62,9 +62,8 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned int status,
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     (void)version;
     (void)upload_data;
@@ -144,13 +143,14 @@ int dh__metrics_http_start(dh__metrics_http_t **out, dh__metrics_t *m, const cha
     int rc = split_listen(listen, who, host, sizeof host, port, sizeof port);
     if (rc)
         return rc;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
     int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai != 0 || !ai)
-        return dh__set_error(DH_EINVAL, "%s: --metrics-listen '%s': cannot resolve '%s': %s",
-                             who, listen, host, gai_strerror(gai));
+        return dh__set_error(DH_EINVAL, "%s: --metrics-listen '%s': cannot resolve '%s': %s", who,
+                             listen, host, gai_strerror(gai));
     dh__metrics_http_t *h = dh_calloc(1, sizeof *h);
     if (!h) {
         freeaddrinfo(ai);
@@ -163,8 +163,8 @@ int dh__metrics_http_start(dh__metrics_http_t **out, dh__metrics_t *m, const cha
         flags |= MHD_USE_IPv6;
     /* MHD logs a failure to bind through its logger too; errno says why. */
     errno = 0;
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
-                                 MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h, /* first: MHD wants it so */
+    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+                                 log_mhd, h, /* first: MHD wants it so */
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
                                  16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     int err = errno;

@@ -183,8 +183,8 @@ static int build_and_render(void *ctx)
     if (rc)
         return rc;
     const double b[] = {1, 2};
-    dh__metric_t *c = dh__metrics_add(m, "datahelix_a_total", "A.", DH__METRIC_COUNTER, "rule",
-                                      NULL, 0);
+    dh__metric_t *c =
+        dh__metrics_add(m, "datahelix_a_total", "A.", DH__METRIC_COUNTER, "rule", NULL, 0);
     dh__metric_t *h =
         c ? dh__metrics_add(m, "datahelix_b", "B.", DH__METRIC_HISTOGRAM, NULL, b, 2) : NULL;
     dh__series_t *s = h ? dh__metric_series(c, "one") : NULL;
@@ -268,8 +268,8 @@ static void http_refuses_a_listen_that_is_not_host_port(void **state)
     (void)state;
     dh__metrics_t *m = NULL;
     assert_int_equal(dh__metrics_new(&m), 0);
-    static const char *const bad[] = {"9464", "127.0.0.1", ":9464", "127.0.0.1:", "host:12x",
-                                      "127.0.0.1:70000", "[::1:9464", "[::1]9464"};
+    static const char *const bad[] = {"9464",     "127.0.0.1",       ":9464",     "127.0.0.1:",
+                                      "host:12x", "127.0.0.1:70000", "[::1:9464", "[::1]9464"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dh__metrics_http_t *h = NULL;
         assert_int_equal(dh__metrics_http_start(&h, m, bad[i], "test"), DH_EINVAL);
