@@ -294,3 +294,26 @@ def test_render_of_client_stats(datahelix):
     assert fams["datahelix_client_future_key"].samples[0].value == 7  # unknown: a gauge
     assert "note" not in text
     assert datahelix.metrics.render({}) == ""
+
+
+def test_the_dashboard_and_the_docs_name_only_metrics_that_exist():
+    """docs/grafana/datahelix.json queries, and docs/operations.md lists, the metrics above
+    (a renamed metric breaks this test, not a dashboard nobody looks at until an incident)."""
+    import json
+    import re
+    known = set(COORDINATOR_METRICS) | set(DATASERVER_METRICS) | \
+        {name for name, _, _ in datahelix.metrics.METRICS.values()}
+    with open(os.path.join(ROOT, "docs", "grafana", "datahelix.json")) as f:
+        dashboard = json.load(f)
+    queried = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            queried |= set(re.findall(r"datahelix_[a-z_]+", target["expr"]))
+    queried = {re.sub(r"_(bucket|count|sum)$", "", n) for n in queried}
+    assert queried <= known, queried - known
+    assert len(queried) > 30
+    with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+        doc = f.read()
+    doc = doc[doc.index("## Metrics"):]
+    for name in set(COORDINATOR_METRICS) | set(DATASERVER_METRICS):
+        assert f"`{name}" in doc, f"{name} is not in docs/operations.md, Metrics"
