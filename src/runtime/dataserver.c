@@ -831,7 +831,6 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     if (!ps || !*ps)
         return;
     dh_dataserver_t *s = *ps;
-    dh__ds_metrics_destroy(s); /* its scrapes read the counters and the arena */
     atomic_store(&s->stop, 1);
     if (s->started)
         pthread_join(s->loop_thread, NULL);
@@ -840,6 +839,8 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_unlock(&s->lock);
     for (uint32_t i = 0; i < s->n_threads; i++)
         pthread_join(s->threads[i], NULL);
+    /* the loop has stopped writing them; its scrapes read the counters and the arena */
+    dh__ds_metrics_destroy(s);
     dh_free(s->threads);
     task_t *t;
     while ((t = dh__ds_pop(&s->tasks)))
