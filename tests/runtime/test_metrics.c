@@ -1,19 +1,27 @@
 /* test_metrics.c: the Prometheus registry and its text exposition (src/runtime/metrics.c) and
  * its HTTP endpoint (src/runtime/metrics_http.c): the exact text of counters, gauges and
  * histograms, escaping, bucket edges, writers racing a render, allocation failure, and
- * GET /metrics over a real socket (404 elsewhere, 405 for another method, a bound port). */
+ * GET /metrics over a real socket (404 elsewhere, 405 for another method, a bound port);
+ * and an in-process coordinator and DataServer (coordinator_metrics.c, dataserver_metrics.c)
+ * scraped without pause while a client pulls an epoch through them: under ThreadSanitizer
+ * (`make test-tsan`) this is the race check of the scrape against the loops and workers. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "datahelix/alloc.h"
+#include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/runtime.h"
 #include "dh_test.h"
 #include "runtime/metrics.h"
 
@@ -279,6 +287,133 @@ static void http_refuses_a_listen_that_is_not_host_port(void **state)
     dh__metrics_destroy(&m);
 }
 
+/* ---- the daemons' metrics, scraped while they work ---- */
+
+typedef struct scraper {
+    uint16_t ports[2];
+    atomic_int stop;
+    int scrapes;
+} scraper_t;
+
+static void *scrape_main(void *arg)
+{
+    scraper_t *sc = arg;
+    while (!atomic_load(&sc->stop))
+        for (int i = 0; i < 2; i++) {
+            const char *r = http(sc->ports[i], "GET /metrics HTTP/1.0\r\n\r\n");
+            if (strstr(r, " 200 "))
+                sc->scrapes++;
+        }
+    return NULL;
+}
+
+/* The value of the sample line that starts with `line` ("name{labels} "), or -1. */
+static double sample(const char *text, const char *line)
+{
+    char want[256];
+    snprintf(want, sizeof want, "\n%s ", line);
+    const char *p = strstr(text, want);
+    return p ? strtod(p + strlen(want), NULL) : -1;
+}
+
+static void daemons_serve_metrics_while_a_client_runs(void **state)
+{
+    (void)state;
+    const char *profiles = cl_write_profiles("p.jsonl", 32); /* 8 batches of 4 */
+    char coord_ep[600], data_ep[600];
+    snprintf(coord_ep, sizeof coord_ep, "ipc://%s", dh_test_path("coord.ipc"));
+    snprintf(data_ep, sizeof data_ep, "ipc://%s", dh_test_path("data.ipc"));
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = coord_ep;
+    cc.metrics_listen = "127.0.0.1:0";
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = "test-node";
+    dc.name = "local";
+    dc.workers = 2;
+    dc.pipeline_json = "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}";
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 20;
+    dc.metrics_listen = "127.0.0.1:0";
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    scraper_t sc = {.ports = {dh_coordinator_metrics_port(coord), dh_dataserver_metrics_port(ds)}};
+    assert_true(sc.ports[0] > 0 && sc.ports[1] > 0 && sc.ports[0] != sc.ports[1]);
+    pthread_t scraper;
+    assert_int_equal(pthread_create(&scraper, NULL, scrape_main, &sc), 0);
+
+    dh_client_config_t cfg;
+    dh_client_config_default(&cfg);
+    cfg.coordinator = coord_ep;
+    cfg.profiles = profiles;
+    cfg.ranks = 1;
+    cfg.batch = 4;
+    cfg.seed = 3;
+    cfg.node = "test-node";
+    cfg.next_timeout_ms = 60000;
+    cfg.connect_timeout_ms = 10000;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    int batches = 0, rc;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        batches++;
+        dh_client_batch_release(&b);
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(batches, 8);
+    dh_client_destroy(&c);
+    /* every executor report in: the last delivery's COMPLETE may trail the batch */
+    dh_coordinator_stats_t cs;
+    for (int i = 0; i < 2000; i++) {
+        dh_coordinator_stats(coord, &cs);
+        if (cs.delivered >= 8)
+            break;
+        cl_nap_ms(5);
+    }
+    atomic_store(&sc.stop, 1);
+    pthread_join(scraper, NULL);
+    assert_true(sc.scrapes > 2);
+
+    char *text = strdup(http(sc.ports[0], "GET /metrics HTTP/1.0\r\n\r\n"));
+    double decided = 0;
+    static const char *const rules[] = {"local_meets", "remote_gain", "least_transfer",
+                                        "earliest_finish"};
+    for (size_t i = 0; i < 4; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "datahelix_coordinator_decisions_total{rule=\"%s\"}", rules[i]);
+        decided += sample(text, line);
+    }
+    assert_close(decided, 8, 0); /* one decision each: nothing was ever full or dead */
+    assert_close(sample(text, "datahelix_coordinator_dispatches_total"), 8, 0);
+    assert_close(sample(text, "datahelix_coordinator_delivered_total"), 8, 0);
+    assert_close(sample(text, "datahelix_coordinator_server_alive{server=\"local\"}"), 1, 0);
+    assert_true(sample(text, "datahelix_coordinator_heartbeat_gap_seconds_count") > 0);
+    assert_close(sample(text, "datahelix_coordinator_cpu_prediction_abs_error_seconds_count"), 8,
+                 0);
+    free(text);
+    text = strdup(http(sc.ports[1], "GET /metrics HTTP/1.0\r\n\r\n"));
+    assert_close(sample(text, "datahelix_dataserver_tasks_total"), 8, 0);
+    assert_close(sample(text, "datahelix_dataserver_samples_total"), 32, 0);
+    assert_close(sample(text, "datahelix_dataserver_batches_delivered_total{source=\"own\"}"), 8,
+                 0);
+    assert_close(sample(text, "datahelix_dataserver_arena_size_bytes"), 16u << 20, 0);
+    assert_close(sample(text, "datahelix_dataserver_workers"), 2, 0);
+    assert_true(sample(text, "datahelix_dataserver_worker_busy_seconds_total") > 0);
+    assert_close(sample(text, "datahelix_dataserver_queue_depth"), 0, 0);
+    free(text);
+    dh_dataserver_destroy(&ds);
+    dh_coordinator_destroy(&coord);
+    cl_assert_no_leftovers();
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(renders_counter_gauge_and_histogram_exactly),
     cmocka_unit_test(escapes_label_values_help_and_specials),
@@ -286,5 +421,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(allocation_failures_are_enomem_without_leaks),
     cmocka_unit_test(http_serves_get_metrics_only),
     cmocka_unit_test(http_refuses_a_listen_that_is_not_host_port),
+    cmocka_unit_test(daemons_serve_metrics_while_a_client_runs),
 };
 DH_TEST_MAIN(tests)
