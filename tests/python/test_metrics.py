@@ -126,6 +126,15 @@ def family_names(families):
 
 
 def test_coordinator_and_dataservers_serve_their_metrics(datahelix, tmp_path):
+    try:
+        run_cluster_and_check(datahelix, tmp_path)
+    except AssertionError as e:  # the daemons' logs say what they saw
+        logs = "".join(f"\n--- {p.name}:\n{p.read_text()[-4000:]}"
+                       for p in sorted(tmp_path.glob("*.log")))
+        raise AssertionError(f"{e}{logs}") from e
+
+
+def run_cluster_and_check(datahelix, tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, DH_PYTHON_EXE=sys.executable,
                PYTHONPATH=os.pathsep.join([here, os.environ.get("DH_PYTHON_PATH") or
@@ -134,7 +143,7 @@ def test_coordinator_and_dataservers_serve_their_metrics(datahelix, tmp_path):
     ports = {k: tmp_path / f"{k}.port" for k in ("coordinator", "local", "sidecar")}
     metrics = ["--metrics-listen", "127.0.0.1:0", "--metrics-port-file"]
     procs = [subprocess.Popen([CLI, "coordinator", "--listen", endpoint, "--dead-after-ms",
-                               "3000"] + metrics + [str(ports["coordinator"])],
+                               "10000"] + metrics + [str(ports["coordinator"])],
                               stderr=open(tmp_path / "coordinator.log", "w"))]
     common = [CLI, "server", "--coordinator", endpoint, "--heartbeat-ms", "50"]
     procs.append(subprocess.Popen(common + ["--role", "local", "--node", "n1", "--workers", "0",
