@@ -23,6 +23,8 @@
 #   libavformat/avcodec/swscale/avutil-dev  FFmpeg: encode synthetic clips, probe, decode, resize
 #   ffmpeg                              the ffmpeg CLI, the baseline of `datahelix decode-bench`
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
+#   libmicrohttpd-dev                   the HTTP server of --metrics-listen (GET /metrics for
+#                                       Prometheus), so no HTTP parsing is ours
 #   libdlpack-dev                       dlpack.h: the tensor exchange ABI of the Python binding
 #                                       (torch.from_dlpack of arena slabs, no copy)
 #   python3-dev                         Python.h: the CPython extension datahelix._C
@@ -46,7 +48,7 @@ esac
 
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev libarchive-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
-              libzmq3-dev libdlpack-dev iproute2)
+              libzmq3-dev libmicrohttpd-dev libdlpack-dev iproute2)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 

@@ -36,4 +36,8 @@ void dh_cli_keys_from_env(const char **keys_dir, const char **key_name);
 int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,
                      unsigned long long max, unsigned long long *out);
 
+/* Writes "PORT\n" to path (through a rename, so a reader sees all or nothing). Returns 0, or
+ * -1 after printing "datahelix CMD: --metrics-port-file PATH: ERROR" (cli_port_file.c). */
+int dh_cli_write_port_file(const char *cmd, const char *path, unsigned port);
+
 #endif

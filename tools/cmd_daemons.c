@@ -42,6 +42,7 @@ static void coordinator_usage(FILE *out)
             "usage: datahelix coordinator --listen ENDPOINT [--policy P] [--dead-after-ms N]\n"
             "                             [--queue-cap N] [--telemetry FILE]\n"
             "                             [--keys DIR [--key NAME]]\n"
+            "                             [--metrics-listen HOST:PORT [--metrics-port-file F]]\n"
             "\n"
             "Runs the coordinator of a job: the registry of DataServers and clients, their\n"
             "liveness, and the scheduler that places every request (docs/runtime.md).\n"
@@ -63,6 +64,14 @@ static void coordinator_usage(FILE *out)
             "                          encrypts; needs DIR/server.secret (docs/security.md)\n"
             "      --key NAME          this process's key, DIR/NAME.secret (default\n"
             "                          $DATAHELIX_KEY, else server)\n"
+            "      --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
+            "                          http://HOST:PORT/metrics (decisions by rule, predicted\n"
+            "                          misses, each server's queue, heartbeat gaps, dead\n"
+            "                          servers, cost prediction error, rebalance rounds:\n"
+            "                          docs/operations.md \"Metrics\"); PORT 0 picks a free one,\n"
+            "                          named in the log; 0.0.0.0 for every interface. Off\n"
+            "                          by default\n"
+            "      --metrics-port-file F  write the metrics port bound to F once it serves\n"
             "  -h, --help              show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -77,11 +86,14 @@ int dh_cmd_coordinator(int argc, char **argv)
                                             {"telemetry", required_argument, NULL, 't'},
                                             {"keys", required_argument, NULL, 'K'},
                                             {"key", required_argument, NULL, 'k'},
+                                            {"metrics-listen", required_argument, NULL, 0x100},
+                                            {"metrics-port-file", required_argument, NULL, 0x101},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_coordinator_config_t cfg;
     dh_coordinator_config_default(&cfg);
     dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
+    const char *port_file = NULL;
     unsigned long long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "l:p:d:q:t:K:h", options, NULL)) != -1) {
@@ -117,6 +129,12 @@ int dh_cmd_coordinator(int argc, char **argv)
         case 'k':
             cfg.key_name = optarg;
             break;
+        case 0x100: /* --metrics-listen: long options only, no letter */
+            cfg.metrics_listen = optarg;
+            break;
+        case 0x101: /* --metrics-port-file */
+            port_file = optarg;
+            break;
         case 'h':
             coordinator_usage(stdout);
             return 0;
@@ -131,10 +149,19 @@ int dh_cmd_coordinator(int argc, char **argv)
         fprintf(stderr, "datahelix coordinator: --listen ENDPOINT is required\n");
         return 2;
     }
+    if (port_file && !cfg.metrics_listen) {
+        fprintf(stderr, "datahelix coordinator: --metrics-port-file needs --metrics-listen\n");
+        return 2;
+    }
     dh_coordinator_t *c = NULL;
     int rc = dh_coordinator_new(&c, &cfg);
     if (rc)
         return dh_cli_fail("coordinator", rc, "cannot start");
+    if (port_file &&
+        dh_cli_write_port_file("coordinator", port_file, dh_coordinator_metrics_port(c))) {
+        dh_coordinator_destroy(&c);
+        return 1;
+    }
     running_coordinator = c;
     install_signals();
     rc = dh_coordinator_run(c);
@@ -154,6 +181,8 @@ static void server_usage(FILE *out)
             "                        [--name NAME]\n"
             "                        [--data-listen ENDPOINT] [--advertise HOST|ENDPOINT]\n"
             "                        [--heartbeat-ms N] [--keys DIR [--key NAME]]\n"
+            "                        [--heartbeat-ms N]\n"
+            "                        [--metrics-listen HOST:PORT [--metrics-port-file F]]\n"
             "\n"
             "Runs a DataServer: a pool of workers that run the pipeline on the requests the\n"
             "coordinator dispatches to it (docs/runtime.md).\n"
@@ -212,6 +241,13 @@ static void server_usage(FILE *out)
             "                              docs/security.md)\n"
             "      --key NAME              this process's key, DIR/NAME.secret (default\n"
             "                              $DATAHELIX_KEY, else server)\n"
+            "      --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
+            "                              http://HOST:PORT/metrics (queue depth and work,\n"
+            "                              bytes forwarded, arena bytes and slabs in use,\n"
+            "                              spills, worker busy fraction, cost prediction\n"
+            "                              error: docs/operations.md \"Metrics\"); PORT 0 picks\n"
+            "                              a free one, named in the log. Off by default\n"
+            "      --metrics-port-file F   write the metrics port bound to F once it serves\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -235,6 +271,8 @@ int dh_cmd_server(int argc, char **argv)
                                             {"heartbeat-ms", required_argument, NULL, 'b'},
                                             {"keys", required_argument, NULL, 'K'},
                                             {"key", required_argument, NULL, 'k'},
+                                            {"metrics-listen", required_argument, NULL, 0x100},
+                                            {"metrics-port-file", required_argument, NULL, 0x101},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
@@ -242,7 +280,7 @@ int dh_cmd_server(int argc, char **argv)
     cfg.workers = 0;
     dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
     int have_role = 0, have_workers = 0;
-    const char *dataset = NULL;
+    const char *dataset = NULL, *port_file = NULL;
     unsigned long long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:U:N:D:A:b:K:h", options, NULL)) != -1) {
@@ -321,6 +359,12 @@ int dh_cmd_server(int argc, char **argv)
         case 'k':
             cfg.key_name = optarg;
             break;
+        case 0x100: /* --metrics-listen: long options only, no letter */
+            cfg.metrics_listen = optarg;
+            break;
+        case 0x101: /* --metrics-port-file */
+            port_file = optarg;
+            break;
         case 'h':
             server_usage(stdout);
             return 0;
@@ -344,6 +388,10 @@ int dh_cmd_server(int argc, char **argv)
         fprintf(stderr, "datahelix server: give --pipeline or --dataset, not both\n");
         return 2;
     }
+    if (port_file && !cfg.metrics_listen) {
+        fprintf(stderr, "datahelix server: --metrics-port-file needs --metrics-listen\n");
+        return 2;
+    }
     char spec[5200];
     if (dataset) { /* the python pipeline, the current directory importable */
         char cwd[4096];
@@ -357,6 +405,10 @@ int dh_cmd_server(int argc, char **argv)
     int rc = dh_dataserver_new(&s, &cfg);
     if (rc)
         return dh_cli_fail("server", rc, "cannot start");
+    if (port_file && dh_cli_write_port_file("server", port_file, dh_dataserver_metrics_port(s))) {
+        dh_dataserver_destroy(&s);
+        return 1;
+    }
     running_server = s;
     install_signals();
     rc = dh_dataserver_run(s);

@@ -47,6 +47,9 @@ typedef struct dh_coordinator_config {
     uint32_t dead_after_ms;     /* a server silent this long is declared dead (1000) */
     uint32_t queue_cap;         /* requests per worker slot before backpressure (4; 0 = none) */
     const char *telemetry_path; /* JSONL of every decision, or NULL */
+    const char *metrics_listen; /* HOST:PORT to serve Prometheus metrics on (GET /metrics;
+                                 * port 0 = a free one: dh_coordinator_metrics_port), or
+                                 * NULL = none (docs/operations.md, "Metrics") */
     double default_link_Bps;    /* bandwidth between nodes before any estimate (1.25e9) */
     double default_latency_s;   /* one-way latency between nodes (100e-6) */
     void *zmq_ctx;              /* borrowed ZeroMQ context, or NULL for an own one */
@@ -61,11 +64,15 @@ DH_EXTERN void dh_coordinator_config_default(dh_coordinator_config_t *cfg);
 
 /* Makes a coordinator and binds its socket. Returns 0, DH_EINVAL (no endpoint), -errno with
  * a message naming the endpoint (cannot bind: -EADDRINUSE ...), -errno naming the telemetry
- * file, or DH_ENOMEM. *out is the caller's (dh_coordinator_destroy). */
+ * file, DH_EINVAL or -errno naming metrics_listen (not HOST:PORT, cannot bind), or DH_ENOMEM. *out
+ * is the caller's (dh_coordinator_destroy). */
 DH_EXTERN int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cfg);
 
 /* The endpoint actually bound (a wildcard port resolved). Borrowed. */
 DH_EXTERN const char *dh_coordinator_endpoint(const dh_coordinator_t *c);
+
+/* The TCP port its metrics are served on (metrics_listen), or 0 when it serves none. */
+DH_EXTERN uint16_t dh_coordinator_metrics_port(const dh_coordinator_t *c);
 
 /* Runs the event loop on the calling thread until dh_coordinator_stop. Returns 0 or a
  * negative code for a fatal socket error (logged). */
@@ -184,6 +191,10 @@ typedef struct dh_dataserver_config {
      * environment variable DH_SHM_ALLOW_UIDS, else none. A process of any other uid is
      * refused (SO_PEERCRED) and logged with its pid and uid (docs/shared-memory.md §3) */
     const char *shm_allow_uids;
+
+    /* HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 = a free one:
+     * dh_dataserver_metrics_port), or NULL = none (docs/operations.md, "Metrics") */
+    const char *metrics_listen;
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
@@ -200,15 +211,17 @@ DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t 
 
 /* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
  * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
- * workers. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config or spec: the message
- * names the field or file), -errno (bind, memfd), DH_ENOMEM (out of memory, or an arena
- * this process cannot hold: the message names its size and the limit), -EFBIG (an arena
- * over RLIMIT_FSIZE). *out is the caller's. */
+ * workers, serves metrics_listen. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config
+ * or spec: the message names the field or file), -errno (bind, memfd), DH_ENOMEM (out of
+ * memory, or an arena this process cannot hold: the message names its size and the limit),
+ * -EFBIG (an arena over RLIMIT_FSIZE). *out is the caller's. */
 DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
 DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);
 /* Local role: the data endpoint actually bound; "" for a sidecar. Borrowed. */
 DH_EXTERN const char *dh_dataserver_endpoint(const dh_dataserver_t *s);
+/* The TCP port its metrics are served on (metrics_listen), or 0 when it serves none. */
+DH_EXTERN uint16_t dh_dataserver_metrics_port(const dh_dataserver_t *s);
 
 DH_EXTERN int dh_dataserver_run(dh_dataserver_t *s);
 DH_EXTERN int dh_dataserver_start(dh_dataserver_t *s);

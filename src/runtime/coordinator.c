@@ -40,6 +40,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "runtime/coordinator_internal.h"
+#include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
 #include "wire/internal.h"
 
@@ -94,6 +95,7 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
     c->cfg = *cfg;
     c->cfg.listen = NULL;
     c->cfg.telemetry_path = NULL;
+    c->cfg.metrics_listen = NULL;
     pthread_mutex_init(&c->learn_lock, NULL);
     int rc = 0;
     c->ctx = cfg->zmq_ctx;
@@ -134,6 +136,9 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
          * job runs, and a coordinator killed mid-job leaves no half line */
         setvbuf(c->telemetry, NULL, _IOLBF, 0);
     }
+    if (cfg->metrics_listen && cfg->metrics_listen[0] &&
+        (rc = dh__coord_metrics_start(c, cfg->metrics_listen)))
+        goto fail;
     c->start_ns = dh_clock_now_ns();
     /* never 0 (what anyone else sends); a restart at the same endpoint draws another */
     c->incarnation =
@@ -415,7 +420,9 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
         send_error(c, peer, DH_EUNKNOWN, "unknown DataServer: send HELLO");
         return;
     }
-    s->last_seen_ns = dh_clock_now_ns();
+    uint64_t now = dh_clock_now_ns();
+    dh__coord_metrics_heartbeat(c, (double)(now - s->last_seen_ns) * 1e-9);
+    s->last_seen_ns = now;
     if (!s->alive) {
         /* A stopped process that resumed (SIGCONT): it is usable again, with an empty book
          * (its old requests were placed elsewhere; what it still delivers is dropped by the
@@ -614,6 +621,7 @@ static void record_prediction(dh_coordinator_t *c, int32_t si, const entry_t *e,
         c->predictions[c->next_prediction] = p;
         c->next_prediction = (c->next_prediction + 1) % DH_COORDINATOR_PREDICTIONS_MAX;
     }
+    dh__coord_metrics_prediction(c, &p);
     if (c->telemetry)
         fprintf(c->telemetry,
                 "{\"t_s\":%.6f,\"event\":\"complete\",\"client\":\"%s\",\"seq\":%llu,"
@@ -858,6 +866,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
             check_liveness(c);
             anchor_speeds(c);
             dh__coord_rb_tick(c);
+            dh__coord_metrics_tick(c);
             if (c->telemetry)
                 fflush(c->telemetry);
         }
@@ -896,6 +905,7 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
         dh_coordinator_stop(c);
         pthread_join(c->thread, NULL);
     }
+    dh__coord_metrics_destroy(c); /* its scrapes read the counters below */
     for (size_t i = 0; i < c->n_book; i++)
         dh_msg_clear(&c->book[i].msg);
     dh_free(c->book);

@@ -136,6 +136,8 @@ struct dh_coordinator {
     size_t n_predictions, cap_predictions, next_prediction;
 
     struct dh__coord_rb *rb; /* tier 2's open rounds (coordinator_rebalance.c); NULL = none yet */
+
+    struct dh__coord_metrics *metrics; /* --metrics-listen (coordinator_metrics.c); NULL = off */
 };
 
 /* ---- coordinator.c ---- */

@@ -18,6 +18,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "runtime/coordinator_internal.h"
+#include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
 
 static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_request_cost_t *req,
@@ -106,6 +107,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     int rc = dh_place(&c->cfg.place, &snap, &req, &d);
     dh__count(&c->counters.decisions, 1);
     dh__count(&c->counters.sched_ns, dh_clock_now_ns() - t0);
+    dh__coord_metrics_decision(c, rc, &d);
     if (c->telemetry && (rc == 0 || e->placements == 0))
         write_telemetry(c, e, &req, &d, rc);
     if (rc)

@@ -49,6 +49,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
+#include "runtime/dataserver_metrics.h"
 #include "runtime/notice.h"
 #include "shm/shm_internal.h"
 #include "runtime/rt.h"
@@ -396,6 +397,7 @@ static void drain_results(dh_dataserver_t *s)
         if (!t)
             break;
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
+        dh__ds_metrics_task(s, t);
         if (t->local_target) {
             if (!dh__ds_finish_local(s, t, dh_clock_now_ns())) {
                 pending_t *p = dh_calloc(1, sizeof *p);
@@ -602,6 +604,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
         dh__ds_links_send_due(s);
         if (s->pending)
             dh__ds_retry_pending(s);
+        dh__ds_metrics_tick(s);
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
@@ -760,6 +763,7 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.data_listen = NULL;
     s->cfg.data_advertise = NULL;
     s->cfg.shm_allow_uids = NULL;
+    s->cfg.metrics_listen = NULL;
     int rc = dh__rt_pipeline_load(cfg->pipeline_json,
                                   cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
     if (rc)
@@ -838,6 +842,9 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         }
         s->n_threads++;
     }
+    if (cfg->metrics_listen && cfg->metrics_listen[0] &&
+        (rc = dh__ds_metrics_start(s, cfg->metrics_listen)))
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -858,6 +865,8 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_unlock(&s->lock);
     for (uint32_t i = 0; i < s->n_threads; i++)
         pthread_join(s->threads[i], NULL);
+    /* the loop has stopped writing them; its scrapes read the counters and the arena */
+    dh__ds_metrics_destroy(s);
     dh_free(s->threads);
     task_t *t;
     while ((t = dh__ds_pop(&s->tasks)))

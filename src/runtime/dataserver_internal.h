@@ -146,7 +146,9 @@ struct dh_dataserver {
      * reported as a loss. */
     char left[LEFT_CAP][NAME_CAP];
     size_t n_left;
-    dh__ds_counters_t counters; /* any thread (counters.h) */
+    dh__ds_counters_t counters;     /* any thread (counters.h) */
+    dh__counter_t busy_ns;          /* wall time workers spent executing tasks (counters.h) */
+    struct dh__ds_metrics *metrics; /* --metrics-listen (dataserver_metrics.c); NULL = off */
 
     pthread_t *threads;
     uint32_t n_threads;

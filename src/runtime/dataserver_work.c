@@ -218,6 +218,7 @@ void *dh__ds_worker_main(void *arg)
         if (t->rc)
             fail_all_samples(t, t->rc);
         t->ready_ns = dh_clock_now_ns();
+        dh__count(&s->busy_ns, t->ready_ns - start);
 
         pthread_mutex_lock(&s->lock);
         s->running--;
