@@ -91,7 +91,8 @@ typedef struct dh_coordinator_stats {
     uint64_t requests, dispatches, redispatches, completes, delivered, decisions;
     uint64_t servers_alive, servers_dead_declared, clients;
     uint64_t rebalance_rounds; /* tier-2 rounds gathered and sent to their members */
-    double sched_s;            /* time in dh_place, total */
+    double sched_s;            /* time deciding placements (refreshing the changed servers'
+                                * states, then the decision), total */
 } dh_coordinator_stats_t;
 
 /* A snapshot of the counters. Thread-safe. */

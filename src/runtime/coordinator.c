@@ -10,7 +10,8 @@
  *     until its delivering local DataServer reports delivered=1; until then a dead executor
  *     or a dead target puts it back into the "to place" state, so no sample is lost. The
  *     client drops the duplicates this can cause.
- * Placement calls dh_place (pure) on a snapshot rebuilt per decision (O(servers)). The book
+ * Placement keeps the servers' states and an index over them (coordinator_place.c): every
+ * change below to a field a state is computed from calls dh__coord_touch. The book
  * is an array searched linearly: O(requests in flight) per completion, a few hundred in
  * practice; a hash would be the fix if clusters dh__coord_grow past thousands of ranks.
  * Tensors never pass through here.
@@ -23,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -139,6 +141,8 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
     if (cfg->metrics_listen && cfg->metrics_listen[0] &&
         (rc = dh__coord_metrics_start(c, cfg->metrics_listen)))
         goto fail;
+    const char *check = getenv("DH_PLACE_CHECK");
+    c->place_check = check && strcmp(check, "1") == 0;
     c->start_ns = dh_clock_now_ns();
     /* never 0 (what anyone else sends); a restart at the same endpoint draws another */
     c->incarnation =
@@ -317,6 +321,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     s->queue_len = 0;
     s->queued_cpu_s = 0;
     s->dispatched = 0;
+    dh__coord_touch(c, idx);
     dh_log_info("coordinator: %s DataServer '%s' %s (node '%s', %u workers, pid %u%s%s)",
                 h->role == DH_WIRE_ROLE_LOCAL ? "local" : "remote", peer,
                 known ? "registered again" : "registered", h->node, s->workers, h->pid,
@@ -339,6 +344,7 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
     drop_late(c, idx, -1); /* its reports will not come */
     s->queue_len = 0;
     s->queued_cpu_s = 0;
+    dh__coord_touch(c, idx);
     size_t replaced = 0;
     for (size_t i = 0; i < c->n_book; i++) {
         entry_t *e = &c->book[i];
@@ -355,6 +361,7 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
                 x->queued_cpu_s -= e->pred_cpu_s;
                 if (x->queued_cpu_s < 0)
                     x->queued_cpu_s = 0;
+                dh__coord_touch(c, e->server);
             }
             e->server = -1;
             e->executed = false;
@@ -447,6 +454,7 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
     /* C_io from the reads the server observed (none measured: the assumed 2 GB/s stays). */
     if (h->read_bytes_per_s > 0)
         s->storage_s_per_B = 1.0 / h->read_bytes_per_s;
+    dh__coord_touch(c, idx); /* alive, workers, the book, storage: any may have changed */
     /* recent_latency_s is not used: it is queue wait + execution + delivery of past
      * requests, which C_queue (the corrected book) and C_cpu (the learned model) already
      * predict term by term; adding it would count the queue twice. */
@@ -455,9 +463,10 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
             continue;
         uint32_t to = node_index(c, h->links[i].node);
         if (to != s->node)
-            c->links[s->node * MAX_NODES + to] = dh_link_make(
-                h->links[i].bytes_per_s,
-                h->links[i].latency_s > 0 ? h->links[i].latency_s : c->cfg.default_latency_s);
+            dh__coord_set_link(c, s->node, to,
+                               dh_link_make(h->links[i].bytes_per_s,
+                                            h->links[i].latency_s > 0 ? h->links[i].latency_s
+                                                                      : c->cfg.default_latency_s));
     }
 }
 
@@ -594,6 +603,7 @@ static void learn(dh_coordinator_t *c, server_t *s, const entry_t *e, const dh_m
         known_predicted = e->pred_cpu_s * s->speed;
     }
     s->speed = dh_cost_speed_learn(s->speed, known_measured, known_predicted);
+    dh__coord_touch(c, (int32_t)(s - c->servers));
 }
 
 /* Keeps the executed request's predicted and actual costs (learn_lock held), and writes them
@@ -700,6 +710,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
         s->queued_cpu_s -= e->pred_cpu_s;
         if (s->queued_cpu_s < 0)
             s->queued_cpu_s = 0;
+        dh__coord_touch(c, si);
         pthread_mutex_lock(&c->learn_lock);
         learn(c, s, e, m);
         record_prediction(c, si, e, m);
@@ -714,6 +725,7 @@ static void on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_comp
             x->queued_cpu_s -= e->pred_cpu_s;
             if (x->queued_cpu_s < 0)
                 x->queued_cpu_s = 0;
+            dh__coord_touch(c, e->server);
         }
         /* delivered before its executor reported (another peer's pipe read first): keep it
          * for the report, which carries the measurements */
@@ -746,6 +758,7 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
                 x->queued_cpu_s -= e->pred_cpu_s;
                 if (x->queued_cpu_s < 0)
                     x->queued_cpu_s = 0;
+                dh__coord_touch(c, e->server);
             }
             remove_entry(c, i);
             dropped++;
@@ -780,8 +793,10 @@ static void anchor_speeds(dh_coordinator_t *c)
     if (fabs(median - 1) < 1e-3)
         return; /* not worth touching the model for */
     pthread_mutex_lock(&c->learn_lock);
-    for (size_t i = 0; i < c->n_servers; i++)
+    for (size_t i = 0; i < c->n_servers; i++) {
         c->servers[i].speed /= median;
+        dh__coord_touch(c, (int32_t)i); /* O(N) on the tick, and only when the median moved */
+    }
     dh_cost_model_scale(c->model, median);
     pthread_mutex_unlock(&c->learn_lock);
 }
@@ -917,6 +932,7 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     pthread_mutex_destroy(&c->learn_lock);
     dh_free(c->servers);
     dh_free(c->clients);
+    dh__coord_place_destroy(c);
     dh_free(c->snap);
     dh_free(c->cand);
     dh_cost_model_destroy(&c->model);

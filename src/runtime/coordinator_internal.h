@@ -1,7 +1,7 @@
 /* runtime/coordinator_internal.h: the coordinator's state and the internals its files
  * share: coordinator.c (the loop, the registry of servers and clients, liveness, the book
- * of requests) and coordinator_place.c (placing a request: the snapshot, dh_place, the
- * DISPATCH, the decision log). One thread: see coordinator.c.
+ * of requests) and coordinator_place.c (placing a request: the servers' kept states and the
+ * placement index, the DISPATCH, the decision log). One thread: see coordinator.c.
  */
 #ifndef DH_RUNTIME_COORDINATOR_INTERNAL_H
 #define DH_RUNTIME_COORDINATOR_INTERNAL_H
@@ -37,6 +37,9 @@ typedef struct server {
     double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
     double speed;        /* learned observed / predicted */
     double storage_s_per_B;
+    /* its placement state (c->snap[i]) is stale: a field above that it is computed from
+     * changed (dh__coord_touch) */
+    bool dirty;
     /* DISPATCHes sent since it registered, and the predicted CPU seconds of the last
      * UNSEEN_RING of them: a heartbeat names how many it had received, the rest are still
      * on their way and are added to its report (on_heartbeat). */
@@ -84,7 +87,7 @@ typedef struct entry {
 
 typedef struct dh__coord_counters {
     DH__COORD_COUNTERS(DH__COUNTER_FIELD)
-    dh__counter_t sched_ns; /* time in dh_place, total */
+    dh__counter_t sched_ns; /* time deciding (refresh and decision), total */
 } dh__coord_counters_t;
 
 struct dh_coordinator {
@@ -119,9 +122,21 @@ struct dh_coordinator {
     dh_link_t links[MAX_NODES * MAX_NODES];
 
     dh_cost_model_t *model;
+    /* Placement's view of the servers, kept current between decisions (coordinator_place.c):
+     * snap[i] is server i's state, refreshed before a decision for the servers touched since
+     * (dirty, n_dirty of them; stale_all: refresh all), and pindex decides over a copy of
+     * it (NULL with telemetry on, which takes the exhaustive dh_place). local_of[node]: the
+     * node's live local DataServer, recomputed when a refresh sees one change. */
     dh_server_state_t *snap;
     dh_candidate_t *cand;
     size_t cap_snap;
+    dh_place_index_t *pindex;
+    size_t n_indexed; /* servers in snap (and pindex) */
+    uint32_t *dirty;
+    size_t n_dirty, cap_dirty;
+    bool stale_all;
+    int32_t local_of[MAX_NODES];
+    bool place_check; /* DH_PLACE_CHECK=1: every decision checked against dh_place */
     uint64_t start_ns;
     uint64_t incarnation; /* random id of this process, in the HELLOs it sends (wire.h) */
     bool pending_work;    /* entries to place exist */
@@ -159,6 +174,17 @@ int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg
 void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why);
 
 /* ---- coordinator_place.c ---- */
+
+/* Server idx changed a field its placement state is computed from (node, role, alive,
+ * workers, queue_len, queued_cpu_s, speed, storage_s_per_B): every site that changes one
+ * calls this, and the next decision refreshes its state. O(1). */
+void dh__coord_touch(dh_coordinator_t *c, int32_t idx);
+
+/* Replaces the link from node `from` to node `to` (c->links and the index). O(nodes). */
+void dh__coord_set_link(dh_coordinator_t *c, uint32_t from, uint32_t to, dh_link_t link);
+
+/* Frees placement's state (the index, the dirty list). */
+void dh__coord_place_destroy(dh_coordinator_t *c);
 
 /* Places and dispatches every request of the book not yet placed, in arrival order, until
  * one cannot be placed because every candidate is full; sets c->pending_work when some wait. */

@@ -19,6 +19,11 @@ if _path:
 
 CLI = os.environ.get("DH_CLI", os.path.join(ROOT, "build", "datahelix"))
 
+# Every placement of a coordinator (embedded, or a process the tests start) is checked against
+# dh_place on a snapshot rebuilt from every server: a server change that the placement index
+# missed aborts the coordinator, so the test fails (docs/runtime.md).
+os.environ.setdefault("DH_PLACE_CHECK", "1")
+
 
 def make_dataset(out, count, seed=1, mix="kinetics-s", corrupt=()):
     """synth + probe into `out` (absolute paths); then truncate the clips of `corrupt`

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <zmq.h>
 
 #include "cluster.h"
@@ -370,9 +371,155 @@ static void coordinator_learns_from_a_report_the_delivery_overtook(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* Answers every DISPATCH waiting at fake server k as its executor and deliverer (a COMPLETE
+ * with delivered=1, measured); counts them in seen[k]. */
+static void answer_dispatches(dh_wire_socket_t *s, uint64_t *seen)
+{
+    dh_wire_received_t r = {0};
+    while (dh_wire_recv(s, 0, &r) == 0) {
+        if (r.msg.type == DH_MSG_DISPATCH) {
+            (*seen)++;
+            complete(s, r.msg.dispatch.request.client_id, r.msg.dispatch.request.seq, true, true);
+        }
+        dh_wire_received_release(&r);
+    }
+}
+
+/* Placement among many servers (docs/scheduler.md, "The index"): 1,024 fake DataServers on
+ * 64 nodes (one local per node, the rest remote) and 4 clients on 4 of the nodes. In 32
+ * rounds each client sends 16 one-sample requests, every one is placed, executed and
+ * delivered (each fake server answers what it gets), and then 64 servers send a heartbeat
+ * (queue, read bandwidth and a link to another node, all changing), one remote and one local
+ * DataServer of a node without clients leave (GOODBYE) and come back (HELLO). Under ctest
+ * DH_PLACE_CHECK=1 also checks each decision against dh_place on a snapshot rebuilt from
+ * every server. Prints the coordinator's time per decision (sched_s / decisions): a
+ * benchmark's number, not asserted. */
+static void coordinator_places_among_many_servers(void **state)
+{
+    enum { SERVERS = 1024, NODES = 64, CLIENTS = 4, ROUNDS = 32, PER_ROUND = 16 };
+    struct rlimit lim; /* a socket is a file descriptor or two */
+    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < 4 * SERVERS) {
+        lim.rlim_cur = lim.rlim_max < 4 * SERVERS ? lim.rlim_max : 4 * SERVERS;
+        setrlimit(RLIMIT_NOFILE, &lim);
+    }
+    void *ctx = zmq_ctx_new();
+    assert_int_equal(zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 4 * SERVERS), 0);
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://coord-many-%d", (int)getpid());
+    dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
+    static dh_wire_socket_t *srv[SERVERS];
+    static char names[SERVERS][16], nodes[NODES][16];
+    static uint64_t seen[SERVERS];
+    for (int n = 0; n < NODES; n++)
+        snprintf(nodes[n], sizeof nodes[n], "n%d", n);
+    for (int i = 0; i < SERVERS; i++) {
+        snprintf(names[i], sizeof names[i], "%c%d", i < NODES ? 'L' : 'R', i);
+        srv[i] = dealer(ctx, names[i], coord_ep);
+        hello_server(srv[i], names[i], i < NODES ? DH_WIRE_ROLE_LOCAL : DH_WIRE_ROLE_REMOTE,
+                     nodes[i % NODES], 4);
+        seen[i] = 0;
+    }
+    wait_alive(coord, SERVERS);
+    dh_wire_socket_t *cl[CLIENTS];
+    for (int k = 0; k < CLIENTS; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "client%d", k);
+        cl[k] = dealer(ctx, name, coord_ep);
+        dh_msg_t m = {.type = DH_MSG_HELLO};
+        m.hello.role = DH_WIRE_ROLE_CLIENT;
+        m.hello.node = nodes[k];
+        m.hello.name = name;
+        m.hello.rank = (uint32_t)k;
+        assert_int_equal(dh_wire_send(cl[k], NULL, 0, &m, NULL, 0, 1000), 0);
+    }
+    uint64_t sent = 0, rng = 7;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int k = 0; k < CLIENTS; k++)
+            for (int j = 0; j < PER_ROUND; j++) {
+                char name[16], id[32], key[16];
+                snprintf(name, sizeof name, "client%d", k);
+                snprintf(id, sizeof id, "s%d-%d", round, j);
+                snprintf(key, sizeof key, "k%d", j % 5);
+                dh_wire_sample_t sample = {.id = id,
+                                           .uri = "synthetic://x",
+                                           .key = key,
+                                           .cpu_s = 0.01 * (1 + j % 7),
+                                           .in_bytes = 100000u * (1 + j % 3),
+                                           .out_bytes = 1000000};
+                dh_msg_t q = {.type = DH_MSG_REQUEST};
+                q.request.client_id = name;
+                q.request.seq = (uint64_t)(round * PER_ROUND + j);
+                q.request.deadline_ns = 20000000 * (1 + j % 4);
+                q.request.delivery_node = nodes[k];
+                q.request.n_samples = 1;
+                q.request.samples = &sample;
+                assert_int_equal(dh_wire_send(cl[k], NULL, 0, &q, NULL, 0, 1000), 0);
+                sent++;
+            }
+        dh_coordinator_stats_t cs;
+        uint64_t t0 = dh_clock_now_ns();
+        for (;;) {
+            for (int i = 0; i < SERVERS; i++)
+                answer_dispatches(srv[i], &seen[i]);
+            dh_coordinator_stats(coord, &cs);
+            if (cs.delivered >= sent)
+                break;
+            if (dh_clock_elapsed_s(t0, dh_clock_now_ns()) > 30)
+                fail_msg("round %d: %llu of %llu requests delivered", round,
+                         (unsigned long long)cs.delivered, (unsigned long long)sent);
+        }
+        /* quiet: nothing in flight. Heartbeats, then a departure and a return. */
+        for (int h = 0; h < 64; h++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int i = (int)((rng >> 33) % SERVERS);
+            int to = (i + 1 + (int)((rng >> 20) % (NODES - 1))) % NODES; /* not its own */
+            dh_wire_link_bw_t link = {.node = nodes[to],
+                                      .bytes_per_s = 1e9 * (1 + (double)((rng >> 40) % 10)),
+                                      .latency_s = 1e-5 * (double)(1 + (rng >> 50) % 20)};
+            dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
+            m.heartbeat.workers = 4;
+            m.heartbeat.speed_factor = 1;
+            m.heartbeat.dispatches_seen = seen[i];
+            m.heartbeat.read_bytes_per_s = 1e9 * (1 + (double)((rng >> 44) % 3));
+            m.heartbeat.n_links = 1;
+            m.heartbeat.links = &link;
+            assert_int_equal(dh_wire_send(srv[i], NULL, 0, &m, NULL, 0, 1000), 0);
+        }
+        int leaver = round % 2 ? NODES + (int)((rng >> 35) % (SERVERS - NODES))
+                               : CLIENTS + (int)((rng >> 35) % (NODES - CLIENTS));
+        dh_msg_t bye = {.type = DH_MSG_GOODBYE};
+        assert_int_equal(dh_wire_send(srv[leaver], NULL, 0, &bye, NULL, 0, 1000), 0);
+        wait_alive(coord, SERVERS - 1);
+        hello_server(srv[leaver], names[leaver],
+                     leaver < NODES ? DH_WIRE_ROLE_LOCAL : DH_WIRE_ROLE_REMOTE,
+                     nodes[leaver % NODES], 4);
+        seen[leaver] = 0; /* a new registration counts DISPATCHes from 0 */
+        wait_alive(coord, SERVERS);
+    }
+    dh_coordinator_stats_t cs;
+    dh_coordinator_stats(coord, &cs);
+    assert_int_equal(cs.delivered, sent);
+    assert_true(cs.decisions >= sent);
+    uint64_t used = 0;
+    for (int i = 0; i < SERVERS; i++)
+        used += seen[i] > 0;
+    print_message("coordinator, %d servers on %d nodes: %llu decisions, %.2f us each "
+                  "(sched_s / decisions); %llu servers executed a request\n",
+                  SERVERS, NODES, (unsigned long long)cs.decisions,
+                  cs.sched_s / (double)cs.decisions * 1e6, (unsigned long long)used);
+
+    for (int k = 0; k < CLIENTS; k++)
+        dh_wire_socket_destroy(&cl[k]);
+    for (int i = 0; i < SERVERS; i++)
+        dh_wire_socket_destroy(&srv[i]);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(coordinator_learns_key_bias_not_server_speed),
     cmocka_unit_test(coordinator_learns_from_a_report_the_delivery_overtook),
     cmocka_unit_test(coordinator_heartbeat_corrects_its_book),
+    cmocka_unit_test(coordinator_places_among_many_servers),
 };
 DH_TEST_MAIN(tests)
