@@ -170,42 +170,37 @@ static int entry_parse(const char *path, size_t i, json_t *obj, dh_mix_entry_t *
     return 0;
 }
 
-static int mix_load_file(const char *path, dh_mix_t **out)
+/* The mix from jansson's result of parsing `source` (a path or a caller's name): out of
+ * memory and syntax errors, then the list. Takes root. */
+static int mix_from_json(json_t *root, const json_error_t *jerr, const char *source, dh_mix_t **out)
 {
-    dh__json_track_begin();
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (dh__json_track_failed() || (!root && json_error_code(&jerr) == json_error_out_of_memory)) {
+    *out = NULL;
+    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
         json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
     }
-    if (!root) {
-        if (json_error_code(&jerr) == json_error_cannot_open_file) {
-            int err = errno ? errno : EIO;
-            return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
-        }
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", path, jerr.line,
-                             jerr.text, jerr.column);
-    }
+    if (!root)
+        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
+                             jerr->text, jerr->column);
     int rc = 0;
     dh_mix_t *mix = NULL;
     if (!json_is_array(root)) {
         rc = dh__set_error(DH_ESCHEMA,
                            "%s: expected a JSON list of {frames, height, width, duration_s, "
                            "fps, weight} objects",
-                           path);
+                           source);
         goto out;
     }
     if (json_array_size(root) == 0) {
-        rc = dh__set_error(DH_ESCHEMA, "%s: the mix has no entries", path);
+        rc = dh__set_error(DH_ESCHEMA, "%s: the mix has no entries", source);
         goto out;
     }
-    if ((rc = mix_make(path, NULL, json_array_size(root), &mix)) < 0) {
-        dh__set_error(rc, "%s: out of memory", path);
+    if ((rc = mix_make(source, NULL, json_array_size(root), &mix)) < 0) {
+        dh__set_error(rc, "%s: out of memory", source);
         goto out;
     }
     for (size_t i = 0; i < mix->count; i++)
-        if ((rc = entry_parse(path, i, json_array_get(root, i), &mix->entries[i])) < 0)
+        if ((rc = entry_parse(source, i, json_array_get(root, i), &mix->entries[i])) < 0)
             goto out;
 out:
     json_decref(root);
@@ -213,6 +208,30 @@ out:
         dh_mix_destroy(&mix);
     *out = mix;
     return rc;
+}
+
+static int mix_load_file(const char *path, dh_mix_t **out)
+{
+    dh__json_track_begin();
+    json_error_t jerr;
+    errno = 0;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
+        int err = errno ? errno : EIO;
+        *out = NULL;
+        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+    }
+    return mix_from_json(root, &jerr, path, out);
+}
+
+int dh_mix_parse(const char *json, size_t len, const char *source, dh_mix_t **out)
+{
+    if (!source)
+        source = "mix";
+    dh__json_track_begin();
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    return mix_from_json(root, &jerr, source, out);
 }
 
 int dh_mix_load(const char *name_or_path, dh_mix_t **out)

@@ -277,6 +277,28 @@ static void mix_file_errors_name_entry_and_field(void **state)
     expect_mix_error("[{\"frames\": 8,\n \"height\" 256}]", DH_EPARSE, "mix.json:2: not JSON");
 }
 
+/* dh_mix_parse reads the same text as a file, names its source, and rejects what a file
+ * would (a syntax error names the line). */
+static void mix_parse_reads_text_and_names_the_source(void **state)
+{
+    static const char text[] = "[{\"frames\": 8, \"height\": 256, \"width\": 448, "
+                               "\"duration_s\": 2, \"fps\": 24, \"weight\": 2}]trailing";
+    dh_mix_t *mix = NULL;
+    /* Only `len` bytes are read: the trailing text is not part of it. */
+    assert_int_equal(dh_mix_parse(text, strlen(text) - strlen("trailing"), "--mix", &mix), 0);
+    assert_string_equal(mix->name, "--mix");
+    assert_int_equal(mix->count, 1);
+    assert_int_equal(mix->entries[0].width, 448);
+    assert_true(mix->entries[0].fps == 24.0 && mix->entries[0].weight == 2.0);
+    dh_mix_destroy(&mix);
+    assert_int_equal(dh_mix_parse(text, strlen(text), "--mix", &mix), DH_EPARSE);
+    assert_null(mix);
+    assert_non_null(strstr(dh_last_error(), "--mix:1: not JSON"));
+    assert_int_equal(dh_mix_parse("[{\"frames\": 8}]", 15, NULL, &mix), DH_ESCHEMA);
+    assert_null(mix);
+    assert_non_null(strstr(dh_last_error(), "mix: entry [0]: field 'height': missing"));
+}
+
 static int mix_load_and_generate(void *ctx)
 {
     dh_mix_t *mix = NULL;
@@ -389,6 +411,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(generate_empty_mix_is_einval),
     cmocka_unit_test(unknown_mix_name_is_eunknown),
     cmocka_unit_test(mix_file_errors_name_entry_and_field),
+    cmocka_unit_test(mix_parse_reads_text_and_names_the_source),
     cmocka_unit_test(mix_file_survives_each_allocation_failure),
     cmocka_unit_test(gen_profiles_cli_writes_a_loadable_file),
     cmocka_unit_test(gen_profiles_cli_reports_usage_errors),
