@@ -100,6 +100,14 @@ void dh_mix_destroy(dh_mix_t **pmix)
  * from int64 overflow, and catch typos such as a width of 22400. */
 #define MIX_MAX_FRAMES 100000
 #define MIX_MAX_SIDE 16384
+/* And bounds that keep the rows drawn from any accepted mix valid (finite costs, in_bytes
+ * far below INT64_MAX: at most ~1.5e15 for a 1:16384 clip of a day at 1000 fps), and the
+ * sum of the weights finite. Without them a mix with "duration_s": 1e33 loaded, then every
+ * row drawn from it failed with DH_ESCHEMA (in_bytes overflowed to a negative count); the
+ * fuzz target tests/fuzz/fuzz_mix.c found it. */
+#define MIX_MAX_DURATION_S 86400.0
+#define MIX_MAX_FPS 1000.0
+#define MIX_MAX_WEIGHT 1e12
 #define MIX_DEFAULT_FPS 30.0
 #define MIX_DEFAULT_WEIGHT 1.0
 
@@ -117,9 +125,9 @@ static int entry_int(const char *path, size_t i, json_t *obj, const char *field,
     return 0;
 }
 
-/* A finite number > 0; when absent, *out = fallback, or an error if fallback < 0. */
-static int entry_number(const char *path, size_t i, json_t *obj, const char *field, double fallback,
-                        double *out)
+/* A number in (0, max]; when absent, *out = fallback, or an error if fallback < 0. */
+static int entry_number(const char *path, size_t i, json_t *obj, const char *field, double max,
+                        double fallback, double *out)
 {
     json_t *v = json_object_get(obj, field);
     if (!v) {
@@ -129,9 +137,10 @@ static int entry_number(const char *path, size_t i, json_t *obj, const char *fie
         *out = fallback;
         return 0;
     }
-    if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) <= 0)
-        return dh__set_error(DH_ESCHEMA, "%s: entry [%zu]: field '%s': expected a number > 0", path,
-                             i, field);
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !(json_number_value(v) <= max))
+        return dh__set_error(DH_ESCHEMA,
+                             "%s: entry [%zu]: field '%s': expected a number in (0, %g]", path, i,
+                             field, max);
     *out = json_number_value(v);
     return 0;
 }
@@ -163,9 +172,11 @@ static int entry_parse(const char *path, size_t i, json_t *obj, dh_mix_entry_t *
     if ((rc = entry_int(path, i, obj, "frames", MIX_MAX_FRAMES, &e->frames)) < 0 ||
         (rc = entry_int(path, i, obj, "height", MIX_MAX_SIDE, &e->height)) < 0 ||
         (rc = entry_int(path, i, obj, "width", MIX_MAX_SIDE, &e->width)) < 0 ||
-        (rc = entry_number(path, i, obj, "duration_s", -1, &e->duration_s)) < 0 ||
-        (rc = entry_number(path, i, obj, "fps", MIX_DEFAULT_FPS, &e->fps)) < 0 ||
-        (rc = entry_number(path, i, obj, "weight", MIX_DEFAULT_WEIGHT, &e->weight)) < 0)
+        (rc = entry_number(path, i, obj, "duration_s", MIX_MAX_DURATION_S, -1, &e->duration_s)) <
+            0 ||
+        (rc = entry_number(path, i, obj, "fps", MIX_MAX_FPS, MIX_DEFAULT_FPS, &e->fps)) < 0 ||
+        (rc = entry_number(path, i, obj, "weight", MIX_MAX_WEIGHT, MIX_DEFAULT_WEIGHT,
+                           &e->weight)) < 0)
         return rc;
     return 0;
 }
