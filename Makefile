@@ -2,10 +2,12 @@
 #   make demo   install what is missing (make deps), build, run the demo
 #   make test   install what is missing (make deps), build, run the unit tests and the
 #               Python tests, then both again under AddressSanitizer +
-#               UndefinedBehaviorSanitizer, then the runtime tests under ThreadSanitizer
+#               UndefinedBehaviorSanitizer, then the runtime tests under ThreadSanitizer, then
+#               each libFuzzer target for 100,000 executions
 #   make        build only; installs nothing (a missing dependency: cmake says which, and
 #               to run `make deps`)
-# Build folders: build/ (RelWithDebInfo), build-asan/ (ASan+UBSan), build-tsan/ (TSan).
+# Build folders: build/ (RelWithDebInfo), build-asan/ (ASan+UBSan), build-tsan/ (TSan),
+# build-fuzz/ (clang, libFuzzer + ASan+UBSan).
 # Python: the project's virtual environment .venv (made by `make deps` from requirements.txt);
 # every target that runs Python uses $(VENV)/bin/python, builds configure the extension for
 # it (-DPython3_EXECUTABLE), and the CLI's Python steps get it as DH_PYTHON_EXE.
@@ -14,6 +16,7 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CLI        := $(BUILD)/datahelix
@@ -24,16 +27,19 @@ VENV       ?= .venv
 VENV_PY    := $(abspath $(VENV))/bin/python
 ASAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=address,undefined -DDH_ENABLE_FAULTS=ON
 TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
+FUZZ_FLAGS := -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDH_FUZZ=ON \
+              -DDH_SANITIZE=address,undefined -DDH_BUILD_TESTS=OFF -DDH_PYTHON=OFF
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan mutate soak demo bench-peers bench-python sim-validate format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan fuzz-build test-fuzz fuzz mutate soak demo bench-peers bench-python sim-validate format format-check clean help
 
 all: build
 
 help:
 	@echo "make / build    configure and build the library, the CLI, the Python extension and the tests (installs nothing)"
 	@echo "make deps       install missing Debian packages, and requirements.txt into .venv (idempotent)"
-	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan"
+	@echo "make test       deps + build + unit and Python tests, both again under ASan/UBSan, runtime under TSan, fuzz targets"
 	@echo "make test-unit  the C tests (ctest)    make test-python  the pytest suite (tests/python, in .venv)"
+	@echo "make fuzz       the libFuzzer targets (tests/fuzz), FUZZ_SECONDS (60) each; test-fuzz: 100,000 runs each (in make test)"
 	@echo "make mutate     the mutation check of the tests (scripts/mutate.py, docs/testing.md; not in make test)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
@@ -101,6 +107,27 @@ test-tsan:
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
+# The libFuzzer targets of the parsers of untrusted input (tests/fuzz, docs/testing.md
+# "Fuzzing"): the wire codec, manifests, profiles JSONL, pipeline specs and mix files, built
+# with clang (libFuzzer comes with it; `make deps` installs clang and libclang-rt-14-dev)
+# in build-fuzz/, the library included, under ASan+UBSan. Each runs on a scratch copy of its
+# seed corpus (tests/fuzz/corpus/<target>/; scripts/fuzz.sh), stopping at the first finding.
+# test-fuzz (in `make test`): 100,000 executions per target, ~15 s for the five on the 2-core
+# CI machine. fuzz: FUZZ_SECONDS each (FUZZ_TARGETS="wire mix" for some).
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS    ?= 100000
+FUZZ_TARGETS ?=
+fuzz-build:
+	@command -v clang >/dev/null 2>&1 || { echo "make: clang not found; run 'make deps' (clang, libclang-rt-14-dev: libFuzzer)" >&2; exit 1; }
+	$(call configure,$(FUZZ_BUILD),$(FUZZ_FLAGS))
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target dh_fuzz
+
+test-fuzz: fuzz-build
+	bash scripts/fuzz.sh $(FUZZ_BUILD) --runs $(FUZZ_RUNS) $(FUZZ_TARGETS)
+
+fuzz: fuzz-build
+	bash scripts/fuzz.sh $(FUZZ_BUILD) --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 # The Python package (build/python/datahelix) under pytest in the venv: the DataLoader
 # against real servers, the error classes, and examples/train_ddp.py under torchrun; then
 # the multi-node tests over network namespaces (tests/netns: root; skipped, saying why,
@@ -129,7 +156,7 @@ mutate:
 # README's two commands: set-up first (make deps), then the rest in a second make, so the
 # order holds under -j too.
 test: deps
-	@$(MAKE) --no-print-directory test-unit test-python test-asan test-tsan
+	@$(MAKE) --no-print-directory test-unit test-python test-asan test-tsan test-fuzz
 
 demo: deps
 	@$(MAKE) --no-print-directory build
@@ -173,4 +200,4 @@ format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-mutate out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) build-mutate out

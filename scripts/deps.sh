@@ -34,6 +34,9 @@
 #                                       namespaces, veth links and shaping (tests/netns)
 #   clang-format                        `make format` / `make format-check` with the checked-in
 #                                       .clang-format (optional here; CI needs it)
+#   clang, libclang-rt-14-dev           the fuzz build (`make fuzz`, `make test-fuzz`): clang
+#                                       and its runtimes, libFuzzer with ASan and UBSan
+#                                       (tests/fuzz)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +51,7 @@ esac
 
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev libarchive-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
-              libzmq3-dev libmicrohttpd-dev libdlpack-dev iproute2)
+              libzmq3-dev libmicrohttpd-dev libdlpack-dev iproute2 clang libclang-rt-14-dev)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 

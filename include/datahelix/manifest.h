@@ -41,6 +41,12 @@ typedef struct dh_manifest dh_manifest_t;
  * DH_ENOMEM. *out is the caller's (dh_manifest_destroy). */
 DH_EXTERN int dh_manifest_load(const char *path, dh_manifest_t **out);
 
+/* The same over `len` bytes of JSONL text in memory (not necessarily NUL-terminated);
+ * `name` (NULL: "<buffer>") stands for the path, in messages and as the folder relative
+ * paths are joined to. Returns 0, DH_EPARSE / DH_ESCHEMA, DH_ENOMEM; *out as above. */
+DH_EXTERN int dh_manifest_load_buffer(const char *data, size_t len, const char *name,
+                                      dh_manifest_t **out);
+
 /* Frees the manifest; sets *manifest = NULL. Safe on NULL. */
 DH_EXTERN void dh_manifest_destroy(dh_manifest_t **manifest);
 

@@ -43,6 +43,11 @@ typedef struct dh_mix {
  * *out is the caller's (dh_mix_destroy). */
 DH_EXTERN int dh_mix_load(const char *name_or_path, dh_mix_t **out);
 
+/* Parses a mix file's JSON text (`len` bytes, not necessarily NUL-terminated); `source`
+ * (NULL: "mix") names it in messages and becomes the mix's name. Returns 0, DH_EPARSE,
+ * DH_ESCHEMA, DH_ENOMEM as dh_mix_load. *out is the caller's (dh_mix_destroy). */
+DH_EXTERN int dh_mix_parse(const char *json, size_t len, const char *source, dh_mix_t **out);
+
 /* Frees a mix; sets *mix = NULL. Safe on NULL. */
 DH_EXTERN void dh_mix_destroy(dh_mix_t **mix);
 

@@ -1,4 +1,4 @@
-/* manifest.c: reads DIR/manifest.jsonl (see manifest.h).
+/* manifest.c: reads DIR/manifest.jsonl, from the file or from memory (see manifest.h).
  *
  * Cost: one jansson parse per line; strings are copied into one allocation per entry
  * (id, path and caption back to back), so 100,000 lines take a few MB and well under a
@@ -151,6 +151,82 @@ static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const c
     return 0;
 }
 
+/* What one load needs across its lines: the manifest being built, the folder its relative
+ * paths are relative to, and jansson's scratch block (reset per line). */
+typedef struct loader {
+    dh_manifest_t *m;
+    const char *name; /* the path, for messages */
+    char *dir;
+    dh__json_scratch_t *scratch;
+    dh__json_scratch_t *saved; /* this thread's scratch before the load started */
+} loader_t;
+
+static int loader_begin(loader_t *ld, const char *name)
+{
+    *ld = (loader_t){.name = name};
+    dh__json_use_allocator();
+    ld->m = dh_calloc(1, sizeof *ld->m);
+    /* The folder the manifest's relative paths are relative to. */
+    const char *slash = strrchr(name, '/');
+    ld->dir = slash ? dh_strndup(name, (size_t)(slash - name)) : dh_strdup(".");
+    if (slash == name && ld->dir) /* "/manifest.jsonl" */
+        ld->dir[0] = '\0';
+    /* jansson parses each line from a scratch block reset per line: faster, and jansson
+     * 2.14 can crash when its own allocations fail mid-parse, which the block avoids for
+     * any line under 64 KiB. */
+    enum { HEADER = 32 }; /* keeps the block 16-byte aligned behind the header */
+    ld->scratch = dh_malloc(HEADER + DH__JSON_SCRATCH_SIZE);
+    if (ld->scratch) {
+        *ld->scratch = (dh__json_scratch_t){.block = (char *)ld->scratch + HEADER,
+                                            .cap = DH__JSON_SCRATCH_SIZE};
+        ld->saved = dh__json_scratch_set(ld->scratch);
+    }
+    if (!ld->m || !ld->dir || !ld->scratch)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", name);
+    return 0;
+}
+
+/* Ends a load: on success *out takes the manifest, on failure it is freed. Returns rc. */
+static int loader_end(loader_t *ld, int rc, dh_manifest_t **out)
+{
+    if (ld->scratch) {
+        dh__json_scratch_set(ld->saved);
+        dh_free(ld->scratch);
+    }
+    dh_free(ld->dir);
+    if (rc != 0)
+        dh_manifest_destroy(&ld->m);
+    *out = ld->m;
+    return rc;
+}
+
+/* One line (its '\n' included or not): trailing whitespace dropped, a blank line skipped,
+ * else one JSON object appended as an entry. */
+static int load_line(loader_t *ld, const char *line, size_t len, size_t line_no)
+{
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ' ||
+                       line[len - 1] == '\t'))
+        len--;
+    if (len == 0)
+        return 0;
+    json_error_t jerr;
+    dh__json_track_begin();
+    ld->scratch->used = 0; /* the previous line's objects are all released */
+    json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &jerr);
+    int rc;
+    if (dh__json_track_failed())
+        rc = dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", ld->name, line_no);
+    else if (!root)
+        rc = dh__set_error(DH_EPARSE, "%s:%zu: not JSON: %s at column %d", ld->name, line_no,
+                           jerr.text, jerr.column);
+    else if (!json_is_object(root))
+        rc = dh__set_error(DH_EPARSE, "%s:%zu: not a JSON object", ld->name, line_no);
+    else
+        rc = append_entry(ld->m, ld->dir, root, ld->name, line_no);
+    json_decref(root);
+    return rc;
+}
+
 int dh_manifest_load(const char *path, dh_manifest_t **out)
 {
     *out = NULL;
@@ -159,65 +235,34 @@ int dh_manifest_load(const char *path, dh_manifest_t **out)
         int err = errno;
         return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
     }
-    dh__json_use_allocator();
-    dh_manifest_t *m = dh_calloc(1, sizeof *m);
-    /* The folder the manifest's relative paths are relative to. */
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? dh_strndup(path, (size_t)(slash - path)) : dh_strdup(".");
-    if (slash == path && dir) /* "/manifest.jsonl" */
-        dir[0] = '\0';
-    /* jansson parses each line from a scratch block reset per line: faster, and jansson
-     * 2.14 can crash when its own allocations fail mid-parse, which the block avoids for
-     * any line under 64 KiB. */
-    enum { HEADER = 32 }; /* keeps the block 16-byte aligned behind the header */
-    dh__json_scratch_t *scratch = dh_malloc(HEADER + DH__JSON_SCRATCH_SIZE);
-    dh__json_scratch_t *saved = NULL;
-    if (scratch) {
-        *scratch =
-            (dh__json_scratch_t){.block = (char *)scratch + HEADER, .cap = DH__JSON_SCRATCH_SIZE};
-        saved = dh__json_scratch_set(scratch);
-    }
+    loader_t ld;
+    int rc = loader_begin(&ld, path);
     char *line = NULL;
     size_t line_cap = 0, line_no = 0;
-    int rc = (!m || !dir || !scratch) ? dh__set_error(DH_ENOMEM, "%s: out of memory", path) : 0;
     ssize_t len;
-    while (rc == 0 && (len = getline(&line, &line_cap, f)) >= 0) {
-        line_no++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ' ||
-                           line[len - 1] == '\t'))
-            line[--len] = '\0';
-        if (len == 0)
-            continue;
-        json_error_t jerr;
-        dh__json_track_begin();
-        scratch->used = 0; /* the previous line's objects are all released */
-        json_t *root = json_loadb(line, (size_t)len, JSON_DECODE_ANY, &jerr);
-        if (dh__json_track_failed())
-            rc = dh__set_error(DH_ENOMEM, "%s:%zu: out of memory", path, line_no);
-        else if (!root)
-            rc = dh__set_error(DH_EPARSE, "%s:%zu: not JSON: %s at column %d", path, line_no,
-                               jerr.text, jerr.column);
-        else if (!json_is_object(root))
-            rc = dh__set_error(DH_EPARSE, "%s:%zu: not a JSON object", path, line_no);
-        else
-            rc = append_entry(m, dir, root, path, line_no);
-        json_decref(root);
-    }
+    while (rc == 0 && (len = getline(&line, &line_cap, f)) >= 0)
+        rc = load_line(&ld, line, (size_t)len, ++line_no);
     if (rc == 0 && ferror(f)) {
         int err = errno ? errno : EIO;
         rc = dh__set_error(-err, "%s: read error: %s", path, strerror(err));
     }
-    if (scratch) {
-        dh__json_scratch_set(saved);
-        dh_free(scratch);
-    }
     free(line); /* getline's buffer comes from the C library */
     fclose(f);
-    dh_free(dir);
-    if (rc != 0) {
-        dh_manifest_destroy(&m);
-        return rc;
+    return loader_end(&ld, rc, out);
+}
+
+int dh_manifest_load_buffer(const char *data, size_t len, const char *name, dh_manifest_t **out)
+{
+    *out = NULL;
+    loader_t ld;
+    int rc = loader_begin(&ld, name ? name : "<buffer>");
+    size_t line_no = 0;
+    const char *p = data, *end = data + len;
+    while (rc == 0 && p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = (size_t)((nl ? nl + 1 : end) - p);
+        rc = load_line(&ld, p, n, ++line_no);
+        p += n;
     }
-    *out = m;
-    return 0;
+    return loader_end(&ld, rc, out);
 }

@@ -100,6 +100,14 @@ void dh_mix_destroy(dh_mix_t **pmix)
  * from int64 overflow, and catch typos such as a width of 22400. */
 #define MIX_MAX_FRAMES 100000
 #define MIX_MAX_SIDE 16384
+/* And bounds that keep the rows drawn from any accepted mix valid (finite costs, in_bytes
+ * far below INT64_MAX: at most ~1.5e15 for a 1:16384 clip of a day at 1000 fps), and the
+ * sum of the weights finite. Without them a mix with "duration_s": 1e33 loaded, then every
+ * row drawn from it failed with DH_ESCHEMA (in_bytes overflowed to a negative count); the
+ * fuzz target tests/fuzz/fuzz_mix.c found it. */
+#define MIX_MAX_DURATION_S 86400.0
+#define MIX_MAX_FPS 1000.0
+#define MIX_MAX_WEIGHT 1e12
 #define MIX_DEFAULT_FPS 30.0
 #define MIX_DEFAULT_WEIGHT 1.0
 
@@ -117,9 +125,9 @@ static int entry_int(const char *path, size_t i, json_t *obj, const char *field,
     return 0;
 }
 
-/* A finite number > 0; when absent, *out = fallback, or an error if fallback < 0. */
-static int entry_number(const char *path, size_t i, json_t *obj, const char *field, double fallback,
-                        double *out)
+/* A number in (0, max]; when absent, *out = fallback, or an error if fallback < 0. */
+static int entry_number(const char *path, size_t i, json_t *obj, const char *field, double max,
+                        double fallback, double *out)
 {
     json_t *v = json_object_get(obj, field);
     if (!v) {
@@ -129,9 +137,10 @@ static int entry_number(const char *path, size_t i, json_t *obj, const char *fie
         *out = fallback;
         return 0;
     }
-    if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) <= 0)
-        return dh__set_error(DH_ESCHEMA, "%s: entry [%zu]: field '%s': expected a number > 0", path,
-                             i, field);
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !(json_number_value(v) <= max))
+        return dh__set_error(DH_ESCHEMA,
+                             "%s: entry [%zu]: field '%s': expected a number in (0, %g]", path, i,
+                             field, max);
     *out = json_number_value(v);
     return 0;
 }
@@ -163,49 +172,46 @@ static int entry_parse(const char *path, size_t i, json_t *obj, dh_mix_entry_t *
     if ((rc = entry_int(path, i, obj, "frames", MIX_MAX_FRAMES, &e->frames)) < 0 ||
         (rc = entry_int(path, i, obj, "height", MIX_MAX_SIDE, &e->height)) < 0 ||
         (rc = entry_int(path, i, obj, "width", MIX_MAX_SIDE, &e->width)) < 0 ||
-        (rc = entry_number(path, i, obj, "duration_s", -1, &e->duration_s)) < 0 ||
-        (rc = entry_number(path, i, obj, "fps", MIX_DEFAULT_FPS, &e->fps)) < 0 ||
-        (rc = entry_number(path, i, obj, "weight", MIX_DEFAULT_WEIGHT, &e->weight)) < 0)
+        (rc = entry_number(path, i, obj, "duration_s", MIX_MAX_DURATION_S, -1, &e->duration_s)) <
+            0 ||
+        (rc = entry_number(path, i, obj, "fps", MIX_MAX_FPS, MIX_DEFAULT_FPS, &e->fps)) < 0 ||
+        (rc = entry_number(path, i, obj, "weight", MIX_MAX_WEIGHT, MIX_DEFAULT_WEIGHT,
+                           &e->weight)) < 0)
         return rc;
     return 0;
 }
 
-static int mix_load_file(const char *path, dh_mix_t **out)
+/* The mix from jansson's result of parsing `source` (a path or a caller's name): out of
+ * memory and syntax errors, then the list. Takes root. */
+static int mix_from_json(json_t *root, const json_error_t *jerr, const char *source, dh_mix_t **out)
 {
-    dh__json_track_begin();
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (dh__json_track_failed() || (!root && json_error_code(&jerr) == json_error_out_of_memory)) {
+    *out = NULL;
+    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
         json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
     }
-    if (!root) {
-        if (json_error_code(&jerr) == json_error_cannot_open_file) {
-            int err = errno ? errno : EIO;
-            return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
-        }
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", path, jerr.line,
-                             jerr.text, jerr.column);
-    }
+    if (!root)
+        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
+                             jerr->text, jerr->column);
     int rc = 0;
     dh_mix_t *mix = NULL;
     if (!json_is_array(root)) {
         rc = dh__set_error(DH_ESCHEMA,
                            "%s: expected a JSON list of {frames, height, width, duration_s, "
                            "fps, weight} objects",
-                           path);
+                           source);
         goto out;
     }
     if (json_array_size(root) == 0) {
-        rc = dh__set_error(DH_ESCHEMA, "%s: the mix has no entries", path);
+        rc = dh__set_error(DH_ESCHEMA, "%s: the mix has no entries", source);
         goto out;
     }
-    if ((rc = mix_make(path, NULL, json_array_size(root), &mix)) < 0) {
-        dh__set_error(rc, "%s: out of memory", path);
+    if ((rc = mix_make(source, NULL, json_array_size(root), &mix)) < 0) {
+        dh__set_error(rc, "%s: out of memory", source);
         goto out;
     }
     for (size_t i = 0; i < mix->count; i++)
-        if ((rc = entry_parse(path, i, json_array_get(root, i), &mix->entries[i])) < 0)
+        if ((rc = entry_parse(source, i, json_array_get(root, i), &mix->entries[i])) < 0)
             goto out;
 out:
     json_decref(root);
@@ -213,6 +219,30 @@ out:
         dh_mix_destroy(&mix);
     *out = mix;
     return rc;
+}
+
+static int mix_load_file(const char *path, dh_mix_t **out)
+{
+    dh__json_track_begin();
+    json_error_t jerr;
+    errno = 0;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
+        int err = errno ? errno : EIO;
+        *out = NULL;
+        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+    }
+    return mix_from_json(root, &jerr, path, out);
+}
+
+int dh_mix_parse(const char *json, size_t len, const char *source, dh_mix_t **out)
+{
+    if (!source)
+        source = "mix";
+    dh__json_track_begin();
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    return mix_from_json(root, &jerr, source, out);
 }
 
 int dh_mix_load(const char *name_or_path, dh_mix_t **out)

@@ -624,6 +624,13 @@ static int load_line(loader_t *ld, const char *text, size_t len, bool unterminat
     text += lead;
     len -= lead;
 
+    /* A NUL byte is never JSON text, but jansson 2.14 accepts one after a number ("1\0"),
+     * and the extra scanner would copy it into a C string that ends there: the row written
+     * back would not parse (found by tests/fuzz/fuzz_profiles.c). */
+    const char *nul = memchr(text, '\0', len);
+    if (nul)
+        return dh__set_error(DH_EPARSE, "%s:%zu: not JSON: a NUL byte at column %zu", ld->name,
+                             ld->line, (size_t)(nul - text) + 1 + lead);
     json_error_t jerr;
     dh__json_track_begin();
     ld->json->used = 0; /* the previous line's objects are all released */

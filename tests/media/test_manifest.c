@@ -95,6 +95,34 @@ static void manifest_byte_range_is_a_subfile_url(void **state)
     }
 }
 
+/* dh_manifest_load_buffer reads `len` bytes of text as the file would: the name stands for
+ * the path (relative paths join its folder, messages name it), a last line needs no newline,
+ * and the first bad line is the error. */
+static void manifest_load_buffer_reads_like_the_file(void **state)
+{
+    static const char text[] = "{\"id\":\"v0\",\"path\":\"clips/a.mp4\",\"caption\":\"a cat\","
+                               "\"frames\":16}\r\n\n"
+                               "{\"id\":\"v1\",\"path\":\"/abs/b.mp4\"}garbage";
+    dh_manifest_t *m = NULL;
+    assert_int_equal(
+        dh_manifest_load_buffer(text, strlen(text) - strlen("garbage"), "data/set/m.jsonl", &m), 0);
+    assert_int_equal(dh_manifest_count(m), 2);
+    assert_string_equal(dh_manifest_entry(m, 0)->path, "data/set/clips/a.mp4");
+    assert_string_equal(dh_manifest_entry(m, 0)->caption, "a cat");
+    assert_int_equal(dh_manifest_entry(m, 0)->frames, 16);
+    assert_string_equal(dh_manifest_entry(m, 1)->path, "/abs/b.mp4");
+    dh_manifest_destroy(&m);
+    assert_int_equal(dh_manifest_load_buffer(text, strlen(text), "data/set/m.jsonl", &m),
+                     DH_EPARSE);
+    assert_null(m);
+    assert_non_null(strstr(dh_last_error(), "data/set/m.jsonl:3: not JSON"));
+    assert_int_equal(dh_manifest_load_buffer("{\"id\":\"v\"}", 10, NULL, &m), DH_ESCHEMA);
+    assert_non_null(strstr(dh_last_error(), "<buffer>:1: field 'path': missing"));
+    assert_int_equal(dh_manifest_load_buffer("", 0, "m.jsonl", &m), 0);
+    assert_int_equal(dh_manifest_count(m), 0);
+    dh_manifest_destroy(&m);
+}
+
 static int load_manifest(void *ctx)
 {
     dh_manifest_t *m = NULL;
@@ -121,6 +149,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(manifest_reads_entries_and_resolves_paths),
     cmocka_unit_test(manifest_errors_name_line_and_field),
     cmocka_unit_test(manifest_byte_range_is_a_subfile_url),
+    cmocka_unit_test(manifest_load_buffer_reads_like_the_file),
     cmocka_unit_test(manifest_survives_each_allocation_failure),
 };
 DH_TEST_MAIN(tests)

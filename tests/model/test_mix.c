@@ -259,7 +259,7 @@ static void mix_file_errors_name_entry_and_field(void **state)
     expect_mix_error("[{\"frames\": 8, \"height\": 256, \"width\": 256}]", DH_ESCHEMA,
                      "entry [0]: field 'duration_s': missing");
     expect_mix_error("[{\"frames\": 8, \"height\": 256, \"width\": 256, \"duration_s\": 0}]",
-                     DH_ESCHEMA, "entry [0]: field 'duration_s': expected a number > 0");
+                     DH_ESCHEMA, "entry [0]: field 'duration_s': expected a number in (0, 86400]");
     expect_mix_error("[{\"frames\": 8, \"height\": 256, \"width\": 256, \"duration_s\": 2,"
                      " \"fps\": \"30\"}]",
                      DH_ESCHEMA, "entry [0]: field 'fps'");
@@ -275,6 +275,72 @@ static void mix_file_errors_name_entry_and_field(void **state)
     expect_mix_error("[]", DH_ESCHEMA, "no entries");
     expect_mix_error("{\"frames\": 8}", DH_ESCHEMA, "expected a JSON list");
     expect_mix_error("[{\"frames\": 8,\n \"height\" 256}]", DH_EPARSE, "mix.json:2: not JSON");
+}
+
+/* dh_mix_parse reads the same text as a file, names its source, and rejects what a file
+ * would (a syntax error names the line). */
+static void mix_parse_reads_text_and_names_the_source(void **state)
+{
+    static const char text[] = "[{\"frames\": 8, \"height\": 256, \"width\": 448, "
+                               "\"duration_s\": 2, \"fps\": 24, \"weight\": 2}]trailing";
+    dh_mix_t *mix = NULL;
+    /* Only `len` bytes are read: the trailing text is not part of it. */
+    assert_int_equal(dh_mix_parse(text, strlen(text) - strlen("trailing"), "--mix", &mix), 0);
+    assert_string_equal(mix->name, "--mix");
+    assert_int_equal(mix->count, 1);
+    assert_int_equal(mix->entries[0].width, 448);
+    assert_true(mix->entries[0].fps == 24.0 && mix->entries[0].weight == 2.0);
+    dh_mix_destroy(&mix);
+    assert_int_equal(dh_mix_parse(text, strlen(text), "--mix", &mix), DH_EPARSE);
+    assert_null(mix);
+    assert_non_null(strstr(dh_last_error(), "--mix:1: not JSON"));
+    assert_int_equal(dh_mix_parse("[{\"frames\": 8}]", 15, NULL, &mix), DH_ESCHEMA);
+    assert_null(mix);
+    assert_non_null(strstr(dh_last_error(), "mix: entry [0]: field 'height': missing"));
+}
+
+/* Found by fuzzing (tests/fuzz/fuzz_mix.c; the input is tests/fuzz/corpus/mix/
+ * regression-huge-duration): a mix accepted with "duration_s": 1e33 made
+ * dh_profiles_generate fail with DH_ESCHEMA (in_bytes overflowed int64 to a negative
+ * count), which mix.h does not allow for a loaded mix. duration_s, fps and weight now have
+ * upper bounds that keep every drawn row valid; a mix at every bound draws valid rows. */
+static void mix_bounds_keep_generated_rows_valid(void **state)
+{
+    expect_mix_error("[{\"frames\": 100000, \"height\": 16384, \"width\": 1, "
+                     "\"duration_s\": 1e33}]",
+                     DH_ESCHEMA, "entry [0]: field 'duration_s': expected a number in (0, 86400]");
+    expect_mix_error("[{\"frames\": 8, \"height\": 256, \"width\": 256, \"duration_s\": 2,"
+                     " \"fps\": 1000.5}]",
+                     DH_ESCHEMA, "entry [0]: field 'fps': expected a number in (0, 1000]");
+    expect_mix_error("[{\"frames\": 8, \"height\": 256, \"width\": 256, \"duration_s\": 2,"
+                     " \"weight\": 1e300}, {\"frames\": 8, \"height\": 256, \"width\": 256,"
+                     " \"duration_s\": 2, \"weight\": 1e300}]",
+                     DH_ESCHEMA, "entry [0]: field 'weight': expected a number in (0, 1e+12]");
+    static const char *const at_bounds[] = {
+        "[{\"frames\": 100000, \"height\": 16384, \"width\": 1, \"duration_s\": 86400, "
+        "\"fps\": 1000, \"weight\": 1e12},"
+        " {\"frames\": 100000, \"height\": 16384, \"width\": 16384, \"duration_s\": 86400,"
+        " \"fps\": 1000, \"weight\": 1e12},"
+        " {\"frames\": 1, \"height\": 1, \"width\": 16384, \"duration_s\": 1e-300,"
+        " \"fps\": 1e-300, \"weight\": 1e-300}]",
+    };
+    const char *path = dh_test_path("bounds-mix.json");
+    dh_test_write_file(path, at_bounds[0]);
+    dh_mix_t *mix = load_mix(path);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    int rc = dh_profiles_generate(mix, 200, 11, set);
+    if (rc != 0)
+        print_error("dh_profiles_generate: %s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(dh_profile_set_count(set), 200);
+    for (size_t i = 0; i < 200; i++) {
+        const dh_profile_row_t *r = dh_profile_set_row(set, i);
+        assert_true(r->in_bytes >= 0 && r->out_bytes >= 0 && r->tokens_est >= 0);
+        assert_true(isfinite(r->cpu_s_est) && r->cpu_s_est >= 0);
+    }
+    dh_profile_set_destroy(&set);
+    dh_mix_destroy(&mix);
 }
 
 static int mix_load_and_generate(void *ctx)
@@ -389,6 +455,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(generate_empty_mix_is_einval),
     cmocka_unit_test(unknown_mix_name_is_eunknown),
     cmocka_unit_test(mix_file_errors_name_entry_and_field),
+    cmocka_unit_test(mix_parse_reads_text_and_names_the_source),
+    cmocka_unit_test(mix_bounds_keep_generated_rows_valid),
     cmocka_unit_test(mix_file_survives_each_allocation_failure),
     cmocka_unit_test(gen_profiles_cli_writes_a_loadable_file),
     cmocka_unit_test(gen_profiles_cli_reports_usage_errors),

@@ -384,6 +384,24 @@ static void write_to_missing_directory_fails(void **state)
     dh_profile_set_destroy(&set);
 }
 
+/* Found by fuzzing (tests/fuzz/fuzz_profiles.c; the input is tests/fuzz/corpus/profiles/
+ * regression-nul-after-number): jansson accepted a NUL byte after a number, the unknown
+ * member was kept in extra up to the NUL ("{\"\":1"), and the row written back did not
+ * parse. A line holding a NUL byte is now not JSON. */
+static void nul_byte_in_a_line_is_not_json(void **state)
+{
+    static const char text[] = "{\"id\":\"a\",\"uri\":\"p\",\"profile_key\":\"2\",\"width\":4,"
+                               "\"tokens_est\":6,\"cpu_s_est\":0,\"frames\":1,\"out_bytes\":2,"
+                               "\"height\":4,\"\":1\0,\"in_bytes\":0}";
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load_buffer(set, text, sizeof text - 1, "nul.jsonl"),
+                     DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "nul.jsonl:1: not JSON: a NUL byte at column 118"));
+    assert_int_equal(dh_profile_set_count(set), 0);
+    dh_profile_set_destroy(&set);
+}
+
 static void load_buffer_names_the_source(void **state)
 {
     static const char text[] = GOOD_ROW "\n" ROW_WITH("\"frames\":-1") "\n";
@@ -711,6 +729,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(missing_file_is_enoent),
     cmocka_unit_test(write_to_missing_directory_fails),
     cmocka_unit_test(load_buffer_names_the_source),
+    cmocka_unit_test(nul_byte_in_a_line_is_not_json),
     cmocka_unit_test(huge_input_loads_every_row),
     cmocka_unit_test(very_long_lines_load),
     cmocka_unit_test(keys_are_interned),
