@@ -2168,20 +2168,19 @@ typedef struct {
 
 static int DataServer_init(DataServerObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"coordinator", "node",           "role",          "workers",
-                             "name",        "pipeline_json",  "pipeline_path", "arena_bytes",
-                             "data_listen", "data_advertise", "keys_dir",      "key_name",
-                             "shm_allow_uids", NULL};
+    static char *kwlist[] = {
+        "coordinator",   "node",          "role",           "workers",     "name",
+        "pipeline_json", "pipeline_path", "arena_bytes",    "data_listen", "data_advertise",
+        "keys_dir",      "key_name",      "shm_allow_uids", NULL};
     dh_dataserver_config_t cfg;
     dh_dataserver_config_default(&cfg);
     const char *role = "local";
     unsigned workers = cfg.workers;
     unsigned long long arena = cfg.arena_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|$sIzzzKzzzzz", kwlist, &cfg.coordinator,
-                                     &cfg.node, &role, &workers, &cfg.name, &cfg.pipeline_json,
-                                     &cfg.pipeline_path, &arena, &cfg.data_listen,
-                                     &cfg.data_advertise, &cfg.keys_dir, &cfg.key_name,
-                                     &cfg.shm_allow_uids))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "ss|$sIzzzKzzzzz", kwlist, &cfg.coordinator, &cfg.node, &role, &workers,
+            &cfg.name, &cfg.pipeline_json, &cfg.pipeline_path, &arena, &cfg.data_listen,
+            &cfg.data_advertise, &cfg.keys_dir, &cfg.key_name, &cfg.shm_allow_uids))
         return -1;
     if (self->ds) {
         PyErr_SetString(PyExc_RuntimeError, "DataServer already initialised");
