@@ -292,7 +292,7 @@ static void http_refuses_a_listen_that_is_not_host_port(void **state)
 typedef struct scraper {
     uint16_t ports[2];
     atomic_int stop;
-    int scrapes;
+    atomic_int scrapes;
 } scraper_t;
 
 static void *scrape_main(void *arg)
@@ -378,9 +378,19 @@ static void daemons_serve_metrics_while_a_client_runs(void **state)
             break;
         cl_nap_ms(5);
     }
+    /* The epoch can be over within a heartbeat period (CI: 10 ms): wait for the scrapes
+     * racing the loops, and for a heartbeat to have reached the coordinator. */
+    for (int i = 0; i < 2000; i++) {
+        char *probe = strdup(http(sc.ports[0], "GET /metrics HTTP/1.0\r\n\r\n"));
+        double beats = sample(probe, "datahelix_coordinator_heartbeat_gap_seconds_count");
+        free(probe);
+        if (atomic_load(&sc.scrapes) > 2 && beats > 0)
+            break;
+        cl_nap_ms(5);
+    }
     atomic_store(&sc.stop, 1);
     pthread_join(scraper, NULL);
-    assert_true(sc.scrapes > 2);
+    assert_true(atomic_load(&sc.scrapes) > 2);
 
     char *text = strdup(http(sc.ports[0], "GET /metrics HTTP/1.0\r\n\r\n"));
     double decided = 0;
