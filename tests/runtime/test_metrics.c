@@ -218,7 +218,7 @@ static void allocation_failures_are_enomem_without_leaks(void **state)
 /* Sends `request` to 127.0.0.1:port and returns the whole response (static buffer). */
 static const char *http(uint16_t port, const char *request)
 {
-    static char resp[65536];
+    static _Thread_local char resp[65536]; /* the scraper thread and the test both call it */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
