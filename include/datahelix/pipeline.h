@@ -204,6 +204,7 @@ typedef struct dh_batch {
     int *errors;           /* B: 0 or the sample's error code */
     char **error_messages; /* B: NULL or the sample's error message */
     size_t failed;         /* number of samples with errors */
+    bool frames_borrowed;  /* frames.data is the caller's (dh_collate_into): not freed */
 } dh_batch_t;
 
 /* Collates `count` samples (decoded with one spec, so one dtype and layout; failed samples
@@ -212,6 +213,21 @@ typedef struct dh_batch {
  * (dh_batch_destroy). */
 DH_EXTERN int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype,
                          dh_layout_t layout, dh_batch_t **out);
+
+/* Where dh_collate_into puts the frames: *data = `nbytes` writable bytes; returns 0, or an
+ * error code with the message set (dh__set_error), which dh_collate_into returns. */
+typedef int dh_collate_alloc_fn(void *ctx, size_t nbytes, void **data);
+
+/* dh_collate, with the frames tensor written straight into memory from `alloc` (called once,
+ * with the padded batch's byte size, and not at all when the batch has no frames): every
+ * byte of it is written, padding zeroed, so it need not be zeroed. The memory stays the
+ * caller's: frames_borrowed is set and dh_batch_destroy leaves it alone. This saves the
+ * copy of a batch that has to end up elsewhere (a DataServer's arena) and the memory of a
+ * second copy. Returns 0, DH_ENOMEM, DH_EINVAL (alloc NULL) or alloc's code (nothing is
+ * left allocated then, and alloc's memory, if any, was not handed out). */
+DH_EXTERN int dh_collate_into(const dh_sample_t *samples, size_t count, dh_dtype_t dtype,
+                              dh_layout_t layout, dh_collate_alloc_fn *alloc, void *ctx,
+                              dh_batch_t **out);
 
 /* Joins tensors along dimension 0, the collation of microbatches into one batch: out gets
  * the rows of parts[0], then of parts[1], ..., every other dimension padded with zeros at

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -406,6 +407,8 @@ typedef struct cluster {
     dh_dataserver_t *servers[MAX_SERVERS];
     size_t n_servers;
     uint32_t cores;
+    uint32_t arenas;          /* local DataServers (each has an arena) */
+    uint32_t ranks_per_arena; /* the ranks each of them delivers to */
 } cluster_t;
 
 static void cluster_stop(cluster_t *c)
@@ -421,15 +424,17 @@ static void cluster_stop(cluster_t *c)
     memset(c, 0, sizeof *c);
 }
 
-/* The arena of a local server for `ranks` ranks (docs/runtime.md, "Prefetch in bytes"):
- * what their deepest horizon needs (ranks x 2 x prefetch batches of the largest sample),
- * bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of physical memory), which
- * must hold one step of them. The memfd is sparse and each rank's prefetch keeps to its
- * share, so a large arena costs only what the batches in flight take. The clients divide
- * it among all `opt->ranks` (they are not told how many share it), so it is sized for
- * them all. Emulated payloads are stand-ins (x bytes_scale) and a batch's two tensors take
- * a slab (1 MiB) each at least: 4 MiB a batch. */
-static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint64_t *out)
+/* The arena of a local server for the `ranks` ranks that share it (docs/runtime.md,
+ * "Prefetch in bytes"): what their deepest horizon needs (ranks x 2 x prefetch batches of
+ * the largest sample), bounded by this server's part of the memory budget (DH_ARENA_BUDGET,
+ * else a quarter of physical memory): bench runs all `arenas` local servers in one
+ * process, so they split it, and each part must hold one step of its ranks. The memfd is
+ * sparse and each rank's prefetch keeps to its share (the clients' local_ranks), so a large
+ * arena costs only what the batches in flight take. Emulated payloads are stand-ins (x
+ * bytes_scale) and a batch's two tensors take a slab (1 MiB) each at least: 4 MiB a
+ * batch. */
+static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint32_t arenas,
+                             uint64_t *out)
 {
     uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
     uint32_t depth =
@@ -453,11 +458,19 @@ static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint
         largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
     }
     dh_profile_set_destroy(&set);
-    double need = (double)opt->ranks * depth * opt->batch * (double)largest;
+    double need = (double)ranks * depth * opt->batch * (double)largest;
     uint64_t want = need > (double)((uint64_t)1 << 50) ? (uint64_t)1 << 50 : (uint64_t)need;
     if (want < (uint64_t)64 << 20)
         want = (uint64_t)64 << 20;
-    return dh_deadline_arena_size(ranks, opt->batch, largest, want, dh_arena_budget_default(), out);
+    uint64_t budget = dh_arena_budget_default() / (arenas ? arenas : 1);
+    rc = dh_deadline_arena_size(ranks, opt->batch, largest, want, budget, out);
+    if (rc) {
+        char why[512]; /* copied: the message is rewritten from the same buffer */
+        snprintf(why, sizeof why, "%s", dh_last_error());
+        return dh__set_error(rc, "bench: %u local DataServers in this process, each with an %s",
+                             arenas, why);
+    }
+    return 0;
 }
 
 static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *pipeline_json,
@@ -478,10 +491,9 @@ static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *p
     dc.workers = workers;
     dc.pipeline_json = pipeline_json;
     dc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
-    /* the ranks a local server of the shared pool delivers to (a rank-local loader's
-     * server has one: sized for more, which its sparse memfd does not charge for) */
-    uint32_t servers = opt->local_servers ? opt->local_servers : 1;
-    int rc = bench_arena_bytes(opt, (opt->ranks + servers - 1) / servers, &dc.arena_bytes);
+    /* the ranks a local server delivers to (a rank-local loader's server: one), as the
+     * clients' local_ranks */
+    int rc = bench_arena_bytes(opt, c->ranks_per_arena, c->arenas, &dc.arena_bytes);
     if (rc)
         return rc;
     dc.data_listen = data_ep;
@@ -519,6 +531,9 @@ static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const dh_b
     if (rc || (rc = dh_coordinator_start(c->coord)))
         return rc;
     char node[64], name[64];
+    c->arenas = sp->rank_local ? opt->ranks : opt->local_servers;
+    c->ranks_per_arena =
+        sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
     if (sp->rank_local) {
         uint32_t total = sp->cores           ? sp->cores
                          : opt->native_cores ? opt->native_cores
@@ -769,6 +784,62 @@ done:
     return rc;
 }
 
+/* The memory the process holds while a system runs: its proportional set size (Pss, where a
+ * page of an arena mapped by both its DataServer and a client counts once; RSS counts it
+ * twice), sampled every 100 ms from /proc/self/smaps_rollup by a thread of its own. 0 where
+ * the file cannot be read. */
+typedef struct mem_sampler {
+    pthread_t thread;
+    atomic_int stop;
+    bool started;
+    double peak_mb;
+} mem_sampler_t;
+
+static double pss_mb(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Pss: %lf kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb / 1024.0;
+}
+
+static void *mem_sampler_main(void *arg)
+{
+    mem_sampler_t *m = arg;
+    while (!atomic_load(&m->stop)) {
+        double mb = pss_mb();
+        if (mb > m->peak_mb)
+            m->peak_mb = mb;
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void mem_sampler_start(mem_sampler_t *m)
+{
+    memset(m, 0, sizeof *m);
+    atomic_init(&m->stop, 0);
+    m->started = pthread_create(&m->thread, NULL, mem_sampler_main, m) == 0;
+}
+
+static double mem_sampler_stop(mem_sampler_t *m)
+{
+    if (!m->started)
+        return 0;
+    atomic_store(&m->stop, 1);
+    pthread_join(m->thread, NULL);
+    m->started = false;
+    double mb = pss_mb(); /* the last moment too */
+    return mb > m->peak_mb ? mb : m->peak_mb;
+}
+
 static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
                       const char *profiles, const char *pipeline_json, const row_ref_t *refs,
                       size_t n_refs, double a, double b, double threshold, double batch_decode_s,
@@ -778,10 +849,15 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
 {
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
+    mem_sampler_t mem;
+    mem_sampler_start(&mem);
+    dh__out_peak_reset();
+    res->task_budget_mb = (double)dh__out_budget() / 1048576.0;
     cluster_t cl;
     int rc = cluster_start(&cl, opt, sp, pipeline_json);
     if (rc) {
         cluster_stop(&cl);
+        mem_sampler_stop(&mem);
         return rc;
     }
     res->cores = cl.cores;
@@ -1022,6 +1098,13 @@ done:
     }
     dh_free(ranks);
     dh_free(group_of);
+    res->peak_pss_mb = mem_sampler_stop(&mem); /* before the arenas go */
+    res->task_heap_peak_mb = (double)dh__out_peak() / 1048576.0;
+    if (rc == 0 && opt->dataset)
+        progress(opt,
+                 "%s: memory: peak %.0f MB held by the process (Pss), of which tasks' heap "
+                 "%.0f MB at most (budget %.0f MB, DH_OUTPUT_BUDGET)",
+                 sp->name, res->peak_pss_mb, res->task_heap_peak_mb, res->task_budget_mb);
     cluster_stop(&cl);
     pthread_barrier_destroy(&run.barrier);
     pthread_mutex_destroy(&run.names_lock);
@@ -1291,6 +1374,8 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
                 s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s,
                 s->peak_rss_mb);
+        fprintf(f, ",\"peak_pss_mb\":%.1f,\"task_budget_mb\":%.1f,\"task_heap_peak_mb\":%.1f",
+                s->peak_pss_mb, s->task_budget_mb, s->task_heap_peak_mb);
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);

@@ -176,6 +176,12 @@ typedef struct dh_bench_system_result {
     double wall_s;
     double peak_rss_mb;        /* the bench process's peak resident memory when this system's run
                                 * ended (getrusage: a running maximum over the systems so far) */
+    double peak_pss_mb;        /* the most memory the process held during this system's run
+                                * (proportional set size, sampled every 100 ms: an arena page
+                                * mapped twice counts once) */
+    double task_budget_mb;     /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
+    double task_heap_peak_mb;  /* the most of it reserved at once during this run: at most the
+                                * budget, or one task alone larger than it */
     double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
                                 * (emulated: their actual costs x time_scale) */
     double max_compute_sum_s;  /* the largest rank's compute, summed per step */

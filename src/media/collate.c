@@ -4,7 +4,9 @@
  * zeros to the batch's largest T (and H, W when sizes differ), with a B x T valid-frame
  * mask and per-sample metadata. A failed sample keeps its slot (all padding) and carries
  * its error, so one bad clip never fails a batch. Cost: one pass over the output bytes
- * (memcpy per sample when sizes match, per row when they do not). dh_collate_rows joins
+ * (memcpy per sample when sizes match, per row when they do not). dh_collate_into writes the
+ * frames into the caller's memory instead (a DataServer's arena slab), zeroing the padding
+ * itself, so a batch is written once, where it is delivered from. dh_collate_rows joins
  * already collated microbatches the same way along their first dimension (the client's
  * fanout > 1). It only reads samples:
  * decoding them (decode.c) comes first and calls in here, never the other way round.
@@ -28,6 +30,8 @@ void dh_batch_destroy(dh_batch_t **pbatch)
         if (b->error_messages)
             dh_free(b->error_messages[i]);
     }
+    if (b->frames_borrowed)
+        b->frames.data = NULL; /* the caller's (dh_collate_into) */
     dh_tensor_clear(&b->frames);
     dh_tensor_clear(&b->mask);
     dh_free(b->frame_counts);
@@ -53,17 +57,23 @@ static void sample_dims(const dh_sample_t *s, dh_layout_t layout, int64_t *t, in
     *w = s->frames.shape[layout == DH_LAYOUT_TCHW ? 3 : 2];
 }
 
-/* Copies sample s (T x ... of its own H, W) into its slot of the batch tensor. */
+/* Copies sample s (T x ... of its own H, W) into its slot of the batch tensor. `zeroed`: the
+ * slot holds zeros already; else every byte of it is written (padding zeroed). */
 static void copy_sample(const dh_sample_t *s, dh_layout_t layout, size_t esize, uint8_t *slot,
-                        int64_t bt, int64_t bh, int64_t bw)
+                        int64_t bt, int64_t bh, int64_t bw, bool zeroed)
 {
     int64_t t, h, w;
     sample_dims(s, layout, &t, &h, &w);
+    size_t frame_bytes = (size_t)(3 * bh * bw) * esize;
     const uint8_t *src = s->frames.data;
     if (h == bh && w == bw) {
-        memcpy(slot, src, (size_t)(t * 3 * h * w) * esize);
+        memcpy(slot, src, (size_t)t * frame_bytes);
+        if (!zeroed)
+            memset(slot + (size_t)t * frame_bytes, 0, (size_t)(bt - t) * frame_bytes);
         return;
     }
+    if (!zeroed)
+        memset(slot, 0, (size_t)bt * frame_bytes);
     /* Spatial padding at the bottom and right: copy row by row. */
     if (layout == DH_LAYOUT_TCHW) {
         for (int64_t f = 0; f < t; f++)
@@ -77,11 +87,10 @@ static void copy_sample(const dh_sample_t *s, dh_layout_t layout, size_t esize, 
                 memcpy(slot + (size_t)((f * bh + y) * bw * 3) * esize,
                        src + (size_t)((f * h + y) * w * 3) * esize, (size_t)(w * 3) * esize);
     }
-    (void)bt;
 }
 
-int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
-               dh_batch_t **out)
+static int collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
+                   dh_collate_alloc_fn *alloc, void *ctx, dh_batch_t **out)
 {
     *out = NULL;
     size_t esize = dh_dtype_size(dtype);
@@ -118,7 +127,7 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     int64_t shape_thwc[5] = {(int64_t)count, bt, bh, bw, 3};
     memcpy(px->shape, layout == DH_LAYOUT_TCHW ? shape_tchw : shape_thwc, sizeof shape_tchw);
     dh_tensor_set_contiguous(px); /* nbytes: count x (bt x 3 x bh x bw) x esize */
-    if (px->nbytes && !(px->data = dh_calloc(px->nbytes, 1)))
+    if (px->nbytes && !alloc && !(px->data = dh_calloc(px->nbytes, 1)))
         goto nomem;
 
     dh_tensor_t *mask = &b->mask;
@@ -131,7 +140,6 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
     if (mask->nbytes && !(mask->data = dh_calloc(mask->nbytes, 1)))
         goto nomem;
 
-    size_t slot_bytes = (size_t)(bt * 3 * bh * bw) * esize;
     for (size_t i = 0; i < count; i++) {
         const dh_sample_t *s = &samples[i];
         if (!(b->ids[i] = dh_strdup(s->id ? s->id : "")))
@@ -149,16 +157,45 @@ int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_la
         b->heights[i] = (int32_t)h;
         b->widths[i] = (int32_t)w;
         b->tokens[i] = s->plan.tokens;
-        if (t > 0) {
-            copy_sample(s, layout, esize, (uint8_t *)px->data + i * slot_bytes, bt, bh, bw);
-            memset((uint8_t *)mask->data + i * (size_t)bt, 1, (size_t)t);
+        memset((uint8_t *)mask->data + i * (size_t)bt, 1, (size_t)t);
+    }
+    if (px->nbytes && alloc) { /* last: a failure above leaves nothing of the caller's */
+        int rc = alloc(ctx, px->nbytes, &px->data);
+        if (rc) {
+            px->data = NULL;
+            dh_batch_destroy(&b);
+            return rc;
         }
+        b->frames_borrowed = true;
+    }
+    size_t slot_bytes = (size_t)(bt * 3 * bh * bw) * esize;
+    for (size_t i = 0; i < count && px->data; i++) {
+        uint8_t *slot = (uint8_t *)px->data + i * slot_bytes;
+        if (b->errors[i] == 0 && b->frame_counts[i] > 0)
+            copy_sample(&samples[i], layout, esize, slot, bt, bh, bw, !alloc);
+        else if (alloc)
+            memset(slot, 0, slot_bytes);
     }
     *out = b;
     return 0;
 nomem:
     dh_batch_destroy(&b);
     return dh__set_error(DH_ENOMEM, "collate: out of memory for a batch of %zu samples", count);
+}
+
+int dh_collate(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
+               dh_batch_t **out)
+{
+    return collate(samples, count, dtype, layout, NULL, NULL, out);
+}
+
+int dh_collate_into(const dh_sample_t *samples, size_t count, dh_dtype_t dtype, dh_layout_t layout,
+                    dh_collate_alloc_fn *alloc, void *ctx, dh_batch_t **out)
+{
+    *out = NULL;
+    if (!alloc)
+        return dh__set_error(DH_EINVAL, "collate: no allocator for the frames");
+    return collate(samples, count, dtype, layout, alloc, ctx, out);
 }
 
 int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,

@@ -197,12 +197,12 @@ void *dh__ds_worker_main(void *arg)
         t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
         t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
-        if (!t->local_target && w) { /* heap outputs: within the process's budget */
-            double scale = s->pipeline.synthetic ? s->pipeline.bytes_scale : 1.0, need = 0;
-            for (uint32_t i = 0; i < d->request.n_samples; i++)
-                need += (double)d->request.samples[i].out_bytes * scale;
+        if (w) { /* its heap memory: within the process's budget (output_budget.c) */
+            uint64_t transient = 0, output = 0;
+            dh__rt_task_memory(&s->pipeline, d->request.samples, d->request.n_samples, &transient,
+                               &output);
             bool waited = false;
-            t->charge = dh__out_reserve((uint64_t)need, &s->stop, &waited);
+            t->charge = dh__out_reserve(transient + output, &s->stop, &waited);
             if (waited)
                 dh__count(&s->counters.output_waits, 1);
         }
@@ -215,6 +215,12 @@ void *dh__ds_worker_main(void *arg)
             t->rc = dh__rt_execute(w, d->request.samples, d->request.n_samples, heap_alloc,
                                    heap_release, s, &t->result);
         }
+        /* what it still holds on the heap: its outputs for another node, or a spill */
+        uint64_t held = 0;
+        for (size_t k = 0; t->rc == 0 && k < t->result.n_tensors; k++)
+            if (!t->result.tensors[k].handle.arena_id)
+                held += t->result.tensors[k].tensor.nbytes;
+        dh__out_settle(&t->charge, held);
         if (t->rc)
             fail_all_samples(t, t->rc);
         t->ready_ns = dh_clock_now_ns();

@@ -1,17 +1,21 @@
-/* output_budget.c: the process's budget for DataServer outputs on the heap (rt.h,
- * "Output budget"; docs/runtime.md).
+/* output_budget.c: the process's budget for the heap memory of DataServer tasks (rt.h,
+ * "Output budget"; docs/runtime.md, "Memory").
  *
- * A local DataServer's own batches go into its arena, whose size bounds them. Everything a
- * worker makes for another node (a sidecar's batches, a local server executing for another
- * node's rank) is heap memory until ZeroMQ has sent it: with many workers and large
- * batches (96 workers x 265 MB of 720p frames on this 2-core machine), that alone took more
- * than the machine's memory and the OOM killer ended the job. So such a task first
- * reserves its predicted output bytes here, waiting while the process's reservations would
- * pass the budget (one task alone always passes, however large), and the reservation is
- * given back when the last of its payload frames is freed: sent by ZeroMQ, dropped, or
- * freed with the task. A worker waits only before it starts, holding nothing, and every
- * reservation is given back by threads that never wait here (the loop, ZeroMQ's I/O
- * threads), so waiting cannot deadlock.
+ * A local DataServer's own batches go into its arena, whose size bounds them. What else a
+ * task holds is heap memory: while it runs, the decoded samples it collates (the video
+ * pipeline decodes each sample whole before the batch is written); after it, everything it
+ * made for another node (a sidecar's batches, a local server executing for another node's
+ * rank) until ZeroMQ has sent it, and a local batch that spilled out of a full arena until
+ * the rank lets it go. With many workers and large samples (96 workers x 2 x 166 MB of
+ * 720p frames on this 2-core machine) that took more than the machine's memory and the OOM
+ * killer ended the job. So every task first reserves its predicted peak here (decoded
+ * samples + its batch), waiting while the process's reservations would pass the budget
+ * (one task alone always passes, however large). When it has run, the reservation is
+ * settled to what it still holds on the heap (nothing, when its batch is in the arena),
+ * and that is given back when the last of its payload frames is freed: sent by ZeroMQ,
+ * dropped, or freed with the task. A worker waits only before it starts, holding nothing,
+ * and every reservation is given back by threads that never wait here (the loop, ZeroMQ's
+ * I/O threads), so waiting cannot deadlock.
  *
  * The budget: DH_OUTPUT_BUDGET (bytes, or K/M/G), else a quarter of physical memory; one
  * for the whole process, however many DataServers it runs (bench runs them all in one).
@@ -40,6 +44,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
 static uint64_t g_reserved; /* bytes of every charge not yet released */
 static uint64_t g_budget;   /* 0 until first use */
+static uint64_t g_peak;     /* the most g_reserved has been just after a reservation */
+static unsigned g_waiting;  /* threads waiting in dh__out_reserve */
 
 uint64_t dh__out_budget(void)
 {
@@ -70,6 +76,29 @@ uint64_t dh__out_reserved(void)
     return r;
 }
 
+uint64_t dh__out_peak(void)
+{
+    pthread_mutex_lock(&g_lock);
+    uint64_t p = g_peak;
+    pthread_mutex_unlock(&g_lock);
+    return p;
+}
+
+void dh__out_peak_reset(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_peak = g_reserved;
+    pthread_mutex_unlock(&g_lock);
+}
+
+unsigned dh__out_waiting(void)
+{
+    pthread_mutex_lock(&g_lock);
+    unsigned w = g_waiting;
+    pthread_mutex_unlock(&g_lock);
+    return w;
+}
+
 dh__out_charge_t *dh__out_reserve(uint64_t bytes, atomic_int *stop, bool *waited)
 {
     *waited = false;
@@ -83,6 +112,8 @@ dh__out_charge_t *dh__out_reserve(uint64_t bytes, atomic_int *stop, bool *waited
     uint64_t budget = dh__out_budget();
     pthread_mutex_lock(&g_lock);
     while (g_reserved > 0 && g_reserved + bytes > budget && !atomic_load(stop)) {
+        if (!*waited)
+            g_waiting++;
         *waited = true;
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -93,9 +124,32 @@ dh__out_charge_t *dh__out_reserve(uint64_t bytes, atomic_int *stop, bool *waited
         }
         pthread_cond_timedwait(&g_cond, &g_lock, &until);
     }
+    if (*waited)
+        g_waiting--;
     g_reserved += bytes;
+    if (g_reserved > g_peak)
+        g_peak = g_reserved;
     pthread_mutex_unlock(&g_lock);
     return c;
+}
+
+void dh__out_settle(dh__out_charge_t **pc, uint64_t bytes)
+{
+    dh__out_charge_t *c = *pc;
+    if (!c) {
+        if (!bytes || !(c = dh_malloc(sizeof *c)))
+            return; /* nothing held, or not charged (as in dh__out_reserve) */
+        atomic_init(&c->refs, 1);
+        c->bytes = 0;
+        *pc = c;
+    }
+    pthread_mutex_lock(&g_lock);
+    g_reserved = g_reserved >= c->bytes ? g_reserved - c->bytes : 0;
+    g_reserved += bytes; /* may pass the budget: what is held is held; new tasks wait */
+    if (bytes < c->bytes)
+        pthread_cond_broadcast(&g_cond);
+    c->bytes = bytes;
+    pthread_mutex_unlock(&g_lock);
 }
 
 void dh__out_charge_add(dh__out_charge_t *c, unsigned refs)

@@ -48,18 +48,28 @@ typedef struct dh__rt_pipeline {
     uint64_t py_seed;
 } dh__rt_pipeline_t;
 
-/* ---- Output budget (output_budget.c): heap outputs of DataServer tasks, process-wide ---- */
+/* ---- Output budget (output_budget.c): DataServer tasks' heap memory, process-wide ---- */
 
 typedef struct dh__out_charge dh__out_charge_t;
 
 /* The budget in bytes: DH_OUTPUT_BUDGET, else a quarter of physical memory (read once). */
 uint64_t dh__out_budget(void);
-/* Bytes reserved now by every charge of the process. */
+/* Bytes reserved now by every charge of the process; the most there have been just after a
+ * reservation (the budget, or one task alone larger than it, at most); the threads waiting
+ * to reserve. */
 uint64_t dh__out_reserved(void);
-/* Reserves `bytes` for a task's outputs, waiting while the process's reservations would pass
- * the budget (and none is alone) and *stop is 0. Sets *waited when it waited. Returns the
- * charge (one reference), or NULL for 0 bytes or no memory (nothing reserved). */
+uint64_t dh__out_peak(void);
+void dh__out_peak_reset(void); /* the peak from now on (bench: per system) */
+unsigned dh__out_waiting(void);
+/* Reserves `bytes` for a task (its predicted peak: dh__rt_task_memory), waiting while the
+ * process's reservations would pass the budget (and none is alone) and *stop is 0. Sets *waited
+ * when it waited. Returns the charge (one reference), or NULL for 0 bytes or no memory (nothing
+ * reserved). */
 dh__out_charge_t *dh__out_reserve(uint64_t bytes, atomic_int *stop, bool *waited);
+/* Sets the charge's bytes to what its task still holds (never waits; may pass the budget),
+ * after the task has run and before its charge is shared. *pc NULL: a new charge is made for
+ * bytes > 0. */
+void dh__out_settle(dh__out_charge_t **pc, uint64_t bytes);
 /* Adds references (one per payload frame that will release it). NULL-safe. */
 void dh__out_charge_add(dh__out_charge_t *c, unsigned refs);
 /* Drops one reference; the last gives the bytes back. NULL-safe; any thread. */
@@ -121,6 +131,14 @@ void dh__rt_worker_destroy(dh__rt_worker_t **w);
 int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,
                    dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                    dh__rt_result_t *out);
+
+/* A task's predicted memory (what dh__out_reserve is asked for): `transient`, the heap it
+ * holds only while it runs (the video pipeline's decoded samples, each whole before the
+ * batch is written; 0 for the others), and `output`, its batch (the video batch padded to
+ * its largest T, H and W). From the samples' frames/height/width when all are given, else
+ * their out_bytes (x bytes_scale, synthetic). Pure. */
+void dh__rt_task_memory(const dh__rt_pipeline_t *p, const dh_wire_sample_t *samples, uint32_t n,
+                        uint64_t *transient, uint64_t *output);
 
 /* Frees the result's sample strings (not the tensor buffers). */
 void dh__rt_result_clear(dh__rt_result_t *r);

@@ -437,6 +437,19 @@ static int place_tensor(const dh_tensor_t *src, dh__rt_alloc_fn *alloc, void *ct
     return 0;
 }
 
+/* dh_collate_into's allocator over a task's: the handle says where the frames went. */
+typedef struct place_ctx {
+    dh__rt_alloc_fn *alloc;
+    void *ctx;
+    dh_shm_handle_t handle;
+} place_ctx_t;
+
+static int place_alloc(void *ctx, size_t nbytes, void **data)
+{
+    place_ctx_t *pc = ctx;
+    return pc->alloc(pc->ctx, nbytes, data, &pc->handle);
+}
+
 /* C_io's measurement (docs/design.md §4.1): FFmpeg reads inside the decoder, where reads
  * cannot be timed apart from decoding, so the input is read once here, sequentially and
  * timed, and the decoder then finds it in the page cache. The bandwidth it gives (bytes /
@@ -494,9 +507,17 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     }
     dh_batch_t *batch = NULL;
     const dh_pipeline_spec_t *spec = dh_pipeline_spec(w->pipeline);
-    rc = dh_collate(decoded, n, spec->dtype, spec->layout, &batch);
+    /* The frames are collated straight into the output (an arena slab, or the heap for
+     * another node): one copy of the batch, and no second batch-sized buffer. */
+    place_ctx_t pc = {alloc, ctx, {0}};
+    rc = dh_collate_into(decoded, n, spec->dtype, spec->layout, place_alloc, &pc, &batch);
     if (rc)
         goto done;
+    if (batch->frames.data) { /* an all-failed batch has empty tensors: left out */
+        out->tensors[0].tensor = batch->frames;
+        out->tensors[0].handle = pc.handle;
+        out->n_tensors = 1;
+    }
     for (uint32_t i = 0; i < n; i++) {
         dh_wire_sample_result_t *r = &out->samples[i];
         r->tokens = batch->errors[i] ? 0 : batch->tokens[i];
@@ -506,18 +527,13 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
                                                           : dh_strerror(batch->errors[i]));
             if (!r->error) {
                 rc = dh__set_error(DH_ENOMEM, "out of memory for an error message");
-                dh_batch_destroy(&batch);
-                goto done;
+                break;
             }
             out->failed++;
         }
     }
-    /* An all-failed batch has empty tensors: they are left out (nothing to map). */
-    const dh_tensor_t *srcs[2] = {&batch->frames, &batch->mask};
-    for (int k = 0; k < 2 && rc == 0; k++) {
-        if (srcs[k]->nbytes == 0)
-            continue;
-        rc = place_tensor(srcs[k], alloc, ctx, &out->tensors[out->n_tensors]);
+    if (rc == 0 && batch->mask.nbytes) {
+        rc = place_tensor(&batch->mask, alloc, ctx, &out->tensors[out->n_tensors]);
         if (rc == 0)
             out->n_tensors++;
     }
@@ -526,6 +542,8 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
             if (out->tensors[t].tensor.data)
                 release(ctx, out->tensors[t].tensor.data, &out->tensors[t].handle);
         out->n_tensors = 0;
+        dh_batch_destroy(&batch);
+        goto done;
     }
     out->bytes = batch->frames.nbytes + batch->mask.nbytes;
     dh_batch_destroy(&batch);
@@ -535,6 +553,35 @@ done:
         dh_sample_clear(&decoded[i]);
     dh_free(decoded);
     return rc;
+}
+
+void dh__rt_task_memory(const dh__rt_pipeline_t *p, const dh_wire_sample_t *samples, uint32_t n,
+                        uint64_t *transient, uint64_t *output)
+{
+    double scale = p->synthetic && p->bytes_scale > 0 ? p->bytes_scale : 1.0;
+    double sum = 0, largest = 0, t = 0, h = 0, w = 0;
+    bool dims = !p->synthetic && !p->python && n > 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dh_wire_sample_t *s = &samples[i];
+        double b = (double)s->out_bytes * scale;
+        if (dims && s->frames && s->height && s->width) {
+            b = (double)s->frames * 3 * s->height * s->width *
+                (double)dh_dtype_size(p->video.dtype);
+            t = fmax(t, s->frames);
+            h = fmax(h, s->height);
+            w = fmax(w, s->width);
+        } else {
+            dims = false;
+        }
+        sum += b;
+        largest = fmax(largest, b);
+    }
+    double batch = dims ? n * t * 3 * h * w * (double)dh_dtype_size(p->video.dtype)
+                   : p->synthetic || p->python ? sum
+                                               : n * largest; /* padded to the largest */
+    double cap = (double)((uint64_t)1 << 62);
+    *transient = p->synthetic || p->python ? 0 : (uint64_t)fmin(sum, cap);
+    *output = (uint64_t)fmin(batch, cap);
 }
 
 int dh__rt_execute(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dh_test.h"
+#include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/pipeline.h"
@@ -243,6 +244,99 @@ static int16_t at(const dh_tensor_t *t, int64_t r, int64_t c)
     return ((const int16_t *)t->data)[r * t->strides[0] + c * t->strides[1]];
 }
 
+/* dh_collate_into's allocator: hands out a buffer full of garbage (0xAB), so padding left
+ * unwritten shows; or fails with DH_EAGAIN. */
+typedef struct garbage {
+    void *buf;
+    size_t asked;
+    int calls;
+    bool fail;
+} garbage_t;
+
+static int garbage_alloc(void *ctx, size_t nbytes, void **data)
+{
+    garbage_t *g = ctx;
+    g->calls++;
+    g->asked = nbytes;
+    if (g->fail)
+        return dh__set_error(DH_EAGAIN, "test: no room for %zu bytes", nbytes);
+    g->buf = dh_malloc(nbytes);
+    assert_non_null(g->buf);
+    memset(g->buf, 0xAB, nbytes);
+    *data = g->buf;
+    return 0;
+}
+
+static void collate_into_writes_the_callers_memory_as_collate_would(void **state)
+{
+    /* every case of dh_collate: equal sizes with shorter T, different H and W in both
+     * layouts and dtypes, a failed sample, an empty one */
+    for (int layout = 0; layout < 2; layout++)
+        for (int dt = 0; dt < 2; dt++) {
+            dh_dtype_t dtype = dt ? DH_DTYPE_FLOAT32 : DH_DTYPE_UINT8;
+            dh_sample_t s[5];
+            make_sample(&s[0], "a", 2, 4, 5, dtype, (dh_layout_t)layout, 0);
+            make_sample(&s[1], "b", 3, 4, 5, dtype, (dh_layout_t)layout, 7);
+            make_sample(&s[2], "c", 1, 2, 3, dtype, (dh_layout_t)layout, 9);
+            make_failed(&s[3], "d", DH_EIO, "d: broken");
+            memset(&s[4], 0, sizeof s[4]);
+            s[4].id = dh_strdup("e");
+            dh_batch_t *want = collate_ok(s, 5, dtype, (dh_layout_t)layout);
+            garbage_t g = {0};
+            dh_batch_t *got = NULL;
+            assert_int_equal(
+                dh_collate_into(s, 5, dtype, (dh_layout_t)layout, garbage_alloc, &g, &got), 0);
+            assert_int_equal(g.calls, 1);
+            assert_int_equal(g.asked, want->frames.nbytes);
+            assert_ptr_equal(got->frames.data, g.buf);
+            assert_true(got->frames_borrowed);
+            assert_false(want->frames_borrowed);
+            assert_memory_equal(got->frames.data, want->frames.data, want->frames.nbytes);
+            assert_memory_equal(got->frames.shape, want->frames.shape, sizeof want->frames.shape);
+            assert_memory_equal(got->mask.data, want->mask.data, want->mask.nbytes);
+            assert_int_equal(got->failed, 1);
+            for (int i = 0; i < 5; i++) {
+                assert_int_equal(got->frame_counts[i], want->frame_counts[i]);
+                assert_int_equal(got->tokens[i], want->tokens[i]);
+                assert_int_equal(got->errors[i], want->errors[i]);
+                assert_string_equal(got->ids[i], want->ids[i]);
+            }
+            dh_batch_destroy(&got); /* leaves the caller's buffer alone (ASan: no double free) */
+            dh_free(g.buf);
+            dh_batch_destroy(&want);
+            for (int i = 0; i < 5; i++)
+                dh_sample_clear(&s[i]);
+        }
+}
+
+static void collate_into_returns_the_allocators_error_and_keeps_nothing(void **state)
+{
+    dh_sample_t s[1];
+    make_sample(&s[0], "a", 2, 4, 5, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, 0);
+    long live = dh_alloc_live();
+    garbage_t g = {.fail = true};
+    dh_batch_t *b = (dh_batch_t *)&g; /* set to NULL on failure */
+    assert_int_equal(dh_collate_into(s, 1, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, garbage_alloc, &g, &b),
+                     DH_EAGAIN);
+    assert_null(b);
+    assert_int_equal(g.calls, 1);
+    assert_string_equal(dh_last_error(), "test: no room for 120 bytes");
+    assert_int_equal(dh_alloc_live(), live);
+    assert_int_equal(dh_collate_into(s, 1, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, NULL, NULL, &b),
+                     DH_EINVAL);
+    /* an all-failed batch has no frames: the allocator is never called */
+    dh_sample_t f[1];
+    make_failed(&f[0], "f", DH_EIO, "f: broken");
+    g = (garbage_t){0};
+    assert_int_equal(dh_collate_into(f, 1, DH_DTYPE_UINT8, DH_LAYOUT_TCHW, garbage_alloc, &g, &b),
+                     0);
+    assert_int_equal(g.calls, 0);
+    assert_null(b->frames.data);
+    dh_batch_destroy(&b);
+    dh_sample_clear(&f[0]);
+    dh_sample_clear(&s[0]);
+}
+
 static void rows_join_parts_padding_the_other_dims(void **state)
 {
     dh_tensor_t a = grid("mask", 2, 3, 100), b = grid("mask", 1, 5, 500), out;
@@ -323,6 +417,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(all_failed_or_empty_batches_have_no_pixels),
     cmocka_unit_test(collate_survives_allocation_failure),
     cmocka_unit_test(clears_are_safe_on_zeroed_values),
+    cmocka_unit_test(collate_into_writes_the_callers_memory_as_collate_would),
+    cmocka_unit_test(collate_into_returns_the_allocators_error_and_keeps_nothing),
     cmocka_unit_test(rows_join_parts_padding_the_other_dims),
     cmocka_unit_test(rows_of_a_missing_part_are_zeros),
     cmocka_unit_test(rows_read_strided_parts),
