@@ -228,6 +228,11 @@ typedef struct dh_client_config {
                                       * dh_arena_budget_default() (env DH_ARENA_BUDGET, else a
                                       * quarter of physical memory or of the
                                       * memory cgroup's limit, the lower) */
+    double out_bytes_scale;          /* decoded bytes per byte of the profiles' out_bytes, when
+                                      * known: 1 for real decode, the synthetic pipeline's
+                                      * bytes_scale; 0 (default) = unknown (embedded mode
+                                      * reads it from its pipeline). Tier 2 fits its rounds to
+                                      * this rank's share of the arena only when known. */
     dh_rebalance_config_t rebalance; /* tier 2 (off by default) */
     const char *keys_dir;            /* CURVE key directory: tcp:// connections authenticate with
                                       * key_name and encrypt (docs/security.md); NULL = plaintext */

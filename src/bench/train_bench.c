@@ -919,6 +919,9 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
             sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
         cfg.on_error = DH_ON_ERROR_SKIP;
         cfg.next_timeout_ms = 120000;
+        /* real decode: the profiles' out_bytes are the bytes (tier 2 fits its rounds to the
+         * arena); emulated payloads are stand-ins, and the arena is sized for them */
+        cfg.out_bytes_scale = opt->dataset ? 1 : 0;
         /* the join copy (fanout > 1) at the one transfer cost, per payload byte */
         if (!opt->dataset && opt->link_gbps > 0 && opt->bytes_scale > 0)
             cfg.emulate_copy_s_per_B = opt->time_scale / (opt->bytes_scale * link_Bps(opt));

@@ -295,6 +295,11 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
     if ((rc = dh_coordinator_start(c->embedded_coord)) ||
         (rc = dh_dataserver_start(c->embedded_ds)))
         return rc;
+    if (!c->cfg.out_bytes_scale) { /* its pipeline says how big the outputs are */
+        dh__rt_pipeline_t p;
+        if (dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_path, &p) == 0)
+            c->cfg.out_bytes_scale = p.synthetic ? p.bytes_scale : 1;
+    }
     return 0;
 }
 
@@ -358,6 +363,7 @@ static void set_byte_budget(dh_client_t *c)
         largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
     }
     double step = (double)c->cfg.batch * (double)largest;
+    c->largest_batch = step * c->cfg.out_bytes_scale; /* 0: not known */
     if (step > c->byte_budget)
         dh_log_warn("client '%s': its share of the local arena (%.1f MiB of %.1f MiB among %u "
                     "ranks) is less than one batch of the largest samples (batch %u x %.1f "

@@ -186,6 +186,7 @@ struct dh_client {
     double slab_bytes;      /* the arena's slab size (each tensor rounds up to slabs) */
     uint32_t batch_tensors; /* tensors per batch (2 until a batch is seen) */
     double byte_budget;     /* this rank's share of the local arena; 0 = none known */
+    double largest_batch;   /* batch x the largest sample's out_bytes (the profiles) */
     double bytes_outstanding, bytes_outstanding_peak;
     double s_per_token, mean_window_s;
     uint64_t last_return_ns;

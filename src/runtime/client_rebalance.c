@@ -100,6 +100,15 @@ int dh__client_rb_init(dh_client_t *c, const dh_client_config_t *cfg)
     rb->steps = (uint32_t)(rc->buffer_size / per_round ? rc->buffer_size / per_round : 1);
     if (rb->steps > cfg->prefetch)
         rb->steps = cfg->prefetch; /* a round must fit the prefetch horizon */
+    /* ... and its bytes: a rank holds a round's batches materialized at once, so no more
+     * steps than its share of the arena holds batches of the largest samples (at least
+     * one). Without this, 64 samples of 720p clips (4 steps of 8 ranks x 2, 590 MB a
+     * padded batch) held 15 GB and stalled every rank until the round filled. */
+    if (c->byte_budget > 0 && c->largest_batch > 0) {
+        double fit = floor(c->byte_budget / c->largest_batch);
+        if (fit < rb->steps)
+            rb->steps = fit >= 1 ? (uint32_t)fit : 1;
+    }
     if (rc->args && !(rb->args = dh_strdup(rc->args)))
         return dh__set_error(DH_ENOMEM, "out of memory for rebalance.args");
     char id[NAME_CAP + 4];

@@ -13,6 +13,7 @@
 
 #include "dh_test.h"
 #include "datahelix/alloc.h"
+#include "datahelix/clock.h"
 #include "runtime/rt.h"
 
 static void budget_of(const char *bytes)
@@ -36,10 +37,26 @@ static void *reserve_main(void *arg)
     return NULL;
 }
 
+/* Waits for a condition, failing after 10 s (a broken budget must fail, not hang). */
+#define WAIT_FOR(cond)                                                                             \
+    do {                                                                                           \
+        uint64_t until_ = dh_clock_now_ns() + 10000000000ull;                                      \
+        while (!(cond)) {                                                                          \
+            if (dh_clock_now_ns() > until_)                                                        \
+                fail_msg("not within 10 s: %s", #cond);                                            \
+            sched_yield();                                                                         \
+        }                                                                                          \
+    } while (0)
+
 static void until_waiting(unsigned n)
 {
-    while (dh__out_waiting() != n)
-        sched_yield();
+    WAIT_FOR(dh__out_waiting() == n);
+}
+
+static void join(pthread_t t, waiter_t *w)
+{
+    WAIT_FOR(atomic_load(&w->done));
+    pthread_join(t, NULL);
 }
 
 static void a_reservation_waits_for_memory_given_back(void **state)
@@ -58,7 +75,7 @@ static void a_reservation_waits_for_memory_given_back(void **state)
     until_waiting(1); /* 700 + 400 > 1000: it waits */
     assert_int_equal(atomic_load(&w.done), 0);
     dh__out_release(a);
-    pthread_join(t, NULL);
+    join(t, &w);
     assert_true(w.waited);
     assert_int_equal(dh__out_reserved(), 400);
     assert_int_equal(dh__out_waiting(), 0);
@@ -80,7 +97,7 @@ static void one_task_alone_passes_and_a_stop_ends_the_wait(void **state)
     assert_int_equal(pthread_create(&t, NULL, reserve_main, &w), 0);
     until_waiting(1);
     atomic_store(&stop, 1); /* the server stops: the wait ends within its 100 ms tick */
-    pthread_join(t, NULL);
+    join(t, &w);
     assert_true(w.waited);
     dh__out_release(w.charge);
     dh__out_release(big);
@@ -101,7 +118,7 @@ static void settling_shrinks_a_charge_and_wakes_waiters(void **state)
     until_waiting(1);
     /* ... settled to the batch it holds on the heap when it has run */
     dh__out_settle(&c, 300);
-    pthread_join(t, NULL);
+    join(t, &w);
     assert_int_equal(dh__out_reserved(), 800);
     /* two payload frames hold the charge: the bytes come back with the last */
     dh__out_charge_add(c, 2);

@@ -6,6 +6,7 @@
  * decision gave it.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,8 @@ typedef struct world {
     int fatal[RANKS];
 } world_t;
 
-static bool packing; /* the next world plans with packing, in one-sample slots */
+static bool packing;     /* the next world plans with packing, in one-sample slots */
+static double out_scale; /* the next world's clients' out_bytes_scale (0: unknown) */
 
 typedef struct rank_arg {
     world_t *w;
@@ -113,6 +115,7 @@ static void world_start_each(world_t *w, size_t nodes, const dh_rebalance_config
         cfg.epochs = 1;
         cfg.next_timeout_ms = 60000;
         cfg.connect_timeout_ms = 10000;
+        cfg.out_bytes_scale = out_scale;
         cfg.rebalance = rb[r];
         /* the consumers here ask for every batch at once: without a wait allowance every
          * round would end ungathered (the default: a round adds no wait) */
@@ -572,6 +575,65 @@ static int all_to_first(void *user, const dh_rebalance_round_t *round, uint32_t 
     return 0;
 }
 
+/* A round holds its batches materialized at once, so it has no more steps than the rank's
+ * share of the arena holds batches of the largest samples. Here the clients are told that
+ * a profile byte stands for `scale` decoded bytes, chosen so that a batch of the largest
+ * samples is 12 MiB against a share of 30.4 MiB (64 MiB among 2 ranks, less 5%): rounds of
+ * 2 steps, where the buffer (16 samples) alone would give 4. A policy that keeps every part
+ * where it is records how many batches each round it sees spans. */
+static atomic_uint round_batches_min = UINT32_MAX, round_batches_max;
+
+static int record_round(void *user, const dh_rebalance_round_t *round, uint32_t *new_rank)
+{
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < round->n_parts; i++) {
+        new_rank[i] = round->parts[i].rank;
+        lo = round->parts[i].batch < lo ? round->parts[i].batch : lo;
+        hi = round->parts[i].batch > hi ? round->parts[i].batch : hi;
+    }
+    unsigned n = round->n_parts ? (unsigned)(hi - lo + 1) : 0;
+    for (unsigned m = atomic_load(&round_batches_min); n < m;)
+        atomic_compare_exchange_weak(&round_batches_min, &m, n);
+    for (unsigned m = atomic_load(&round_batches_max); n > m;)
+        atomic_compare_exchange_weak(&round_batches_max, &m, n);
+    return 0;
+}
+
+static void rebalance_rounds_fit_the_ranks_share_of_the_arena(void **state)
+{
+    const char *profiles = cl_write_profiles("p.jsonl", ROWS);
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, profiles), 0);
+    double largest = 0;
+    for (size_t i = 0; i < dh_profile_set_count(set); i++)
+        if (dh_profile_set_row(set, i)->out_bytes > largest)
+            largest = (double)dh_profile_set_row(set, i)->out_bytes;
+    dh_profile_set_destroy(&set);
+    assert_true(largest > 0);
+    for (int known = 0; known < 2; known++) {
+        out_scale = known ? 6.0 * 1048576 / largest : 0; /* BATCH x largest x scale = 12 MiB */
+        atomic_store(&round_batches_min, UINT32_MAX);
+        atomic_store(&round_batches_max, 0);
+        world_t *w = calloc(1, sizeof *w);
+        dh_client_config_t d;
+        dh_client_config_default(&d);
+        dh_rebalance_config_t rb = d.rebalance;
+        rb.enabled = 1;
+        rb.buffer_size = 16;
+        rb.sort_fn = record_round;
+        world_start(w, 1, &rb);
+        world_run(w);
+        assert_int_equal(check_ledger(w), 0);
+        world_stop(w);
+        free(w);
+        /* unknown sizes: the buffer's 4 steps; known: 2, to fit the arena */
+        assert_int_equal(atomic_load(&round_batches_max), known ? 2 : 4);
+        assert_int_equal(atomic_load(&round_batches_min), known ? 2 : 4);
+    }
+    out_scale = 0;
+}
+
 static void rebalance_policy_error_names_the_round_and_keeps(void **state)
 {
     world_t *w = calloc(1, sizeof *w);
@@ -629,6 +691,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rebalance_default_policy_is_deterministic),
     cmocka_unit_test(rebalance_gate_keeps_when_the_link_is_slow),
     cmocka_unit_test(rebalance_policy_error_names_the_round_and_keeps),
+    cmocka_unit_test(rebalance_rounds_fit_the_ranks_share_of_the_arena),
     cmocka_unit_test(rebalance_packing_moves_samples_between_counts),
 };
 DH_TEST_MAIN(tests)
