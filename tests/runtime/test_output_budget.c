@@ -160,6 +160,13 @@ static void a_task_reserves_its_decoded_samples_and_padded_batch(void **state)
     p.video.dtype = DH_DTYPE_FLOAT32;
     dh__rt_task_memory(&p, s, 2, &transient, &output);
     assert_int_equal(output, 4ull * 2 * 60 * 3 * 1280 * 1280);
+    /* landscape only: H and W padded each to its own largest */
+    dh_wire_sample_t wide[2] = {
+        {.frames = 2, .height = 100, .width = 200},
+        {.frames = 3, .height = 120, .width = 150},
+    };
+    dh__rt_task_memory(&p, wide, 2, &transient, &output);
+    assert_int_equal(output, 4ull * 2 * 3 * 3 * 120 * 200);
     /* a size unknown: that sample's out_bytes, the batch padded to the largest sample */
     s[1].frames = 0;
     dh__rt_task_memory(&p, s, 2, &transient, &output);
