@@ -73,17 +73,6 @@ static void collect(void *arg)
     dh__series_set(m->sched_s, st.sched_s);
 }
 
-/* A family of one series: its series, or NULL (DH_ENOMEM set). */
-static dh__series_t *one(dh__metrics_t *r, const char *name, const char *help,
-                         dh__metric_type_t type, const double *bounds, size_t n)
-{
-    dh__metric_t *f = dh__metrics_add(r, name, help, type, NULL, bounds, n);
-    return f ? dh__metric_series(f, NULL) : NULL;
-}
-
-#define COUNTER(name, help) one(r, name, help, DH__METRIC_COUNTER, NULL, 0)
-#define GAUGE(name, help) one(r, name, help, DH__METRIC_GAUGE, NULL, 0)
-
 static int build(struct dh__coord_metrics *m)
 {
     dh__metrics_t *r = m->reg;
@@ -97,50 +86,53 @@ static int build(struct dh__coord_metrics *m)
     for (int i = 0; i < N_REASONS; i++) /* every rule listed from the start, at 0 */
         if (!(m->decisions[i] = dh__metric_series(dec, dh_place_reason_name(i))))
             return DH_ENOMEM;
-    m->misses = COUNTER("datahelix_coordinator_deadline_misses_total",
-                        "Decisions whose chosen server's predicted ready time T was past the "
-                        "request's deadline (a predicted miss).");
-    m->requests = COUNTER("datahelix_coordinator_requests_total", "REQUESTs received.");
-    m->dispatches = COUNTER("datahelix_coordinator_dispatches_total", "DISPATCHes sent.");
-    m->redispatches = COUNTER("datahelix_coordinator_redispatches_total",
-                              "Requests placed again because their server was declared dead.");
-    m->completes = COUNTER("datahelix_coordinator_completes_total",
-                           "COMPLETE reports received (executors' and deliverers').");
-    m->delivered = COUNTER("datahelix_coordinator_delivered_total",
-                           "Requests delivered to their rank (ended in the book).");
-    m->servers_alive = GAUGE("datahelix_coordinator_servers_alive", "DataServers alive now.");
+    m->misses = DH__COUNTER("datahelix_coordinator_deadline_misses_total",
+                            "Decisions whose chosen server's predicted ready time T was past the "
+                            "request's deadline (a predicted miss).");
+    m->requests = DH__COUNTER("datahelix_coordinator_requests_total", "REQUESTs received.");
+    m->dispatches = DH__COUNTER("datahelix_coordinator_dispatches_total", "DISPATCHes sent.");
+    m->redispatches = DH__COUNTER("datahelix_coordinator_redispatches_total",
+                                  "Requests placed again because their server was declared dead.");
+    m->completes = DH__COUNTER("datahelix_coordinator_completes_total",
+                               "COMPLETE reports received (executors' and deliverers').");
+    m->delivered = DH__COUNTER("datahelix_coordinator_delivered_total",
+                               "Requests delivered to their rank (ended in the book).");
+    m->servers_alive = DH__GAUGE("datahelix_coordinator_servers_alive", "DataServers alive now.");
     m->servers_dead =
-        COUNTER("datahelix_coordinator_servers_declared_dead_total",
-                "DataServers declared dead: silent past --dead-after-ms, or gone (GOODBYE, a "
-                "broken connection).");
-    m->client_hellos = COUNTER("datahelix_coordinator_client_registrations_total",
-                               "Clients (ranks) registered, a re-registration counted again.");
-    m->rebalance_rounds = COUNTER("datahelix_coordinator_rebalance_rounds_total",
-                                  "Tier-2 rebalance rounds gathered and sent to their members.");
-    m->sched_s = COUNTER("datahelix_coordinator_sched_seconds_total",
-                         "Seconds spent in the placement rule (dh_place).");
-    m->book = GAUGE("datahelix_coordinator_book_requests",
-                    "Requests in the book: received and not yet delivered.");
-    m->late = GAUGE("datahelix_coordinator_late_reports_requests",
-                    "Delivered requests waiting for their executor's report (at most 1024).");
-    m->heartbeat_gap = one(r, "datahelix_coordinator_heartbeat_gap_seconds",
-                           "Seconds between a DataServer's heartbeat and its previous message "
-                           "(nominally the heartbeat period, 0.1 s by default; longer gaps are "
-                           "missed heartbeats).",
-                           DH__METRIC_HISTOGRAM, gap_bounds, NB(gap_bounds));
-    m->cpu_ratio =
-        one(r, "datahelix_coordinator_cpu_actual_over_predicted_ratio",
-            "Per executed request: measured CPU seconds / predicted C_cpu (the cost model's "
-            "prediction x the server's speed factor at placement).",
-            DH__METRIC_HISTOGRAM, ratio_bounds, NB(ratio_bounds));
-    m->cpu_abs_error = one(r, "datahelix_coordinator_cpu_prediction_abs_error_seconds",
-                           "Per executed request: |measured CPU seconds - predicted C_cpu|.",
-                           DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
+        DH__COUNTER("datahelix_coordinator_servers_declared_dead_total",
+                    "DataServers declared dead: silent past --dead-after-ms, or gone (GOODBYE, a "
+                    "broken connection).");
+    m->client_hellos = DH__COUNTER("datahelix_coordinator_client_registrations_total",
+                                   "Clients (ranks) registered, a re-registration counted again.");
+    m->rebalance_rounds =
+        DH__COUNTER("datahelix_coordinator_rebalance_rounds_total",
+                    "Tier-2 rebalance rounds gathered and sent to their members.");
+    m->sched_s = DH__COUNTER("datahelix_coordinator_sched_seconds_total",
+                             "Seconds spent in the placement rule (dh_place).");
+    m->book = DH__GAUGE("datahelix_coordinator_book_requests",
+                        "Requests in the book: received and not yet delivered.");
+    m->late = DH__GAUGE("datahelix_coordinator_late_reports_requests",
+                        "Delivered requests waiting for their executor's report (at most 1024).");
+    m->heartbeat_gap =
+        dh__metrics_one(r, "datahelix_coordinator_heartbeat_gap_seconds",
+                        "Seconds between a DataServer's heartbeat and its previous message "
+                        "(nominally the heartbeat period, 0.1 s by default; longer gaps are "
+                        "missed heartbeats).",
+                        DH__METRIC_HISTOGRAM, gap_bounds, NB(gap_bounds));
+    m->cpu_ratio = dh__metrics_one(
+        r, "datahelix_coordinator_cpu_actual_over_predicted_ratio",
+        "Per executed request: measured CPU seconds / predicted C_cpu (the cost model's "
+        "prediction x the server's speed factor at placement).",
+        DH__METRIC_HISTOGRAM, ratio_bounds, NB(ratio_bounds));
+    m->cpu_abs_error =
+        dh__metrics_one(r, "datahelix_coordinator_cpu_prediction_abs_error_seconds",
+                        "Per executed request: |measured CPU seconds - predicted C_cpu|.",
+                        DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
     m->ready_abs_error =
-        one(r, "datahelix_coordinator_ready_prediction_abs_error_seconds",
-            "Per executed request: |actual - predicted ready time T| (DISPATCH to the "
-            "executor's COMPLETE).",
-            DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
+        dh__metrics_one(r, "datahelix_coordinator_ready_prediction_abs_error_seconds",
+                        "Per executed request: |actual - predicted ready time T| (DISPATCH to the "
+                        "executor's COMPLETE).",
+                        DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
     m->f_alive = dh__metrics_add(r, "datahelix_coordinator_server_alive",
                                  "1 while the DataServer is alive, 0 once declared dead.",
                                  DH__METRIC_GAUGE, "server", NULL, 0);

@@ -81,16 +81,6 @@ static void collect(void *arg)
     }
 }
 
-static dh__series_t *one(dh__metrics_t *r, const char *name, const char *help,
-                         dh__metric_type_t type, const double *bounds, size_t n)
-{
-    dh__metric_t *f = dh__metrics_add(r, name, help, type, NULL, bounds, n);
-    return f ? dh__metric_series(f, NULL) : NULL;
-}
-
-#define COUNTER(name, help) one(r, name, help, DH__METRIC_COUNTER, NULL, 0)
-#define GAUGE(name, help) one(r, name, help, DH__METRIC_GAUGE, NULL, 0)
-
 static int build(struct dh__ds_metrics *m, const dh_dataserver_t *s)
 {
     dh__metrics_t *r = m->reg;
@@ -102,10 +92,10 @@ static int build(struct dh__ds_metrics *m, const dh_dataserver_t *s)
     if (!info_s)
         return DH_ENOMEM;
     dh__series_set(info_s, 1);
-    m->tasks = COUNTER("datahelix_dataserver_tasks_total", "Requests its workers executed.");
-    m->samples = COUNTER("datahelix_dataserver_samples_total", "Samples its workers executed.");
-    m->sample_errors = COUNTER("datahelix_dataserver_sample_errors_total",
-                               "Samples that failed (decode error, a raising dataset).");
+    m->tasks = DH__COUNTER("datahelix_dataserver_tasks_total", "Requests its workers executed.");
+    m->samples = DH__COUNTER("datahelix_dataserver_samples_total", "Samples its workers executed.");
+    m->sample_errors = DH__COUNTER("datahelix_dataserver_sample_errors_total",
+                                   "Samples that failed (decode error, a raising dataset).");
     dh__metric_t *delivered = dh__metrics_add(
         r, "datahelix_dataserver_batches_delivered_total",
         "Batches placed in its arena for its node's ranks, by source: its own workers (own) "
@@ -114,49 +104,50 @@ static int build(struct dh__ds_metrics *m, const dh_dataserver_t *s)
     if (!delivered || !(m->delivered_own = dh__metric_series(delivered, "own")) ||
         !(m->delivered_forwarded = dh__metric_series(delivered, "forwarded")))
         return DH_ENOMEM;
-    m->forwarded = COUNTER("datahelix_dataserver_forwarded_batches_total",
-                           "Batches it sent to another DataServer (a sidecar's results, tier-2 "
-                           "moves).");
-    m->bytes_forwarded = COUNTER("datahelix_dataserver_forwarded_bytes_total",
-                                 "Payload bytes it sent to another DataServer.");
-    m->bytes_cross_node = COUNTER("datahelix_dataserver_cross_node_bytes_total",
-                                  "Of the forwarded bytes, those sent to another node.");
-    m->bytes_received = COUNTER("datahelix_dataserver_received_bytes_total",
-                                "Payload bytes received from other DataServers.");
-    m->arena_waits = COUNTER("datahelix_dataserver_arena_waits_total",
-                             "Times a batch waited for arena space (backpressure).");
-    m->arena_spills = COUNTER("datahelix_dataserver_arena_spills_total",
-                              "Tensors sent by copy after the arena stayed full for 50 ms.");
-    m->undeliverable = COUNTER("datahelix_dataserver_undeliverable_total",
-                               "Batches dropped because their client was gone.");
-    m->rebalance_sent = COUNTER("datahelix_dataserver_rebalance_sent_total",
-                                "Tier-2 parts its clients moved to another node.");
-    m->queue_depth = GAUGE("datahelix_dataserver_queue_depth",
-                           "Requests it holds whose executor COMPLETE it has not sent (queued, "
-                           "running, or waiting for their client): what its heartbeat reports.");
-    m->queued_work = GAUGE("datahelix_dataserver_queued_work_seconds",
-                           "Predicted CPU seconds (speed 1) of those requests.");
-    m->workers = GAUGE("datahelix_dataserver_workers", "Worker threads.");
-    m->busy_s = COUNTER("datahelix_dataserver_worker_busy_seconds_total",
-                        "Wall seconds workers spent executing tasks (counted as each ends).");
-    m->busy_ratio = GAUGE("datahelix_dataserver_worker_busy_ratio",
-                          "Fraction of the workers' time spent executing tasks since the "
-                          "previous scrape (0 at the first).");
-    m->arena_size = GAUGE("datahelix_dataserver_arena_size_bytes",
-                          "Its shared-memory arena's size (0 for a sidecar, which has none).");
-    m->arena_used_bytes = GAUGE("datahelix_dataserver_arena_used_bytes",
-                                "Bytes of the arena's slabs in allocations not yet collected.");
+    m->forwarded = DH__COUNTER("datahelix_dataserver_forwarded_batches_total",
+                               "Batches it sent to another DataServer (a sidecar's results, tier-2 "
+                               "moves).");
+    m->bytes_forwarded = DH__COUNTER("datahelix_dataserver_forwarded_bytes_total",
+                                     "Payload bytes it sent to another DataServer.");
+    m->bytes_cross_node = DH__COUNTER("datahelix_dataserver_cross_node_bytes_total",
+                                      "Of the forwarded bytes, those sent to another node.");
+    m->bytes_received = DH__COUNTER("datahelix_dataserver_received_bytes_total",
+                                    "Payload bytes received from other DataServers.");
+    m->arena_waits = DH__COUNTER("datahelix_dataserver_arena_waits_total",
+                                 "Times a batch waited for arena space (backpressure).");
+    m->arena_spills = DH__COUNTER("datahelix_dataserver_arena_spills_total",
+                                  "Tensors sent by copy after the arena stayed full for 50 ms.");
+    m->undeliverable = DH__COUNTER("datahelix_dataserver_undeliverable_total",
+                                   "Batches dropped because their client was gone.");
+    m->rebalance_sent = DH__COUNTER("datahelix_dataserver_rebalance_sent_total",
+                                    "Tier-2 parts its clients moved to another node.");
+    m->queue_depth =
+        DH__GAUGE("datahelix_dataserver_queue_depth",
+                  "Requests it holds whose executor COMPLETE it has not sent (queued, "
+                  "running, or waiting for their client): what its heartbeat reports.");
+    m->queued_work = DH__GAUGE("datahelix_dataserver_queued_work_seconds",
+                               "Predicted CPU seconds (speed 1) of those requests.");
+    m->workers = DH__GAUGE("datahelix_dataserver_workers", "Worker threads.");
+    m->busy_s = DH__COUNTER("datahelix_dataserver_worker_busy_seconds_total",
+                            "Wall seconds workers spent executing tasks (counted as each ends).");
+    m->busy_ratio = DH__GAUGE("datahelix_dataserver_worker_busy_ratio",
+                              "Fraction of the workers' time spent executing tasks since the "
+                              "previous scrape (0 at the first).");
+    m->arena_size = DH__GAUGE("datahelix_dataserver_arena_size_bytes",
+                              "Its shared-memory arena's size (0 for a sidecar, which has none).");
+    m->arena_used_bytes = DH__GAUGE("datahelix_dataserver_arena_used_bytes",
+                                    "Bytes of the arena's slabs in allocations not yet collected.");
     m->arena_slabs_used =
-        GAUGE("datahelix_dataserver_arena_slabs_used", "Arena slabs in allocations not yet "
-                                                       "collected.");
-    m->arena_slabs_total = GAUGE("datahelix_dataserver_arena_slabs", "Slabs in the arena.");
-    m->arena_allocations = GAUGE("datahelix_dataserver_arena_allocations_live",
-                                 "Arena allocations still referenced (batches ranks hold).");
-    m->cpu_ratio =
-        one(r, "datahelix_dataserver_cpu_actual_over_predicted_ratio",
-            "Per executed request: measured CPU seconds / the DISPATCH's predicted "
-            "CPU seconds at speed 1 (a server slower than speed 1 reads above 1).",
-            DH__METRIC_HISTOGRAM, ratio_bounds, sizeof ratio_bounds / sizeof ratio_bounds[0]);
+        DH__GAUGE("datahelix_dataserver_arena_slabs_used", "Arena slabs in allocations not yet "
+                                                           "collected.");
+    m->arena_slabs_total = DH__GAUGE("datahelix_dataserver_arena_slabs", "Slabs in the arena.");
+    m->arena_allocations = DH__GAUGE("datahelix_dataserver_arena_allocations_live",
+                                     "Arena allocations still referenced (batches ranks hold).");
+    m->cpu_ratio = dh__metrics_one(
+        r, "datahelix_dataserver_cpu_actual_over_predicted_ratio",
+        "Per executed request: measured CPU seconds / the DISPATCH's predicted "
+        "CPU seconds at speed 1 (a server slower than speed 1 reads above 1).",
+        DH__METRIC_HISTOGRAM, ratio_bounds, sizeof ratio_bounds / sizeof ratio_bounds[0]);
     if (!m->tasks || !m->samples || !m->sample_errors || !m->forwarded || !m->bytes_forwarded ||
         !m->bytes_cross_node || !m->bytes_received || !m->arena_waits || !m->arena_spills ||
         !m->undeliverable || !m->rebalance_sent || !m->queue_depth || !m->queued_work ||

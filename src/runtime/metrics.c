@@ -223,6 +223,13 @@ oom:
     return NULL;
 }
 
+dh__series_t *dh__metrics_one(dh__metrics_t *r, const char *name, const char *help,
+                              dh__metric_type_t type, const double *bounds, size_t n_bounds)
+{
+    dh__metric_t *f = dh__metrics_add(r, name, help, type, NULL, bounds, n_bounds);
+    return f ? dh__metric_series(f, NULL) : NULL;
+}
+
 dh__series_t *dh__metric_series(dh__metric_t *f, const char *label_value)
 {
     assert((f->label == NULL) == (label_value == NULL));

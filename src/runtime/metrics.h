@@ -63,6 +63,13 @@ dh__metric_t *dh__metrics_add(dh__metrics_t *m, const char *name, const char *he
  * Returns it (owned by the registry), or NULL with DH_ENOMEM set. Any thread. */
 dh__series_t *dh__metric_series(dh__metric_t *f, const char *label_value);
 
+/* A family of one series (no label) and that series: its series, or NULL (DH_ENOMEM set).
+ * DH__COUNTER / DH__GAUGE (registry `r` in scope) are the common cases. */
+dh__series_t *dh__metrics_one(dh__metrics_t *r, const char *name, const char *help,
+                              dh__metric_type_t type, const double *bounds, size_t n_bounds);
+#define DH__COUNTER(name, help) dh__metrics_one(r, name, help, DH__METRIC_COUNTER, NULL, 0)
+#define DH__GAUGE(name, help) dh__metrics_one(r, name, help, DH__METRIC_GAUGE, NULL, 0)
+
 /* Counter: adds v (>= 0). Gauge: adds v (any sign). Any thread, lock-free. */
 void dh__series_add(dh__series_t *s, double v);
 
