@@ -182,6 +182,11 @@ typedef struct dh_bench_system_result {
     double task_budget_mb;     /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
     double task_heap_peak_mb;  /* the most of it reserved at once during this run: at most the
                                 * budget, or one task alone larger than it */
+    double client_start_s;     /* the mean time to create one client (dh_client_new), from the
+                                * first call to the training loop's start: the clients are
+                                * made one after another and each prefetches from its
+                                * creation, so rank r's loader starts (ranks - 1 - r) x this
+                                * ahead of the loop (simulate: the value it modelled) */
     double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
                                 * (emulated: their actual costs x time_scale) */
     double max_compute_sum_s;  /* the largest rank's compute, summed per step */
