@@ -3,7 +3,10 @@
 runs `datahelix bench --emulate` and `datahelix simulate` on the same configuration and
 seed (the paper layout by default; extra arguments go to both) and prints, per system,
 throughput, miss rate and input-wait p95 side by side with the simulator's relative
-difference. Usage: sim_validate.py CLI OUT_DIR [options for both commands...]"""
+difference. bench creates its clients one after another, each prefetching from its
+creation; it reports the mean creation time per system (client_start_s), and each system
+is simulated with its own (--client-start-ms), then the reports are merged into
+OUT_DIR/simulate.json. Usage: sim_validate.py CLI OUT_DIR [options for both commands...]"""
 import json
 import os
 import subprocess
@@ -15,7 +18,19 @@ def run(cli, command, json_path, args):
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(json_path) as f:
-        return json.load(f)["systems"]
+        return json.load(f)
+
+
+def without_systems(args):
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--systems":
+            skip = True
+        elif not a.startswith("--systems="):
+            out.append(a)
+    return out
 
 
 def main():
@@ -24,17 +39,31 @@ def main():
     cli, out = sys.argv[1], sys.argv[2]
     args = sys.argv[3:] or ["--mix", "kinetics-mixed", "--systems", "native,pool,helix"]
     os.makedirs(out, exist_ok=True)
-    bench = run(cli, "bench", os.path.join(out, "bench.json"), args)
-    sim = run(cli, "simulate", os.path.join(out, "simulate.json"), args)
-    print("| system | samples/s: bench / simulate | miss: bench / simulate | wait p95: bench / simulate |")
-    print("|---|---|---|---|")
+    bench_report = run(cli, "bench", os.path.join(out, "bench.json"), args)
+    bench = bench_report["systems"]
+    sim_report = None
+    for name, b in bench.items():
+        ms = f"{1e3 * b['client_start_s']:.6g}"
+        one = run(cli, "simulate", os.path.join(out, f"simulate-{name}.json"),
+                  without_systems(args) + ["--systems", name, "--client-start-ms", ms])
+        if sim_report is None:
+            sim_report = one
+            sim_report["config"]["systems"] = ",".join(bench)
+        else:
+            sim_report["systems"][name] = one["systems"][name]
+    with open(os.path.join(out, "simulate.json"), "w") as f:
+        json.dump(sim_report, f)
+    sim = sim_report["systems"]
+    print("| system | client start | samples/s: bench / simulate | miss: bench / simulate | wait p95: bench / simulate |")
+    print("|---|---|---|---|---|")
 
     def rel(x, y):
         return f"{100 * (y - x) / x:+.1f}%" if x else "n/a"
 
     for name, b in bench.items():
         s = sim[name]
-        print(f"| {name} | {b['throughput_sps']:.1f} / {s['throughput_sps']:.1f} "
+        print(f"| {name} | {1e3 * b['client_start_s']:.1f} ms "
+              f"| {b['throughput_sps']:.1f} / {s['throughput_sps']:.1f} "
               f"({rel(b['throughput_sps'], s['throughput_sps'])}) "
               f"| {100 * b['ddl_miss_rate']:.2f}% / {100 * s['ddl_miss_rate']:.2f}% "
               f"| {b['input_wait_p95_s']:.4f} / {s['input_wait_p95_s']:.4f} s "

@@ -35,6 +35,10 @@ static void usage(FILE *out)
             "  --link-latency-us U   one-way latency of every link (0, as the emulation)\n"
             "  --speed-sigma S       each server's true speed: a mean-one lognormal of sigma S\n"
             "                        per server, which the coordinator must learn (0)\n"
+            "  --client-start-ms M   the time bench takes to create one client: rank r's\n"
+            "                        prefetch starts (ranks - 1 - r) x M before the training\n"
+            "                        loop, as in bench, whose JSON reports it per system as\n"
+            "                        client_start_s (0: every client at the loop's start)\n"
             "  --plan-algo NAME      tier 1's algorithm: greedy, kk, swap (the client's\n"
             "                        default), exact\n"
             "  --no-rank-steps       leave rank_step_s (ranks x steps numbers) out of the JSON\n"
@@ -111,6 +115,7 @@ int dh_cmd_simulate(int argc, char **argv)
         O_JSON,
         O_LAT,
         O_SPEED,
+        O_CLIENT_START,
         O_ALGO,
         O_NO_RANK_STEPS,
         O_EMULATE,
@@ -148,6 +153,7 @@ int dh_cmd_simulate(int argc, char **argv)
         {"json", required_argument, 0, O_JSON},
         {"link-latency-us", required_argument, 0, O_LAT},
         {"speed-sigma", required_argument, 0, O_SPEED},
+        {"client-start-ms", required_argument, 0, O_CLIENT_START},
         {"plan-algo", required_argument, 0, O_ALGO},
         {"no-rank-steps", no_argument, 0, O_NO_RANK_STEPS},
         {"emulate", no_argument, 0, O_EMULATE},
@@ -267,6 +273,10 @@ int dh_cmd_simulate(int argc, char **argv)
             break;
         case O_SPEED:
             bad = num("--speed-sigma", optarg, 0, &o.server_speed_sigma);
+            break;
+        case O_CLIENT_START:
+            bad = num("--client-start-ms", optarg, 0, &v);
+            o.client_start_s = v * 1e-3;
             break;
         case O_ALGO:
             if (dh_plan_algo_from_name(optarg, &o.plan_algo) != 0) {

@@ -46,7 +46,15 @@
 #include "runtime/rt.h"
 #include "sim/event.h"
 
-enum { EV_TASK_DONE = 1, EV_FORWARDED, EV_BATCH_READY, EV_COMPUTE_DONE, EV_ANCHOR };
+enum {
+    EV_TASK_DONE = 1,
+    EV_FORWARDED,
+    EV_BATCH_READY,
+    EV_COMPUTE_DONE,
+    EV_ANCHOR,
+    EV_CLIENT_START, /* a rank's client is created: its sender starts prefetching */
+    EV_LOOP_START,   /* the training loop starts: every rank calls next() for step 0 */
+};
 
 #define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c) */
 
@@ -1081,6 +1089,7 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
     for (uint32_t i = 0; i < s->n_servers; i++)
         cores += s->servers[i].workers;
     res->cores = cores;
+    res->client_start_s = o->client_start_s;
     /* the coordinator's link table: the learned rate (emulated bytes, time-scaled), 100 us */
     dh_link_t l = dh_link_make(s->link_Bps > 0 ? s->link_Bps / s->ts : 1.25e9, 100e-6);
     for (int i = 0; i < 4; i++)
@@ -1228,15 +1237,27 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
         rc = dh__set_error(DH_ENOMEM, "simulate: out of memory");
         goto done;
     }
-    /* time 0: every sender fills its horizon, step 0 begins */
+    /* Time 0: the coordinator and the servers are up. bench then creates its clients one
+     * after another (client_start_s each), and each client's sender fills its horizon as
+     * soon as it exists (client.c starts the sender in dh_client_new); the training loop
+     * starts once the last client is made. So rank r's loader has (ranks - 1 - r) x
+     * client_start_s of head start. With client_start_s 0 every sender fills its horizon at
+     * time 0 and step 0 begins at once. */
     uint64_t wall0 = dh_clock_now_ns();
+    double loop_s = o->client_start_s * opt->ranks;
     if (opt->warmup == 0)
-        s->t_begin = 0;
+        s->t_begin = loop_s;
     for (uint32_t r = 0; r < opt->ranks && s->rc == 0; r++)
-        sender(s, r);
+        if (o->client_start_s > 0)
+            s->rc = dh__sim_events_push(&s->ev, o->client_start_s * (r + 1), EV_CLIENT_START, r, 0);
+        else
+            sender(s, r);
     if (s->rc == 0 && sp->policy == DH_POLICY_DEADLINE)
         s->rc = dh__sim_events_push(&s->ev, ANCHOR_S, EV_ANCHOR, 0, 0);
-    step_begin(s);
+    if (s->rc == 0 && o->client_start_s > 0)
+        s->rc = dh__sim_events_push(&s->ev, loop_s, EV_LOOP_START, 0, 0);
+    else if (s->rc == 0)
+        step_begin(s);
     uint32_t every = opt->steps >= 10 ? opt->steps / 5 : 1;
     uint64_t reported = 0;
     dh_sim_event_t e;
@@ -1254,6 +1275,12 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
             break;
         case EV_COMPUTE_DONE:
             compute_done(s, e.a);
+            break;
+        case EV_CLIENT_START:
+            sender(s, e.a);
+            break;
+        case EV_LOOP_START:
+            step_begin(s);
             break;
         case EV_ANCHOR:
             anchor(s);
@@ -1348,6 +1375,8 @@ static int check_options(const dh_sim_options_t *o)
     if (!(o->link_latency_s >= 0) || !(o->server_speed_sigma >= 0 && o->server_speed_sigma <= 4))
         return dh__set_error(DH_EINVAL,
                              "simulate: --link-latency-us >= 0, --speed-sigma in [0, 4]");
+    if (!(o->client_start_s >= 0 && o->client_start_s <= 60))
+        return dh__set_error(DH_EINVAL, "simulate: --client-start-ms in [0, 60000]");
     if (b->plan_window < 1 || b->plan_window > 1024)
         return dh__set_error(DH_EINVAL, "simulate: --plan-window must be in [1, 1024]");
     return 0;

@@ -36,6 +36,11 @@ typedef struct dh_sim_options {
     uint32_t rebalance_group;  /* tier 2's load-balance groups: this many consecutive ranks
                                 * each (0 = one group of all ranks, as bench) */
     int place_index;           /* 1: dh_place_index_* (the same decisions in O(log N)) */
+    double client_start_s;     /* the time bench takes to create one client (its
+                                * client_start_s): rank r's sender starts prefetching
+                                * (ranks - 1 - r) x this before the training loop, as bench
+                                * makes its clients one after another (0: all at the loop's
+                                * start) */
     dh_sim_place_fn *place;    /* NULL = dh_place */
     void *place_ctx;
 } dh_sim_options_t;

@@ -185,6 +185,34 @@ static void sim_scales_past_bench_limits(void **state)
     dh_bench_report_clear(&r);
 }
 
+/* --client-start-ms (bench's client_start_s): rank r's sender starts prefetching
+ * (ranks - 1 - r) creations before the training loop. native's loaders are the ranks' own,
+ * so a head start shorter than a rank's first wait takes exactly that much off its first
+ * step (waits at step 0 are the whole first batch's decode here: hundreds of ms against a
+ * head start of at most 30 ms), and the last rank, made just before the loop, has none. */
+static void clients_start_one_after_another(void **state)
+{
+    (void)state;
+    dh_sim_options_t o;
+    tiny(&o);
+    o.bench.systems = "native";
+    o.bench.warmup = 0;
+    dh_bench_report_t at_once, staggered;
+    assert_int_equal(dh_sim_run(&o, &at_once), 0);
+    o.client_start_s = 0.01;
+    assert_int_equal(dh_sim_run(&o, &staggered), 0);
+    assert_close(at_once.systems[0].client_start_s, 0, 0);
+    assert_close(staggered.systems[0].client_start_s, 0.01, 0);
+    uint32_t ranks = o.bench.ranks, steps = o.bench.steps;
+    for (uint32_t r = 0; r < ranks; r++) {
+        double first = at_once.systems[0].rank_step_s[(size_t)r * steps];
+        assert_close(staggered.systems[0].rank_step_s[(size_t)r * steps],
+                     first - (ranks - 1 - r) * 0.01, 1e-9);
+    }
+    dh_bench_report_clear(&at_once);
+    dh_bench_report_clear(&staggered);
+}
+
 static void bad_options_are_named(void **state)
 {
     (void)state;
@@ -204,6 +232,10 @@ static void bad_options_are_named(void **state)
     tiny(&o);
     o.link_latency_s = -1;
     assert_int_equal(dh_sim_run(&o, &r), DH_EINVAL);
+    tiny(&o);
+    o.client_start_s = -0.001;
+    assert_int_equal(dh_sim_run(&o, &r), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--client-start-ms"));
 }
 
 /* The validation (docs/simulator.md, "Validation"): the 8-rank emulated paper layout, 30
@@ -239,14 +271,19 @@ static void sim_agrees_with_bench_emulate(void **state)
     static char dir[512];
     snprintf(dir, sizeof dir, "%s", dh_test_path(""));
     b.work_dir = dir;
-    dh_bench_report_t real, sim;
+    dh_bench_report_t real, sim[2];
     assert_int_equal(dh_bench_run(&b, &real), 0);
-    dh_sim_options_t o;
-    dh_sim_options_default(&o);
-    o.bench = b;
-    assert_int_equal(dh_sim_run(&o, &sim), 0);
+    assert_int_equal(real.n_systems, 2);
     for (size_t i = 0; i < 2; i++) {
-        const dh_bench_system_result_t *x = &real.systems[i], *y = &sim.systems[i];
+        /* each system with the clients' creation time bench measured for it */
+        dh_sim_options_t o;
+        dh_sim_options_default(&o);
+        o.bench = b;
+        o.bench.systems = real.systems[i].name;
+        o.client_start_s = real.systems[i].client_start_s;
+        assert_true(o.client_start_s > 0);
+        assert_int_equal(dh_sim_run(&o, &sim[i]), 0);
+        const dh_bench_system_result_t *x = &real.systems[i], *y = &sim[i].systems[0];
         fprintf(stderr,
                 "%s: bench %.1f samples/s, miss %.3f, wait p95 %.4f s; simulate %.1f, %.3f, "
                 "%.4f s\n",
@@ -257,9 +294,9 @@ static void sim_agrees_with_bench_emulate(void **state)
         /* a wait below the miss threshold is the machine's jitter, which the model has not */
         assert_close(y->input_wait_p95_s, x->input_wait_p95_s,
                      fmax(0.10 * x->input_wait_p95_s, fmax(real.deadline_threshold_s, 0.001)));
+        dh_bench_report_clear(&sim[i]);
     }
     dh_bench_report_clear(&real);
-    dh_bench_report_clear(&sim);
 }
 
 static const struct CMUnitTest tests[] = {
@@ -269,6 +306,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(placement_function_is_switchable),
     cmocka_unit_test(rebalance_groups_bound_the_moves),
     cmocka_unit_test(sim_scales_past_bench_limits),
+    cmocka_unit_test(clients_start_one_after_another),
     cmocka_unit_test(bad_options_are_named),
     cmocka_unit_test(sim_agrees_with_bench_emulate),
 };
