@@ -729,8 +729,8 @@ void dh_client_destroy(dh_client_t **pc)
     dh_msg_t bye = {.type = DH_MSG_GOODBYE};
     if (c->coord)
         dh_wire_send(c->coord, NULL, 0, &bye, NULL, 0, 0);
-    if (c->data)
-        dh_wire_send(c->data, NULL, 0, &bye, NULL, 0, 0);
+    if (c->data && dh_wire_send(c->data, NULL, 0, &bye, NULL, 0, 0) == 0)
+        dh__client_drain_after_goodbye(c);
     for (size_t i = 0; c->ring && i < c->ring_size; i++)
         if (c->ring[i].ready)
             dh__client_part_release(&c->ring[i]);

@@ -381,6 +381,59 @@ static void notice_receive(dh_client_t *c)
     dh_wire_received_release(&r);
 }
 
+/* A DELIVER the DataServer sent before it read this client's GOODBYE holds slabs referenced
+ * for this process: unread, they would stay until the process exits (the reclaim frees only
+ * a dead holder's), which leaked a slab in a process that keeps its DataServer (an embedded
+ * cluster) when a batch was delivered while the loader closed. The DataServer answers GOODBYE
+ * on the data socket after every DELIVER it sent there, and writes its notices before it
+ * reads the GOODBYE, so once the answer is in, what is left in the notice channel is all. */
+void dh__client_drain_after_goodbye(dh_client_t *c)
+{
+    if (!c->data)
+        return;
+    uint64_t t0 = dh_clock_now_ns();
+    bool answered = false;
+    for (;;) {
+        long left_ms = 1000 - (long)(dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000);
+        if (answered)
+            left_ms = 0; /* the notices already written, then done */
+        else if (left_ms <= 0)
+            break;
+        zmq_pollitem_t items[2] = {{NULL, c->notice_fd, ZMQ_POLLIN, 0},
+                                   {dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0}};
+        int first = c->notice_fd >= 0 ? 0 : 1, n = answered ? 1 - first : 2 - first;
+        if (n <= 0)
+            break;
+        int ready = zmq_poll(items + first, n, left_ms);
+        if (ready < 0 && zmq_errno() == EINTR)
+            continue;
+        if (ready <= 0)
+            break;
+        if (first == 0 && (items[0].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) {
+            dh_msg_t m = {0};
+            int got = dh__notice_receive(c->notice_fd, c->id, &m);
+            if (got < 0) {
+                close(c->notice_fd);
+                c->notice_fd = -1;
+            } else if (got == 1) {
+                if (m.type == DH_MSG_DELIVER)
+                    drop_deliver(c, &m.deliver);
+                dh_msg_clear(&m);
+            }
+        }
+        if (!answered && (items[1].revents & ZMQ_POLLIN)) {
+            dh_wire_received_t r = {0};
+            if (dh_wire_recv(c->data, 0, &r) == 0) {
+                if (r.msg.type == DH_MSG_DELIVER)
+                    drop_deliver(c, &r.msg.deliver);
+                else if (r.msg.type == DH_MSG_GOODBYE)
+                    answered = true;
+                dh_wire_received_release(&r);
+            }
+        }
+    }
+}
+
 void *dh__client_fetcher_main(void *arg)
 {
     dh_client_t *c = arg;

@@ -269,6 +269,10 @@ void *dh__client_fetcher_main(void *arg);
  * joins the batch. r->msg's samples may be taken; the caller still releases r.
  * tests/runtime/test_client_fetch.c drives it with a client made by hand. */
 void dh__client_on_deliver(dh_client_t *c, dh_wire_received_t *r);
+/* After the client's GOODBYE on its data socket (the fetcher stopped): drops, giving their
+ * slabs back, the DELIVERs the DataServer sent before it read the GOODBYE, until the
+ * DataServer's GOODBYE answers it (at most 1 s: a server that is gone never answers). */
+void dh__client_drain_after_goodbye(dh_client_t *c);
 
 /* Joins a batch's parts into parts[0] (fanout > 1; see client_fetch.c). 0 or a code, with
  * the reason in why. */

@@ -519,6 +519,13 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
         pthread_mutex_unlock(&s->lock);
         set_left(s, peer, true);
         dh_log_info("DataServer '%s': client '%s' left", s->name, peer);
+        /* the answer follows every DELIVER sent to it: the client drops those until it
+         * comes (dh__client_drain_after_goodbye); a coordinator's GOODBYE is not on this
+         * socket */
+        dh_msg_t bye = {.type = DH_MSG_GOODBYE};
+        if (dh_wire_send(s->data, peer, strlen(peer), &bye, NULL, 0, 0) != 0)
+            dh_log_debug("DataServer '%s': no answer to '%s''s GOODBYE: %s", s->name, peer,
+                         dh_last_error());
         break;
     }
     default:
