@@ -34,6 +34,12 @@ DH_EXTERN double dh_rng_normal(dh_rng_t *rng);
 /* Mixes several words into one seed (for seed x epoch x step streams). */
 DH_EXTERN uint64_t dh_rng_mix(uint64_t a, uint64_t b);
 
+/* The base seed of a loader's pass over `epoch` (as torch's DataLoader draws one per
+ * iterator): a pure function of (seed, epoch), in [0, 2^62) so that base + worker id stays
+ * an int64 (Python workers seed random, NumPy and torch from it; docs/datasets.md,
+ * "Randomness"). Different epochs give different seeds; the same pair the same seed. */
+DH_EXTERN uint64_t dh_rng_epoch_seed(uint64_t seed, uint64_t epoch);
+
 /* A 64-bit hash of a string (FNV-1a, then mixed), to seed a draw by a name such as a sample
  * id or a profile key; NULL hashes as "". */
 DH_EXTERN uint64_t dh_rng_hash(const char *s);

@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define DH_WIRE_MAGIC "DHX1"
-#define DH_WIRE_VERSION 4
+#define DH_WIRE_VERSION 5
 #define DH_WIRE_HEADER_SIZE 20
 #define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
@@ -129,6 +129,9 @@ typedef struct dh_wire_sample {
     double cpu_s;                   /* predicted CPU seconds (speed 1) */
     uint64_t in_bytes, out_bytes;   /* encoded bytes to read, decoded bytes to deliver */
     int64_t tokens;                 /* predicted tokens (>= 0) */
+    uint64_t seed; /* the base seed of the sample's pass (the loader's seed mixed with its
+                    * epoch, dh_client_epoch_seed): a Python dataset's worker seeds its
+                    * generators from it (docs/datasets.md, "Randomness") */
 } dh_wire_sample_t;
 
 typedef struct dh_msg_request {

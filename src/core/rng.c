@@ -68,6 +68,12 @@ uint64_t dh_rng_mix(uint64_t a, uint64_t b)
     return splitmix64(&x) ^ b;
 }
 
+uint64_t dh_rng_epoch_seed(uint64_t seed, uint64_t epoch)
+{
+    /* a stream of its own ("pass"), apart from the sampler's permutation of (seed, epoch) */
+    return dh_rng_mix(dh_rng_mix(seed, 0x70617373ull), epoch) & (((uint64_t)1 << 62) - 1);
+}
+
 uint64_t dh_rng_hash(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull;

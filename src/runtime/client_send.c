@@ -23,6 +23,7 @@
 #include "datahelix/log.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
+#include "datahelix/rng.h"
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
 #include "runtime/descriptor.h"
@@ -180,6 +181,10 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
     int64_t tokens = 0;
     for (int i = 0; i < n; i++)
         tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
+    /* the base seed of the batch's epoch, with every sample (a Python dataset's workers seed
+     * from it: docs/datasets.md, "Randomness") */
+    uint64_t epoch = c->steps_per_epoch ? (c->step0 + b) / c->steps_per_epoch : 0;
+    uint64_t pass_seed = dh_rng_epoch_seed(c->cfg.seed, epoch);
     pthread_mutex_lock(&c->lock);
     if (!again) {
         c->tokens_of[b % c->tokens_ring] = tokens;
@@ -208,7 +213,8 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
         for (int i = 0; i < n; i++) {
             if (part_of[i] != p)
                 continue;
-            dh__rt_sample_of_row(dh_profile_set_row(c->profiles, rows[i]), &samples[k++]);
+            dh__rt_sample_of_row(dh_profile_set_row(c->profiles, rows[i]), &samples[k]);
+            samples[k++].seed = pass_seed;
         }
         dh_msg_t m = {.type = DH_MSG_REQUEST};
         m.request.client_id = c->id;

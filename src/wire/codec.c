@@ -125,7 +125,8 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(F64, cpu_s)                                                                                 \
     XX(U64, in_bytes)                                                                              \
     XX(U64, out_bytes)                                                                             \
-    XX(TOKENS, tokens)
+    XX(TOKENS, tokens)                                                                             \
+    XX(U64, seed)
 
 #define REQUEST_FIELDS(XX)                                                                         \
     XX(STR, client_id)                                                                             \

@@ -20,8 +20,8 @@
 static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9, 250e-6}};
 static dh_wire_sample_t samples[] = {
     {(char *)"k/abc", 16, 224, 224, (char *)"/d/abc.mp4", (char *)"f16x224x224", 0.125, 1500000,
-     2408448, 1024},
-    {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0},
+     2408448, 1024, 42},
+    {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0, 0},
 };
 static dh_wire_sample_status_t statuses[] = {{0, (char *)"", 0.375},
                                              {DH_EPARSE, (char *)"x.mp4: bad", 0}};

@@ -20,10 +20,10 @@ static dh_wire_link_bw_t links[] = {{(char *)"node-b", 1.25e9, 250e-6},
                                     {(char *)"node-c", 0.0, 0.0}};
 static dh_wire_sample_t samples[] = {
     {(char *)"kinetics/abc123", 16, 224, 224, (char *)"/data/k/abc123.mp4", (char *)"f16x224x224",
-     0.125, 1500000, 2408448, 1024},
-    {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0},
+     0.125, 1500000, 2408448, 1024, 0x0123456789abcdefull},
+    {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0, 0},
     {(char *)"ucf/\xc3\xa9t\xc3\xa9", 8, 0, 320, (char *)"error:x", (char *)"k", 3.5, UINT64_MAX, 7,
-     INT64_MAX},
+     INT64_MAX, UINT64_MAX},
 };
 static dh_wire_sample_result_t results[] = {
     {(char *)"kinetics/abc123", 1024, 0, (char *)"", 0.25},
@@ -468,8 +468,9 @@ static void wire_bodies_keep_their_bytes(void **state)
         /* 104: dispatches_seen (u64) and read_bytes_per_s (f64), and each link's latency_s
          * (f64) after its bytes_per_s (2 links) */
         [DH_MSG_HEARTBEAT] = {104, 0x1c07837b9886e9a7ull},
-        [DH_MSG_REQUEST] = {275, 0x3ceda5964782051cull},
-        [DH_MSG_DISPATCH] = {337, 0x54e1b55911b19955ull},
+        /* 299: each sample's seed (u64, 3 samples) */
+        [DH_MSG_REQUEST] = {299, 0x099caf7387e8b944ull},
+        [DH_MSG_DISPATCH] = {361, 0x285e841c680645cdull},
         [DH_MSG_COMPLETE] = {111, 0x0187a04a218cb67bull},
         /* 344: each sample result's cpu_s (f64, 2 results) */
         [DH_MSG_DELIVER] = {344, 0x002d4f89f164db4cull},
@@ -502,7 +503,7 @@ static void wire_header_layout_is_little_endian(void **state)
     in.sender_seq = 0x1122334455667788ull;
     encoded_t e = encode(&in);
     const uint8_t want[DH_WIRE_HEADER_SIZE] = {
-        'D', 'H', 'X', '1', 4, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+        'D', 'H', 'X', '1', 5, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
     assert_memory_equal(e.header, want, sizeof want);
     assert_int_equal(e.body_len, 0);
     dh_wire_header_t h;
@@ -521,7 +522,7 @@ static void wire_refuses_another_version(void **state)
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
                      DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "version 1"));
-    assert_non_null(strstr(dh_last_error(), "version 4"));
+    assert_non_null(strstr(dh_last_error(), "version 5"));
     e.header[4] = 0;
     e.header[5] = 1; /* version 256 */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
@@ -672,6 +673,10 @@ static void wire_rejects_huge_counts_and_lengths(void **state)
     /* A count that fits the bytes left but not the elements: refused when the elements run
      * out, not by an allocation of the claimed size. */
     dh_msg_t rq = fixture(DH_MSG_REQUEST);
+    dh_wire_sample_t longer[DH_ARRAY_LEN(samples)]; /* bytes enough for a 4th sample's minimum */
+    memcpy(longer, samples, sizeof longer);
+    longer[1].uri = (char *)"/a/path/long/enough/for/the/minimum/of/one/more/sample.mp4";
+    rq.request.samples = longer;
     assert_int_equal(decode_poked(&rq, 42, 4, "samples[3].id"), DH_EPARSE);
     /* A count as large as the bytes left: each sample takes more than one byte, so the count
      * check itself refuses it (before allocating count x element size), naming the count,
@@ -824,7 +829,7 @@ static void wire_rejects_bad_values(void **state)
     dh_free(e.body);
 
     in = fixture(DH_MSG_REQUEST);
-    dh_wire_sample_t neg[1] = {{(char *)"a", 1, 1, 1, (char *)"u", (char *)"k", 0.1, 1, 1, -5}};
+    dh_wire_sample_t neg[1] = {{(char *)"a", 1, 1, 1, (char *)"u", (char *)"k", 0.1, 1, 1, -5, 0}};
     in.request.samples = neg;
     in.request.n_samples = 1;
     e = encode(&in);
