@@ -224,6 +224,26 @@ def _tokens(dataset: Any, index: int, sample: Dict[str, Any]) -> int:
     return lead if biggest >= 0 else 1
 
 
+def _seed_generators(seed: int) -> None:
+    """Seeds Python's random, NumPy's global generator and torch (when imported), as
+    torch's DataLoader seeds each worker."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def _sample_seed(base: int, index: int) -> int:
+    """A sample's seed: splitmix64 of (base, index), in [0, 2^63)."""
+    mask = (1 << 64) - 1
+    x = (base ^ ((index * 0x9E3779B97F4A7C15) & mask)) & mask
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 1
+
+
 def _index_of(desc: Dict[str, str]) -> int:
     uri = desc.get("uri", "")
     text = uri[6:] if uri.startswith("index:") else desc.get("id", "")
@@ -235,6 +255,7 @@ class Worker:
         self.sock = sock
         self.dataset: Any = None
         self.collate_fn: Optional[Callable[..., Any]] = None
+        self.base_seed = 0
         self.maps: Dict[str, mmap.mmap] = {}
         self.fds: Dict[str, int] = {}
 
@@ -287,15 +308,30 @@ class Worker:
             obj = getattr(importlib.import_module(module), attr)
             self.dataset = obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
         seed = int(msg["seed"])
-        random.seed(seed)
-        np.random.seed(seed % (1 << 32))
+        _seed_generators(seed)
         torch = sys.modules.get("torch")
         if torch is not None:
-            torch.manual_seed(seed)
             torch.set_num_threads(1)
         _info = WorkerInfo(int(msg["worker_id"]), int(msg["num_workers"]), seed, self.dataset)
+        self.base_seed = seed - _info.id
         if worker_init_fn is not None:
             worker_init_fn(_info.id)
+
+    def seed_sample(self, desc: Dict[str, Any], index: int) -> None:
+        """Before a sample's __getitem__ / load_into: the task's base seed (its pass's, from
+        the client: dh_rng_epoch_seed(loader seed, epoch)) becomes this worker's (WorkerInfo.seed
+        = base + id, as torch's workers), and Python's random, NumPy's global generator and
+        torch are seeded from (base, index): a sample's draws depend on the loader's seed, the
+        epoch and the sample, not on which worker loads it or what it loaded before
+        (docs/datasets.md, "Randomness")."""
+        base = desc.get("seed")
+        if base is None or _info is None:
+            return
+        base = int(base)
+        if base != self.base_seed:
+            self.base_seed = base
+            _info.seed = base + _info.id
+        _seed_generators(_sample_seed(base, index))
 
     def run_task(self, descs: List[Dict[str, str]]) -> None:
         if self.collate_fn is None and hasattr(self.dataset, "sample_spec") and \
@@ -312,6 +348,7 @@ class Worker:
             try:
                 index = _index_of(d)
                 indices.append(index)
+                self.seed_sample(d, index)
                 value = self.dataset[index]
                 if not isinstance(value, dict):
                     raise SampleError(
@@ -515,6 +552,7 @@ class Worker:
                         views[a] = dests[a][k]
                 t0 = time.perf_counter()
                 try:
+                    self.seed_sample(descs[k], indices[k])
                     self.dataset.load_into(indices[k], views)
                     biggest = max(views.values(), key=lambda v: v.nbytes, default=None)
                     count = getattr(self.dataset, "count_tokens", None)

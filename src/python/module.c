@@ -28,11 +28,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "datahelix/client.h"
 #include "datahelix/error.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
+#include "datahelix/rng.h"
 #include "datahelix/sampler.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
@@ -1732,7 +1734,11 @@ typedef struct {
     PyObject_HEAD dh_client_t *client;
     pthread_mutex_t lock;          /* serialises next/stats/plan/close (taken without the GIL) */
     rebalance_bridge_t *rebalance; /* tier 2's callbacks, or NULL; freed after the client */
+    int timeout_ms; /* next()'s limit (next_timeout_ms; -1: none): the C client waits in
+                     * slices of at most NEXT_SLICE_MS, so Ctrl-C is seen between them */
 } ClientObject;
+
+#define NEXT_SLICE_MS 200
 
 static void client_lock(ClientObject *self)
 {
@@ -1814,6 +1820,9 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "on_error must be 'raise' or 'skip', not '%s'", on_error);
         return -1;
     }
+    self->timeout_ms = cfg.next_timeout_ms < 0 ? -1 : cfg.next_timeout_ms;
+    if (cfg.next_timeout_ms < 0 || cfg.next_timeout_ms > NEXT_SLICE_MS)
+        cfg.next_timeout_ms = NEXT_SLICE_MS;
     cfg.rank = rank;
     cfg.ranks = ranks;
     cfg.batch = batch;
@@ -1892,16 +1901,29 @@ static PyObject *Client_next(ClientObject *self, PyObject *unused)
     }
     dh_client_batch_t *b = NULL;
     int rc;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         PyThreadState *ts = PyEval_SaveThread();
         rc = dh_client_next(self->client, &b);
         PyEval_RestoreThread(ts);
         if (rc != DH_EAGAIN)
             break;
-        /* A timeout: give Ctrl-C a chance, then wait again. */
+        /* A slice ended: give Ctrl-C a chance, then wait again, up to the loader's timeout. */
         if (PyErr_CheckSignals() < 0) {
             pthread_mutex_unlock(&self->lock);
             return NULL;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited_ms =
+            (double)(now.tv_sec - t0.tv_sec) * 1e3 + (double)(now.tv_nsec - t0.tv_nsec) / 1e6;
+        if (self->timeout_ms >= 0 && waited_ms >= self->timeout_ms) {
+            pthread_mutex_unlock(&self->lock);
+            return raise_code(DH_EAGAIN,
+                              PyUnicode_FromFormat("next(): no batch within the timeout of %d ms "
+                                                   "(%s)",
+                                                   self->timeout_ms, dh_last_error()),
+                              NULL);
         }
     }
     pthread_mutex_unlock(&self->lock);
@@ -2324,6 +2346,16 @@ static PyTypeObject DataServerType = {
 
 /* ---- module ------------------------------------------------------------------------- */
 
+/* epoch_seed(seed, epoch) -> the base seed of a loader's pass over that epoch (what its Python
+ * dataset's workers seed from: dh_rng_epoch_seed). */
+static PyObject *mod_epoch_seed(PyObject *m, PyObject *args)
+{
+    unsigned long long seed, epoch;
+    if (!PyArg_ParseTuple(args, "KK", &seed, &epoch))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(dh_rng_epoch_seed(seed, epoch));
+}
+
 static PyObject *mod_live_batches(PyObject *m, PyObject *unused)
 {
     return PyLong_FromLong(g_live_batches);
@@ -2432,6 +2464,9 @@ static PyMethodDef module_methods[] = {
      "error_table() -> [(C name, code, Python class name)] for every C error"},
     {"raise_error", mod_raise_error, METH_VARARGS,
      "raise_error(code, context): raise the exception class of a C error code (tests)"},
+    {"epoch_seed", mod_epoch_seed, METH_VARARGS,
+     "epoch_seed(seed, epoch) -> the base seed of a pass over that epoch (its Python "
+     "workers seed from it)"},
     {NULL, NULL, 0, NULL},
 };
 

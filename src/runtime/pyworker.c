@@ -5,7 +5,7 @@
  * The two talk over an AF_UNIX SOCK_SEQPACKET socket pair (the child's end is its fd 3) in
  * small JSON messages; array bytes never cross it:
  *   -> init   {dataset, worker_id, num_workers, seed}        <- ready | fatal {error}
- *   -> task   {samples: [{id, uri}]}                         <- alloc {tensors: [{name,
+ *   -> task   {samples: [{id, uri, seed}]}                       <- alloc {tensors: [{name,
  *             dtype, shape}], samples: [{tokens, cpu_s, error}]}
  *   -> write  {tensors: [{in: "arena"|"scratch", offset}], fds, scratch_bytes}
  *                                                            <- done [{samples}] | error {error}
@@ -498,9 +498,10 @@ static int run_once(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_
         return rc;
     json_t *list = json_array();
     for (uint32_t i = 0; list && i < n; i++)
-        if (json_array_append_new(list,
-                                  json_pack("{s:s,s:s}", "id", samples[i].id ? samples[i].id : "",
-                                            "uri", samples[i].uri ? samples[i].uri : "")))
+        if (json_array_append_new(list, json_pack("{s:s,s:s,s:I}", "id",
+                                                  samples[i].id ? samples[i].id : "", "uri",
+                                                  samples[i].uri ? samples[i].uri : "", "seed",
+                                                  (json_int_t)(samples[i].seed & INT64_MAX))))
             break;
     json_t *task = list && json_array_size(list) == n
                        ? json_pack("{s:s,s:o}", "op", "task", "samples", list)

@@ -140,8 +140,9 @@ def test_workers_are_seeded_and_initialised_as_torch_does(datahelix):
                 for w, p, s, m in zip(b["worker"].tolist(), b["pid"].tolist(),
                                       b["seed"].tolist(), b["mark"])]
     assert {w for w, _, _, _ in rows} <= {0, 1}
+    base = datahelix._C.epoch_seed(7, 0)  # the pass's base seed: (seed, epoch), as torch's
     for w, p, s, m in rows:
-        assert s == 7 + w and m == f"init-{w}" and p != os.getpid()
+        assert s == base + w and m == f"init-{w}" and p != os.getpid()
 
 
 def test_a_lambda_collate_fn_travels_by_cloudpickle(datahelix):
