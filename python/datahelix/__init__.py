@@ -222,7 +222,7 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     with open(pkl, "wb") as f:
         f.write(blob)
     return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
-            "path": _worker_path(), "seed": int(seed) & ((1 << 62) - 1)}
+            "path": _worker_path(), "seed": _C.epoch_seed(int(seed) & ((1 << 64) - 1), 0)}
 
 
 def _worker_path() -> List[str]:
@@ -793,8 +793,149 @@ def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: 
     return spec
 
 
+def _source_or_dataset(source: Any, dataset: Any) -> Tuple[Any, Any]:
+    """torch's first argument is the dataset: a map-style object given as ``source`` is
+    taken as ``dataset``."""
+    if source is not None and dataset is None and \
+            not isinstance(source, (str, os.PathLike, list, tuple)) and \
+            hasattr(source, "__len__") and \
+            (hasattr(source, "__getitem__") or hasattr(source, "load_into")):
+        return None, source
+    return source, dataset
+
+
+def _refuse_torch_only(pipeline: Any, sampler: Any, batch_sampler: Any, context: Any,
+                       in_order: bool) -> None:
+    """The torch.utils.data.DataLoader arguments this loader refuses, each with what to use
+    instead (docs/python.md, "torch's DataLoader parameters")."""
+    if isinstance(pipeline, int) and not isinstance(pipeline, bool):
+        raise InvalidArgumentError(
+            f"pipeline={pipeline!r}: the second positional parameter is the decode pipeline "
+            f"(torch's is batch_size); give batch_size={pipeline} by keyword")
+    if sampler is not None or batch_sampler is not None:
+        which = "sampler" if sampler is not None else "batch_sampler"
+        raise InvalidArgumentError(
+            f"{which} is not supported: the order is the loader's own seeded, token-balanced "
+            f"plan, the same on every rank (shuffle=, seed=, plan=, plan_window=; "
+            f"set_epoch() for the epoch); weight sources with DataLoader([(src, w), ...])")
+    if context not in (None, "spawn"):
+        raise InvalidArgumentError(
+            f"multiprocessing_context={context!r}: a Python dataset's worker processes are "
+            f"always started fresh (as 'spawn') by the DataServer")
+    if not in_order:
+        raise InvalidArgumentError("in_order=False is not supported: batches are always "
+                                   "yielded in order (a late sample is waited for)")
+
+
+def _workers_arg(workers: Optional[int], num_workers: Optional[int]) -> Optional[int]:
+    """workers= and torch's num_workers= are one setting; 0 (torch: load in the main
+    process) means one worker here."""
+    if workers is not None and num_workers is not None and workers != num_workers:
+        raise InvalidArgumentError(
+            f"workers={workers} and num_workers={num_workers}: one setting, give one")
+    n = workers if workers is not None else num_workers
+    if n is not None and n < 0:
+        raise InvalidArgumentError(f"num_workers must be >= 0, not {n}")
+    return None if n is None else max(1, int(n))
+
+
+def _seed_arg(seed: Optional[int], generator: Any) -> int:
+    """The loader's seed: seed=, else a torch.Generator's initial_seed() (the order and each
+    pass's worker seeds derive from it; the generator is not advanced), else 0."""
+    if generator is None:
+        return 0 if seed is None else int(seed)
+    initial = getattr(generator, "initial_seed", None)
+    if initial is None:
+        raise InvalidArgumentError(
+            f"generator must be a torch.Generator, not {type(generator).__name__}")
+    if seed is not None and int(seed) != int(initial()):
+        raise InvalidArgumentError(
+            f"seed={seed} and generator (initial_seed {initial()}): give one of them")
+    return int(initial())
+
+
+def _prefetch_of(prefetch_factor: int, workers: Optional[int]) -> int:
+    """torch's prefetch_factor: batches loaded ahead per worker, so prefetch_factor x
+    num_workers in all."""
+    if prefetch_factor < 1:
+        raise InvalidArgumentError(f"prefetch_factor must be >= 1, not {prefetch_factor}")
+    return int(prefetch_factor) * (workers or os.cpu_count() or 1)
+
+
+_pin_warned = False
+
+
+def _pin_memory_arg(pin_memory: bool, device: str) -> bool:
+    """pin_memory: pinned only where CUDA is; without it, warned once (as torch does) and
+    off."""
+    global _pin_warned
+    if not pin_memory:
+        return False
+    import torch
+    if torch.cuda.is_available() and device in ("", "cuda"):
+        return True
+    if not _pin_warned:
+        import warnings
+        warnings.warn("pin_memory=True but no CUDA device is available: batches are not "
+                      "pinned", stacklevel=3)
+        _pin_warned = True
+    return False
+
+
+class _Pass:
+    """One pass over the loader: ``next()`` yields its batches in order. A batch whose sample
+    failed (on_error="raise") raises that sample's error and is consumed: the next
+    ``next()`` goes on with the next batch, and the pass still ends after ``len(loader)``
+    batches. Other errors (a timeout, a lost coordinator) raise without consuming."""
+
+    def __init__(self, loader: "DataLoader", client: "_C.Client") -> None:
+        self._loader = loader
+        self._client: Optional["_C.Client"] = client
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def close(self) -> None:
+        """Ends the pass early (as a generator's close()): its client stops; batches already
+        yielded stay valid."""
+        client, self._client = self._client, None
+        if client is not None and self._loader._client is client:
+            self._loader._close_client()
+
+    def __next__(self) -> Dict[str, Any]:
+        loader, client = self._loader, self._client
+        if client is None:
+            raise StopIteration
+        try:
+            batch = client.next()
+        except DataHelixError:
+            if loader._client is client and \
+                    int(client.stats()["batches"]) + loader._pass_first > loader._yielded:
+                loader._yielded += 1  # the failed batch was consumed
+            raise
+        if batch is None:
+            self._client = None
+            if loader._client is client:
+                loader._close_client()
+            raise StopIteration
+        out = loader._to_torch(batch)
+        loader._yielded += 1
+        if loader.pin_memory:
+            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
+        return out
+
 class DataLoader:
-    """A drop-in for ``torch.utils.data.DataLoader`` over a DataHelix data set.
+    """A ``torch.utils.data.DataLoader`` for DataHelix data sets and map-style datasets:
+    the same iteration, ``len()``, ``set_epoch``, worker semantics and most parameters; the
+    table "torch's DataLoader parameters" of docs/python.md says which parameters mean the
+    same, which differ (shuffle and drop_last default to True here) and which are refused
+    (sampler, batch_sampler).
+
+    Epochs: each new ``iter()`` moves on to the next epoch (its own seeded order and worker
+    seeds); ``set_epoch(e)`` pins the next pass to epoch e, as ``DistributedSampler``.
 
     Args:
         source: a synth/probe directory, a manifest or a profile file (resolve_source); or
@@ -804,9 +945,13 @@ class DataLoader:
             DataServer this loader starts (embedded mode, or the node's server under
             torchrun); a server started elsewhere uses its own.
         batch_size: samples per rank per step (with ``plan="packing"`` the mean).
-        shuffle, seed: the epoch order (the same on every rank, so ranks partition it).
+        shuffle, seed: the epoch order (the same on every rank, so ranks partition it) and
+            each pass's base seed, ``_C.epoch_seed(seed, epoch)``: worker k seeds with base +
+            k, and each sample's draws with (base, index) (docs/datasets.md, "Randomness").
+            seed None: ``generator.initial_seed()`` when a generator is given, else 0.
         drop_last: must be True: every step is one full global batch (synchronous ranks).
-        prefetch: batches requested ahead of ``next()``.
+        prefetch: batches requested ahead of ``next()`` (None: ``prefetch_factor x
+            num_workers`` when prefetch_factor is given, else 4).
         prefetch_max: adaptive prefetch: when ``next()`` has to wait (past the first
             ``prefetch`` batches), the horizon doubles, up to this (None: fixed at
             ``prefetch``). ``stats()["prefetch_now"]`` says where it is.
@@ -814,11 +959,17 @@ class DataLoader:
             (a coordinator and a DataServer as threads of this process); under torchrun
             the job's coordinator is found or started (see docs/python.md).
         rank, world_size: default to torchrun's RANK and WORLD_SIZE (else 0 and 1).
-        on_error: "raise" (a failed sample raises its error class) or "skip" (the batch
-            comes with the sample's slot zeroed and its message in ``errors``).
+        on_error: "raise" (a failed sample raises its error class; that batch is consumed
+            and the next ``next()`` yields the next one) or "skip" (the batch comes with the
+            sample's slot zeroed and its message in ``errors``).
         policy: placement policy of a coordinator this loader starts ("deadline",
             "least-request", "local", ...).
-        workers: decode threads of a DataServer this loader starts (default: CPUs).
+        workers, num_workers: one setting (torch's name, or this one): decode threads, or
+            a Python dataset's worker processes, of a DataServer this loader starts
+            (default: CPUs; 0 means 1).
+        persistent_workers: an embedded loader keeps its DataServer and worker processes
+            across passes (``worker_init_fn`` then runs once); False (default): started
+            again each pass, as torch's.
         plan: tier-1 planning: "balanced" (token-balanced, batch_size rows per rank; the
             default), "packing" (token-balanced, rows per rank vary), "count" (rank r takes
             rows [r*B, (r+1)*B) of the order, as rank-local loaders do).
@@ -827,8 +978,8 @@ class DataLoader:
             over the steps instead of meeting in one; a sample may then come up to
             ``plan_window - 1`` steps from its place in the order (docs/planner.md,
             "Planning across steps").
-        timeout: seconds ``next()`` waits for a batch before raising TimeoutError (None:
-            forever).
+        timeout: seconds ``next()`` waits for a batch before raising TimeoutError (None or
+            0: forever; Ctrl-C is seen within 200 ms either way).
         arena_bytes: shared-memory arena of a DataServer this loader starts; 0 (default):
             what the prefetch horizon needs, bounded by ``arena_budget``. Each rank's
             requests keep to its share of its node's arena (docs/runtime.md).
@@ -838,9 +989,10 @@ class DataLoader:
             step fails with a message naming the numbers.
         node: this rank's node name (default: DATAHELIX_NODE, else the host name).
         connect_timeout: seconds to wait for the coordinator and the local DataServer.
-        max_steps: stop each pass after this many steps (0: no limit).
-        epochs: epochs one pass yields back to back, from the set_epoch one (1; 0: no end,
-            with max_steps the only limit): prefetch runs on across epoch boundaries.
+        max_steps: stop each pass after this many batches (0: no limit).
+        epochs: epochs one pass yields back to back (1): ``len()`` counts all of them and
+            the next pass starts that many epochs later; 0: no end, with max_steps the only
+            limit (a stream; prefetch runs on across epoch boundaries).
         rebalance: tier 2 (docs/rebalancing.md): the ranks of a group trade materialized
             parts of batches not yet yielded, when the projected gain beats the cost.
             None/False: off (the default). True: on, with the C defaults (groups by node,
@@ -873,6 +1025,10 @@ class DataLoader:
             cloudpickle when plain pickle cannot).
         costs: with ``dataset``, a JSONL file of learned per-sample costs: read at the start
             (with ``costs.rank*``) and written when a pass ends.
+        prefetch_factor, pin_memory, pin_memory_device, generator: as torch's (pinning
+            needs CUDA: without it a warning, once, and no pinning).
+        sampler, batch_sampler, multiprocessing_context (other than "spawn"), in_order=False:
+            refused, each with a message saying what to use instead.
         keys, key: a CURVE key directory (default DATAHELIX_KEYS) and this process's key in
             it (default DATAHELIX_KEY, else "server"): every tcp:// connection authenticates
             and encrypts, and what this loader starts under torchrun admits only the
@@ -881,8 +1037,9 @@ class DataLoader:
 
     def __init__(self, source: Union[None, str, os.PathLike, Sequence[Tuple[Any, float]]] = None,
                  pipeline: Any = None,
-                 batch_size: int = 1, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = True, prefetch: int = 4, coordinator: Optional[str] = None,
+                 batch_size: int = 1, shuffle: bool = True, seed: Optional[int] = None,
+                 drop_last: bool = True, prefetch: Optional[int] = None,
+                 coordinator: Optional[str] = None,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  on_error: str = "raise", policy: str = "deadline", *,
                  workers: Optional[int] = None, plan: str = "balanced",
@@ -897,7 +1054,22 @@ class DataLoader:
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  costs: Union[None, str, os.PathLike] = None,
                  keys: Union[None, str, os.PathLike] = None,
-                 key: Optional[str] = None) -> None:
+                 key: Optional[str] = None,
+                 num_workers: Optional[int] = None, persistent_workers: bool = False,
+                 prefetch_factor: Optional[int] = None, pin_memory: bool = False,
+                 pin_memory_device: str = "", generator: Any = None,
+                 sampler: Any = None, batch_sampler: Any = None,
+                 multiprocessing_context: Any = None, in_order: bool = True) -> None:
+        source, dataset = _source_or_dataset(source, dataset)
+        _refuse_torch_only(pipeline, sampler, batch_sampler, multiprocessing_context, in_order)
+        workers = _workers_arg(workers, num_workers)
+        seed = _seed_arg(seed, generator)
+        if prefetch is None:
+            prefetch = 4 if prefetch_factor is None else _prefetch_of(prefetch_factor, workers)
+        if timeout is not None and timeout <= 0:
+            timeout = None  # torch's 0: no timeout
+        self.pin_memory = _pin_memory_arg(pin_memory, pin_memory_device)
+        self.persistent_workers = bool(persistent_workers)
         if not drop_last:
             raise InvalidArgumentError(
                 "drop_last=False is not supported: every step is one full global batch, so "
@@ -969,12 +1141,18 @@ class DataLoader:
         self.world_size = world_size if world_size is not None else (_env_int("WORLD_SIZE") or 1)
         if not 0 <= self.rank < self.world_size:
             raise InvalidArgumentError(f"rank {self.rank} is not in [0, {self.world_size})")
+        # a Python dataset's spec: its seed is rewritten per pass (the pass's base seed)
+        self._py_spec = pipeline if dataset is not None else None
         self._pipeline = _pipeline_json(pipeline)
         rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
         if coordinator is None and self.world_size > 1:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy,
                                                 auth)
         self.coordinator = coordinator
+        self._embedded = coordinator is None
+        self._cluster: Optional[Cluster] = None  # persistent_workers: the embedded servers
+        self._cluster_args = dict(workers=workers or os.cpu_count() or 1,
+                                  arena_bytes=arena_bytes, policy=policy, auth=auth)
         self._client_kwargs = dict(
             coordinator=coordinator, node=_node_name(node), prefetch=prefetch,
             prefetch_max=prefetch_max or 0, seed=seed,
@@ -994,8 +1172,12 @@ class DataLoader:
         self.rebalance = rebalance_spec is not None
         self._captions = _load_captions(paths["manifest"])
         self._epoch = 0
+        self._pinned = True    # the next pass is self._epoch (set_epoch, load_state_dict, the
+        #                        first pass); else it is the one after the last pass's
+        self._passes = 0
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
-        self._yielded = 0      # batches of the current pass yielded so far
+        self._yielded = 0      # batches of the current pass yielded (or raised) so far
+        self._pass_first = 0   # the pass's first batch (its resume step)
         self._client: Optional[_C.Client] = None
         self._client_epoch = -1
         self._len: Optional[int] = None
@@ -1008,13 +1190,36 @@ class DataLoader:
         if self._client is not None and self._client_epoch == epoch:
             return self._client
         self._close_client()
+        kwargs = dict(self._client_kwargs)
+        if self._py_spec is not None:  # worker_init_fn sees this pass's seed (torch's)
+            kwargs["pipeline_json"] = json.dumps(
+                dict(self._py_spec, seed=_C.epoch_seed(self.seed, epoch)))
+        if self._embedded and self.persistent_workers:
+            kwargs["coordinator"] = self._persistent_cluster(kwargs["pipeline_json"]).endpoint
         self._client = _C.Client(self.profiles, self.rank, self.world_size, self.batch_size,
                                  epochs=self.epochs, first_epoch=epoch,
                                  max_steps=self.max_steps, first_step=self._resume_step,
-                                 **self._client_kwargs)
+                                 **kwargs)
         self._client_epoch = epoch
         self._len = int(self._client.stats()["steps_total"]) + self._resume_step
         return self._client
+
+    def _persistent_cluster(self, pipeline_json: Optional[str]) -> Cluster:
+        """persistent_workers: the coordinator and DataServer this loader keeps across
+        passes (threads of this process, on loopback), started by the first pass; its
+        Python worker processes live as long as the loader."""
+        if self._cluster is None:
+            a = self._cluster_args
+            coord = _C.Coordinator("tcp://127.0.0.1:*", policy=a["policy"], **a["auth"])
+            try:
+                server = _C.DataServer(coord.endpoint, self._client_kwargs["node"],
+                                       workers=a["workers"], pipeline_json=pipeline_json,
+                                       arena_bytes=a["arena_bytes"], **a["auth"])
+            except BaseException:
+                coord.close()
+                raise
+            self._cluster = Cluster(coord, coord.endpoint, server)
+        return self._cluster
 
     def _close_client(self) -> None:
         if self._client is not None:
@@ -1040,6 +1245,9 @@ class DataLoader:
         """Stops this rank's client (and servers it embeds). Tensors already yielded stay
         valid: their slabs are returned when they are freed."""
         self._close_client()
+        if getattr(self, "_cluster", None) is not None:
+            self._cluster.close()
+            self._cluster = None
         if getattr(self, "_blend_dir", None):
             import shutil
             shutil.rmtree(self._blend_dir, ignore_errors=True)
@@ -1060,39 +1268,40 @@ class DataLoader:
     # -- the torch DataLoader surface -----------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch the next iteration yields (its own seeded order), as
-        DistributedSampler.set_epoch does."""
+        """Pins the epoch the next pass yields (its own seeded order and worker seeds), as
+        ``DistributedSampler.set_epoch``. After ``load_state_dict``, ``set_epoch`` of the
+        saved epoch keeps the resume point (the standard loop resumes mid-epoch); another
+        epoch starts at its first step. Without it, each new pass moves on to the next
+        epoch (as torch's ``RandomSampler`` reshuffles every pass)."""
         if epoch < 0:
             raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
-        self._epoch = int(epoch)
-        self._resume_step = 0
-        self._yielded = 0
+        if int(epoch) != self._epoch:
+            self._epoch = int(epoch)
+            self._resume_step = 0
+            self._yielded = 0
+        self._pinned = True
 
     def __len__(self) -> int:
-        """Batches this rank gets per pass (per epoch with epochs=1; the same on every
-        rank)."""
+        """Batches this rank gets per pass (one epoch's; ``epochs`` times that with
+        ``epochs`` > 1; the same on every rank), resumed batches included."""
         if self._len is None:
             self._open(self._epoch)
         assert self._len is not None
         return self._len
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
+    def __iter__(self) -> "_Pass":
+        if not self._pinned and self._passes:
+            self._epoch += max(1, self.epochs)  # a new pass is the next epoch's
+            self._resume_step = 0
+        self._pinned = False
+        self._passes += 1
         client = self._open(self._epoch)
         # The client is consumed by this pass; a new pass opens a new one.
         self._client_epoch = -1
         self._yielded = self._resume_step
+        self._pass_first = self._resume_step
         self._resume_step = 0
-        try:
-            while True:
-                batch = client.next()
-                if batch is None:
-                    return
-                out = self._to_torch(batch)
-                self._yielded += 1
-                yield out
-        finally:
-            if self._client is client:
-                self._close_client()
+        return _Pass(self, client)
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -1131,6 +1340,7 @@ class DataLoader:
         self.set_epoch(int(state.get("epoch", 0)))
         self._resume_step = step
         self._yielded = 0
+        self._pinned = True
 
     def stats(self) -> Dict[str, Any]:
         """The client's counters (batches, samples, samples_failed, wait_s, notices,

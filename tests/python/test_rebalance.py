@@ -36,7 +36,7 @@ def profiles(tmp_path):
 @contextmanager
 def deadline(seconds):
     """Fails the test instead of hanging: SIGALRM raises in the main thread, which the
-    loaders' next() notices between its 1 s waits (timeout=1)."""
+    loaders' next() notices between its 200 ms waits."""
     def expire(signum, frame):
         raise AssertionError(f"no progress within {seconds} s")
     old = signal.signal(signal.SIGALRM, expire)
@@ -295,7 +295,7 @@ def test_the_loader_gives_feature_fn_torch_views(datahelix, profiles):
 # ---- end to end: two ranks in this process -------------------------------------------------
 
 def two_loaders(datahelix, cluster, src, **rebalance):
-    return [datahelix.DataLoader(src, batch_size=2, seed=3, prefetch=2, timeout=1.0,
+    return [datahelix.DataLoader(src, batch_size=2, seed=3, prefetch=2,
                                  coordinator=cluster.endpoint, rank=r, world_size=2,
                                  rebalance=dict(groups=[[0, 1]], buffer_size=4, late_ms=30000,
                                                    **rebalance))
