@@ -98,18 +98,41 @@ def default_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
     """What a DataServer's worker makes of a list of sample dicts when the loader has no
     collate_fn, as numpy arrays (for a custom collate_fn to start from): same-shape arrays
     stacked, a varying leading dimension padded with ``NAME_mask``, bool/int/float as
-    arrays, anything else as a list."""
+    arrays, anything else as a list. The same checks as the worker's: a sample whose key set,
+    or a key's kind, dtype, rank or trailing dimensions differ from the batch's (its
+    majority, wherever the odd sample sits) raises DatasetError naming the sample's index in
+    the list, the key and both types (docs/datasets.md, "The default collate")."""
     import numpy as np
     from . import _worker
-    plan, rows = _worker.default_collate(list(samples))
+    samples = list(samples)
+    for k, s in enumerate(samples):
+        if not isinstance(s, dict):
+            raise DatasetError(f"sample {k} (batch slot {k}) is {type(s).__name__}; a sample "
+                               f"is a dict of arrays (numpy or torch), str, int, float")
+    plan, rows, failures = _worker.default_collate(samples)
+    if failures:
+        k = min(failures)
+        raise DatasetError(f"sample {k} (batch slot {k}) does not fit the batch: {failures[k]}")
     out: Dict[str, Any] = {}
     for name, dtype, shape, fill in plan:
         arr = np.empty(shape, dtype=dtype)
         fill(arr)
         out[name] = arr
-    for key in (rows[0] if rows else {}):
+    for key in _row_keys(rows):
         out[key] = [r.get(key) for r in rows]
     return out
+
+
+def _row_keys(rows: List[Dict[str, Any]]) -> List[str]:
+    """The dataset keys of a batch's JSON rows, in first-seen order over all rows (a failed
+    sample's row is empty: the keys cannot be read from one row), less the worker's own."""
+    from ._collate import RESERVED
+    keys: Dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in RESERVED:
+                keys[k] = None
+    return list(keys)
 
 
 # A Python dataset's profile rows when nothing better is known (no estimate_cost, not in the
@@ -1352,7 +1375,15 @@ class DataLoader:
     # -- conversion -----------------------------------------------------------------------
 
     def _to_torch(self, batch: "_C.Batch") -> Dict[str, Any]:
+        """The batch as a dict: the dataset's keys (tensors, lists), then the loader's own
+        metadata (sample_ids, errors, info, tokens; indices with a Python dataset, captions
+        without), always all of it at ``batch["__datahelix__"]`` and each also at its own
+        name unless a dataset key has that name (the dataset's wins there; a warning says so
+        once). With on_error="skip", keys a failed batch lacks (every sample of it failed,
+        or its collate_fn) are filled from the earlier batches: zeros, masks false, lists of
+        None (docs/python.md, "A batch's keys")."""
         import torch
+        from ._collate import LOADER_KEYS, META_KEY
 
         out: Dict[str, Any] = {}
         info = batch.info
@@ -1365,19 +1396,66 @@ class DataLoader:
                 info["arena"] = tensor.arena()
         samples = batch.samples()
         ids = [s[0] for s in samples]
+        loader: Dict[str, Any] = {}
         meta = out.pop("__meta__", None)
         if meta is not None:  # a Python dataset's other values, a JSON row per sample
             rows = self._meta_rows(meta, samples)
-            for key in (k for k in rows[0] if not k.startswith("__")) if rows else ():
-                out.setdefault(key, [r.get(key) for r in rows])
-            out.setdefault("indices", [int(i) for i in ids])
-        out.setdefault("tokens", torch.tensor([s[1] for s in samples], dtype=torch.int64))
-        out.setdefault("sample_ids", ids)
+            for key in _row_keys(rows):
+                out[key] = [r.get(key) for r in rows]
+            loader["indices"] = [int(i) for i in ids]
+        loader["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
+        loader["sample_ids"] = ids
         if self.dataset is None:
-            out["captions"] = [self._captions.get(i, "") for i in ids]
-        out.setdefault("errors", [s[3] for s in samples])
-        out.setdefault("info", info)
+            loader["captions"] = [self._captions.get(i, "") for i in ids]
+        loader["errors"] = [s[3] for s in samples]
+        loader["info"] = info
+        out.pop(META_KEY, None)  # never a dataset's: the worker refuses the name
+        # the dataset keys seen in batches (name -> (dtype, shape, batch size) or None for a
+        # list), to give a batch whose samples all failed the same keys; and the loader's
+        # names a dataset key shadows (warned once each)
+        if "_keys_seen" not in self.__dict__:
+            self._keys_seen: Dict[str, Any] = {}
+            self._shadowed: set = set()
+        if any(s[2] for s in samples):
+            self._fill_missing(out, len(samples))
+        self._learn_keys(out, len(samples))
+        for name in LOADER_KEYS:
+            if name not in loader:
+                continue
+            if name in out:
+                if name not in self._shadowed:
+                    self._shadowed.add(name)
+                    import warnings
+                    warnings.warn(f"the dataset has a key '{name}', which the loader also "
+                                  f"gives: batch['{name}'] is the dataset's, the loader's is "
+                                  f"batch['{META_KEY}']['{name}']", stacklevel=3)
+            else:
+                out[name] = loader[name]
+        out[META_KEY] = loader
         return out
+
+    def _learn_keys(self, out: Dict[str, Any], b: int) -> None:
+        """Remembers each dataset key of a batch (a tensor's dtype and shape, or a list), for
+        the batches whose samples all failed (_fill_missing)."""
+        import torch
+        for name, value in out.items():
+            if isinstance(value, torch.Tensor):
+                self._keys_seen[name] = (value.dtype, tuple(value.shape), b)
+            else:
+                self._keys_seen[name] = None
+
+    def _fill_missing(self, out: Dict[str, Any], b: int) -> None:
+        import torch
+        for name, seen in self._keys_seen.items():
+            if name in out:
+                continue
+            if seen is None:
+                out[name] = [None] * b
+                continue
+            dtype, shape, seen_b = seen
+            if shape and shape[0] == seen_b:  # a batch dimension: this batch's
+                shape = (b,) + shape[1:]
+            out[name] = torch.zeros(shape, dtype=dtype)
 
     def _meta_rows(self, meta: Any, samples: List[Any]) -> List[Dict[str, Any]]:
         raw = meta.numpy()

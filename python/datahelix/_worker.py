@@ -28,13 +28,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ._collate import (DTYPES, SampleError, Structure, as_array, check, remember,
+                       scalar_dtype)
 from ._spec import ArraySpec
 
 MSG_CAP = 200 << 10  # stay under the DataServer's 256 KiB limit
 ERROR_CAP = 4000  # characters of one sample's error kept (the traceback's end)
 META = "__meta__"
-DTYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
-          "float32", "float64", "bool"}
 
 
 class WorkerInfo:
@@ -58,34 +58,12 @@ def get_worker_info() -> Optional[WorkerInfo]:
     return _info
 
 
-class SampleError(Exception):
-    """A sample the batch cannot carry (wrong type, keys unlike the batch's)."""
-
-
 def _trim(text: str, cap: int = ERROR_CAP) -> str:
     return text if len(text) <= cap else "..." + text[-(cap - 3):]
 
 
-def _as_array(value: Any) -> Optional[np.ndarray]:
-    """The value as a numpy array, or None when it is not an array."""
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, np.generic):
-        return np.asarray(value)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return None
-
-
-def _scalar_dtype(value: Any) -> Optional[str]:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int64"
-    if isinstance(value, float):
-        return "float64"
-    return None
+_as_array = as_array
+_scalar_dtype = scalar_dtype
 
 
 def _check_dtype(name: str, arr: np.ndarray) -> str:
@@ -99,93 +77,65 @@ def _check_dtype(name: str, arr: np.ndarray) -> str:
 Plan = List[Tuple[str, str, Tuple[int, ...], Callable[[np.ndarray], None]]]
 
 
-def default_collate(samples: List[Optional[Dict[str, Any]]]) -> Tuple[Plan, List[Dict[str, Any]]]:
-    """The batch plan of a list of sample dicts (None: a failed sample, whose slot is zeros).
+def default_collate(samples: List[Optional[Dict[str, Any]]],
+                    known: Optional[Structure] = None
+                    ) -> Tuple[Plan, List[Dict[str, Any]], Dict[int, str]]:
+    """The batch plan of a list of sample dicts (None: a failed sample, whose slot is zeros),
+    and the samples that do not fit the batch (slot -> why; their slots are zeros too).
 
     Arrays are stacked along a new first dimension (B x shape), their leading dimension
     padded to the batch's longest, with ``NAME_mask`` (bool B x L) true where a row is real;
-    bool,
-    int and float become B-long bool, int64 and float64 arrays; every other value (str,
-    None, lists, dicts) goes to the sample's JSON row. Every array of one or more dimensions
-    gets its mask, varying or not, so a batch's keys do not depend on its draw. Raises SampleError naming a sample
-    whose keys or array shapes do not fit the batch's (the caller fails that sample)."""
+    bool, int and float become B-long bool, int64 and float64 arrays; every other value
+    (str, None, lists, dicts) goes to the sample's JSON row. Every array of one or more
+    dimensions gets its mask, varying or not, so a batch's keys do not depend on its draw.
+    The batch's structure (key set; per key kind, dtype, rank; an array's trailing
+    dimensions) is `known`'s where it has one, else the batch's majority (_collate.check):
+    a sample unlike it is left out of the plan and named in the failures, wherever it sits;
+    what the batch carries becomes part of `known`."""
     b = len(samples)
-    first = next((s for s in samples if s is not None), None)
+    sigs, trailing, failures = check(samples, known)
+    if known is not None:
+        remember(known, sigs)
+    samples = [None if k in failures else s for k, s in enumerate(samples)]
     rows: List[Dict[str, Any]] = [{} for _ in range(b)]
     plan: Plan = []
-    if first is None:
-        return plan, rows
-    for s in samples:
-        if s is not None and set(s) != set(first):
-            raise SampleError(f"has keys {sorted(map(str, s))}, the batch's first sample "
-                              f"{sorted(map(str, first))}")
-    for key, value0 in first.items():
-        if not isinstance(key, str):
-            raise SampleError(f"key {key!r} is not a str")
-        arr0 = _as_array(value0)
-        if arr0 is not None:
-            arrs: List[Optional[np.ndarray]] = []
-            for s in samples:
-                a = None if s is None else _as_array(s[key])
-                if s is not None and (a is None or a.dtype != arr0.dtype or a.ndim != arr0.ndim
-                                      or a.shape[1:] != arr0.shape[1:]):
-                    raise SampleError(
-                        f"'{key}' is {type(s[key]).__name__} "
-                        f"{getattr(a, 'dtype', '')}{list(getattr(a, 'shape', []))}, the batch's "
-                        f"first sample's {arr0.dtype}{list(arr0.shape)} (only the leading "
-                        f"dimension may vary; give a collate_fn for anything else)")
-                arrs.append(a)
-            dt = _check_dtype(key, arr0)
-            if arr0.ndim == 0:
-                shape = (b,) + tuple(arr0.shape)
+    for key, (kind, dt, _rank) in sigs.items():
+        if kind == "array":
+            arrs = [None if s is None else _as_array(s[key]) for s in samples]
+            longest = max(a.shape[0] for a in arrs if a is not None)
+            shape = (b, longest) + trailing[key]
 
-                def fill(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
-                    for i, a in enumerate(arrs):
-                        if a is None:
-                            dest[i] = 0
-                        else:
-                            dest[i] = a
-                plan.append((key, dt, shape, fill))
-            else:
-                longest = max(a.shape[0] for a in arrs if a is not None)
-                shape = (b, longest) + tuple(arr0.shape[1:])
+            def fill_padded(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
+                for i, a in enumerate(arrs):
+                    n = 0 if a is None else a.shape[0]
+                    if n:
+                        dest[i, :n] = a
+                    if n < dest.shape[1]:
+                        dest[i, n:] = 0
 
-                def fill_padded(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs) -> None:
-                    for i, a in enumerate(arrs):
-                        n = 0 if a is None else a.shape[0]
-                        if n:
-                            dest[i, :n] = a
-                        if n < dest.shape[1]:
-                            dest[i, n:] = 0
+            def fill_mask(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs,
+                          longest: int = longest) -> None:
+                if all(a is not None and a.shape[0] == longest for a in arrs):
+                    dest.fill(True)  # nothing padded: one pass
+                    return
+                for i, a in enumerate(arrs):
+                    n = 0 if a is None else a.shape[0]
+                    dest[i, :n] = True
+                    dest[i, n:] = False
+            plan.append((key, dt, shape, fill_padded))
+            plan.append((f"{key}_mask", "bool", (b, longest), fill_mask))
+        elif kind == "scalar":
+            vals = [0 if s is None else s[key] for s in samples]
 
-                def fill_mask(dest: np.ndarray, arrs: List[Optional[np.ndarray]] = arrs,
-                              longest: int = longest) -> None:
-                    if all(a is not None and a.shape[0] == longest for a in arrs):
-                        dest.fill(True)  # nothing padded: one pass
-                        return
-                    for i, a in enumerate(arrs):
-                        n = 0 if a is None else a.shape[0]
-                        dest[i, :n] = True
-                        dest[i, n:] = False
-                plan.append((key, dt, shape, fill_padded))
-                plan.append((f"{key}_mask", "bool", (b, longest), fill_mask))
-            continue
-        sdt = _scalar_dtype(value0)
-        if sdt is not None:
-            vals = []
-            for s in samples:
-                v = None if s is None else s[key]
-                if s is not None and _scalar_dtype(v) != sdt:
-                    raise SampleError(f"'{key}' is {type(v).__name__}, the batch's first sample's "
-                                      f"{type(value0).__name__}")
-                vals.append(0 if v is None else v)
-            plan.append((key, sdt, (b,), lambda dest, vals=vals: dest.__setitem__(slice(None),
-                                                                                    vals)))
-            continue
-        for i, s in enumerate(samples):
-            if s is not None:
-                rows[i][key] = s[key]
-    return plan, rows
+            def fill(dest: np.ndarray, vals: List[Any] = vals) -> None:
+                for i, v in enumerate(vals):
+                    dest[i] = v
+            plan.append((key, dt, (b,), fill))
+        else:
+            for i, s in enumerate(samples):
+                if s is not None:
+                    rows[i][key] = s[key]
+    return plan, rows, failures
 
 
 def _plan_of_collated(out: Any, n: int) -> Tuple[Plan, List[Dict[str, Any]]]:
@@ -244,6 +194,13 @@ def _sample_seed(base: int, index: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
+def _spec_view(spec: ArraySpec) -> np.ndarray:
+    """An ArraySpec as a read-only array of its shape and dtype over one element (strides 0):
+    what _collate.check needs of it, at no memory cost (its dtype is checked already)."""
+    return np.lib.stride_tricks.as_strided(np.zeros((), dtype=spec.dtype), shape=spec.shape,
+                                           strides=(0,) * len(spec.shape), writeable=False)
+
+
 def _index_of(desc: Dict[str, str]) -> int:
     uri = desc.get("uri", "")
     text = uri[6:] if uri.startswith("index:") else desc.get("id", "")
@@ -258,6 +215,7 @@ class Worker:
         self.base_seed = 0
         self.maps: Dict[str, mmap.mmap] = {}
         self.fds: Dict[str, int] = {}
+        self.known = Structure()  # what this process's batches carried (_collate.check)
 
     # -- messages -----------------------------------------------------------------------
 
@@ -361,34 +319,7 @@ class Worker:
                     raise
                 results[k]["error"] = self._error(d, index, e)
             results[k]["cpu_s"] = time.perf_counter() - t0
-        plan: Plan = []
-        rows: List[Dict[str, Any]] = [{} for _ in range(n)]
-        while True:  # a sample that does not fit the batch fails alone; the rest go on
-            try:
-                if self.collate_fn is not None:
-                    ok = [s for s in samples if s is not None]
-                    plan, ok_rows = _plan_of_collated(self.collate_fn(ok), len(ok)) if ok else ([], [])
-                    it = iter(ok_rows)
-                    rows = [next(it) if s is not None else {} for s in samples]
-                else:
-                    plan, rows = default_collate(samples)
-                break
-            except SampleError as e:
-                bad = self._odd_sample(samples, e)
-                if bad is None:  # collate_fn's own failure: the whole batch
-                    for k in range(n):
-                        results[k].setdefault("error", self._error(descs[k], -1, e, "collate_fn"))
-                    samples = [None] * n
-                    plan, rows = [], [{} for _ in range(n)]
-                    break
-                results[bad]["error"] = self._error(descs[bad], -1, e, "does not fit the batch")
-                samples[bad] = None
-            except Exception as e:  # noqa: BLE001
-                for k in range(n):
-                    results[k].setdefault("error", self._error(descs[k], -1, e, "collate"))
-                samples = [None] * n
-                plan, rows = [], [{} for _ in range(n)]
-                break
+        plan, rows, samples = self._collate(descs, samples, results)
         for k in range(n):
             rows[k]["__cpu_s"] = results[k]["cpu_s"]
             if samples[k] is not None:
@@ -478,30 +409,38 @@ class Worker:
                     raise
                 results[k]["error"] = self._error(d, indices[k], e, "sample_spec")
             results[k]["cpu_s"] = time.perf_counter() - t0
-        # the batch's arrays, from the first sample's spec; a sample unlike it fails alone
+        # the batch's structure, as the default collate's (_collate.check: the majority or
+        # what this process delivered before, not the first sample); a sample unlike it
+        # fails alone
+        views = [None if s is None else {key: _spec_view(v) if isinstance(v, ArraySpec) else v
+                                         for key, v in s.items()} for s in specs]
+        sigs, _trailing, failures = check(views, self.known)
+        for k, why in failures.items():
+            results[k]["error"] = _trim(f"{self._head(descs[k], indices[k])} (batch slot {k}) "
+                                        f"does not fit the batch: {why}")
+            specs[k] = None
         first = next((s for s in specs if s is not None), None)
-        arrays = [key for key, v in first.items() if isinstance(v, ArraySpec)] if first else []
+        arrays = [key for key in sigs if isinstance(first[key], ArraySpec)] if first else []
         for k, s in enumerate(specs):
-            if s is None or s is first:
-                continue
-            assert first is not None
-            odd = set(s) != set(first) or any(
-                not isinstance(s[a], ArraySpec) or s[a].dtype != first[a].dtype or
-                len(s[a].shape) != len(first[a].shape) or s[a].shape[1:] != first[a].shape[1:]
-                for a in arrays)
-            if odd:
-                results[k]["error"] = self._error(descs[k], indices[k], SampleError(
-                    "its sample_spec differs from the batch's first sample's in keys, dtypes "
-                    "or trailing dimensions"))
+            if s is not None and not all(isinstance(s[a], ArraySpec) for a in arrays):
+                bad = next(a for a in arrays if not isinstance(s[a], ArraySpec))
+                results[k]["error"] = _trim(
+                    f"{self._head(descs[k], indices[k])} (batch slot {k}) does not fit the "
+                    f"batch: key '{bad}' is {type(s[bad]).__name__}, the batch's other samples "
+                    f"have an ArraySpec")
                 specs[k] = None
+        first = next((s for s in specs if s is not None), None)
+        if first is not None:
+            remember(self.known, sigs)
         values = [None if s is None else {key: v for key, v in s.items()
                                           if not isinstance(v, ArraySpec)} for s in specs]
         plan: Plan
         if first is None:
             plan, rows = [], [{} for _ in range(n)]
+            arrays = []
         else:
-            plan, rows = default_collate(values) if any(v for v in values if v) else \
-                ([], [{} for _ in range(n)])
+            plan, rows, _ = default_collate(values) if any(v for v in values if v) else \
+                ([], [{} for _ in range(n)], {})
         lengths: Dict[str, List[int]] = {}
         for a in arrays:
             assert first is not None
@@ -581,24 +520,68 @@ class Worker:
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         return _trim(f"{head}: {type(e).__name__}: {e}\n{tb}")
 
-    @staticmethod
-    def _odd_sample(samples: List[Optional[Dict[str, Any]]], e: SampleError) -> Optional[int]:
-        """The sample whose keys or shapes differ from the first one's (default collate)."""
-        ok = [k for k, s in enumerate(samples) if s is not None]
-        if not ok:
-            return None
-        first = samples[ok[0]]
-        assert first is not None
-        for k in ok[1:]:
-            s = samples[k]
-            assert s is not None
-            if set(s) != set(first):
-                return k
-            try:
-                default_collate([first, s])
-            except SampleError:
-                return k
-        return ok[0] if len(ok) == 1 else None
+    def _collate(self, descs: List[Dict[str, str]], samples: List[Optional[Dict[str, Any]]],
+                 results: List[Dict[str, Any]]
+                 ) -> Tuple[Plan, List[Dict[str, Any]], List[Optional[Dict[str, Any]]]]:
+        """The batch's plan and JSON rows, and the samples it carries. A sample that does not
+        fit the batch's structure fails alone (named, with its slot, the key and both types;
+        its slot zeroed); a collate_fn (or collate) failure fails the batch's samples with one
+        message naming all of them and the exception."""
+        n = len(samples)
+        empty: List[Dict[str, Any]] = [{} for _ in range(n)]
+        try:
+            if self.collate_fn is not None:
+                ok = [k for k, s in enumerate(samples) if s is not None]
+                if not ok:
+                    return [], empty, samples
+                plan, ok_rows = _plan_of_collated(self.collate_fn([samples[k] for k in ok]),
+                                                  len(ok))
+                rows = [{} for _ in range(n)]
+                for k, row in zip(ok, ok_rows):
+                    rows[k] = row
+                return plan, rows, samples
+            plan, rows, failures = default_collate(samples, self.known)
+        except BaseException as e:  # noqa: BLE001  (user code: anything is reported)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            message = self._batch_error(descs, samples, e)
+            for k, s in enumerate(samples):
+                if s is not None:
+                    results[k]["error"] = message
+            return [], empty, [None] * n
+        for k, why in failures.items():
+            results[k]["error"] = _trim(f"{self._head(descs[k], -1)} (batch slot {k}) does not "
+                                        f"fit the batch: {why}")
+        samples = [None if k in failures else s for k, s in enumerate(samples)]
+        return plan, rows, samples
+
+    def _batch_error(self, descs: List[Dict[str, str]],
+                     samples: List[Optional[Dict[str, Any]]], e: BaseException) -> str:
+        """One message for a failure of the batch as a whole (a collate_fn that raised or
+        returned what cannot be placed): every sample it was given, by id and index, and the
+        exception with its traceback; not one innocent sample."""
+        given = [k for k, s in enumerate(samples) if s is not None]
+        names = ", ".join(f"'{descs[k].get('id', '')}' (dataset[{_uri_index(descs[k])}])"
+                          for k in given)
+        left = [k for k in range(len(samples)) if k not in given]
+        where = "collate_fn" if self.collate_fn is not None else "the default collate"
+        head = f"{where} failed on the batch of samples {names}"
+        if left:
+            head += (" (left out, failed before: " +
+                     ", ".join(f"'{descs[k].get('id', '')}'" for k in left) + ")")
+        if isinstance(e, SampleError):
+            return _trim(f"{head}: {e}")
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return _trim(f"{head}: {type(e).__name__}: {e}\n{tb}")
+
+    def _head(self, desc: Dict[str, str], index: int) -> str:
+        idx = index if index >= 0 else _uri_index(desc)
+        return f"sample '{desc.get('id', '')}' (dataset[{idx}])"
+
+
+def _uri_index(desc: Dict[str, str]) -> str:
+    uri = desc.get("uri", "")
+    return uri[6:] if uri.startswith("index:") else desc.get("id", "")
 
 
 def _json_default(value: Any) -> Any:
