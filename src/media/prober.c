@@ -28,6 +28,7 @@
 #include "datahelix/rng.h"
 #include "datahelix/stats.h"
 #include "core/internal.h"
+#include "media/pipeline_internal.h"
 
 /* What probing one entry found. */
 typedef struct probed {
@@ -61,6 +62,7 @@ static void probe_entry(const dh_pipeline_spec_t *spec, const dh_manifest_entry_
     dh_media_info_t info;
     int rc = dh_media_probe(e->path, &info);
     if (rc != 0) {
+        dh__name_tar_sample(rc, e->path, e->id); /* a tar member: sample, member, shard */
         record_error(p, rc);
         p->reason = rc == DH_ENOENT ? "missing" : "unreadable";
         return;

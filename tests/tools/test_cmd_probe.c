@@ -35,8 +35,8 @@ static char *manifest_with_bad_entries(const char *set_name, char **set)
 }
 
 /* Runs probe with a spec of `frames` frames and extra options; returns stderr. */
-static char *probe(const char *set, const char *manifest, int frames, const char *extra,
-                   int expect, const char *profiles)
+static char *probe(const char *set, const char *manifest, int frames, const char *extra, int expect,
+                   const char *profiles)
 {
     char *spec = join(set, "spec.json"), *cal = join(set, "calibration.json");
     char *err_path = join(set, "probe.err"), text[256], args[4096];
