@@ -128,3 +128,10 @@ def test_corrupt_tar_member_error_names_sample_member_and_shard(datahelix, datas
     err = errors[bad["id"]]
     assert err.startswith(f"sample {bad['id']} (member {bad['id']}.mp4 of shard {shard}): "), err
     assert "subfile," not in err
+    # probe's skip message of that member says the same
+    r = subprocess.run([CLI, "probe", str(shards / "manifest.jsonl"), "-o",
+                        str(tmp_path / "again.jsonl"), "-p", str(tmp_path / "spec.json")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (f"probe: skipped {bad['id']} (unreadable): sample {bad['id']} (member "
+            f"{bad['id']}.mp4 of shard {shard}): ") in r.stderr, r.stderr
