@@ -19,74 +19,90 @@
 
 static void usage(FILE *out)
 {
-    fprintf(
-        out,
-        "usage: datahelix manifest --from-dir DIR [--ext LIST] -o OUT.jsonl\n"
-        "       datahelix manifest --from-csv FILE --path-col NAME [--caption-col NAME]\n"
-        "                          [--id-col NAME] [--root DIR] [--delimiter C]\n"
-        "                          [--skip-missing] -o OUT.jsonl\n"
-        "       datahelix manifest --from-tar PATTERN [--from-tar PATTERN...] [--ext LIST]\n"
-        "                          [--skip-missing] -o OUT.jsonl\n"
-        "\n"
-        "Writes a manifest (one {\"id\", \"path\", \"caption\"} JSON object a line, the\n"
-        "format `datahelix synth` writes and `datahelix probe` reads; docs/datasets.md).\n"
-        "Paths are written relative to OUT's folder when the file lies under it, else\n"
-        "absolute. OUT is written through OUT.part and renamed when complete, so a\n"
-        "failed run leaves no manifest.\n"
-        "\n"
-        "--from-dir DIR walks DIR recursively and takes every file whose extension is in\n"
-        "the list (case-insensitive), sorted by relative path (byte order); names\n"
-        "starting with '.' are skipped, links to folders are not followed. The id is the\n"
-        "path relative to DIR. The caption comes from a sidecar with the same stem:\n"
-        "STEM.txt (its text, trimmed), else STEM.json (its \"caption\" or \"text\" key).\n"
-        "\n"
-        "--from-csv FILE reads a metadata table, one entry per row: CSV (RFC 4180 quoting:\n"
-        "quoted fields may hold delimiters, doubled quotes and newlines), TSV (by the\n"
-        ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
-        "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
-        "The id is the --id-col value, else the path as written in the table. Every\n"
-        "path must name an existing file.\n"
-        "\n"
-        "--from-tar PATTERN reads WebDataset tar shards without extracting them: PATTERN is\n"
-        "a shard ('shards/000.tar'), a brace range ('shards/{000..099}.tar': zero padding\n"
-        "kept), a brace list ('{train,val}.tar'), or several joined by '::'; --from-tar may\n"
-        "be repeated. A member's key is its path up to the first dot of its basename\n"
-        "(dir/abc.seg1.mp4: key dir/abc); consecutive members with one key are a sample.\n"
-        "A sample has exactly one media member (its last extension in the list; two are\n"
-        "an error, none: the key is skipped and counted); its caption is the key's .txt\n"
-        "member (trimmed), else its .json member's \"caption\" or \"text\" key. Each sample\n"
-        "is a line {\"id\": \"SHARD/KEY\", \"path\": the shard, \"offset\", \"size\": the media\n"
-        "member's data in the shard, \"caption\"} that probe and decode read in place.\n"
-        "SHARD is the shard's file name without .tar. Shards must be plain, uncompressed\n"
-        "tar (ustar, pax or GNU): a compressed one (.tar.gz) is refused.\n"
-        "\n"
-        "options:\n"
-        "  -d, --from-dir DIR       the folder to walk\n"
-        "  -e, --ext LIST           extensions to take, comma-separated (default\n"
-        "                           " DEFAULT_EXTS ")\n"
-        "  -t, --from-tar PATTERN   the tar shards to read (repeatable)\n"
-        "  -c, --from-csv FILE      the metadata table to read\n"
-        "  -p, --path-col NAME      the column (key) holding each file's path (required\n"
-        "                           with --from-csv)\n"
-        "      --caption-col NAME   the column holding the caption (default: none)\n"
-        "      --id-col NAME        the column holding the id (default: the path)\n"
-        "  -r, --root DIR           the folder relative paths start from (default: FILE's\n"
-        "                           folder)\n"
-        "      --delimiter C        the field delimiter, one character or 'tab' (default:\n"
-        "                           ',' or, for .tsv/.tab, tab); reads FILE as CSV/TSV\n"
-        "      --skip-missing       skip rows whose file does not exist, or shards that do\n"
-        "                           not exist (counted, the first 10 named on stderr)\n"
-        "                           instead of failing\n"
-        "  -o, --output OUT         the manifest to write (required)\n"
-        "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
-        "                           scanned and every N entries written (default 10000,\n"
-        "                           0: none)\n"
-        "  -h, --help               this text\n"
-        "\n"
-        "Errors name the file, line, row and column at fault (a missing column, a file that\n"
-        "does not exist, a duplicate id, malformed quoting, an unreadable folder), or the\n"
-        "shard and member (a missing or compressed shard, two media members).\n"
-        "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
+    fprintf(out,
+            "usage: datahelix manifest --from-dir DIR [--ext LIST] -o OUT.jsonl\n"
+            "       datahelix manifest --from-csv FILE --path-col NAME [--caption-col NAME]\n"
+            "                          [--id-col NAME] [--meta-col NAME...] [--root DIR]\n"
+            "                          [--delimiter C] [--skip-missing] -o OUT.jsonl\n"
+            "       datahelix manifest --from-tar PATTERN [--from-tar PATTERN...] [--ext LIST]\n"
+            "                          [--meta-ext LIST] [--skip-missing] -o OUT.jsonl\n"
+            "       (each also takes --skip-bad-captions)\n"
+            "\n"
+            "Writes a manifest (one {\"id\", \"path\", \"caption\", \"meta\"} JSON object a line,\n"
+            "the format `datahelix synth` writes and `datahelix probe` reads; docs/datasets.md).\n"
+            "\"meta\" holds a sample's labels and other metadata (below), which the Python\n"
+            "loader joins into each batch by sample id (batch[\"label\"]; docs/python.md). A\n"
+            "text value that reads as a decimal integer or real becomes a number (\"007\" stays\n"
+            "text).\n"
+            "Paths are written relative to OUT's folder when the file lies under it, else\n"
+            "absolute. OUT is written through OUT.part and renamed when complete, so a\n"
+            "failed run leaves no manifest.\n"
+            "\n"
+            "--from-dir DIR walks DIR recursively and takes every file whose extension is in\n"
+            "the list (case-insensitive), sorted by relative path (byte order); names\n"
+            "starting with '.' are skipped, links to folders are not followed. The id is the\n"
+            "path relative to DIR. The caption comes from a sidecar with the same stem:\n"
+            "STEM.txt (its text, trimmed), else STEM.json (its \"caption\" or \"text\" key).\n"
+            "The other keys of STEM.json are the clip's meta.\n"
+            "\n"
+            "--from-csv FILE reads a metadata table, one entry per row: CSV (RFC 4180 quoting:\n"
+            "quoted fields may hold delimiters, doubled quotes and newlines), TSV (by the\n"
+            ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
+            "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
+            "The id is the --id-col value, else the path as written in the table. Every\n"
+            "path must name an existing file. The --meta-col columns are the row's meta (an\n"
+            "empty cell is left out).\n"
+            "\n"
+            "--from-tar PATTERN reads WebDataset tar shards without extracting them: PATTERN is\n"
+            "a shard ('shards/000.tar'), a brace range ('shards/{000..099}.tar': zero padding\n"
+            "kept), a brace list ('{train,val}.tar'), or several joined by '::'; --from-tar may\n"
+            "be repeated. A member's key is its path up to the first dot of its basename\n"
+            "(dir/abc.seg1.mp4: key dir/abc); consecutive members with one key are a sample.\n"
+            "A sample has exactly one media member (its last extension in the list; two are\n"
+            "an error, none: the key is skipped and counted); its caption is the key's .txt\n"
+            "member (trimmed), else its .json member's \"caption\" or \"text\" key. Its meta:\n"
+            "the .json member's other keys, its .cls member (as \"cls\") and each --meta-ext\n"
+            "member (as its extension), trimmed. Each sample is a line {\"id\": \"SHARD/KEY\",\n"
+            "\"path\": the shard, \"offset\", \"size\": the media member's data in the shard,\n"
+            "\"caption\", \"meta\"} that probe and decode read in place.\n"
+            "SHARD is the shard's file name without .tar. Shards must be plain, uncompressed\n"
+            "tar (ustar, pax or GNU): a compressed one (.tar.gz) is refused.\n"
+            "\n"
+            "options:\n"
+            "  -d, --from-dir DIR       the folder to walk\n"
+            "  -e, --ext LIST           extensions to take, comma-separated (default\n"
+            "                           " DEFAULT_EXTS ")\n"
+            "  -t, --from-tar PATTERN   the tar shards to read (repeatable)\n"
+            "  -c, --from-csv FILE      the metadata table to read\n"
+            "  -p, --path-col NAME      the column (key) holding each file's path (required\n"
+            "                           with --from-csv)\n"
+            "      --caption-col NAME   the column holding the caption (default: none)\n"
+            "      --id-col NAME        the column holding the id (default: the path)\n"
+            "      --meta-col NAME      a column kept in the entry's meta (repeatable; '*': every\n"
+            "                           column but the path, caption and id columns)\n"
+            "      --meta-ext LIST      tar members kept in the sample's meta besides .cls,\n"
+            "                           comma-separated extensions (e.g. txt,seg.cls)\n"
+            "  -r, --root DIR           the folder relative paths start from (default: FILE's\n"
+            "                           folder)\n"
+            "      --delimiter C        the field delimiter, one character or 'tab' (default:\n"
+            "                           ',' or, for .tsv/.tab, tab); reads FILE as CSV/TSV\n"
+            "      --skip-missing       skip rows whose file does not exist, or shards that do\n"
+            "                           not exist (counted, the first 10 named on stderr)\n"
+            "                           instead of failing\n"
+            "      --skip-bad-captions  skip entries whose caption cannot be used (a caption file\n"
+            "                           that cannot be read, is not UTF-8 or holds a NUL byte, a\n"
+            "                           .json that is not a JSON object; counted, the first 10\n"
+            "                           named on stderr) instead of failing\n"
+            "  -o, --output OUT         the manifest to write (required)\n"
+            "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
+            "                           scanned and every N entries written (default 10000,\n"
+            "                           0: none)\n"
+            "  -h, --help               this text\n"
+            "\n"
+            "Errors name the file, line, row and column at fault (a missing column, a file that\n"
+            "does not exist, a duplicate id, malformed quoting, an unreadable folder), or the\n"
+            "shard and member (a missing or compressed shard, two media members).\n"
+            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
 }
 
 static int usage_error(const char *what)
@@ -124,7 +140,16 @@ static int parse_exts(const char *list, char *buf, size_t buf_size, char **exts,
 
 int dh_cmd_manifest(int argc, char **argv)
 {
-    enum { OPT_CAPTION_COL = 256, OPT_ID_COL, OPT_DELIMITER, OPT_SKIP_MISSING, OPT_PROGRESS };
+    enum {
+        OPT_CAPTION_COL = 256,
+        OPT_ID_COL,
+        OPT_DELIMITER,
+        OPT_SKIP_MISSING,
+        OPT_PROGRESS,
+        OPT_META_COL,
+        OPT_META_EXT,
+        OPT_SKIP_BAD_CAPTIONS
+    };
     static const struct option options[] = {
         {"from-dir", required_argument, NULL, 'd'},
         {"ext", required_argument, NULL, 'e'},
@@ -136,6 +161,9 @@ int dh_cmd_manifest(int argc, char **argv)
         {"root", required_argument, NULL, 'r'},
         {"delimiter", required_argument, NULL, OPT_DELIMITER},
         {"skip-missing", no_argument, NULL, OPT_SKIP_MISSING},
+        {"meta-col", required_argument, NULL, OPT_META_COL},
+        {"meta-ext", required_argument, NULL, OPT_META_EXT},
+        {"skip-bad-captions", no_argument, NULL, OPT_SKIP_BAD_CAPTIONS},
         {"output", required_argument, NULL, 'o'},
         {"progress-every", required_argument, NULL, OPT_PROGRESS},
         {"help", no_argument, NULL, 'h'},
@@ -145,7 +173,9 @@ int dh_cmd_manifest(int argc, char **argv)
     mb_table_options_t table = {0};
     const char *patterns[MAX_PATTERNS];
     size_t n_patterns = 0;
-    int skip_missing = 0;
+    int skip_missing = 0, skip_bad_captions = 0;
+    const char *meta_cols[MAX_PATTERNS];
+    const char *meta_ext_list = NULL;
     unsigned long long progress_every = 10000;
     int c;
     optind = 1;
@@ -190,6 +220,19 @@ int dh_cmd_manifest(int argc, char **argv)
         case OPT_SKIP_MISSING:
             skip_missing = 1;
             break;
+        case OPT_META_COL:
+            if (!*optarg)
+                return usage_error("--meta-col expects a column name, or '*'");
+            if (table.n_meta_cols == MAX_PATTERNS)
+                return usage_error("--meta-col: too many columns");
+            meta_cols[table.n_meta_cols++] = optarg;
+            break;
+        case OPT_META_EXT:
+            meta_ext_list = optarg;
+            break;
+        case OPT_SKIP_BAD_CAPTIONS:
+            skip_bad_captions = 1;
+            break;
         case 'o':
             output = optarg;
             break;
@@ -220,6 +263,12 @@ int dh_cmd_manifest(int argc, char **argv)
         return usage_error("--skip-missing goes with --from-csv and --from-tar");
     if (table.file && ext_list)
         return usage_error("--ext goes with --from-dir and --from-tar");
+    if (!table.file && table.n_meta_cols)
+        return usage_error("--meta-col goes with --from-csv (--from-tar keeps .cls and .json "
+                           "members, --from-dir the .json sidecar's keys)");
+    if (!n_patterns && meta_ext_list)
+        return usage_error("--meta-ext goes with --from-tar");
+    table.meta_cols = meta_cols;
     table.skip_missing = skip_missing;
     if (table.file && (!table.path_col || !*table.path_col))
         return usage_error("--from-csv needs --path-col NAME");
@@ -228,6 +277,11 @@ int dh_cmd_manifest(int argc, char **argv)
     size_t n_exts = 0;
     if (!table.file &&
         parse_exts(ext_list ? ext_list : DEFAULT_EXTS, ext_buf, sizeof ext_buf, exts, &n_exts) != 0)
+        return 2;
+    char meta_ext_buf[1024], *meta_exts[MAX_EXTS];
+    size_t n_meta_exts = 0;
+    if (meta_ext_list &&
+        parse_exts(meta_ext_list, meta_ext_buf, sizeof meta_ext_buf, meta_exts, &n_meta_exts) != 0)
         return 2;
     mb_shard_list_t shards = {0};
     for (size_t i = 0; i < n_patterns; i++) {
@@ -242,6 +296,7 @@ int dh_cmd_manifest(int argc, char **argv)
     uint64_t start = dh_clock_now_ns();
     mb_emitter_t e;
     int rc = mb_emitter_open(&e, output, progress_every);
+    e.skip_bad_captions = skip_bad_captions;
     mb_dir_report_t dir_report = {0};
     mb_table_report_t table_report = {0};
     mb_tar_report_t tar_report = {0};
@@ -250,7 +305,9 @@ int dh_cmd_manifest(int argc, char **argv)
                                 .n_shards = shards.n,
                                 .exts = exts,
                                 .n_exts = n_exts,
-                                .skip_missing = skip_missing};
+                                .skip_missing = skip_missing,
+                                .meta_exts = meta_exts,
+                                .n_meta_exts = n_meta_exts};
         rc = mb_from_tar(&opt, &e, &tar_report);
     } else if (rc == 0 && from_dir) {
         const char *slash = strrchr(output, '/');
@@ -263,6 +320,7 @@ int dh_cmd_manifest(int argc, char **argv)
         rc = mb_from_table(&table, &e, &table_report);
     }
     size_t written = e.written, with_caption = e.with_caption, n_shards = shards.n;
+    size_t with_meta = e.with_meta, bad_captions = e.skipped_bad_captions;
     mb_shards_free(&shards);
     if (mb_emitter_finish(&e, rc == 0) != 0)
         rc = -1;
@@ -271,6 +329,11 @@ int dh_cmd_manifest(int argc, char **argv)
         return 1;
     }
     double elapsed = dh_clock_elapsed_s(start, dh_clock_now_ns());
+    if (bad_captions)
+        fprintf(stderr,
+                "manifest: skipped %zu entries whose caption cannot be used "
+                "(--skip-bad-captions)%s\n",
+                bad_captions, bad_captions > 10 ? "; the first 10 are named above" : "");
     if (n_patterns)
         fprintf(stderr,
                 "manifest: wrote %zu entries to %s from %zu tar shards (%zu read, %zu skipped "
@@ -295,5 +358,6 @@ int dh_cmd_manifest(int argc, char **argv)
                 "%zu rows skipped (file missing), in %.1f s\n",
                 written, output, table.file, table_report.format, table_report.rows, with_caption,
                 table_report.skipped_missing, elapsed);
+    fprintf(stderr, "manifest: %zu entries with meta\n", with_meta);
     return 0;
 }

@@ -18,28 +18,35 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix probe MANIFEST -o PROFILES.jsonl [--pipeline SPEC.json] [--jobs N]\n"
-            "                       [--calibration FILE] [--recalibrate] [--check N] [--seed S]\n\n"
-            "Reads the container metadata of every clip of a data set (no decoding) and writes\n"
-            "one profile row per readable clip (docs/profiles.md): the pipeline's sampling plan,\n"
-            "its tokens, and cpu_s_est from a cost model calibrated on this machine. The first\n"
-            "probe with a given pipeline spec times a few real decodes per codec and resolution\n"
-            "bucket and caches the result; later probes reuse it. Unreadable files are reported\n"
-            "and skipped, never fatal.\n\n"
-            "options:\n"
-            "  -o, --output FILE       where to write the profile rows (required; '-' = stdout)\n"
-            "  -p, --pipeline SPEC     pipeline spec JSON (docs/pipeline.md; default: defaults)\n"
-            "  -j, --jobs N            metadata reader threads (default: CPUs)\n"
-            "      --calibration FILE  calibration cache (default $XDG_CACHE_HOME or\n"
-            "                          ~/.cache/datahelix/calibration.json)\n"
-            "      --recalibrate       time decodes again even if the cache has this machine\n"
-            "      --check N           afterwards, decode N random clips and print the median\n"
-            "                          and p90 of |predicted - measured| / measured CPU time\n"
-            "  -s, --seed S            which clips calibration and --check time (default 1)\n"
-            "  -h, --help              this text\n\n"
-            "Progress and a closing summary (rows, skipped files and why) go to stderr.\n"
-            "Exit status: 0 success (even with skipped files), 1 failure, 2 usage error.\n");
+    fprintf(
+        out,
+        "usage: datahelix probe MANIFEST -o PROFILES.jsonl [--pipeline SPEC.json] [--jobs N]\n"
+        "                       [--calibration FILE] [--recalibrate] [--check N] [--seed S]\n"
+        "                       [--strict]\n\n"
+        "Reads the container metadata of every clip of a data set (no decoding) and writes\n"
+        "one profile row per readable clip (docs/profiles.md): the pipeline's sampling plan,\n"
+        "its tokens, and cpu_s_est from a cost model calibrated on this machine. The first\n"
+        "probe with a given pipeline spec times a few real decodes per codec and resolution\n"
+        "bucket and caches the result; later probes reuse it. A clip that cannot be used\n"
+        "(missing, unreadable, too short for the plan, no frames) is skipped: the summary\n"
+        "says how many of the manifest's clips were kept, how many were skipped for each\n"
+        "reason, and names the first 10 skipped (--strict: fail instead).\n\n"
+        "options:\n"
+        "  -o, --output FILE       where to write the profile rows (required; '-' = stdout)\n"
+        "  -p, --pipeline SPEC     pipeline spec JSON (docs/pipeline.md; default: defaults)\n"
+        "  -j, --jobs N            metadata reader threads (default: CPUs)\n"
+        "      --calibration FILE  calibration cache (default $XDG_CACHE_HOME or\n"
+        "                          ~/.cache/datahelix/calibration.json)\n"
+        "      --recalibrate       time decodes again even if the cache has this machine\n"
+        "      --check N           afterwards, decode N random clips and print the median\n"
+        "                          and p90 of |predicted - measured| / measured CPU time\n"
+        "  -s, --seed S            which clips calibration and --check time (default 1)\n"
+        "      --strict            fail (exit 1, no profiles written) when any clip is skipped\n"
+        "  -h, --help              this text\n\n"
+        "Progress and a closing summary (rows, skipped clips by reason) go to stderr.\n"
+        "Exit status: 0 success (some clips may be skipped: see the summary), 1 failure\n"
+        "(also: no clip kept, or --strict and a clip skipped; no profiles written),\n"
+        "2 usage error.\n");
 }
 
 typedef struct progress_state {
@@ -80,9 +87,41 @@ static void progress(const char *phase, size_t done, size_t total, void *ctx)
     }
 }
 
+/* The closing summary: kept N of M, skipped by reason, the first 10 skipped named. */
+static void print_summary(const dh_manifest_t *manifest, const dh_probe_report_t *report,
+                          size_t total)
+{
+    static const char *const reasons[] = {"missing", "unreadable", "too short", "no frames"};
+    char by_reason[256] = "";
+    size_t n = 0;
+    for (size_t r = 0; r < sizeof reasons / sizeof reasons[0]; r++) {
+        size_t count = 0;
+        for (size_t i = 0; i < report->n_skips; i++)
+            count += report->skips[i].reason && strcmp(report->skips[i].reason, reasons[r]) == 0;
+        if (count && n < sizeof by_reason)
+            n += (size_t)snprintf(by_reason + n, sizeof by_reason - n, "%s%zu %s", n ? ", " : "",
+                                  count, reasons[r]);
+    }
+    if (report->n_skips == 0)
+        fprintf(stderr, "probe: kept %zu of %zu clips, skipped none\n", report->rows, total);
+    else
+        fprintf(stderr, "probe: kept %zu of %zu clips, skipped %zu (%s)\n", report->rows, total,
+                report->n_skips, by_reason);
+    for (size_t i = 0; i < report->n_skips; i++) {
+        if (i == 10) {
+            fprintf(stderr, "probe: ... and %zu more skipped\n", report->n_skips - 10);
+            break;
+        }
+        fprintf(stderr, "probe: skipped %s (%s): %s (%s)\n",
+                dh_manifest_entry(manifest, report->skips[i].entry)->id,
+                report->skips[i].reason ? report->skips[i].reason : "unreadable",
+                report->skips[i].message, dh_err_name(report->skips[i].error));
+    }
+}
+
 int dh_cmd_probe(int argc, char **argv)
 {
-    enum { OPT_CALIBRATION = 256, OPT_RECALIBRATE, OPT_CHECK };
+    enum { OPT_CALIBRATION = 256, OPT_RECALIBRATE, OPT_CHECK, OPT_STRICT };
     static const struct option options[] = {
         {"output", required_argument, NULL, 'o'},
         {"pipeline", required_argument, NULL, 'p'},
@@ -91,10 +130,12 @@ int dh_cmd_probe(int argc, char **argv)
         {"recalibrate", no_argument, NULL, OPT_RECALIBRATE},
         {"check", required_argument, NULL, OPT_CHECK},
         {"seed", required_argument, NULL, 's'},
+        {"strict", no_argument, NULL, OPT_STRICT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *output = NULL, *spec_path = NULL;
     unsigned long long jobs = 0, check = 0, seed = 1;
+    int strict = 0;
     dh_probe_options_t opt = {0};
     int c;
     optind = 1;
@@ -123,6 +164,9 @@ int dh_cmd_probe(int argc, char **argv)
         case 's':
             if (dh_cli_parse_u64(CMD, "--seed", optarg, 0, ~0ull, &seed) < 0)
                 return 2;
+            break;
+        case OPT_STRICT:
+            strict = 1;
             break;
         case 'h':
             usage(stdout);
@@ -164,12 +208,15 @@ int dh_cmd_probe(int argc, char **argv)
         dh_cli_fail(CMD, rc, "probe failed");
         goto out;
     }
-    if ((rc = dh_profile_set_write(set, output)) != 0) {
+    size_t total = dh_manifest_count(manifest);
+    int refuse = report.rows == 0 || (strict && report.n_skips > 0);
+    if (!refuse && (rc = dh_profile_set_write(set, output)) != 0) {
         dh_cli_fail(CMD, rc, "cannot write the profiles");
         goto out;
     }
-    fprintf(stderr, "probe: %zu rows written to %s, %zu files skipped, in %.1f s\n", report.rows,
-            output, report.n_skips, dh_clock_elapsed_s(start, dh_clock_now_ns()));
+    if (!refuse)
+        fprintf(stderr, "probe: %zu rows written to %s, %zu files skipped, in %.1f s\n",
+                report.rows, output, report.n_skips, dh_clock_elapsed_s(start, dh_clock_now_ns()));
     if (!report.calibration_cached)
         fprintf(stderr,
                 "probe: calibration measured on this machine: %zu clips timed, saved to %s\n",
@@ -181,14 +228,12 @@ int dh_cmd_probe(int argc, char **argv)
                 report.calibration_path, report.calibration_decodes);
     else
         fprintf(stderr, "probe: calibration from %s (nothing decoded)\n", report.calibration_path);
-    for (size_t i = 0; i < report.n_skips; i++) {
-        if (i == 20) {
-            fprintf(stderr, "probe: ... and %zu more skipped\n", report.n_skips - 20);
-            break;
-        }
-        fprintf(stderr, "probe: skipped %s: %s (%s)\n",
-                dh_manifest_entry(manifest, report.skips[i].entry)->id, report.skips[i].message,
-                dh_err_name(report.skips[i].error));
+    print_summary(manifest, &report, total);
+    if (refuse) {
+        fprintf(stderr, "datahelix %s: %s; no profiles written\n", CMD,
+                report.rows == 0 ? "no clip of the manifest could be used"
+                                 : "--strict: clips were skipped");
+        goto out;
     }
     if (check) {
         double median, p90;

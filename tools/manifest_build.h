@@ -30,23 +30,37 @@ typedef struct mb_emitter {
     char *out_dir_abs; /* realpath of OUT's folder: paths under it are written relative */
     mb_id_slot_t *slots;
     size_t slot_cap, ids;
-    size_t written, with_caption;
+    size_t written, with_caption, with_meta;
     unsigned long long progress_every; /* 0: no progress lines */
+    int skip_bad_captions;             /* --skip-bad-captions: skip, not fail (mb_bad_caption) */
+    size_t skipped_bad_captions;
 } mb_emitter_t;
 
 /* Opens OUT.part for writing. */
 int mb_emitter_open(mb_emitter_t *e, const char *out_path, unsigned long long progress_every);
 
-/* Writes one {"id","path"[,"caption"]} line. abs_path is absolute; it is written relative to
- * OUT's folder when it lies under it. caption may be NULL or "". id_column names the column
- * the id came from (for the duplicate-id message; NULL when not from a column). */
+struct json_t;
+
+/* Writes one {"id","path"[,"caption"][,"meta"]} line. abs_path is absolute; it is written
+ * relative to OUT's folder when it lies under it. caption may be NULL or "". meta (borrowed,
+ * may be NULL) is a JSON object, written only when it has a key. id_column names the column
+ * the id came from (for the duplicate-id message; NULL when not from a column). Returns 0,
+ * 1 when the entry was skipped for a caption that is not UTF-8 (--skip-bad-captions), or -1. */
 int mb_emit(mb_emitter_t *e, const char *id, const char *abs_path, const char *caption,
-            const mb_where_t *where, const char *id_column);
+            struct json_t *meta, const mb_where_t *where, const char *id_column);
 
 /* The same line for a byte range of abs_path (a tar member read in place), with "offset"
- * and "size" after "path": {"id","path","offset","size"[,"caption"]}. size > 0. */
+ * and "size" after "path": {"id","path","offset","size"[,"caption"][,"meta"]}. size > 0. */
 int mb_emit_range(mb_emitter_t *e, const char *id, const char *abs_path, long long offset,
-                  long long size, const char *caption, const mb_where_t *where);
+                  long long size, const char *caption, struct json_t *meta,
+                  const mb_where_t *where);
+
+/* A caption that cannot be used (unreadable, not UTF-8, a NUL byte, bad JSON): with
+ * --skip-bad-captions counts it, names the first 10 on stderr ("manifest: skipped WHERE:
+ * WHY") and returns 1 (skip the entry); else prints the error with the way out and returns
+ * -1 (fail the run). where names the file, row or member. */
+int mb_bad_caption(mb_emitter_t *e, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Closes and renames OUT.part to OUT (ok = 1), or removes it (ok = 0); frees everything. */
 int mb_emitter_finish(mb_emitter_t *e, int ok);
@@ -64,10 +78,22 @@ char *mb_join(const char *dir, const char *name);
  * mb_caption_text: text[0..len) (NUL-terminated at len) must hold no NUL and be UTF-8; a
  * UTF-8 byte-order mark and white space at both ends are removed in place. mb_caption_json:
  * root must be an object; *caption (the caller's) is its "caption" string, else its "text"
- * string, else NULL with *keyless = 1; a key that is not a string is an error. */
-struct json_t;
-int mb_caption_text(char *text, size_t len, const char *where);
-int mb_caption_json(struct json_t *root, const char *where, char **caption, int *keyless);
+ * string, else NULL with *keyless = 1; a key that is not a string is a bad caption. Both
+ * return 0, 1 (a bad caption skipped: mb_bad_caption) or -1. */
+int mb_caption_text(mb_emitter_t *e, char *text, size_t len, const char *where);
+int mb_caption_json(mb_emitter_t *e, struct json_t *root, const char *where, char **caption,
+                    int *keyless);
+
+/* Metadata rules shared by the sources (manifest_meta.c). mb_meta_value: text as a JSON
+ * value: a decimal integer (no leading zeros, fits int64) an integer, a decimal real (finite)
+ * a real, else a string; NULL when the text is not UTF-8 (or no memory); the caller's.
+ * mb_meta_set_text: meta[key] = mb_meta_value(text), an error naming where and key when not
+ * UTF-8. mb_meta_merge: copies root's keys (an object: a .json sidecar or member) into meta,
+ * except the caption's keys "caption" and "text". */
+struct json_t *mb_meta_value(const char *text, size_t len);
+int mb_meta_set_text(struct json_t *meta, const char *key, const char *text, size_t len,
+                     const char *where);
+int mb_meta_merge(struct json_t *meta, struct json_t *root);
 
 /* The folder walker: every file under dir whose extension is one of exts (lower case, no
  * dot; matched case-insensitively), in byte order of its path relative to dir, its id that
@@ -99,6 +125,9 @@ typedef struct mb_table_options {
     const char *root;                            /* NULL: the file's folder */
     int delimiter;                               /* 0: from the format */
     int skip_missing;
+    const char **meta_cols; /* --meta-col: columns kept in "meta"; "*": every column but the
+                             * path, caption and id columns */
+    size_t n_meta_cols;
 } mb_table_options_t;
 
 typedef struct mb_table_report {
@@ -127,6 +156,8 @@ typedef struct mb_tar_options {
     char **exts; /* media extensions, lower case, no dot */
     size_t n_exts;
     int skip_missing; /* a missing shard is skipped (counted) rather than an error */
+    char **meta_exts; /* --meta-ext: members kept in "meta" besides .cls (lower case) */
+    size_t n_meta_exts;
 } mb_tar_options_t;
 
 typedef struct mb_tar_report {
@@ -134,6 +165,7 @@ typedef struct mb_tar_report {
     size_t keys_without_media; /* keys skipped: no media member */
     size_t other_members;      /* folders, links, names without a key */
     size_t captions_txt, captions_json, json_without_caption;
+    size_t skipped_bad_caption; /* samples skipped for their caption (--skip-bad-captions) */
 } mb_tar_report_t;
 
 int mb_from_tar(const mb_tar_options_t *opt, mb_emitter_t *e, mb_tar_report_t *report);

@@ -10,13 +10,13 @@
 
 #include "manifest_build.h"
 
-int mb_caption_text(char *text, size_t len, const char *where)
+int mb_caption_text(mb_emitter_t *e, char *text, size_t len, const char *where)
 {
     if (memchr(text, '\0', len))
-        return mb_error("%s: the caption holds a NUL byte (not a text file?)", where);
+        return mb_bad_caption(e, where, "the caption holds a NUL byte (not a text file?)");
     json_t *check = json_stringn(text, len); /* NULL: not UTF-8 */
     if (!check)
-        return mb_error("%s: the caption is not valid UTF-8", where);
+        return mb_bad_caption(e, where, "the caption is not valid UTF-8");
     json_decref(check);
     char *start = text;
     if (len >= 3 && (unsigned char)start[0] == 0xEF && (unsigned char)start[1] == 0xBB &&
@@ -31,12 +31,12 @@ int mb_caption_text(char *text, size_t len, const char *where)
     return 0;
 }
 
-int mb_caption_json(json_t *root, const char *where, char **caption, int *keyless)
+int mb_caption_json(mb_emitter_t *e, json_t *root, const char *where, char **caption, int *keyless)
 {
     *caption = NULL;
     *keyless = 0;
     if (!json_is_object(root))
-        return mb_error("%s: not a JSON object", where);
+        return mb_bad_caption(e, where, "not a JSON object");
     const char *key = json_object_get(root, "caption") ? "caption" : "text";
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
@@ -44,7 +44,7 @@ int mb_caption_json(json_t *root, const char *where, char **caption, int *keyles
         return 0;
     }
     if (!json_is_string(v))
-        return mb_error("%s: key '%s' must be a string", where, key);
+        return mb_bad_caption(e, where, "key '%s' must be a string", key);
     if (!(*caption = strdup(json_string_value(v))))
         return mb_error("out of memory");
     return 0;

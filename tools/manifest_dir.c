@@ -1,7 +1,7 @@
 /* manifest_dir.c: `datahelix manifest --from-dir` (manifest_build.h): walks a folder tree,
  * keeps the files with a listed extension, sorts them by relative path (byte order, so the
  * manifest does not depend on the file system's order or the locale) and emits each with
- * the caption of its sidecar file.
+ * the caption of its sidecar file and the fields of its .json sidecar as "meta".
  *
  * Rules (docs/datasets.md): names starting with '.' are skipped (.git, macOS "._clip.mp4"
  * resource forks); a symbolic link to a file is taken, one to a folder is not followed (no
@@ -129,8 +129,9 @@ static int by_bytes(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Reads a whole small file; NULL with *missing = 1 when it does not exist. */
-static char *read_sidecar(const char *path, int *missing, size_t *len)
+/* Reads a whole small file; NULL with *missing = 1 when it does not exist, NULL with the
+ * reason in why when it cannot be read. */
+static char *read_sidecar(const char *path, int *missing, size_t *len, char *why, size_t why_size)
 {
     *missing = 0;
     FILE *f = fopen(path, "rb");
@@ -139,7 +140,7 @@ static char *read_sidecar(const char *path, int *missing, size_t *len)
         if (err == ENOENT)
             *missing = 1;
         else
-            mb_error("%s: cannot read the caption: %s", path, strerror(err));
+            snprintf(why, why_size, "cannot read the caption: %s", strerror(err));
         return NULL;
     }
     char *buf = NULL;
@@ -149,7 +150,7 @@ static char *read_sidecar(const char *path, int *missing, size_t *len)
             cap = cap ? cap * 2 : 4096;
             char *grown = realloc(buf, cap + 1);
             if (!grown) {
-                mb_error("%s: out of memory", path);
+                snprintf(why, why_size, "out of memory");
                 free(buf);
                 fclose(f);
                 return NULL;
@@ -164,7 +165,7 @@ static char *read_sidecar(const char *path, int *missing, size_t *len)
     int bad = ferror(f);
     fclose(f);
     if (bad) {
-        mb_error("%s: cannot read the caption: read error", path);
+        snprintf(why, why_size, "cannot read the caption: read error");
         free(buf);
         return NULL;
     }
@@ -173,45 +174,63 @@ static char *read_sidecar(const char *path, int *missing, size_t *len)
     return buf;
 }
 
-/* STEM.txt: its text without a UTF-8 byte-order mark and surrounding white space. */
-static int caption_from_txt(const char *path, char **caption, int *found)
+/* STEM.txt: its text without a UTF-8 byte-order mark and surrounding white space. Returns
+ * 0 (*found: it exists), 1 (a bad caption, skipped) or -1. */
+static int caption_from_txt(mb_emitter_t *e, const char *path, char **caption, int *found)
 {
     size_t n = 0;
     int missing;
-    char *text = read_sidecar(path, &missing, &n);
+    char why[512] = "";
+    char *text = read_sidecar(path, &missing, &n, why, sizeof why);
     *found = 0;
     if (!text)
-        return missing ? 0 : -1;
-    if (mb_caption_text(text, n, path) < 0) {
+        return missing ? 0 : mb_bad_caption(e, path, "%s", why);
+    int rc = mb_caption_text(e, text, n, path);
+    if (rc != 0) {
         free(text);
-        return -1;
+        return rc;
     }
     *caption = text;
     *found = 1;
     return 0;
 }
 
-/* STEM.json: an object; its "caption" string, else its "text" string, else no caption. */
-static int caption_from_json(const char *path, char **caption, int *found, int *keyless)
+/* STEM.json: an object; its "caption" string, else its "text" string, else no caption (when
+ * want_caption); its other keys into meta. Returns 0, 1 (a bad caption, skipped) or -1. */
+static int sidecar_json(mb_emitter_t *e, const char *path, int want_caption, char **caption,
+                        int *found, int *keyless, json_t *meta)
 {
     *found = *keyless = 0;
     struct stat st;
     if (stat(path, &st) != 0) {
         int err = errno;
-        return err == ENOENT ? 0 : mb_error("%s: cannot read the caption: %s", path, strerror(err));
+        return err == ENOENT ? 0 : mb_bad_caption(e, path, "cannot read: %s", strerror(err));
     }
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        return mb_error("%s:%d:%d: not JSON: %s", path, jerr.line, jerr.column, jerr.text);
-    int rc = mb_caption_json(root, path, caption, keyless);
-    *found = rc == 0 && *caption;
+    if (!root) {
+        char where[4096];
+        snprintf(where, sizeof where, "%s:%d:%d", path, jerr.line, jerr.column);
+        return mb_bad_caption(e, where, "not JSON: %s", jerr.text);
+    }
+    int rc = 0;
+    if (want_caption) {
+        rc = mb_caption_json(e, root, path, caption, keyless);
+        *found = rc == 0 && *caption;
+    } else if (!json_is_object(root)) {
+        rc = mb_bad_caption(e, path, "not a JSON object");
+    }
+    if (rc == 0)
+        rc = mb_meta_merge(meta, root);
     json_decref(root);
     return rc;
 }
 
-/* The sidecar of ROOT/rel: rel with its extension replaced by .txt, else by .json. */
-static int sidecar_caption(const char *abs, mb_dir_report_t *report, char **caption)
+/* The sidecars of ROOT/rel: rel with its extension replaced by .txt (the caption), and by
+ * .json (the caption when there is no .txt; its other fields are the clip's meta). Returns
+ * 0, 1 (a bad caption, skipped) or -1. */
+static int sidecars(mb_emitter_t *e, const char *abs, mb_dir_report_t *report, char **caption,
+                    json_t *meta)
 {
     *caption = NULL;
     const char *dot = strrchr(abs, '.');
@@ -222,14 +241,14 @@ static int sidecar_caption(const char *abs, mb_dir_report_t *report, char **capt
     memcpy(side, abs, stem);
     strcpy(side + stem, ".txt");
     int found = 0, keyless = 0;
-    int rc = caption_from_txt(side, caption, &found);
-    if (rc == 0 && found) {
-        report->captions_txt++;
-    } else if (rc == 0) {
+    int rc = caption_from_txt(e, side, caption, &found);
+    report->captions_txt += rc == 0 && found;
+    if (rc == 0) {
+        int txt = found;
         strcpy(side + stem, ".json");
-        rc = caption_from_json(side, caption, &found, &keyless);
-        report->captions_json += rc == 0 && found;
-        report->json_without_caption += rc == 0 && keyless;
+        rc = sidecar_json(e, side, !txt, caption, &found, &keyless, meta);
+        report->captions_json += rc == 0 && !txt && found;
+        report->json_without_caption += rc == 0 && !txt && keyless;
     }
     free(side);
     return rc;
@@ -262,9 +281,13 @@ int mb_from_dir(const mb_dir_options_t *opt, mb_emitter_t *e, mb_dir_report_t *r
             break;
         }
         mb_where_t where = {.file = abs};
-        rc = sidecar_caption(abs, report, &caption);
+        json_t *meta = json_object();
+        rc = meta ? sidecars(e, abs, report, &caption, meta) : mb_error("out of memory");
         if (rc == 0)
-            rc = mb_emit(e, w.paths[i], abs, caption, &where, NULL);
+            rc = mb_emit(e, w.paths[i], abs, caption, meta, &where, NULL);
+        if (rc > 0) /* a bad caption, skipped (--skip-bad-captions) */
+            rc = 0;
+        json_decref(meta);
         free(caption);
         free(abs);
     }

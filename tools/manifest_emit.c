@@ -33,6 +33,20 @@ int mb_error(const char *fmt, ...)
     return -1;
 }
 
+int mb_bad_caption(mb_emitter_t *e, const char *where, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (!e->skip_bad_captions)
+        return mb_error("%s: %s (--skip-bad-captions skips such entries)", where, why);
+    if (e->skipped_bad_captions++ < 10)
+        fprintf(stderr, "manifest: skipped %s: %s\n", where, why);
+    return 1;
+}
+
 const char *mb_where_text(char *buf, size_t size, const mb_where_t *where, const char *column)
 {
     int n = snprintf(buf, size, "%s", where->file);
@@ -147,30 +161,42 @@ static int set_string(json_t *obj, const char *key, const char *value, const mb_
 }
 
 static int emit(mb_emitter_t *e, const char *id, const char *abs_path, long long offset,
-                long long size, const char *caption, const mb_where_t *where, const char *id_column)
+                long long size, const char *caption, json_t *meta, const mb_where_t *where,
+                const char *id_column)
 {
     char w[1024];
     if (!id[0])
         return mb_error("%s: empty id", mb_where_text(w, sizeof w, where, id_column));
-    if ((e->ids + 1) * 2 > e->slot_cap && grow_ids(e) < 0)
+    json_t *caption_json = caption && caption[0] ? json_string(caption) : NULL;
+    if (caption && caption[0] && !caption_json) /* NULL on invalid UTF-8 (or no memory) */
+        return mb_bad_caption(e, mb_where_text(w, sizeof w, where, NULL),
+                              "the caption is not valid UTF-8");
+    if ((e->ids + 1) * 2 > e->slot_cap && grow_ids(e) < 0) {
+        json_decref(caption_json);
         return -1;
+    }
     mb_id_slot_t *slot = find_slot(e->slots, e->slot_cap, id);
     if (slot->id) {
+        json_decref(caption_json);
         char first[64] = "";
         if (slot->line)
             snprintf(first, sizeof first, " (first at line %zu, row %zu)", slot->line, slot->row);
         return mb_error("%s: duplicate id '%s'%s", mb_where_text(w, sizeof w, where, id_column), id,
                         first);
     }
-    if (!(slot->id = strdup(id)))
+    if (!(slot->id = strdup(id))) {
+        json_decref(caption_json);
         return mb_error("out of memory");
+    }
     slot->line = where->line;
     slot->row = where->row;
     e->ids++;
 
     json_t *obj = json_object();
-    if (!obj)
+    if (!obj) {
+        json_decref(caption_json);
         return mb_error("out of memory");
+    }
     int rc = set_string(obj, "id", id, where);
     if (rc == 0)
         rc = set_string(obj, "path", written_path(e, abs_path), where);
@@ -178,10 +204,16 @@ static int emit(mb_emitter_t *e, const char *id, const char *abs_path, long long
         (json_object_set_new(obj, "offset", json_integer(offset)) != 0 ||
          json_object_set_new(obj, "size", json_integer(size)) != 0))
         rc = mb_error("out of memory");
-    if (rc == 0 && caption && caption[0]) {
-        rc = set_string(obj, "caption", caption, where);
+    if (rc == 0 && caption_json) {
+        rc = json_object_set_new(obj, "caption", caption_json) == 0 ? 0 : mb_error("out of memory");
+        caption_json = NULL;
         e->with_caption += rc == 0;
     }
+    if (rc == 0 && meta && json_object_size(meta) > 0) {
+        rc = json_object_set(obj, "meta", meta) == 0 ? 0 : mb_error("out of memory");
+        e->with_meta += rc == 0;
+    }
+    json_decref(caption_json);
     if (rc == 0 && (json_dumpf(obj, e->out, JSON_COMPACT) != 0 || fputc('\n', e->out) == EOF)) {
         int err = errno ? errno : EIO;
         rc = mb_error("%s: write error: %s", e->part_path, strerror(err));
@@ -193,16 +225,16 @@ static int emit(mb_emitter_t *e, const char *id, const char *abs_path, long long
 }
 
 int mb_emit(mb_emitter_t *e, const char *id, const char *abs_path, const char *caption,
-            const mb_where_t *where, const char *id_column)
+            json_t *meta, const mb_where_t *where, const char *id_column)
 {
-    return emit(e, id, abs_path, -1, -1, caption, where, id_column);
+    return emit(e, id, abs_path, -1, -1, caption, meta, where, id_column);
 }
 
 int mb_emit_range(mb_emitter_t *e, const char *id, const char *abs_path, long long offset,
-                  long long size, const char *caption, const mb_where_t *where)
+                  long long size, const char *caption, json_t *meta, const mb_where_t *where)
 {
     assert(offset >= 0 && size > 0);
-    return emit(e, id, abs_path, offset, size, caption, where, NULL);
+    return emit(e, id, abs_path, offset, size, caption, meta, where, NULL);
 }
 
 int mb_emitter_finish(mb_emitter_t *e, int ok)

@@ -6,8 +6,9 @@
  * inside them, CRLF), fed one physical line at a time so every message can name the line a
  * row starts on. CSV is parsed strictly (a stray quote is an error naming its line); TSV
  * leniently (a quote inside an unquoted field is text), since TSV writers rarely quote.
- * JSON lines go through jansson, one object a line. Cost: one pass, streaming; memory is
- * one row plus the emitter's id set. */
+ * JSON lines go through jansson, one object a line. The --meta-col columns of a row become
+ * its "meta" object (manifest_meta.c: a cell that reads as a number is a number; an empty
+ * cell is left out). Cost: one pass, streaming; memory is one row plus the emitter's id set. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -37,6 +38,8 @@ typedef struct table {
     char **header;
     size_t n_header;
     long path_idx, caption_idx, id_idx;
+    long *meta_idx; /* the --meta-col columns */
+    size_t n_meta_idx;
     int have_header, failed;
     size_t line;      /* physical line being fed */
     size_t row_line;  /* line the current row starts on */
@@ -51,7 +54,7 @@ static int has_suffix(const char *s, const char *suffix)
 
 /* One data row, whatever the format: resolve, check, emit. */
 static int take_row(table_t *t, const mb_where_t *where, const char *path, const char *caption,
-                    const char *id)
+                    const char *id, json_t *meta)
 {
     char w[1024];
     t->report->rows++;
@@ -80,9 +83,11 @@ static int take_row(table_t *t, const mb_where_t *where, const char *path, const
         rc = mb_error("%s: %s: not a regular file",
                       mb_where_text(w, sizeof w, where, t->opt->path_col), abs);
     } else {
-        rc = mb_emit(t->e, id ? id : path, abs, caption, where,
+        rc = mb_emit(t->e, id ? id : path, abs, caption, meta, where,
                      id ? t->opt->id_col : t->opt->path_col);
         t->report->taken += rc == 0;
+        if (rc > 0) /* a bad caption, skipped (--skip-bad-captions) */
+            rc = 0;
     }
     if (rc == 0 && t->e->progress_every && t->report->rows % t->e->progress_every == 0)
         fprintf(stderr, "manifest: %zu rows read\n", t->report->rows);
@@ -157,6 +162,44 @@ static int header_row(table_t *t)
         return missing_column(t, "--caption-col", t->opt->caption_col);
     if (t->opt->id_col && (t->id_idx = column_index(t, t->opt->id_col)) < 0)
         return missing_column(t, "--id-col", t->opt->id_col);
+    if (!t->opt->n_meta_cols)
+        return 0;
+    if (!(t->meta_idx = malloc((t->n_header + t->opt->n_meta_cols) * sizeof *t->meta_idx)))
+        return mb_error("out of memory");
+    for (size_t k = 0; k < t->opt->n_meta_cols; k++) {
+        const char *name = t->opt->meta_cols[k];
+        if (strcmp(name, "*") == 0) {
+            for (long i = 0; i < (long)t->n_header; i++)
+                if (i != t->path_idx && i != t->caption_idx && i != t->id_idx)
+                    t->meta_idx[t->n_meta_idx++] = i;
+        } else {
+            long i = column_index(t, name);
+            if (i < 0)
+                return missing_column(t, "--meta-col", name);
+            t->meta_idx[t->n_meta_idx++] = i;
+        }
+    }
+    return 0;
+}
+
+/* The row's --meta-col cells as an object (an empty cell is left out: missing). */
+static int csv_meta(const table_t *t, const mb_where_t *where, json_t **meta)
+{
+    *meta = NULL;
+    if (!t->n_meta_idx)
+        return 0;
+    if (!(*meta = json_object()))
+        return mb_error("out of memory");
+    char w[1024];
+    for (size_t k = 0; k < t->n_meta_idx; k++) {
+        const field_t *f = &t->fields[t->meta_idx[k]];
+        const char *name = t->header[t->meta_idx[k]];
+        if (f->len == 0)
+            continue;
+        if (mb_meta_set_text(*meta, name, f->text, f->len,
+                             mb_where_text(w, sizeof w, where, name)) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -189,10 +232,15 @@ static void on_row(int terminator, void *ctx)
                 t->failed =
                     mb_error("%s: %zu fields, but the header has %zu columns",
                              mb_where_text(w, sizeof w, &where, NULL), t->n_fields, t->n_header);
-            else if ((t->failed = nul_in_used_field(t, &where)) == 0)
-                t->failed = take_row(t, &where, t->fields[t->path_idx].text,
-                                     t->caption_idx >= 0 ? t->fields[t->caption_idx].text : NULL,
-                                     t->id_idx >= 0 ? t->fields[t->id_idx].text : NULL);
+            else if ((t->failed = nul_in_used_field(t, &where)) == 0) {
+                json_t *meta = NULL;
+                if ((t->failed = csv_meta(t, &where, &meta)) == 0)
+                    t->failed =
+                        take_row(t, &where, t->fields[t->path_idx].text,
+                                 t->caption_idx >= 0 ? t->fields[t->caption_idx].text : NULL,
+                                 t->id_idx >= 0 ? t->fields[t->id_idx].text : NULL, meta);
+                json_decref(meta);
+            }
         }
     }
     for (size_t i = 0; i < t->n_fields; i++)
@@ -275,6 +323,37 @@ static int json_key(json_t *row, const char *key, int required, const mb_where_t
     return 0;
 }
 
+static int is_used_key(const mb_table_options_t *opt, const char *key)
+{
+    return strcmp(key, opt->path_col) == 0 ||
+           (opt->caption_col && !strcmp(key, opt->caption_col)) ||
+           (opt->id_col && strcmp(key, opt->id_col) == 0);
+}
+
+/* The row's --meta-col keys as they are ("*": every key but the path, caption and id keys);
+ * an absent or null key is left out. */
+static int jsonl_meta(const table_t *t, json_t *row, json_t **meta)
+{
+    if (!(*meta = json_object()))
+        return mb_error("out of memory");
+    for (size_t k = 0; k < t->opt->n_meta_cols; k++) {
+        const char *name = t->opt->meta_cols[k], *key;
+        json_t *v;
+        if (strcmp(name, "*") == 0) {
+            json_object_foreach(row, key, v)
+            {
+                if (!is_used_key(t->opt, key) && !json_is_null(v) &&
+                    json_object_set(*meta, key, v) != 0)
+                    return mb_error("out of memory");
+            }
+        } else if ((v = json_object_get(row, name)) && !json_is_null(v) &&
+                   json_object_set(*meta, name, v) != 0) {
+            return mb_error("out of memory");
+        }
+    }
+    return 0;
+}
+
 static int read_jsonl(table_t *t)
 {
     FILE *f = fopen(t->opt->file, "rb");
@@ -321,8 +400,12 @@ static int read_jsonl(table_t *t)
             rc = json_key(row, t->opt->caption_col, 0, &where, &caption);
         if (rc == 0 && t->opt->id_col)
             rc = json_key(row, t->opt->id_col, 1, &where, &id);
+        json_t *meta = NULL;
+        if (rc == 0 && t->opt->n_meta_cols)
+            rc = jsonl_meta(t, row, &meta);
         if (rc == 0)
-            rc = take_row(t, &where, path, caption, id);
+            rc = take_row(t, &where, path, caption, id, meta);
+        json_decref(meta);
         json_decref(row);
     }
     if (rc == 0 && ferror(f)) {
@@ -366,6 +449,7 @@ int mb_from_table(const mb_table_options_t *opt, mb_emitter_t *e, mb_table_repor
     for (size_t i = 0; i < t.n_header; i++)
         free(t.header[i]);
     free(t.header);
+    free(t.meta_idx);
     free(t.fields);
     free(t.root);
     return rc;

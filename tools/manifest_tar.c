@@ -9,7 +9,9 @@
  * consecutive members with one key form a sample (the writer writes them together and
  * WebDataset's reader groups them the same way). A sample is a key with exactly one media
  * member (its last extension in --ext); its caption is the key's .txt member, else its .json
- * member's "caption" or "text" key (manifest_caption.c).
+ * member's "caption" or "text" key (manifest_caption.c). Its "meta" (manifest_meta.c): the
+ * .json member's other keys, then the .cls member and the --meta-ext members, each under its
+ * extension, its trimmed text as a number when it reads as one.
  *
  * The data offset: libarchive hands out the position of an entry's first header
  * (archive_read_header_position), which for pax ('x', 'g') and GNU long-name ('L', 'K')
@@ -25,6 +27,7 @@
  * for a media member one pread of up to 4 KiB for the check; the rest of each member is
  * skipped with lseek, so a shard of large clips costs about one block read per member.
  * Memory: one sample at a time, plus the emitter's id set. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -232,6 +235,8 @@ typedef struct sample {
     char *txt_name, *json_name;
     char *txt_caption, *json_caption;
     int json_keyless;
+    int bad_caption; /* skipped at flush (--skip-bad-captions) */
+    json_t *meta;    /* NULL until a member adds a key */
 } sample_t;
 
 typedef struct shard {
@@ -256,6 +261,7 @@ static void sample_clear(sample_t *s)
     free(s->json_name);
     free(s->txt_caption);
     free(s->json_caption);
+    json_decref(s->meta);
     *s = (sample_t){0};
 }
 
@@ -282,6 +288,8 @@ static int flush_sample(shard_t *sh)
         return 0;
     if (!s->media_name) {
         sh->report->keys_without_media++;
+    } else if (s->bad_caption) {
+        sh->report->skipped_bad_caption++;
     } else {
         const char *caption = s->txt_caption ? s->txt_caption : s->json_caption;
         sh->report->captions_txt += s->txt_caption != NULL;
@@ -293,7 +301,10 @@ static int flush_sample(shard_t *sh)
         } else {
             sprintf(id, "%.*s/%s", (int)sh->stem_len, sh->stem, s->key);
             mb_where_t where = {.file = member_where(w, sizeof w, sh, s->media_name)};
-            rc = mb_emit_range(sh->e, id, sh->abs, s->media_offset, s->media_size, caption, &where);
+            rc = mb_emit_range(sh->e, id, sh->abs, s->media_offset, s->media_size, caption, s->meta,
+                               &where);
+            sh->report->skipped_bad_caption += rc > 0;
+            rc = rc > 0 ? 0 : rc;
             sh->report->samples += rc == 0;
         }
         free(id);
@@ -362,6 +373,42 @@ static int check_offset(shard_t *sh, const char *name, long long offset, long lo
     return 0;
 }
 
+/* .cls, and the --meta-ext extensions (not the caption's .txt/.json: those are read anyway). */
+static int is_meta_ext(const mb_tar_options_t *opt, const char *ext)
+{
+    if (strcasecmp(ext, "cls") == 0)
+        return 1;
+    for (size_t i = 0; i < opt->n_meta_exts; i++)
+        if (strcasecmp(ext, opt->meta_exts[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* A .cls or --meta-ext member: meta[EXT] = its text without surrounding white space, a
+ * number when it reads as one (WebDataset writes a class as its decimal text). */
+static int take_meta_member(shard_t *sh, const char *name, const char *ext, long long size)
+{
+    char w[2048];
+    size_t len = 0;
+    char *text = read_member(sh, name, size, &len);
+    if (!text)
+        return -1;
+    char *start = text, *end = text + len;
+    while (start < end && isspace((unsigned char)*start))
+        start++;
+    while (end > start && isspace((unsigned char)end[-1]))
+        end--;
+    char key[256];
+    size_t n = 0;
+    for (; ext[n] && n + 1 < sizeof key; n++)
+        key[n] = (char)tolower((unsigned char)ext[n]);
+    key[n] = '\0';
+    int rc = mb_meta_set_text(sh->s.meta, key, start, (size_t)(end - start),
+                              member_where(w, sizeof w, sh, name));
+    free(text);
+    return rc;
+}
+
 static int is_media(const mb_tar_options_t *opt, const char *ext)
 {
     const char *last = strrchr(ext, '.');
@@ -404,8 +451,13 @@ static int take_member(shard_t *sh, struct archive_entry *ent, const char *name,
         return 0;
     }
     int txt = strcasecmp(ext, "txt") == 0, json = strcasecmp(ext, "json") == 0;
+    int meta = is_meta_ext(sh->opt, ext);
+    if (!txt && !json && !meta)
+        return 0; /* other fields of the sample (.npy, ...): not ours */
+    if (!s->meta && !(s->meta = json_object()))
+        return mb_error("out of memory");
     if (!txt && !json)
-        return 0; /* other fields of the sample (.cls, .npy, ...): not ours */
+        return take_meta_member(sh, name, ext, size);
     char **seen = txt ? &s->txt_name : &s->json_name;
     if (*seen)
         return mb_error("%s: key '%s' has two .%s members, '%s' and '%s'", sh->name, s->key, ext,
@@ -419,7 +471,9 @@ static int take_member(shard_t *sh, struct archive_entry *ent, const char *name,
     member_where(w, sizeof w, sh, name);
     int rc;
     if (txt) {
-        rc = mb_caption_text(text, len, w);
+        rc = mb_caption_text(sh->e, text, len, w);
+        if (rc == 0 && meta)
+            rc = mb_meta_set_text(s->meta, ext, text, strlen(text), w);
         if (rc == 0) {
             s->txt_caption = text;
             text = NULL;
@@ -428,13 +482,21 @@ static int take_member(shard_t *sh, struct archive_entry *ent, const char *name,
         json_error_t jerr;
         json_t *root = json_loadb(text, len, 0, &jerr);
         if (!root) {
-            rc = mb_error("%s:%d:%d: not JSON: %s", w, jerr.line, jerr.column, jerr.text);
+            char where[2100];
+            snprintf(where, sizeof where, "%s:%d:%d", w, jerr.line, jerr.column);
+            rc = mb_bad_caption(sh->e, where, "not JSON: %s", jerr.text);
         } else {
-            rc = mb_caption_json(root, w, &s->json_caption, &s->json_keyless);
+            rc = mb_caption_json(sh->e, root, w, &s->json_caption, &s->json_keyless);
+            if (rc == 0)
+                rc = mb_meta_merge(s->meta, root);
             json_decref(root);
         }
     }
     free(text);
+    if (rc > 0) { /* a bad caption: the sample is skipped when it is complete */
+        s->bad_caption = 1;
+        rc = 0;
+    }
     return rc;
 }
 

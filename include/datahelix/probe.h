@@ -72,9 +72,12 @@ typedef struct dh_probe_options {
 } dh_probe_options_t;
 
 typedef struct dh_probe_skip {
-    size_t entry;  /* manifest entry index */
-    int error;     /* its error code */
-    char *message; /* names the file and the cause */
+    size_t entry;       /* manifest entry index */
+    int error;          /* its error code */
+    char *message;      /* names the file and the cause */
+    const char *reason; /* static: "missing", "unreadable" (not a video FFmpeg reads, or one
+                         * the pipeline refuses), "too short" (fewer frames than the plan
+                         * asks), "no frames" (no frame rate, size or frame count to plan) */
 } dh_probe_skip_t;
 
 typedef struct dh_probe_report {

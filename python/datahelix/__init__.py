@@ -11,7 +11,8 @@
 Each batch is a dict of ``torch.Tensor``: ``frames`` and ``mask`` are zero-copy views of the
 local DataServer's shared-memory slabs (through DLPack), released when the last tensor that
 views them is freed; ``tokens`` is per sample; ``sample_ids``, ``captions`` and ``errors``
-are lists.
+are lists; the manifest's labels and metadata (``batch["label"]``...) join them by sample id
+(docs/python.md, "Labels and metadata").
 
 The C binding is ``datahelix._C``; every C error code has an exception class here, all
 subclasses of :class:`DataHelixError` (and of the matching builtin: ``NotFoundError`` is a
@@ -30,6 +31,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _C
+from ._meta import join_meta, load_manifest_meta, warn_if_profiles_dropped
 from ._spec import ArraySpec
 from ._C import (  # noqa: F401  (re-exported)
     DataHelixError,
@@ -313,21 +315,7 @@ def resolve_source(source: Union[str, os.PathLike]) -> Dict[str, Optional[str]]:
 
 
 def _load_captions(manifest: Optional[str]) -> Dict[str, str]:
-    captions: Dict[str, str] = {}
-    if not manifest:
-        return captions
-    with open(manifest, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ParseError(f"{manifest}:{lineno}: {e.msg}") from None
-            if isinstance(entry, dict) and "id" in entry:
-                captions[str(entry["id"])] = str(entry.get("caption", ""))
-    return captions
+    return load_manifest_meta(manifest)[0]  # captions and meta: _meta.py
 
 
 def _pipeline_json(pipeline: Union[None, str, os.PathLike, Dict[str, Any]]) -> Optional[str]:
@@ -593,7 +581,7 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
     a copy's id gets ``#k``). Rows keep their source's plan (frames and size: the profile
     rows' per-sample overrides, from the source's own probe spec) and costs; ids become
     ``NAME/ID`` (NAME: the source's folder name, made unique). Writes ``out/profiles.jsonl``
-    and ``out/manifest.jsonl`` (the captions) and returns ``out``. The composition is the
+    and ``out/manifest.jsonl`` (the captions and each row's ``meta``) and returns ``out``. The composition is the
     same every epoch; the loader's sampler shuffles it per epoch."""
     import math
     import random
@@ -621,7 +609,7 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
             n += 1
             name = f"{base}-{n}"
         names.add(name)
-        loaded.append((name, weight, rows, _load_captions(paths["manifest"])))
+        loaded.append((name, weight, rows, load_manifest_meta(paths["manifest"])))
     total = sum(w for _, w, _, _ in loaded)
     shares = [w / total for _, w, _, _ in loaded]
     if samples is None:
@@ -636,7 +624,7 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
     rng = random.Random(seed)
     os.makedirs(out, exist_ok=True)
     profiles, manifest = [], []
-    for (name, _, rows, captions), count in zip(loaded, counts):
+    for (name, _, rows, (captions, meta)), count in zip(loaded, counts):
         picks = [(i, copy) for copy in range(count // len(rows)) for i in range(len(rows))]
         picks += [(i, count // len(rows)) for i in sorted(rng.sample(range(len(rows)),
                                                                      count % len(rows)))]
@@ -645,9 +633,10 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
             source_id = str(row["id"])
             row["id"] = f"{name}/{source_id}" + (f"#{copy}" if copy else "")
             profiles.append(json.dumps(row, ensure_ascii=False) + "\n")
-            manifest.append(json.dumps({"id": row["id"], "path": row["uri"],
-                                        "caption": captions.get(source_id, "")},
-                                       ensure_ascii=False) + "\n")
+            line = {"id": row["id"], "path": row["uri"], "caption": captions.get(source_id, "")}
+            if meta.raw(source_id):
+                line["meta"] = meta.raw(source_id)
+            manifest.append(json.dumps(line, ensure_ascii=False) + "\n")
     for file, lines in (("profiles.jsonl", profiles), ("manifest.jsonl", manifest)):
         partial = os.path.join(out, file + ".part")
         with open(partial, "w", encoding="utf-8") as f:
@@ -1193,7 +1182,8 @@ class DataLoader:
             self._client_kwargs["rebalance"] = rebalance_spec
             _rebalance_loaders.add(self)
         self.rebalance = rebalance_spec is not None
-        self._captions = _load_captions(paths["manifest"])
+        self._captions, self._meta = load_manifest_meta(paths["manifest"])
+        warn_if_profiles_dropped(self.profiles, paths["manifest"], len(self._captions))
         self._epoch = 0
         self._pinned = True    # the next pass is self._epoch (set_epoch, load_state_dict, the
         #                        first pass); else it is the one after the last pass's
@@ -1407,6 +1397,7 @@ class DataLoader:
         loader["sample_ids"] = ids
         if self.dataset is None:
             loader["captions"] = [self._captions.get(i, "") for i in ids]
+            join_meta(out, ids, self._meta)  # labels by id: tensors or lists (_meta.py)
         loader["errors"] = [s[3] for s in samples]
         loader["info"] = info
         out.pop(META_KEY, None)  # never a dataset's: the worker refuses the name

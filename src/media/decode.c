@@ -902,7 +902,8 @@ int dh_pipeline_decode(dh_pipeline_t *pipeline, const char *path,
     if (rc == 0)
         rc = decode_sample(pipeline, path, overrides, sample_id, out);
     if (rc < 0) {
-        dh_tensor_clear(&out->frames); /* the plan stays when decoding failed after it */
+        dh__name_tar_sample(rc, path, sample_id); /* a tar member: sample, member, shard */
+        dh_tensor_clear(&out->frames);            /* the plan stays when decoding failed after it */
         out->error = rc;
         out->error_message = dh_strdup(dh_last_error()); /* NULL if memory is that short */
     }

@@ -36,4 +36,10 @@ int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
  * is returned as it is, with *start = *end = -1. Pure string parsing. */
 const char *dh__subfile_range(const char *path, long long *start, long long *end);
 
+/* For a tar member read in place (a subfile path): rewrites the thread's last error
+ * "PATH: WHAT" (PATH the subfile path) as "sample ID (member NAME of shard FILE): WHAT", the
+ * member's name read from its tar header (tar_member.c). Any other path: nothing changes.
+ * Keeps the error code; returns err. */
+int dh__name_tar_sample(int err, const char *path, const char *sample_id);
+
 #endif

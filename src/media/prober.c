@@ -28,11 +28,13 @@
 #include "datahelix/rng.h"
 #include "datahelix/stats.h"
 #include "core/internal.h"
+#include "media/pipeline_internal.h"
 
 /* What probing one entry found. */
 typedef struct probed {
     int error;
     char *message;
+    const char *reason; /* dh_probe_skip_t.reason */
     char codec[32];
     char bucket[32];
     int32_t src_width, src_height;
@@ -60,7 +62,9 @@ static void probe_entry(const dh_pipeline_spec_t *spec, const dh_manifest_entry_
     dh_media_info_t info;
     int rc = dh_media_probe(e->path, &info);
     if (rc != 0) {
+        dh__name_tar_sample(rc, e->path, e->id); /* a tar member: sample, member, shard */
         record_error(p, rc);
+        p->reason = rc == DH_ENOENT ? "missing" : "unreadable";
         return;
     }
     dh_clip_info_t clip = {.frame_count = info.frame_count,
@@ -74,6 +78,7 @@ static void probe_entry(const dh_pipeline_spec_t *spec, const dh_manifest_entry_
     if (rc != 0) {
         dh__set_error(rc, "%s: %s", e->path, dh_last_error());
         record_error(p, rc);
+        p->reason = rc == DH_ERANGE ? "too short" : "no frames";
         dh_media_info_clear(&info);
         return;
     }
@@ -368,7 +373,7 @@ int dh_probe_manifest(const dh_manifest_t *m, const dh_pipeline_spec_t *spec,
     for (size_t i = 0; rc == 0 && i < n; i++) {
         if (results[i].error) {
             report->skips[report->n_skips++] =
-                (dh_probe_skip_t){i, results[i].error, results[i].message};
+                (dh_probe_skip_t){i, results[i].error, results[i].message, results[i].reason};
             results[i].message = NULL;
             continue;
         }

@@ -95,3 +95,43 @@ def test_tar_shards_are_read_in_place(datahelix, dataset, tmp_path):
     # nothing was extracted next to the shards
     assert sorted(os.listdir(shards)) == sorted(
         ["manifest.jsonl", "profiles.jsonl"] + [f"shard-{k:03d}.tar" for k in range(3)])
+
+
+def test_corrupt_tar_member_error_names_sample_member_and_shard(datahelix, dataset, tmp_path):
+    """A tar member corrupted after probing: the sample's error names the sample id, the
+    member and the shard (src/media/tar_member.c). Before: 'subfile,,start,76800,end,
+    137107,,:/.../shard-000.tar: decoding near frame 4', no id and no member."""
+    src, ids = dataset
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    lines = pack_shards(src, str(shards), per_shard=len(ids))
+    (shards / "manifest.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    env = dict(os.environ, DH_CALIBRATION_CACHE=str(tmp_path / "calib.json"))
+    r = subprocess.run([CLI, "probe", str(shards / "manifest.jsonl"), "-o",
+                        str(shards / "profiles.jsonl"), "-p", str(tmp_path / "spec.json")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    bad = lines[2]
+    with open(shards / bad["path"], "r+b") as f:  # zero the member's last two thirds
+        f.seek(bad["offset"] + bad["size"] // 3)
+        f.write(b"\0" * (bad["size"] - bad["size"] // 3))
+    shard = os.path.realpath(shards / bad["path"])
+    errors = {}
+    with datahelix.DataLoader(str(shards), pipeline=SPEC, batch_size=2, shuffle=False, workers=1,
+                              on_error="skip", arena_bytes=64 << 20, timeout=60) as dl:
+        for b in dl:
+            for sid, err in zip(b["sample_ids"], b["errors"]):
+                if err is not None:
+                    errors[sid] = err
+    assert list(errors) == [bad["id"]], errors
+    err = errors[bad["id"]]
+    assert err.startswith(f"sample {bad['id']} (member {bad['id']}.mp4 of shard {shard}): "), err
+    assert "subfile," not in err
+    # probe's skip message of that member says the same
+    r = subprocess.run([CLI, "probe", str(shards / "manifest.jsonl"), "-o",
+                        str(tmp_path / "again.jsonl"), "-p", str(tmp_path / "spec.json")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (f"probe: skipped {bad['id']} (unreadable): sample {bad['id']} (member "
+            f"{bad['id']}.mp4 of shard {shard}): ") in r.stderr, r.stderr

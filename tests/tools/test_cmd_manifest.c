@@ -91,7 +91,10 @@ static void from_dir_takes_listed_extensions_sorted_with_sidecar_captions(void *
     char *text = read_all(out);
     assert_non_null(strstr(text, "{\"id\":\"a.mkv\",\"path\":\"a.mkv\",\"caption\":\"caption "
                                  "key\"}\n"));
-    assert_non_null(strstr(text, "{\"id\":\"c/nocap.mp4\",\"path\":\"c/nocap.mp4\"}\n"));
+    /* The .json sidecar's other keys are the clip's meta (not its caption keys). */
+    assert_non_null(
+        strstr(text, "{\"id\":\"c/nocap.mp4\",\"path\":\"c/nocap.mp4\",\"meta\":{\"other\":1}}\n"));
+    assert_non_null(strstr(text, "\"caption\":\"text key\",\"meta\":{\"id\":7}}\n"));
     assert_false(exists(dh_test_path("set/manifest.jsonl.part")));
     free(text);
     free(out);

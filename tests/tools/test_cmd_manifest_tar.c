@@ -143,14 +143,14 @@ static void tar_samples_grouped_with_captions_and_python_offsets(void **state)
         {"a/0008", "no dot", 0},      /* no key */
     };
     static const struct {
-        const char *key, *media, *caption;
+        const char *key, *media, *caption, *meta;
     } expected[] = {
-        {"a/0001", "a/0001.mp4", "a cat\n  on a mat"},
-        {"a/0002", "a/0002.seg1.mkv", "caption key"},
-        {"a/0003", "a/0003.webm", "text key"},
-        {"a/0005", "a/0005.mp4", NULL},
-        {"a/0006", "a/0006.mp4", "txt wins"},
-        {LONG_DIR "/clip", LONG_DIR "/clip.mp4", "long caption"},
+        {"a/0001", "a/0001.mp4", "a cat\n  on a mat", ""},
+        {"a/0002", "a/0002.seg1.mkv", "caption key", ""}, /* both caption keys: no meta */
+        {"a/0003", "a/0003.webm", "text key", ",\"meta\":{\"fps\":30}"},
+        {"a/0005", "a/0005.mp4", NULL, ",\"meta\":{\"cls\":3}"},
+        {"a/0006", "a/0006.mp4", "txt wins", ""},
+        {LONG_DIR "/clip", LONG_DIR "/clip.mp4", "long caption", ""},
     };
     static const char *const formats[] = {"ustar", "pax", "gnu"};
     char *dir = scratch("shards");
@@ -202,7 +202,8 @@ static void tar_samples_grouped_with_captions_and_python_offsets(void **state)
         for (size_t i = 0; i < LEN(expected); i++) {
             long long offset, size;
             python_offset(tar_path, expected[i].media, &offset, &size);
-            /* the line exactly: id, path relative to OUT's folder, offset, size, caption */
+            /* the line exactly: id, path relative to OUT's folder, offset, size, caption, meta
+             * (the .json member's other keys, the .cls member as a number) */
             char line[2048], caption_json[512] = "";
             if (expected[i].caption) {
                 /* the only escape the captions here need: the line break */
@@ -220,8 +221,9 @@ static void tar_samples_grouped_with_captions_and_python_offsets(void **state)
                 snprintf(caption_json, sizeof caption_json, ",\"caption\":\"%s\"", esc);
             }
             snprintf(line, sizeof line,
-                     "{\"id\":\"%s/%s\",\"path\":\"%s\",\"offset\":%lld,\"size\":%lld%s}\n",
-                     formats[f], expected[i].key, tar_name, offset, size, caption_json);
+                     "{\"id\":\"%s/%s\",\"path\":\"%s\",\"offset\":%lld,\"size\":%lld%s%s}\n",
+                     formats[f], expected[i].key, tar_name, offset, size, caption_json,
+                     expected[i].meta);
             expect_in(text, line);
             /* the reader resolves it to the byte range, with the caption */
             const dh_manifest_entry_t *e = dh_manifest_entry(m, i);
