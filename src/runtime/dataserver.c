@@ -615,9 +615,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
-            if (dh__wire_auth_check(s->coord)) {
-                /* refused keys do not heal: fail, saying which, rather than retry forever */
-                rc = DH_EAUTH;
+            if ((rc = dh__wire_auth_check(s->coord))) {
+                /* refused keys (or no coordinator there) do not heal: fail, saying which,
+                 * rather than retry forever */
                 dh_log_error("DataServer '%s': %s", s->name, dh_last_error());
                 break;
             }
@@ -825,8 +825,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
             goto fail;
     }
     if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, &opts)) ||
-        (rc = dh__wire_set_routing_id(s->coord, s->name)) ||
-        (rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
+        (rc = dh__wire_set_routing_id(s->coord, s->name)))
+        goto fail;
+    dh__wire_set_peer_role(s->coord, "coordinator");
+    if ((rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
         goto fail;
     s->threads = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->threads);
     if (!s->threads) {
