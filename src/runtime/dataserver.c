@@ -50,6 +50,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/dataserver_metrics.h"
+#include "runtime/inprocess.h"
 #include "runtime/notice.h"
 #include "shm/shm_internal.h"
 #include "runtime/rt.h"
@@ -536,6 +537,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
 
 int dh_dataserver_run(dh_dataserver_t *s)
 {
+    dh__inprocess_enter(s->name); /* a coordinator of this process never times it out */
     dh_log_info(
         "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
         "coordinator %s",
@@ -647,6 +649,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
                 (unsigned long long)st.forwarded, (unsigned long long)st.bytes_forwarded,
                 (unsigned long long)st.arena_waits, (unsigned long long)st.arena_spills,
                 (unsigned long long)st.undeliverable, (unsigned long long)st.output_waits);
+    dh__inprocess_leave(s->name);
     return rc;
 }
 
