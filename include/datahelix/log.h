@@ -1,7 +1,8 @@
 /* log.h: one-line log records on stderr.
  *
  * Format: "2026-12-02T17:00:00.123Z datahelix[pid] LEVEL message". The threshold comes from
- * DH_LOG_LEVEL (error, warn, info, debug; default info) or dh_log_set_level(). Thread-safe:
+ * DATAHELIX_LOG_LEVEL, else DH_LOG_LEVEL (error, warn, info, debug; default info), or
+ * dh_log_set_level() (Python: log_level=, _C.set_log_level). Thread-safe:
  * each record is formatted into a local buffer and written with one write(2).
  */
 #ifndef DATAHELIX_LOG_H
@@ -23,7 +24,12 @@ typedef enum {
 /* Sets the threshold; records above it are dropped. */
 DH_EXTERN void dh_log_set_level(dh_log_level_t level);
 
-/* The current threshold (read once from DH_LOG_LEVEL on first use). */
+/* The level named by `name` ("error", "warn" or "warning", "info", "debug"; any case) into
+ * *out. Returns 0, or DH_EINVAL for another name (*out untouched). */
+DH_EXTERN int dh_log_level_parse(const char *name, dh_log_level_t *out);
+
+/* The current threshold (read once from DATAHELIX_LOG_LEVEL, else DH_LOG_LEVEL, on first
+ * use). */
 DH_EXTERN dh_log_level_t dh_log_level(void);
 
 /* Writes one record if level passes the threshold. */

@@ -417,7 +417,7 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
                   collate_fn: Optional[Callable[..., Any]] = None,
                   worker_init_fn: Optional[Callable[[int], None]] = None,
                   seed: int = 0, keys: Union[None, str, os.PathLike] = None,
-                  key: Optional[str] = None) -> Cluster:
+                  key: Optional[str] = None, log_level: Optional[str] = None) -> Cluster:
     """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
     local DataServer for ``node`` (default: this host) with ``workers`` decode threads
     (default: this machine's CPUs), as threads of this process. ``source`` is only checked
@@ -429,8 +429,10 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
     worker processes instead of the video pipeline (docs/datasets.md, "Your own Dataset").
     ``keys``/``key``: the CURVE key directory and this process's key in it (default
     DATAHELIX_KEYS / DATAHELIX_KEY): tcp:// endpoints admit only the directory's keys, and
-    encrypt (docs/security.md).
+    encrypt (docs/security.md). ``log_level``: the C side's log threshold (error, warn,
+    info, debug; default DATAHELIX_LOG_LEVEL, else info), for this process.
     """
+    _set_log_level(log_level)
     _set_arena_budget(arena_budget)
     auth = _keys(keys, key)
     scratch = None
@@ -466,6 +468,14 @@ def _node_name(node: Optional[str]) -> str:
     """A rank's or DataServer's node: as given, else DATAHELIX_NODE, else the host name
     (machines or containers that share a host name set DATAHELIX_NODE)."""
     return node or os.environ.get("DATAHELIX_NODE") or socket.gethostname()
+
+
+def _set_log_level(log_level: Optional[str]) -> None:
+    """The C side's log threshold: as given, else DATAHELIX_LOG_LEVEL (which the C side also
+    reads on its own at first use); process-wide."""
+    level = log_level or os.environ.get("DATAHELIX_LOG_LEVEL")
+    if level:
+        _C.set_log_level(level)
 
 
 def _keys(keys: Union[None, str, os.PathLike], key: Optional[str]) -> Dict[str, Optional[str]]:
@@ -1000,7 +1010,11 @@ class DataLoader:
             memory). Sets DH_ARENA_BUDGET for this process. A budget that cannot hold one
             step fails with a message naming the numbers.
         node: this rank's node name (default: DATAHELIX_NODE, else the host name).
-        connect_timeout: seconds to wait for the coordinator and the local DataServer.
+        connect_timeout: seconds to wait for the coordinator and the local DataServer. An
+            error names the cause: no scheme, nothing listening (refused, unknown host), a
+            server that is not a coordinator (docs/python.md, "Connection errors").
+        log_level: the C side's log threshold, "error", "warn", "info" or "debug" (default
+            DATAHELIX_LOG_LEVEL, else "info"); process-wide.
         max_steps: stop each pass after this many batches (0: no limit).
         epochs: epochs one pass yields back to back (1): ``len()`` counts all of them and
             the next pass starts that many epochs later; 0: no end, with max_steps the only
@@ -1071,7 +1085,9 @@ class DataLoader:
                  prefetch_factor: Optional[int] = None, pin_memory: bool = False,
                  pin_memory_device: str = "", generator: Any = None,
                  sampler: Any = None, batch_sampler: Any = None,
-                 multiprocessing_context: Any = None, in_order: bool = True) -> None:
+                 multiprocessing_context: Any = None, in_order: bool = True,
+                 log_level: Optional[str] = None) -> None:
+        _set_log_level(log_level)
         source, dataset = _source_or_dataset(source, dataset)
         _refuse_torch_only(pipeline, sampler, batch_sampler, multiprocessing_context, in_order)
         workers = _workers_arg(workers, num_workers)

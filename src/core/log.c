@@ -1,4 +1,4 @@
-/* log.c: one-line log records on stderr, threshold from DH_LOG_LEVEL. */
+/* log.c: one-line log records on stderr, threshold from DATAHELIX_LOG_LEVEL / DH_LOG_LEVEL. */
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "datahelix/error.h"
 #include "datahelix/log.h"
 
 static atomic_int level_set = -1;
@@ -20,20 +21,32 @@ void dh_log_set_level(dh_log_level_t level)
     atomic_store(&level_set, (int)level);
 }
 
+int dh_log_level_parse(const char *name, dh_log_level_t *out)
+{
+    for (int i = 0; name && i < 4; i++)
+        if (strcasecmp(name, level_names[i]) == 0) {
+            *out = (dh_log_level_t)i;
+            return 0;
+        }
+    if (name && strcasecmp(name, "warning") == 0) {
+        *out = DH_LOG_WARN;
+        return 0;
+    }
+    return DH_EINVAL;
+}
+
 dh_log_level_t dh_log_level(void)
 {
     int level = atomic_load(&level_set);
     if (level >= 0)
         return (dh_log_level_t)level;
-    level = DH_LOG_INFO;
-    const char *env = getenv("DH_LOG_LEVEL");
-    if (env) {
-        for (int i = 0; i < 4; i++)
-            if (strcasecmp(env, level_names[i]) == 0)
-                level = i;
-        if (strcasecmp(env, "warning") == 0)
-            level = DH_LOG_WARN;
-    }
+    dh_log_level_t parsed = DH_LOG_INFO;
+    const char *env = getenv("DATAHELIX_LOG_LEVEL");
+    if (!env || !env[0])
+        env = getenv("DH_LOG_LEVEL");
+    if (env)
+        dh_log_level_parse(env, &parsed); /* an unknown name keeps the default */
+    level = (int)parsed;
     atomic_store(&level_set, level);
     return (dh_log_level_t)level;
 }

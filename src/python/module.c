@@ -32,6 +32,7 @@
 
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/log.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/rng.h"
@@ -2453,7 +2454,31 @@ static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
     return list;
 }
 
+/* set_log_level(name): the C side's log threshold ("error", "warn", "info", "debug"), for
+ * every thread of this process; returns the previous one's name. */
+static PyObject *mod_set_log_level(PyObject *m, PyObject *args)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name))
+        return NULL;
+    dh_log_level_t level, before = dh_log_level();
+    if (dh_log_level_parse(name, &level) != 0) {
+        dh_clear_error();
+        return raise_code(DH_EINVAL,
+                          PyUnicode_FromFormat("log_level '%s': not one of error, warn, info, "
+                                               "debug",
+                                               name),
+                          NULL);
+    }
+    dh_log_set_level(level);
+    return PyUnicode_FromString(names[before]);
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_log_level", mod_set_log_level, METH_VARARGS,
+     "set_log_level(name) -> the previous level: the C side's log threshold (error, warn, "
+     "info, debug) for this process"},
     {"plan", (PyCFunction)(void (*)(void))mod_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, "
      "fanout=1, plan_window=1) -> profile rows that rank gets at that step (no client "

@@ -193,8 +193,10 @@ static int register_with_coordinator(dh_client_t *c)
     dh_wire_socket_destroy(&c->coord);
     dh_wire_socket_opts_t opts = {.keys = c->keys};
     if ((rc = dh_wire_socket_new(&c->coord, c->ctx, ZMQ_DEALER, &opts)) ||
-        (rc = dh__wire_set_routing_id(c->coord, c->id)) ||
-        (rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
+        (rc = dh__wire_set_routing_id(c->coord, c->id)))
+        return rc;
+    dh__wire_set_peer_role(c->coord, "coordinator");
+    if ((rc = dh_wire_socket_connect(c->coord, c->coord_endpoint)))
         return rc;
     uint64_t start = dh_clock_now_ns();
     dh_wire_received_t r = {0};
@@ -216,15 +218,24 @@ static int register_with_coordinator(dh_client_t *c)
         if (rc == 0 && r.msg.type == DH_MSG_ERROR)
             snprintf(last, sizeof last, "%s", r.msg.error.message);
         dh_wire_received_release(&r);
-        if (rc == DH_EAUTH)
+        if (rc == DH_EAUTH || rc == -EPROTO) /* refused keys, or no coordinator: no retry heals */
             return rc;
         if (c->cfg.connect_timeout_ms >= 0 &&
-            dh_clock_elapsed_s(start, dh_clock_now_ns()) * 1000 > c->cfg.connect_timeout_ms)
+            dh_clock_elapsed_s(start, dh_clock_now_ns()) * 1000 > c->cfg.connect_timeout_ms) {
+            /* Name the cause: nothing listens (refused, unknown host), something else does,
+             * or the coordinator is there and has no DataServer for this node. */
+            if ((rc = dh__wire_diagnose(c->coord, 1000))) {
+                char why[512]; /* copied: the message is rewritten from the same buffer */
+                snprintf(why, sizeof why, "%s", dh_last_error());
+                return dh__set_error(rc, "client '%s': %s; waited connect_timeout %d ms", c->id,
+                                     why, c->cfg.connect_timeout_ms);
+            }
             return dh__set_error(DH_EAGAIN,
                                  "client '%s': the coordinator %s gave no local DataServer for "
                                  "node '%s' within %d ms (%s)",
                                  c->id, c->coord_endpoint, c->node, c->cfg.connect_timeout_ms,
                                  last);
+        }
         /* Drain a late reply before asking again (the loop waits 200 ms a round). */
     }
 }

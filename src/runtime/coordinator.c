@@ -17,7 +17,8 @@
  * Tensors never pass through here.
  *
  * This file is the loop, the registry (HELLO, heartbeats, liveness, GOODBYE) and the book;
- * placing a request is coordinator_place.c.
+ * placing a request is coordinator_place.c, when a silent server is dead
+ * coordinator_liveness.c.
  */
 #include <errno.h>
 #include <math.h>
@@ -312,6 +313,7 @@ static void on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t
     snprintf(s->endpoint, ENDPOINT_CAP, "%s", h->endpoint ? h->endpoint : "");
     snprintf(s->shm_socket, NAME_CAP, "%s", h->shm_socket ? h->shm_socket : "");
     s->last_seen_ns = now;
+    dh__coord_liveness_reset(s);
     s->storage_s_per_B = 1.0 / 2e9;
     if (!s->alive)
         dh__count(&c->counters.servers_alive, 1);
@@ -429,6 +431,7 @@ static void on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_hea
     }
     uint64_t now = dh_clock_now_ns();
     dh__coord_metrics_heartbeat(c, (double)(now - s->last_seen_ns) * 1e-9);
+    dh__coord_liveness_heard(c, s, now);
     s->last_seen_ns = now;
     if (!s->alive) {
         /* A stopped process that resumed (SIGCONT): it is usable again, with an empty book
@@ -801,21 +804,6 @@ static void anchor_speeds(dh_coordinator_t *c)
     pthread_mutex_unlock(&c->learn_lock);
 }
 
-static void check_liveness(dh_coordinator_t *c)
-{
-    uint64_t now = dh_clock_now_ns();
-    uint64_t limit = (uint64_t)c->cfg.dead_after_ms * 1000000ull;
-    for (size_t i = 0; i < c->n_servers; i++) {
-        server_t *s = &c->servers[i];
-        if (s->alive && now - s->last_seen_ns > limit) {
-            char why[96];
-            snprintf(why, sizeof why, "silent for %.0f ms (limit %u ms)",
-                     (double)(now - s->last_seen_ns) / 1e6, c->cfg.dead_after_ms);
-            dh__coord_declare_dead(c, (int32_t)i, why);
-        }
-    }
-}
-
 static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
 {
     char peer[NAME_CAP];
@@ -851,6 +839,17 @@ static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
     }
 }
 
+size_t dh__coord_drain(dh_coordinator_t *c, size_t max)
+{
+    dh_wire_received_t r = {0};
+    size_t n = 0;
+    for (; n < max && dh_wire_recv(c->sock, 0, &r) == 0; n++) {
+        handle(c, &r);
+        dh_wire_received_release(&r);
+    }
+    return n;
+}
+
 int dh_coordinator_run(dh_coordinator_t *c)
 {
     dh_log_info("coordinator: listening on %s (policy %s, dead after %u ms)", c->endpoint,
@@ -864,10 +863,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
             handle(c, &r);
             dh_wire_received_release(&r);
             /* Drain what else is queued before placing, so a burst is placed in order. */
-            for (int i = 0; i < 256 && dh_wire_recv(c->sock, 0, &r) == 0; i++) {
-                handle(c, &r);
-                dh_wire_received_release(&r);
-            }
+            dh__coord_drain(c, 256);
         } else if (got == DH_EPARSE) {
             dh_log_warn("coordinator: dropped a malformed message: %s", dh_last_error());
         } else if (got != DH_EAGAIN && got != -EINTR) {
@@ -878,7 +874,7 @@ int dh_coordinator_run(dh_coordinator_t *c)
         uint64_t now = dh_clock_now_ns();
         if (now - last_tick > 20000000ull) {
             last_tick = now;
-            check_liveness(c);
+            dh__coord_check_liveness(c);
             anchor_speeds(c);
             dh__coord_rb_tick(c);
             dh__coord_metrics_tick(c);

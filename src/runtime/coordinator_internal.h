@@ -22,6 +22,7 @@
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
 #define UNSEEN_RING 64
+#define GAP_RING 128 /* heartbeat gaps a server's liveness limit is learned from */
 
 typedef struct server {
     char name[NAME_CAP];
@@ -33,6 +34,11 @@ typedef struct server {
     char shm_socket[NAME_CAP];
     bool alive;
     uint64_t last_seen_ns;
+    /* its last GAP_RING heartbeat gaps (ms) within its limit, and the limit they give
+     * (coordinator_liveness.c; 0 until learned) */
+    float gap_ms[GAP_RING];
+    uint32_t n_gaps;
+    uint32_t limit_ms;
     uint32_t queue_len;  /* dispatched, not yet executed (the book) */
     double queued_cpu_s; /* their predicted CPU seconds at speed 1 */
     double speed;        /* learned observed / predicted */
@@ -172,6 +178,21 @@ int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg
 /* Marks server idx dead (why: for the log line) and puts its undelivered requests back in
  * the book to place again. */
 void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why);
+
+/* Liveness (coordinator_liveness.c, docs/runtime.md "Liveness"). A DataServer (re)registered:
+ * forget its heartbeat gaps. */
+void dh__coord_liveness_reset(server_t *s);
+
+/* Server s was heard from at now (before last_seen_ns is updated): learn its gap. */
+void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now);
+
+/* Declares dead (dh__coord_declare_dead) each live server silent past its limit and not in
+ * this process, after draining the socket (dh__coord_drain). Called by the loop's tick. */
+void dh__coord_check_liveness(dh_coordinator_t *c);
+
+/* Handles up to max messages the coordinator's socket already holds, without waiting.
+ * Returns how many (coordinator.c). */
+size_t dh__coord_drain(dh_coordinator_t *c, size_t max);
 
 /* ---- coordinator_place.c ---- */
 

@@ -50,6 +50,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/dataserver_metrics.h"
+#include "runtime/inprocess.h"
 #include "runtime/notice.h"
 #include "shm/shm_internal.h"
 #include "runtime/rt.h"
@@ -536,6 +537,7 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
 
 int dh_dataserver_run(dh_dataserver_t *s)
 {
+    dh__inprocess_enter(s->name); /* a coordinator of this process never times it out */
     dh_log_info(
         "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
         "coordinator %s",
@@ -615,9 +617,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
         uint64_t now = dh_clock_now_ns();
         if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
             last_hb = now;
-            if (dh__wire_auth_check(s->coord)) {
-                /* refused keys do not heal: fail, saying which, rather than retry forever */
-                rc = DH_EAUTH;
+            if ((rc = dh__wire_auth_check(s->coord))) {
+                /* refused keys (or no coordinator there) do not heal: fail, saying which,
+                 * rather than retry forever */
                 dh_log_error("DataServer '%s': %s", s->name, dh_last_error());
                 break;
             }
@@ -647,6 +649,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
                 (unsigned long long)st.forwarded, (unsigned long long)st.bytes_forwarded,
                 (unsigned long long)st.arena_waits, (unsigned long long)st.arena_spills,
                 (unsigned long long)st.undeliverable, (unsigned long long)st.output_waits);
+    dh__inprocess_leave(s->name);
     return rc;
 }
 
@@ -825,8 +828,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
             goto fail;
     }
     if ((rc = dh_wire_socket_new(&s->coord, s->ctx, ZMQ_DEALER, &opts)) ||
-        (rc = dh__wire_set_routing_id(s->coord, s->name)) ||
-        (rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
+        (rc = dh__wire_set_routing_id(s->coord, s->name)))
+        goto fail;
+    dh__wire_set_peer_role(s->coord, "coordinator");
+    if ((rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
         goto fail;
     s->threads = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->threads);
     if (!s->threads) {

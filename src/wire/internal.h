@@ -44,11 +44,39 @@ void dh__wire_secure_end(void *ctx, dh_wire_keys_t **keys, int auth_ref);
 /* Handshakes refused so far by ctx's handler (0 without one). */
 uint64_t dh__wire_secure_refused(void *ctx);
 
-/* A CURVE client socket's handshake failures so far (its monitor, drained without waiting):
- * 0, or DH_EAUTH with a message naming the peer and what to fix (the peer does not list this
- * process's key; the peer runs without keys or with another server key). Once seen, every
- * later call reports it too. dh_wire_recv checks it when it times out. */
+/* A tcp:// connect socket's handshake failures so far (its monitor, drained without
+ * waiting): 0; DH_EAUTH with a message naming the peer and what to fix (the peer does not list
+ * this process's key; the peer runs without keys or with another server key); or -EPROTO when
+ * the peer answered but does not speak ZeroMQ ("tcp://H:P answered, but it is not a DataHelix
+ * coordinator": a failed handshake is told apart by dh__wire_probe). Once seen, every later
+ * call reports it too. dh_wire_recv checks it when it times out. */
 int dh__wire_auth_check(dh_wire_socket_t *s);
+
+/* Names what a connect socket expects at its endpoint ("coordinator", "DataServer"), for the
+ * messages above; borrowed (a string literal). Default: "peer". */
+void dh__wire_set_peer_role(dh_wire_socket_t *s, const char *role);
+
+/* Why a connect socket has no peer yet, for a caller whose wait ran out: 0 when a handshake
+ * with the endpoint once succeeded (the peer is there: the cause is elsewhere); else probes
+ * the endpoint (dh__wire_probe, up to probe_ms) and returns DH_EAGAIN "cannot reach the ROLE at
+ * ENDPOINT (connection refused / host not found: ... / no route to host)", -EPROTO "ENDPOINT
+ * answered, but it is not a DataHelix ROLE (...)", or the handshake failure recorded, each with
+ * its message. Blocks up to probe_ms plus the resolver's time. */
+int dh__wire_diagnose(dh_wire_socket_t *s, int probe_ms);
+
+/* What dh__wire_probe found at an endpoint. */
+typedef enum {
+    DH__WIRE_PROBE_ZMTP,        /* it sent a ZMTP 3 signature: a ZeroMQ peer */
+    DH__WIRE_PROBE_FOREIGN,     /* it accepted, then sent other bytes, closed, or stayed silent */
+    DH__WIRE_PROBE_UNREACHABLE, /* refused, no route, host not found, no answer */
+    DH__WIRE_PROBE_SKIPPED      /* not tcp:// or ipc:// */
+} dh__wire_probe_t;
+
+/* Connects a plain socket to a tcp:// or ipc:// endpoint within timeout_ms and reads its first
+ * bytes (probe.c): what answers there. why (cap bytes) gets the detail ("connection refused",
+ * "host not found: Name or service not known", "it closed the connection without a ZeroMQ
+ * greeting"). Sends nothing. Blocks up to timeout_ms plus the resolver's time. */
+dh__wire_probe_t dh__wire_probe(const char *endpoint, int timeout_ms, char *why, size_t cap);
 
 /* The name of this machine (gethostname), or "localhost"; always terminated. */
 void dh__wire_hostname(char *buf, size_t cap);

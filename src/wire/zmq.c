@@ -9,6 +9,9 @@
  * a ROUTER, the peer.
  */
 #include <assert.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,10 +30,13 @@ struct dh_wire_socket {
     uint64_t sent;
     const dh_wire_keys_t *keys; /* CURVE on tcp:// (borrowed), or NULL */
     void *ctx;
-    void *monitor;      /* CURVE client: a PAIR receiving the handshake failures, or NULL */
-    int auth_error;     /* a handshake failure seen (its code), reported by every check */
-    char auth_msg[512]; /* and its message */
-    char endpoint[256]; /* the last endpoint bound or connected, for messages */
+    void *monitor;         /* tcp:// connect: a PAIR receiving its connection events, or NULL */
+    int auth_error;        /* a handshake failure seen (its code), reported by every check */
+    bool connected;        /* a TCP connection was once made (the monitor said so) */
+    bool handshake_ok;     /* a ZMTP handshake once succeeded: a DataHelix peer answers there */
+    const char *peer_role; /* what the endpoint should be ("coordinator"), for messages */
+    char auth_msg[768];    /* and its message */
+    char endpoint[256];    /* the last endpoint bound or connected, for messages */
 };
 
 /* ZeroMQ's own error numbers (above ZMQ_HAUSNUMERO) have no errno; map them to the nearest
@@ -131,18 +137,25 @@ static int attach(dh_wire_socket_t *s, const char *endpoint, int bind)
 {
     assert(s && endpoint);
     snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    if (!strstr(endpoint, "://")) /* zmq_connect's answer would be a bare EINVAL */
+        return dh__set_error(
+            DH_EINVAL, "'%s': no scheme: endpoints are tcp://HOST:PORT or ipc://PATH", endpoint);
     int rc = dh__wire_keys_apply(s->keys, s->sock, endpoint, bind);
     if (rc)
         return rc;
     if (!bind && !s->monitor && strncmp(endpoint, "tcp://", 6) == 0) {
-        /* A client learns of a refused key or a peer that wants CURVE (or does not) only from
-         * the socket's events: watch them, so a refusal fails fast with a reason instead of
-         * looking like a silent peer. */
+        /* A client learns of a refused key, a peer that wants CURVE (or does not), or a peer
+         * that is no ZeroMQ peer at all only from the socket's events: watch them, so a
+         * refusal fails fast with a reason instead of looking like a silent peer. */
+        /* Named by a counter, not the socket's address: a socket made again at a freed one's
+         * address would find the old name still bound (EADDRINUSE). */
+        static atomic_uint monitors;
         char mon[64];
-        snprintf(mon, sizeof mon, "inproc://dh-curve-monitor-%p", (void *)s);
+        snprintf(mon, sizeof mon, "inproc://dh-connect-monitor-%u", atomic_fetch_add(&monitors, 1));
         int linger = 0;
         if (zmq_socket_monitor(s->sock, mon,
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                                    ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0 ||
             !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
@@ -170,6 +183,42 @@ int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint)
     return attach(s, endpoint, 0);
 }
 
+/* How long a probe of a connect endpoint may take (a ZeroMQ peer greets at once). */
+#define PROBE_MS 500
+
+/* Records that the endpoint answered in another protocol than ZMTP. */
+static void foreign_peer(dh_wire_socket_t *s, const char *why)
+{
+    snprintf(s->auth_msg, sizeof s->auth_msg,
+             "%s answered, but it is not a DataHelix %s (%.200s; another server on that port, "
+             "e.g. torchrun's TCPStore at MASTER_PORT?)",
+             endpoint_of(s), s->peer_role ? s->peer_role : "peer", why);
+    s->auth_error = -EPROTO;
+}
+
+void dh__wire_set_peer_role(dh_wire_socket_t *s, const char *role)
+{
+    s->peer_role = role;
+}
+
+int dh__wire_diagnose(dh_wire_socket_t *s, int probe_ms)
+{
+    int rc = dh__wire_auth_check(s);
+    if (rc || s->handshake_ok)
+        return rc;
+    char why[256];
+    switch (dh__wire_probe(s->endpoint, probe_ms, why, sizeof why)) {
+    case DH__WIRE_PROBE_FOREIGN:
+        foreign_peer(s, why);
+        return dh__set_error(s->auth_error, "%s", s->auth_msg);
+    case DH__WIRE_PROBE_UNREACHABLE:
+        return dh__set_error(DH_EAGAIN, "cannot reach the %s at %s (%s)",
+                             s->peer_role ? s->peer_role : "peer", endpoint_of(s), why);
+    default:
+        return 0; /* a ZeroMQ peer answers there now: the cause is elsewhere */
+    }
+}
+
 int dh__wire_auth_check(dh_wire_socket_t *s)
 {
     while (s->monitor && !s->auth_error) {
@@ -194,6 +243,25 @@ int dh__wire_auth_check(dh_wire_socket_t *s)
             memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
         }
         zmq_msg_close(&ev);
+        if (event == ZMQ_EVENT_CONNECTED || event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            s->connected = true;
+            s->handshake_ok |= event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+            continue;
+        }
+        /* A mechanism mismatch or a refused key is ZeroMQ talking; a closed connection or a
+         * garbled greeting may be a peer of another protocol: ask it (probe.c). */
+        bool zmq_said = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                        value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH;
+        if (!zmq_said) {
+            char why[256];
+            dh__wire_probe_t found = dh__wire_probe(s->endpoint, PROBE_MS, why, sizeof why);
+            if (found == DH__WIRE_PROBE_FOREIGN) {
+                foreign_peer(s, why);
+                break;
+            }
+            if (found != DH__WIRE_PROBE_ZMTP)
+                continue; /* gone meanwhile: ZeroMQ connects again */
+        }
         const char *dir = s->keys ? dh_wire_keys_dir(s->keys) : NULL;
         if (!s->keys)
             snprintf(s->auth_msg, sizeof s->auth_msg,
@@ -515,8 +583,9 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
         int ready = wait_for(s, ZMQ_POLLIN, deadline);
         if (ready <= 0) {
             zmq_msg_close(&first);
-            if (ready == 0 && dh__wire_auth_check(s))
-                return DH_EAUTH; /* not silence: the peer refused our key */
+            int refused = ready == 0 ? dh__wire_auth_check(s) : 0;
+            if (refused)
+                return refused; /* not silence: the peer refused our key, or is no peer */
             if (ready == 0)
                 return dh__set_error(DH_EAGAIN, "recv on %s: timed out after %d ms", endpoint_of(s),
                                      timeout_ms);

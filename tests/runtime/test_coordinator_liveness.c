@@ -1,0 +1,218 @@
+/* Tests of coordinator_liveness.c (docs/runtime.md, "Liveness"): a DataServer whose loop runs
+ * in the coordinator's process is never declared dead by timing, even with the CPU saturated
+ * by busy loops and a limit below its heartbeat period; another server's limit follows the
+ * heartbeat gaps it has shown; and a server that goes silent (as after kill -9) is still
+ * declared dead, within the capped limit, even when its HELLO carries this process's pid. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cluster.h"
+#include "datahelix/client.h"
+#include "datahelix/clock.h"
+#include "datahelix/error.h"
+#include "datahelix/runtime.h"
+#include "datahelix/wire.h"
+
+#define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}"
+
+/* 4 x the CPUs of busy-loop processes; each dies with this one (and after 60 s at most). */
+static size_t saturate(pid_t *pids, size_t cap)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t n = (size_t)(cpus > 0 ? cpus : 1) * 4;
+    n = n < cap ? n : cap;
+    for (size_t i = 0; i < n; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            alarm(60);
+            for (volatile unsigned long x = 0;; x++)
+                ;
+        }
+    }
+    return n;
+}
+
+static void unsaturate(pid_t *pids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+    for (size_t i = 0; i < n; i++)
+        waitpid(pids[i], NULL, 0);
+}
+
+static dh_coordinator_t *start_coordinator(const char *ep, uint32_t dead_after_ms, void *ctx)
+{
+    dh_coordinator_config_t cc;
+    dh_coordinator_config_default(&cc);
+    cc.listen = ep;
+    cc.dead_after_ms = dead_after_ms;
+    cc.zmq_ctx = ctx;
+    dh_coordinator_t *coord = NULL;
+    assert_int_equal(dh_coordinator_new(&coord, &cc), 0);
+    assert_int_equal(dh_coordinator_start(coord), 0);
+    return coord;
+}
+
+static void wait_stats(dh_coordinator_t *coord, uint64_t alive, uint64_t dead, int timeout_ms,
+                       dh_coordinator_stats_t *cs)
+{
+    uint64_t t0 = dh_clock_now_ns();
+    do {
+        dh_coordinator_stats(coord, cs);
+        if (cs->servers_alive == alive && cs->servers_dead_declared == dead)
+            return;
+        cl_nap_ms(5);
+    } while (dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000 < timeout_ms);
+    print_error("servers alive %llu (want %llu), declared dead %llu (want %llu)\n",
+                (unsigned long long)cs->servers_alive, (unsigned long long)alive,
+                (unsigned long long)cs->servers_dead_declared, (unsigned long long)dead);
+    fail();
+}
+
+/* The embedded layout (coordinator and local DataServer as threads of one process, over
+ * inproc://) with a 40 ms limit, below the DataServer's 100 ms heartbeat period, and the CPU
+ * saturated: before, the server was declared dead at every period ("silent for 1044 ms
+ * (limit 1000 ms)" on a loaded machine) and its requests placed again. Now it is never, and
+ * nothing runs twice. */
+static void in_process_server_survives_a_saturated_cpu(void **state)
+{
+    (void)state;
+    const char *profiles = cl_write_profiles("p.jsonl", 64);
+    char coord_ep[128], data_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://liveness-coord-%s", cl_test_tag());
+    snprintf(data_ep, sizeof data_ep, "inproc://liveness-data-%s", cl_test_tag());
+    pid_t busy[256];
+    size_t n_busy = saturate(busy, 256);
+    void *ctx = zmq_ctx_new();
+    dh_coordinator_t *coord = start_coordinator(coord_ep, 40, ctx);
+    dh_dataserver_config_t dc;
+    dh_dataserver_config_default(&dc);
+    dc.coordinator = coord_ep;
+    dc.node = "test-node";
+    dc.name = "embedded";
+    dc.workers = 2;
+    dc.pipeline_json = SYNTH;
+    dc.arena_bytes = 16u << 20;
+    dc.data_listen = data_ep;
+    dc.heartbeat_ms = 100;
+    dc.zmq_ctx = ctx;
+    dh_dataserver_t *ds = NULL;
+    assert_int_equal(dh_dataserver_new(&ds, &dc), 0);
+    assert_int_equal(dh_dataserver_start(ds), 0);
+    dh_coordinator_stats_t cs;
+    wait_stats(coord, 1, 0, 20000, &cs);
+
+    dh_client_config_t cfg;
+    dh_client_config_default(&cfg);
+    cfg.profiles = profiles;
+    cfg.ranks = 1;
+    cfg.batch = 4;
+    cfg.node = "test-node";
+    cfg.coordinator = coord_ep;
+    cfg.next_timeout_ms = 60000;
+    cfg.zmq_ctx = ctx;
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    /* the epoch, and at least 25 limits (10 heartbeat periods) of observation */
+    uint64_t t0 = dh_clock_now_ns();
+    dh_client_batch_t *b = NULL;
+    uint64_t batches = 0;
+    while ((rc = dh_client_next(c, &b)) == 0) {
+        dh_client_batch_release(&b);
+        batches++;
+    }
+    assert_int_equal(rc, DH_EEOF);
+    assert_int_equal(batches, 16);
+    while (dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 1.0)
+        cl_nap_ms(50);
+    dh_coordinator_stats(coord, &cs);
+    dh_client_stats_t st;
+    dh_client_stats(c, &st);
+    unsaturate(busy, n_busy);
+    assert_int_equal(cs.servers_dead_declared, 0);
+    assert_int_equal(cs.servers_alive, 1);
+    assert_int_equal(cs.redispatches, 0);
+    assert_int_equal(st.duplicates_dropped, 0);
+    dh_client_destroy(&c);
+    dh_dataserver_destroy(&ds);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+    cl_assert_no_leftovers();
+}
+
+/* A fake remote DataServer on a DEALER: HELLO (with this process's pid, as a server of another
+ * process in a pid namespace could have), then heartbeats `gap_ms` apart. */
+static dh_wire_socket_t *ghost_hello(void *ctx, const char *coord_ep)
+{
+    dh_wire_socket_t *g = NULL;
+    assert_int_equal(dh_wire_socket_new(&g, ctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(
+        zmq_setsockopt(dh_wire_socket_handle(g), ZMQ_ROUTING_ID, "ghost", strlen("ghost")), 0);
+    assert_int_equal(dh_wire_socket_connect(g, coord_ep), 0);
+    dh_msg_t m = {.type = DH_MSG_HELLO};
+    m.hello.role = DH_WIRE_ROLE_REMOTE;
+    m.hello.node = "elsewhere";
+    m.hello.name = "ghost";
+    m.hello.workers = 1;
+    m.hello.pid = (uint32_t)getpid();
+    assert_int_equal(dh_wire_send(g, NULL, 0, &m, NULL, 0, 1000), 0);
+    return g;
+}
+
+static void ghost_beats(dh_wire_socket_t *g, int beats, int gap_ms)
+{
+    for (int i = 0; i < beats; i++) {
+        cl_nap_ms(gap_ms);
+        dh_msg_t m = {.type = DH_MSG_HEARTBEAT};
+        m.heartbeat.workers = 1;
+        assert_int_equal(dh_wire_send(g, NULL, 0, &m, NULL, 0, 1000), 0);
+    }
+}
+
+/* Heartbeats 150 ms apart teach a 300 ms limit to wait 4 x 150 = 600 ms: a 450 ms gap (a
+ * declared death before) passes; then silence, as after kill -9, is declared dead within
+ * the cap (10 x 300 ms), though its HELLO carried this process's pid (its loop is not here). */
+static void limit_follows_the_gaps_and_silence_is_still_death(void **state)
+{
+    (void)state;
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://liveness-ghost-%s", cl_test_tag());
+    void *ctx = zmq_ctx_new();
+    dh_coordinator_t *coord = start_coordinator(coord_ep, 300, ctx);
+    dh_wire_socket_t *g = ghost_hello(ctx, coord_ep);
+    dh_coordinator_stats_t cs;
+    wait_stats(coord, 1, 0, 20000, &cs);
+    ghost_beats(g, 33, 150);
+    ghost_beats(g, 1, 450);
+    dh_coordinator_stats(coord, &cs);
+    assert_int_equal(cs.servers_dead_declared, 0);
+    uint64_t silent_from = dh_clock_now_ns();
+    wait_stats(coord, 0, 1, 10000, &cs);
+    double took_s = dh_clock_elapsed_s(silent_from, dh_clock_now_ns());
+    assert_true(took_s >= 0.5); /* the learned 600 ms, not the configured 300 */
+    assert_true(took_s < 3.0 + 1.0);
+    dh_wire_socket_destroy(&g);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+    cl_assert_no_leftovers();
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(in_process_server_survives_a_saturated_cpu),
+        cmocka_unit_test(limit_follows_the_gaps_and_silence_is_still_death),
+    };
+    return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
+}
