@@ -165,14 +165,16 @@ def test_codec_container_decodes_like_pyav_or_is_rejected(datahelix, source, tmp
     r = subprocess.run([CLI, "probe", str(tmp_path / "manifest.jsonl"), "-o",
                         str(tmp_path / "profiles.jsonl"), "-p", str(tmp_path / "spec.json")],
                        capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stderr
-    rows = (tmp_path / "profiles.jsonl").read_text().strip()
     if "rejected" in options:
-        # refused, the reason naming the file and what is wrong with it
-        assert not rows, f"{name}: probe took it: {rows}"
+        # refused, the reason naming the file and what is wrong with it; no clip kept: probe
+        # fails and writes no profile set
+        assert r.returncode == 1, f"{name}: probe took it: {r.stderr}"
+        assert not (tmp_path / "profiles.jsonl").exists()
         assert f"clip.{ext}" in r.stderr and options["rejected"] in r.stderr, r.stderr
         print(f"{name}: rejected by probe: {r.stderr.strip().splitlines()[-1]}")
         return
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "profiles.jsonl").read_text().strip()
     assert rows, f"{name}: probe refused it: {r.stderr}"
     with datahelix.DataLoader(str(tmp_path), pipeline=spec, batch_size=1, shuffle=False,
                               workers=1, arena_bytes=64 << 20, timeout=60) as dl:
