@@ -81,9 +81,10 @@ def main():
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = datahelix.DataLoader(dataset=MovingSquares(args.samples), batch_size=args.batch,
-                                  workers=args.workers, worker_init_fn=seed_worker,
-                                  costs=args.costs, timeout=120)
+    # torch's names: num_workers, and worker processes kept across epochs
+    loader = datahelix.DataLoader(MovingSquares(args.samples), batch_size=args.batch,
+                                  num_workers=args.workers, persistent_workers=True,
+                                  worker_init_fn=seed_worker, costs=args.costs, timeout=120)
     in_arena = 0
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
