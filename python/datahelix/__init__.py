@@ -541,13 +541,14 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
 
 def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
          batch_size: int, *, seed: int = 0, shuffle: bool = True, plan: str = "balanced",
-         fanout: int = 1, plan_window: int = 1) -> List[int]:
+         fanout: int = 1, plan_window: int = 1, drop_last: bool = True) -> List[int]:
     """The profile rows (indices into the data set's profile file) that ``rank`` gets at
     global step ``step``: the tier-1 plan a DataLoader with these arguments follows, worked
     out without starting a coordinator, a DataServer or a client (the pure rule of
     src/sched, ``dh_plan_rank_share``). ``source`` as for :func:`resolve_source`; ``plan``
     and ``plan_window`` as for :class:`DataLoader`; ``fanout`` is the fewest rows a rank gets
-    with "packing".
+    with "packing"; ``drop_last`` as for :class:`DataLoader` (False: an epoch's last step is
+    its tail, fewer rows per rank, pads included).
     Step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``.
     """
     if plan not in _TOKEN_PLANS:
@@ -556,7 +557,7 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
     profiles = resolve_source(source)["profiles"]
     return _C.plan(profiles, step, rank, world_size, batch_size, seed=seed,
                    shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout,
-                   plan_window=plan_window)
+                   plan_window=plan_window, drop_last=bool(drop_last))
 
 
 def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
@@ -805,7 +806,14 @@ class DataLoader:
             torchrun); a server started elsewhere uses its own.
         batch_size: samples per rank per step (with ``plan="packing"`` the mean).
         shuffle, seed: the epoch order (the same on every rank, so ranks partition it).
-        drop_last: must be True: every step is one full global batch (synchronous ranks).
+        drop_last: True (the default): an epoch's tail that does not fill one global step
+            (world_size x batch_size samples) is left out. False: as torch's
+            ``DistributedSampler(drop_last=False)``, the tail is delivered: the epoch's last
+            step has fewer rows, the same number on every rank (token-balanced with
+            "balanced"), padded with repeats of the epoch's first samples, which
+            ``batch["padded"]`` (a bool tensor per row) marks so they can be left out of the
+            loss; ``len()`` is then ceil(n / (world_size x batch_size)). Not with
+            ``rebalance``.
         prefetch: batches requested ahead of ``next()``.
         prefetch_max: adaptive prefetch: when ``next()`` has to wait (past the first
             ``prefetch`` batches), the horizon doubles, up to this (None: fixed at
@@ -898,10 +906,9 @@ class DataLoader:
                  costs: Union[None, str, os.PathLike] = None,
                  keys: Union[None, str, os.PathLike] = None,
                  key: Optional[str] = None) -> None:
-        if not drop_last:
+        if not drop_last and rebalance:
             raise InvalidArgumentError(
-                "drop_last=False is not supported: every step is one full global batch, so "
-                "an epoch's tail that does not fill one is left out")
+                "drop_last=False does not work with rebalance: tier 2 trades full batches")
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, not {batch_size}")
         if prefetch < 1:
@@ -959,6 +966,7 @@ class DataLoader:
         self.on_error = on_error
         self.plan = plan
         self.plan_window = plan_window
+        self.drop_last = bool(drop_last)
         self.max_steps = max_steps
         if epochs < 0:
             raise InvalidArgumentError(f"epochs must be >= 0, not {epochs}")
@@ -979,7 +987,7 @@ class DataLoader:
             coordinator=coordinator, node=_node_name(node), prefetch=prefetch,
             prefetch_max=prefetch_max or 0, seed=seed,
             shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], plan_window=plan_window,
-            on_error=on_error,
+            drop_last=self.drop_last, on_error=on_error,
             next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
             workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,
@@ -1097,7 +1105,7 @@ class DataLoader:
     # -- resume ---------------------------------------------------------------------------
 
     _STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window",
-                   "epochs", "max_steps")
+                   "epochs", "max_steps", "drop_last")
 
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank's data stands, for a checkpoint (as torchdata's
@@ -1163,6 +1171,8 @@ class DataLoader:
             out.setdefault("indices", [int(i) for i in ids])
         out.setdefault("tokens", torch.tensor([s[1] for s in samples], dtype=torch.int64))
         out.setdefault("sample_ids", ids)
+        # drop_last=False: the pads of an epoch's last step (repeats of its first samples)
+        out.setdefault("padded", torch.tensor(batch.padded(), dtype=torch.bool))
         if self.dataset is None:
             out["captions"] = [self._captions.get(i, "") for i in ids]
         out.setdefault("errors", [s[3] for s in samples])
