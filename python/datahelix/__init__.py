@@ -10,7 +10,8 @@
 
 Each batch is a dict of ``torch.Tensor``: ``frames`` and ``mask`` are zero-copy views of the
 local DataServer's shared-memory slabs (through DLPack), released when the last tensor that
-views them is freed; ``tokens`` is per sample; ``sample_ids``, ``captions`` and ``errors``
+views them is freed; ``tokens`` is per sample; ``padded`` (bool per sample) marks the pads
+of an epoch's last step with ``drop_last=False``; ``sample_ids``, ``captions`` and ``errors``
 are lists.
 
 The C binding is ``datahelix._C``; every C error code has an exception class here, all
