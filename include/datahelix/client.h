@@ -44,6 +44,9 @@ typedef struct dh_client_sample {
     int64_t tokens;            /* tokens the pipeline produced (0 for a failed sample) */
     int error;                 /* 0 or a negative DH_E* code */
     const char *error_message; /* NULL, or names the sample, its path and the cause */
+    int padded; /* 1: a pad of an epoch's last step (keep_tail), a repeat of one of the
+                 * epoch's first samples that only evens the ranks' batches: leave it out of
+                 * the loss */
 } dh_client_sample_t;
 
 /* ---- Tier 2: rebalancing of materialized batches (docs/rebalancing.md) ----
@@ -174,6 +177,12 @@ typedef struct dh_client_config {
     uint32_t first_epoch;     /* the first of them (0): batch 0 is global step
                                * first_epoch x steps-per-epoch (a loader's set_epoch) */
     uint64_t max_steps;       /* 0 = no limit besides epochs */
+    int keep_tail;            /* 0 (default): drop_last, an epoch's tail that does not fill
+                               * a step is left out. 1: torch's drop_last=False, as
+                               * DistributedSampler: the epoch ends with one short step, its
+                               * tail shared by every rank alike and padded with the epoch's
+                               * first samples (each marked `padded`; sampler.h); steps per
+                               * epoch ceil(n / (ranks x batch)). Not with tier 2 (rebalance) */
     uint64_t first_step;      /* mid-epoch resume: batches of this client's run already
                                * delivered (0): it starts at global step first_epoch x
                                * steps-per-epoch + first_step and delivers what was left of
@@ -348,7 +357,8 @@ DH_EXTERN void dh_client_destroy(dh_client_t **c);
 /* The sample ids rank `rank` receives at global step `step` under cfg's plan (what
  * dh_client_next will yield), for tests and ledgers: writes up to cap indices into the
  * profile set (row numbers) and returns how many (cfg->batch; with DH_SHARE_TOKEN_PACKED the
- * count varies), or a negative code. dh_plan_rank_share (plan.h) is the same rule without a
+ * count varies; with keep_tail an epoch's last step has fewer, pads included), or a negative
+ * code. dh_plan_rank_share (plan.h) is the same rule without a
  * client. */
 DH_EXTERN int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint32_t *rows,
                                        size_t cap);

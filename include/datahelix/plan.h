@@ -120,7 +120,10 @@ typedef struct dh_share_config {
  * window order: the sampler draws the step's window (it must have per_step = ranks x batch),
  * or with window_steps W > 1 the W steps' windows around it (see dh_plan_window_share),
  * the rows' tokens_est are the loads, their key_index the keys, and the window is shared by
- * cfg->mode. Writes up to cap rows and returns how many (batch, except in packed mode), or
+ * cfg->mode. A sampler without drop_last (sampler.h) ends each epoch with a short step: its
+ * padded tail is shared alone, with batch = its ids / ranks (docs/planner.md, "The epoch's
+ * tail"). Writes up to cap rows and returns how many (batch, except in packed mode and in
+ * such a tail step), or
  * DH_EINVAL (rank >= ranks, ranks or batch 0, an unknown mode), DH_ENOMEM, or the sampler's
  * or planner's error. The exact algorithm's DH_ETOOBIG is not an error: its best plan is
  * used. Deterministic; not thread-safe on one sampler (dh_sampler_step caches an epoch). */

@@ -2,8 +2,13 @@
  *
  * Epoch e is a permutation of 0..n-1 drawn from (seed, e) (or the identity when shuffle is
  * off). Global step s takes `per_step` consecutive ids of the stream of epochs: with
- * drop_last, an epoch has floor(n / per_step) steps and its tail is not used; the union of
- * an epoch's steps over all ranks is then exactly the epoch's first steps x per_step ids.
+ * drop_last (the default), an epoch has floor(n / per_step) steps and its tail is not used;
+ * the union of an epoch's steps over all ranks is then exactly the epoch's first steps x
+ * per_step ids. Without drop_last (dh_sampler_set_drop_last), as torch's
+ * DistributedSampler(drop_last=False): an epoch has ceil(n / per_step) steps; the last one
+ * holds the epoch's tail of t = n mod per_step ids padded to ceil(t / ranks) x ranks ids with
+ * the epoch's first ids (the pads, fewer than ranks, at the end of the step), so every rank
+ * gets as many; every id of the epoch appears once, and the pads a second time.
  */
 #ifndef DATAHELIX_SAMPLER_H
 #define DATAHELIX_SAMPLER_H
@@ -25,11 +30,24 @@ DH_EXTERN int dh_sampler_new(dh_sampler_t **out, size_t n, size_t per_step, uint
                              int shuffle);
 DH_EXTERN void dh_sampler_destroy(dh_sampler_t **sampler);
 
-/* Steps in one epoch (floor(n / per_step)). */
+/* drop_last 1 (the default of dh_sampler_new): an epoch's tail that does not fill a step is
+ * not used. 0: it is the epoch's last step, padded for `ranks` ranks (see above). Call before
+ * the first step. Returns 0, or DH_EINVAL when per_step is not a multiple of ranks (or ranks
+ * is 0). */
+DH_EXTERN int dh_sampler_set_drop_last(dh_sampler_t *sampler, int drop_last, uint32_t ranks);
+
+/* Steps in one epoch (floor(n / per_step); ceil without drop_last). */
 DH_EXTERN size_t dh_sampler_steps_per_epoch(const dh_sampler_t *sampler);
 
-/* Writes the per_step ids of global step `step` (counted from epoch 0; epoch =
- * step / steps_per_epoch) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
+/* The ids of global step `step`: per_step, except an epoch's padded tail step (drop_last 0,
+ * n not a multiple of per_step): a multiple of ranks, less than per_step. */
+DH_EXTERN size_t dh_sampler_step_size(const dh_sampler_t *sampler, uint64_t step);
+
+/* How many of step `step`'s ids are pads (its last ones): 0 but in a padded tail step. */
+DH_EXTERN size_t dh_sampler_step_pads(const dh_sampler_t *sampler, uint64_t step);
+
+/* Writes the dh_sampler_step_size ids (at most per_step) of global step `step` (counted from
+ * epoch 0; epoch = step / steps_per_epoch) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
  * permutation; the current implementation allocates its buffer in dh_sampler_new, so it
  * always returns 0). Not const: caches the current epoch's permutation, rebuilt in O(n) when
  * the epoch changes (so steps are best asked in order). One thread at a time. */

@@ -10,7 +10,8 @@
 
 Each batch is a dict of ``torch.Tensor``: ``frames`` and ``mask`` are zero-copy views of the
 local DataServer's shared-memory slabs (through DLPack), released when the last tensor that
-views them is freed; ``tokens`` is per sample; ``sample_ids``, ``captions`` and ``errors``
+views them is freed; ``tokens`` is per sample; ``padded`` (bool per sample) marks the pads
+of an epoch's last step with ``drop_last=False``; ``sample_ids``, ``captions`` and ``errors``
 are lists; the manifest's labels and metadata (``batch["label"]``...) join them by sample id
 (docs/python.md, "Labels and metadata").
 
@@ -562,13 +563,14 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
 
 def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
          batch_size: int, *, seed: int = 0, shuffle: bool = True, plan: str = "balanced",
-         fanout: int = 1, plan_window: int = 1) -> List[int]:
+         fanout: int = 1, plan_window: int = 1, drop_last: bool = True) -> List[int]:
     """The profile rows (indices into the data set's profile file) that ``rank`` gets at
     global step ``step``: the tier-1 plan a DataLoader with these arguments follows, worked
     out without starting a coordinator, a DataServer or a client (the pure rule of
     src/sched, ``dh_plan_rank_share``). ``source`` as for :func:`resolve_source`; ``plan``
     and ``plan_window`` as for :class:`DataLoader`; ``fanout`` is the fewest rows a rank gets
-    with "packing".
+    with "packing"; ``drop_last`` as for :class:`DataLoader` (False: an epoch's last step is
+    its tail, fewer rows per rank, pads included).
     Step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``.
     """
     if plan not in _TOKEN_PLANS:
@@ -577,7 +579,7 @@ def plan(source: Union[str, os.PathLike], step: int, rank: int, world_size: int,
     profiles = resolve_source(source)["profiles"]
     return _C.plan(profiles, step, rank, world_size, batch_size, seed=seed,
                    shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], fanout=fanout,
-                   plan_window=plan_window)
+                   plan_window=plan_window, drop_last=bool(drop_last))
 
 
 def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
@@ -971,7 +973,14 @@ class DataLoader:
             each pass's base seed, ``_C.epoch_seed(seed, epoch)``: worker k seeds with base +
             k, and each sample's draws with (base, index) (docs/datasets.md, "Randomness").
             seed None: ``generator.initial_seed()`` when a generator is given, else 0.
-        drop_last: must be True: every step is one full global batch (synchronous ranks).
+        drop_last: True (the default): an epoch's tail that does not fill one global step
+            (world_size x batch_size samples) is left out. False: as torch's
+            ``DistributedSampler(drop_last=False)``, the tail is delivered: the epoch's last
+            step has fewer rows, the same number on every rank (token-balanced with
+            "balanced"), padded with repeats of the epoch's first samples, which
+            ``batch["padded"]`` (a bool tensor per row) marks so they can be left out of the
+            loss; ``len()`` is then ceil(n / (world_size x batch_size)). Not with
+            ``rebalance``.
         prefetch: batches requested ahead of ``next()`` (None: ``prefetch_factor x
             num_workers`` when prefetch_factor is given, else 4).
         prefetch_max: adaptive prefetch: when ``next()`` has to wait (past the first
@@ -1098,10 +1107,9 @@ class DataLoader:
             timeout = None  # torch's 0: no timeout
         self.pin_memory = _pin_memory_arg(pin_memory, pin_memory_device)
         self.persistent_workers = bool(persistent_workers)
-        if not drop_last:
+        if not drop_last and rebalance:
             raise InvalidArgumentError(
-                "drop_last=False is not supported: every step is one full global batch, so "
-                "an epoch's tail that does not fill one is left out")
+                "drop_last=False does not work with rebalance: tier 2 trades full batches")
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, not {batch_size}")
         if prefetch < 1:
@@ -1159,6 +1167,7 @@ class DataLoader:
         self.on_error = on_error
         self.plan = plan
         self.plan_window = plan_window
+        self.drop_last = bool(drop_last)
         self.max_steps = max_steps
         if epochs < 0:
             raise InvalidArgumentError(f"epochs must be >= 0, not {epochs}")
@@ -1185,7 +1194,7 @@ class DataLoader:
             coordinator=coordinator, node=_node_name(node), prefetch=prefetch,
             prefetch_max=prefetch_max or 0, seed=seed,
             shuffle=bool(shuffle), token_plan=_TOKEN_PLANS[plan], plan_window=plan_window,
-            on_error=on_error,
+            drop_last=self.drop_last, on_error=on_error,
             next_timeout_ms=-1 if timeout is None else max(1, int(timeout * 1000)),
             connect_timeout_ms=max(1, int(connect_timeout * 1000)), pipeline_json=self._pipeline,
             workers=workers or os.cpu_count() or 1, arena_bytes=arena_bytes, policy=policy,
@@ -1335,7 +1344,7 @@ class DataLoader:
     # -- resume ---------------------------------------------------------------------------
 
     _STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window",
-                   "epochs", "max_steps")
+                   "epochs", "max_steps", "drop_last")
 
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank's data stands, for a checkpoint (as torchdata's
@@ -1411,6 +1420,8 @@ class DataLoader:
             loader["indices"] = [int(i) for i in ids]
         loader["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
         loader["sample_ids"] = ids
+        # drop_last=False: the pads of an epoch's last step (repeats of its first samples)
+        loader["padded"] = torch.tensor(batch.padded(), dtype=torch.bool)
         if self.dataset is None:
             loader["captions"] = [self._captions.get(i, "") for i in ids]
             join_meta(out, ids, self._meta)  # labels by id: tensors or lists (_meta.py)

@@ -26,7 +26,7 @@ DTYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int6
 # The loader's own metadata: always at batch["__datahelix__"][name], and at batch[name] too
 # unless the dataset has a key of that name (the dataset's key wins there; docs/python.md).
 META_KEY = "__datahelix__"
-LOADER_KEYS = ("sample_ids", "errors", "info", "indices", "tokens", "captions")
+LOADER_KEYS = ("sample_ids", "errors", "info", "indices", "tokens", "captions", "padded")
 # Names the worker's own transport uses (the JSON rows' array, their cost fields): a dataset
 # key with one of them fails its sample, as it could not reach the batch intact.
 RESERVED = frozenset({META_KEY, "__meta__", "__cpu_s", "__bytes"})

@@ -233,6 +233,16 @@ static PyObject *Batch_samples(BatchObject *self, PyObject *unused)
     return list;
 }
 
+/* Per sample: whether it is a pad of an epoch's last step (drop_last=False), in row order. */
+static PyObject *Batch_padded(BatchObject *self, PyObject *unused)
+{
+    const dh_client_batch_t *b = self->batch;
+    PyObject *list = PyList_New((Py_ssize_t)b->n_samples);
+    for (size_t i = 0; list && i < b->n_samples; i++)
+        PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(b->samples[i].padded));
+    return list;
+}
+
 static PyObject *Batch_get_info(BatchObject *self, void *unused)
 {
     const dh_client_batch_t *b = self->batch;
@@ -249,6 +259,9 @@ static PyMethodDef Batch_methods[] = {
      "tensors() -> dict of name -> Tensor (zero-copy views; each keeps the batch held)"},
     {"samples", (PyCFunction)Batch_samples, METH_NOARGS,
      "samples() -> list of (id, tokens, error code, error message or None), in row order"},
+    {"padded", (PyCFunction)Batch_padded, METH_NOARGS,
+     "padded() -> list of bool, in row order: True for a pad of an epoch's last step "
+     "(drop_last=False), a repeat of one of the epoch's first samples"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1789,6 +1802,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "first_step",
                              "keys_dir",
                              "key_name",
+                             "drop_last",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
@@ -1799,15 +1813,15 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
              workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks,
              plan_window = 1;
-    int shuffle = cfg.shuffle, token_plan = cfg.token_plan;
+    int shuffle = cfg.shuffle, token_plan = cfg.token_plan, drop_last = !cfg.keep_tail;
     PyObject *rebalance = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIKzz", kwlist, &cfg.profiles, &rank, &ranks,
-            &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch, &max_inflight,
-            &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan, &on_error,
-            &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json, &cfg.pipeline_path,
-            &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks, &rebalance, &plan_window,
-            &first_step, &cfg.keys_dir, &cfg.key_name))
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIKzzp", kwlist, &cfg.profiles, &rank,
+            &ranks, &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch,
+            &max_inflight, &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan,
+            &on_error, &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json,
+            &cfg.pipeline_path, &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks,
+            &rebalance, &plan_window, &first_step, &cfg.keys_dir, &cfg.key_name, &drop_last))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -1837,6 +1851,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.epochs = epochs;
     cfg.first_epoch = first_epoch;
     cfg.first_step = first_step;
+    cfg.keep_tail = !drop_last;
     cfg.max_steps = max_steps;
     cfg.token_plan = token_plan;
     cfg.plan_window = plan_window;
@@ -2389,20 +2404,20 @@ static PyObject *mod_raise_error(PyObject *m, PyObject *args)
 }
 
 /* plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, fanout=1,
- * plan_window=1) -> the profile rows rank `rank` gets at global step `step`: the client's tier-1
- * rule (dh_plan_rank_share) without a client, coordinator or DataServer. Reads the profile set each
- * call (without the GIL); a planning script calls it per step and rank. */
+ * plan_window=1, drop_last=True) -> the profile rows rank `rank` gets at global step `step`: the
+ * client's tier-1 rule (dh_plan_rank_share) without a client, coordinator or DataServer. Reads the
+ * profile set each call (without the GIL); a planning script calls it per step and rank. */
 static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"profiles", "step",       "rank",   "ranks",       "batch", "seed",
-                             "shuffle",  "token_plan", "fanout", "plan_window", NULL};
+    static char *kwlist[] = {"profiles", "step",       "rank",   "ranks",       "batch",     "seed",
+                             "shuffle",  "token_plan", "fanout", "plan_window", "drop_last", NULL};
     const char *path;
     unsigned long long step, seed = 0;
     unsigned rank, ranks, batch, fanout = 1, plan_window = 1;
-    int shuffle = 1, token_plan = DH_SHARE_TOKEN_BALANCED;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sKIII|$KpiII", kwlist, &path, &step, &rank,
+    int shuffle = 1, token_plan = DH_SHARE_TOKEN_BALANCED, drop_last = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sKIII|$KpiIIp", kwlist, &path, &step, &rank,
                                      &ranks, &batch, &seed, &shuffle, &token_plan, &fanout,
-                                     &plan_window))
+                                     &plan_window, &drop_last))
         return NULL;
     if (token_plan < 0 || token_plan >= DH_SHARE_MODE_COUNT || ranks == 0 || batch == 0 ||
         fanout == 0 || rank >= ranks) {
@@ -2431,7 +2446,8 @@ static PyObject *mod_plan(PyObject *unused, PyObject *args, PyObject *kwargs)
                                !(rc = dh_profile_set_load(set, path)) &&
                                (n_rows = dh_profile_set_count(set)) >= per_step &&
                                !(rc = dh_sampler_new(&sampler, n_rows, per_step, seed,
-                                                     shuffle != 0))) rc =
+                                                     shuffle != 0)) &&
+                               !(rc = dh_sampler_set_drop_last(sampler, drop_last, ranks))) rc =
         dh_plan_rank_share(&cfg, sampler, set, step, rank, rows, cap);
     dh_sampler_destroy(&sampler);
     dh_profile_set_destroy(&set);
@@ -2481,8 +2497,8 @@ static PyMethodDef module_methods[] = {
      "info, debug) for this process"},
     {"plan", (PyCFunction)(void (*)(void))mod_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(profiles, step, rank, ranks, batch, *, seed=0, shuffle=True, token_plan=1, "
-     "fanout=1, plan_window=1) -> profile rows that rank gets at that step (no client "
-     "needed)"},
+     "fanout=1, plan_window=1, drop_last=True) -> profile rows that rank gets at that step "
+     "(no client needed)"},
     {"live_batches", mod_live_batches, METH_NOARGS,
      "live_batches() -> batches of this process not yet released"},
     {"error_table", mod_error_table, METH_NOARGS,

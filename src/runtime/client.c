@@ -172,6 +172,32 @@ int dh_client_plan_rank_step(dh_client_t *c, uint64_t step, uint32_t rank, uint3
     return rc;
 }
 
+/* Marks the pads of an epoch's last step (keep_tail) among a batch's samples: the step's
+ * last dh_sampler_step_pads ids are repeats of the epoch's first samples, which no other row
+ * of that step holds (the step is not the epoch's first: n >= ranks x batch), so each pad is
+ * the sample of its id. By id, not by row: the parts of a batch (fanout) come back in their
+ * own order. Costs one sampler step, once per epoch. Returns 0 or DH_ENOMEM. */
+static int mark_pads(dh_client_t *c, uint64_t step, dh_client_sample_t *samples, size_t n)
+{
+    pthread_mutex_lock(&c->plan_lock);
+    size_t pads = dh_sampler_step_pads(c->plan_sampler, step);
+    size_t size = dh_sampler_step_size(c->plan_sampler, step);
+    uint32_t *ids = pads ? dh_malloc(size * sizeof *ids) : NULL;
+    int rc = pads && !ids ? dh__set_error(DH_ENOMEM, "out of memory marking a step's pads") : 0;
+    if (ids && (rc = dh_sampler_step(c->plan_sampler, step, ids)) == 0)
+        for (size_t k = size - pads; k < size; k++) {
+            const char *id = dh_profile_set_row(c->profiles, ids[k])->id;
+            for (size_t i = 0; i < n; i++)
+                if (!samples[i].padded && samples[i].id && strcmp(samples[i].id, id) == 0) {
+                    samples[i].padded = 1;
+                    break;
+                }
+        }
+    pthread_mutex_unlock(&c->plan_lock);
+    dh_free(ids);
+    return rc;
+}
+
 /* ---- creation ---- */
 
 dh_msg_t dh__client_hello(dh_client_t *c)
@@ -337,6 +363,9 @@ static int check_config(const dh_client_config_t *cfg)
         return dh__set_error(
             DH_EINVAL, "client: fanout must be in [1, batch=%u]%s, got %u", cfg->batch,
             slots ? ", or ranks x batch (one-sample slots for tier 2)" : "", cfg->fanout);
+    if (cfg->keep_tail && cfg->rebalance.enabled)
+        return dh__set_error(DH_EINVAL, "client: keep_tail (drop_last=False) does not work with "
+                                        "tier 2 (rebalance): its rounds trade full batches");
     if (cfg->prefetch == 0 || cfg->prefetch > 1024)
         return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
                              cfg->prefetch);
@@ -431,7 +460,9 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         goto fail;
     }
     if ((rc = dh_sampler_new(&c->sampler, n, per_step, cfg->seed, cfg->shuffle)) ||
-        (rc = dh_sampler_new(&c->plan_sampler, n, per_step, cfg->seed, cfg->shuffle)))
+        (rc = dh_sampler_new(&c->plan_sampler, n, per_step, cfg->seed, cfg->shuffle)) ||
+        (rc = dh_sampler_set_drop_last(c->sampler, !cfg->keep_tail, cfg->ranks)) ||
+        (rc = dh_sampler_set_drop_last(c->plan_sampler, !cfg->keep_tail, cfg->ranks)))
         goto fail;
     c->steps_per_epoch = dh_sampler_steps_per_epoch(c->sampler);
     c->step0 = (uint64_t)c->steps_per_epoch * cfg->first_epoch + cfg->first_step;
@@ -685,6 +716,8 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
             if (r->status)
                 bi->pub.failed++;
         }
+    if ((rc = mark_pads(c, bi->pub.step, bi->pub.samples, bi->pub.n_samples)))
+        goto fail;
     if (taken[0].join_rc) { /* fanout > 1 and the parts could not be joined */
         rc = dh__set_error(taken[0].join_rc, "client '%s': %s", c->id, taken[0].join_error);
         goto fail;

@@ -281,7 +281,7 @@ static int features_of(dh_client_t *c, const part_t *p, const dh_wire_rb_part_t 
     for (uint32_t i = 0; i < p->n_samples; i++)
         samples[i] =
             (dh_client_sample_t){p->samples[i].id, p->samples[i].tokens, p->samples[i].status,
-                                 p->samples[i].status ? p->samples[i].error : NULL};
+                                 p->samples[i].status ? p->samples[i].error : NULL, 0};
     double f[DH_REBALANCE_MAX_FEATURES] = {0};
     dh_clear_error(); /* what feature_fn sets, it says */
     int err =

@@ -165,7 +165,9 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
     if (rc)
         goto done;
     uint32_t parts = c->cfg.fanout;
-    bool slots = dh__client_slots(c);
+    /* slots, or an epoch's short last step (keep_tail) of fewer rows than parts: row i in
+     * part i, the parts past the rows empty */
+    bool slots = dh__client_slots(c) || (uint32_t)n < parts;
     if (slots) {
         for (int i = 0; i < n; i++) /* row i in slot i; the slots past the rows stay empty */
             part_of[i] = (uint32_t)i;

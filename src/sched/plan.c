@@ -1229,12 +1229,25 @@ static int share_window(const dh_share_config_t *cfg, dh_sampler_t *sampler,
     if ((unsigned)cfg->mode >= DH_SHARE_MODE_COUNT)
         return dh__set_error(DH_EINVAL, "plan share: unknown mode %d", (int)cfg->mode);
     size_t per_step = (size_t)cfg->ranks * cfg->batch;
+    /* an epoch's tail (drop_last 0: fewer rows per rank, or pads) is planned alone */
+    size_t step_size = dh_sampler_step_size(sampler, step);
+    bool tail = step_size != per_step || dh_sampler_step_pads(sampler, step);
+    dh_share_config_t tail_cfg = *cfg;
+    if (step_size != per_step) {
+        tail_cfg.batch = (uint32_t)(step_size / cfg->ranks);
+        if (tail_cfg.min_rows > tail_cfg.batch)
+            tail_cfg.min_rows = tail_cfg.batch;
+        cfg = &tail_cfg;
+        per_step = step_size;
+    }
     /* the window of steps [first, first + w) that holds `step` (w = 1: the step alone) */
     uint64_t first = step;
     uint32_t w = 1;
-    if (cfg->window_steps > 1 && cfg->mode != DH_SHARE_SAMPLE_COUNT) {
+    if (cfg->window_steps > 1 && cfg->mode != DH_SHARE_SAMPLE_COUNT && !tail) {
         uint64_t spe = dh_sampler_steps_per_epoch(sampler);
-        uint64_t k = step % spe;
+        uint64_t k = step % spe, last = step - k + spe - 1;
+        if (dh_sampler_step_size(sampler, last) != per_step || dh_sampler_step_pads(sampler, last))
+            spe--; /* the windows cover the full steps; the short tail is planned alone */
         first = step - k % cfg->window_steps;
         uint64_t left = spe - (first - (step - k));
         w = left < cfg->window_steps ? (uint32_t)left : cfg->window_steps;

@@ -211,7 +211,5 @@ def test_bad_arguments_are_named(datahelix, dataset, tmp_path):
         datahelix.DataLoader(dataset[0], on_error="ignore")
     with pytest.raises(datahelix.InvalidArgumentError, match="prefetch_max"):
         datahelix.DataLoader(dataset[0], prefetch=4, prefetch_max=2)
-    with pytest.raises(datahelix.InvalidArgumentError, match="drop_last"):
-        datahelix.DataLoader(dataset[0], drop_last=False)
     with pytest.raises(ValueError, match="rank 2"):
         datahelix.DataLoader(dataset[0], rank=2, world_size=2, coordinator="tcp://127.0.0.1:1")

@@ -122,6 +122,89 @@ static void sampler_shuffle_off_is_identity(void **state)
     dh_sampler_destroy(&s);
 }
 
+/* Without drop_last, epoch e of (n, ranks, batch) as torch's DistributedSampler(drop_last=False)
+ * gives it: ceil(n / per_step) steps, all full but the last, which holds the tail padded to a
+ * multiple of ranks (the same rows on every rank); every id once, the pads (fewer than ranks,
+ * the step's last ids) a second time, and they are the epoch's first ids in order. */
+static void check_keep_tail(size_t n, uint32_t ranks, uint32_t batch, int shuffle)
+{
+    size_t per_step = (size_t)ranks * batch;
+    dh_sampler_t *s = NULL, *dropping = NULL;
+    assert_int_equal(dh_sampler_new(&s, n, per_step, 5, shuffle), 0);
+    assert_int_equal(dh_sampler_new(&dropping, n, per_step, 5, shuffle), 0);
+    assert_int_equal(dh_sampler_set_drop_last(s, 0, ranks), 0);
+    size_t steps = dh_sampler_steps_per_epoch(s);
+    assert_int_equal(steps, (n + per_step - 1) / per_step);
+    size_t tail = n - (steps - 1) * per_step, padded = (tail + ranks - 1) / ranks * ranks;
+    uint32_t *epoch = dh_calloc(steps * per_step, sizeof *epoch);
+    int *seen = dh_calloc(n, sizeof *seen);
+    assert_non_null(epoch);
+    assert_non_null(seen);
+    for (uint64_t e = 0; e < 3; e++) {
+        memset(seen, 0, n * sizeof *seen);
+        size_t total = 0;
+        for (size_t k = 0; k < steps; k++) {
+            uint64_t step = e * steps + k;
+            size_t size = dh_sampler_step_size(s, step), pads = dh_sampler_step_pads(s, step);
+            assert_int_equal(size, k + 1 < steps ? per_step : padded);
+            assert_int_equal(size % ranks, 0); /* every rank the same rows */
+            assert_int_equal(pads, k + 1 < steps ? 0 : padded - tail);
+            assert_true(pads < ranks);
+            assert_int_equal(dh_sampler_step(s, step, epoch + total), 0);
+            for (size_t i = 0; i < size - pads; i++)
+                seen[epoch[total + i]]++;
+            for (size_t i = 0; i < pads; i++) /* the pads: the epoch's first ids again */
+                assert_int_equal(epoch[total + size - pads + i], epoch[i]);
+            total += size;
+        }
+        assert_int_equal(total, n + padded - tail);
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(seen[i], 1);
+        /* the full steps are drop_last's, id for id */
+        uint32_t ids[64];
+        assert_true(per_step <= 64);
+        for (size_t k = 0; k < n / per_step; k++) {
+            assert_int_equal(dh_sampler_step(dropping, e * (n / per_step) + k, ids), 0);
+            assert_memory_equal(ids, epoch + k * per_step, per_step * sizeof *ids);
+        }
+    }
+    dh_free(epoch);
+    dh_free(seen);
+    dh_sampler_destroy(&s);
+    dh_sampler_destroy(&dropping);
+}
+
+static void sampler_keep_tail_pads_from_the_epoch_start(void **state)
+{
+    check_keep_tail(13, 2, 2, 1); /* tail 1: one row per rank, one pad */
+    check_keep_tail(13, 2, 3, 0); /* tail 1 of 6 */
+    check_keep_tail(7, 2, 2, 1);  /* tail 3: a full-size last step with one pad */
+    check_keep_tail(58, 4, 4, 1); /* tail 10: 3 rows per rank, 2 pads */
+    check_keep_tail(61, 4, 4, 1); /* tail 13: 4 rows per rank, 3 pads */
+    check_keep_tail(60, 4, 4, 1); /* tail 12: 3 rows per rank, no pad */
+    check_keep_tail(64, 4, 4, 1); /* divisible: as drop_last */
+    check_keep_tail(1001, 8, 7, 1);
+}
+
+/* n a multiple of per_step, or drop_last set again: no tail step, the same steps as ever. */
+static void sampler_drop_last_is_the_default(void **state)
+{
+    dh_sampler_t *s = NULL;
+    assert_int_equal(dh_sampler_new(&s, 13, 4, 5, 1), 0);
+    assert_int_equal(dh_sampler_steps_per_epoch(s), 3);
+    assert_int_equal(dh_sampler_set_drop_last(s, 0, 2), 0);
+    assert_int_equal(dh_sampler_steps_per_epoch(s), 4);
+    assert_int_equal(dh_sampler_set_drop_last(s, 1, 2), 0);
+    assert_int_equal(dh_sampler_steps_per_epoch(s), 3);
+    for (uint64_t step = 0; step < 9; step++) {
+        assert_int_equal(dh_sampler_step_size(s, step), 4);
+        assert_int_equal(dh_sampler_step_pads(s, step), 0);
+    }
+    assert_int_equal(dh_sampler_set_drop_last(s, 0, 3), DH_EINVAL); /* 4 ids over 3 ranks */
+    assert_int_equal(dh_sampler_set_drop_last(s, 0, 0), DH_EINVAL);
+    dh_sampler_destroy(&s);
+}
+
 static void sampler_rejects_bad_sizes(void **state)
 {
     dh_sampler_t *s = (dh_sampler_t *)&s;
@@ -156,6 +239,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sampler_epoch_steps_cover_distinct_prefix),
     cmocka_unit_test(sampler_shuffle_reaches_every_order),
     cmocka_unit_test(sampler_shuffle_off_is_identity),
+    cmocka_unit_test(sampler_keep_tail_pads_from_the_epoch_start),
+    cmocka_unit_test(sampler_drop_last_is_the_default),
     cmocka_unit_test(sampler_rejects_bad_sizes),
     cmocka_unit_test(sampler_survives_each_allocation_failure),
 };

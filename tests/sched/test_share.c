@@ -3,6 +3,7 @@
  * dh_plan_min_rows in src/sched/plan.c): each mode's rows per rank, that the ranks' shares
  * cover the window (or the window of steps) exactly once, the minimum-rows rule and its
  * edges, planning across steps, errors and allocation failures. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,12 +16,12 @@
 
 #define N 64
 
-/* N rows whose tokens vary widely (a few heavy ones), keys by size class. */
-static dh_profile_set_t *rows(void)
+/* n rows whose tokens vary widely (a few heavy ones), keys by size class. */
+static dh_profile_set_t *rows_n(int n)
 {
     dh_profile_set_t *set = NULL;
     assert_int_equal(dh_profile_set_new(&set), 0);
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         char id[16];
         snprintf(id, sizeof id, "s%d", i);
         int64_t tokens = i % 7 == 0 ? 8192 : 100 + 37 * i;
@@ -34,6 +35,11 @@ static dh_profile_set_t *rows(void)
         assert_int_equal(dh_profile_set_add(set, &r), 0);
     }
     return set;
+}
+
+static dh_profile_set_t *rows(void)
+{
+    return rows_n(N);
 }
 
 static dh_share_config_t share(dh_share_mode_t mode, uint32_t min_rows)
@@ -459,6 +465,98 @@ static void step_share_matches_rank_shares(void **state)
     dh_profile_set_destroy(&set);
 }
 
+/* Without drop_last (dh_sampler_set_drop_last), the epoch's short last step is shared like
+ * the others: every rank the same rows (tail padded / ranks; packing at least min_rows),
+ * the ranks' shares over the epoch hold every sample once and the pads twice, the balanced
+ * tail is the planner's plan of the tail window with that batch, the count tail the window
+ * in order, and dh_plan_step_share agrees. Windows of steps (W > 1) leave the tail alone. */
+static void check_tail_shares(int n, dh_share_mode_t mode, uint32_t window_steps)
+{
+    dh_profile_set_t *set = rows_n(n);
+    dh_share_config_t cfg = share(mode, 2);
+    cfg.window_steps = window_steps;
+    dh_sampler_t *s = NULL, *w = NULL;
+    assert_int_equal(dh_sampler_new(&s, (size_t)n, 16, 9, 1), 0);
+    assert_int_equal(dh_sampler_new(&w, (size_t)n, 16, 9, 1), 0);
+    assert_int_equal(dh_sampler_set_drop_last(s, 0, 4), 0);
+    assert_int_equal(dh_sampler_set_drop_last(w, 0, 4), 0);
+    size_t steps = dh_sampler_steps_per_epoch(s);
+    assert_int_equal(steps, (size_t)(n + 15) / 16);
+    int seen[N] = {0};
+    uint64_t last = 2 * steps - 1; /* epoch 1's tail */
+    for (uint64_t step = steps; step <= last; step++) {
+        size_t size = dh_sampler_step_size(w, step);
+        /* a tail is planned alone (a full last step may share a window of steps) */
+        bool alone = size != 16 || dh_sampler_step_pads(w, step) || window_steps == 1;
+        uint32_t got[4][16], all_rows[64], all_ranks[64];
+        int count[4];
+        for (uint32_t r = 0; r < 4; r++) {
+            count[r] = dh_plan_rank_share(&cfg, s, set, step, r, got[r], 16);
+            assert_true(count[r] >= 0);
+            if (mode != DH_SHARE_TOKEN_PACKED)
+                assert_int_equal(count[r], size / 4);
+            else if (alone)
+                assert_true((size_t)count[r] >= (size / 4 < 2 ? size / 4 : 2));
+            for (int i = 0; i < count[r]; i++)
+                seen[got[r][i]]++;
+        }
+        int all = dh_plan_step_share(&cfg, s, set, step, all_rows, all_ranks, 64);
+        assert_int_equal(all, count[0] + count[1] + count[2] + count[3]);
+        if (alone) /* packing across steps may move rows, but not into the tail */
+            assert_int_equal(all, size);
+        for (uint32_t r = 0, at[4] = {0}; r < 4; r++)
+            for (int i = 0; i < all; i++)
+                if (all_ranks[i] == r)
+                    assert_int_equal(all_rows[i], got[r][at[r]++]);
+        if (step != last)
+            continue;
+        uint32_t window[16];
+        assert_int_equal(dh_sampler_step(w, step, window), 0);
+        size_t pads = dh_sampler_step_pads(w, step);
+        for (size_t i = 0; i < pads; i++) /* the pads: seen twice over the epoch */
+            seen[window[size - pads + i]]--;
+        if (mode == DH_SHARE_SAMPLE_COUNT) {
+            for (uint32_t r = 0; r < 4; r++)
+                assert_memory_equal(got[r], window + r * (size / 4), (size / 4) * sizeof *window);
+        } else if (mode == DH_SHARE_TOKEN_BALANCED && alone) {
+            double load[16], plan_load[4], most = 0, plan_most = 0;
+            uint32_t key[16];
+            int32_t rank_of[16];
+            for (size_t i = 0; i < size; i++) {
+                load[i] = (double)dh_profile_set_row(set, window[i])->tokens_est;
+                key[i] = dh_profile_set_row(set, window[i])->key_index;
+            }
+            dh_plan_config_t pc = {.mode = DH_PLAN_FIXED_BATCH,
+                                   .algo = DH_PLAN_ALGO_DEFAULT,
+                                   .ranks = 4,
+                                   .batch = (uint32_t)(size / 4)};
+            assert_int_equal(dh_plan_step(&pc, load, key, size, rank_of, plan_load), 0);
+            for (uint32_t r = 0; r < 4; r++) {
+                double tokens = 0;
+                for (int i = 0; i < count[r]; i++)
+                    tokens += (double)dh_profile_set_row(set, got[r][i])->tokens_est;
+                most = tokens > most ? tokens : most;
+                plan_most = plan_load[r] > plan_most ? plan_load[r] : plan_most;
+            }
+            assert_close(most, plan_most, 0);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(seen[i], 1);
+    dh_sampler_destroy(&s);
+    dh_sampler_destroy(&w);
+    dh_profile_set_destroy(&set);
+}
+
+static void tail_step_is_shared_alike_and_covers_the_epoch(void **state)
+{
+    static const int sizes[] = {58, 61, 60, 63, 64}; /* tails 10, 13, 12, 15 and none */
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+        for (int mode = 0; mode < DH_SHARE_MODE_COUNT; mode++)
+            for (uint32_t window_steps = 1; window_steps <= 3; window_steps++)
+                check_tail_shares(sizes[k], (dh_share_mode_t)mode, window_steps);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sample_count_takes_consecutive_rows),
     cmocka_unit_test(step_share_matches_rank_shares),
@@ -475,5 +573,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(window_rejects_bad_input),
     cmocka_unit_test(window_shares_cover_the_epoch_once),
     cmocka_unit_test(window_share_survives_each_allocation_failure),
+    cmocka_unit_test(tail_step_is_shared_alike_and_covers_the_epoch),
 };
 DH_TEST_MAIN(tests)
