@@ -38,6 +38,8 @@ class Draws:
         else:
             import datahelix
             info = datahelix.get_worker_info()
+        if info is None:  # torch with num_workers=0: the main process
+            info = type("Main", (), {"id": 0, "num_workers": 0, "seed": 0})
         return {"i": np.array([i], dtype=np.int64),
                 "draw": np.array([random.randrange(1 << 30), np.random.randint(1 << 30)],
                                  dtype=np.int64),
@@ -232,3 +234,40 @@ def test_torch_names_and_the_refused_arguments(datahelix):
     import inspect
     params = inspect.signature(datahelix.DataLoader).parameters
     assert params["shuffle"].default is True and params["drop_last"].default is True
+
+
+def test_drop_last_false_covers_the_epoch_as_distributed_samplers(datahelix):
+    """13 samples, 2 ranks, batch 2, no shuffle: torch's DistributedSampler(drop_last=False)
+    pads the epoch with its first sample and every rank gets 4 batches; so does datahelix,
+    which flags the pad in batch["padded"] (torch's pad cannot be told apart)."""
+    n, ranks, batch = 13, 2, 2
+    torch_rows, torch_batches = [], []
+    for r in range(ranks):
+        s = torch.utils.data.DistributedSampler(Draws(n, torch_info=True), num_replicas=ranks,
+                                                rank=r, shuffle=False, drop_last=False)
+        tl = torch.utils.data.DataLoader(Draws(n, torch_info=True), batch_size=batch,
+                                         sampler=s, num_workers=0)
+        got = [_indices(b) for b in tl]
+        torch_batches.append(len(got))
+        torch_rows += [i for b in got for i in b]
+    ds = Draws(n)
+    with datahelix.start_cluster(dataset=ds, workers=WORKERS) as cluster:
+        dls = [datahelix.DataLoader(dataset=ds, batch_size=batch, shuffle=False, plan="count",
+                                    drop_last=False, coordinator=cluster.endpoint, rank=r,
+                                    world_size=ranks, timeout=120) for r in range(ranks)]
+        its = [iter(dl) for dl in dls]
+        helix_rows, pads = [], []
+        for _ in range(len(dls[0])):
+            for it in its:
+                b = next(it)
+                helix_rows += _indices(b)
+                pads += [i for i, p in zip(_indices(b), b["padded"].tolist()) if p]
+        for it in its:
+            with pytest.raises(StopIteration):
+                next(it)
+        helix_batches = [len(dl) for dl in dls]
+        for dl in dls:
+            dl.close()
+    assert torch_batches == helix_batches == [4, 4]
+    assert sorted(helix_rows) == sorted(torch_rows) == sorted(list(range(n)) + [0])
+    assert pads == [0]
