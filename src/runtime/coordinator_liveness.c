@@ -77,12 +77,13 @@ static bool overdue(dh_coordinator_t *c, const server_t *s, uint64_t now, char *
     if (s->pid == (uint32_t)getpid() && dh__inprocess_has(s->name))
         return false; /* in this process: late means busy, never dead */
     if (limit > c->cfg.dead_after_ms)
-        snprintf(why, cap, "silent for %.0f ms (limit %u ms, learned from its heartbeat gaps; "
-                           "configured %u ms)",
+        snprintf(why, cap,
+                 "silent for %.0f ms (limit %u ms, learned from its heartbeat gaps; "
+                 "configured %u ms)",
                  (double)(now - s->last_seen_ns) / 1e6, limit, c->cfg.dead_after_ms);
     else
-        snprintf(why, cap, "silent for %.0f ms (limit %u ms)", (double)(now - s->last_seen_ns) / 1e6,
-                 limit);
+        snprintf(why, cap, "silent for %.0f ms (limit %u ms)",
+                 (double)(now - s->last_seen_ns) / 1e6, limit);
     return true;
 }
 
