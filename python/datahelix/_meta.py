@@ -24,7 +24,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._C import ParseError
-from ._collate import LOADER_KEYS, META_KEY
+from ._collate import LOADER_KEYS, META_KEY, scalar_dtype
 
 # The loader's own keys of a video batch (and of a Python dataset's: ``indices``).
 # the video pipeline's arrays and the loader's own names (one list: _collate.py)
@@ -56,13 +56,8 @@ class ManifestMeta:
 
 
 def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int64"
-    if isinstance(value, float):
-        return "float64"
-    return "list"
+    """A value's column kind: its scalar dtype (as the default collate's), else "list"."""
+    return scalar_dtype(value) or "list"
 
 
 def _merge_kind(a: Optional[str], b: str) -> str:
