@@ -227,10 +227,16 @@ void dh__client_part_release_tensors(part_t *p);
 /* Gives back everything a part holds and zeroes it. */
 void dh__client_part_release(part_t *p);
 
+/* ---- client_plan.c ---- */
+
 /* The profile rows `rank` gets at `step`, in window order (dh_plan_rank_share under the
  * client's config), from `sampler`. Returns the count or < 0. */
 int dh__client_plan_rank_step(dh_client_t *c, dh_sampler_t *sampler, uint64_t step, uint32_t rank,
                               uint32_t *rows, size_t cap);
+
+/* Marks the pads of an epoch's last step (keep_tail) among a batch's n samples (takes
+ * plan_lock). Returns 0 or DH_ENOMEM. */
+int dh__client_mark_pads(dh_client_t *c, uint64_t step, dh_client_sample_t *samples, size_t n);
 
 /* ---- client_send.c ---- */
 
