@@ -225,8 +225,8 @@ def test_torch_names_and_the_refused_arguments(datahelix):
         assert dl.seed == 9 and dl.prefetch == 6
     # pin_memory without CUDA: a warning, and the loader goes on
     if not torch.cuda.is_available():
-        import datahelix as dh
-        dh._pin_warned = False
+        from datahelix import _torch_args
+        _torch_args._pin_warned = False  # said once per process: again for this test
         with pytest.warns(UserWarning, match="pin_memory"):
             dl = datahelix.DataLoader(ds, batch_size=2, pin_memory=True)
         dl.close()
