@@ -337,6 +337,28 @@ def _pipeline_json(pipeline: Union[None, str, os.PathLike, Dict[str, Any]]) -> O
         raise NotFoundError(f"pipeline spec {text}: {e.strerror}") from None
 
 
+def _warn_if_probed_otherwise(pipeline_json: Optional[str], profiles: str) -> None:
+    """A profile row's frames, height and width are per-sample plans that override the
+    pipeline's (docs/pipeline.md, "Per-sample overrides"): warns once when the loader's
+    pipeline asks for another size than the first row was probed with."""
+    if not pipeline_json:
+        return
+    try:
+        spec = json.loads(pipeline_json)
+        with open(profiles, encoding="utf-8") as f:
+            row = json.loads(next((line for line in f if line.strip()), "{}"))
+    except (ValueError, OSError):
+        return  # the C side reports a bad spec or profile file, naming it
+    asked = {k: spec.get(k) for k in ("frames", "height", "width") if spec.get(k)}
+    probed = {k: row.get(k) for k in asked if row.get(k) and row.get(k) != asked[k]}
+    if probed:
+        import warnings
+        warnings.warn(
+            f"{profiles} was probed with {probed} per sample, which overrides the pipeline's "
+            f"{ {k: asked[k] for k in probed} }: re-probe with the same spec "
+            f"(datahelix probe MANIFEST -p SPEC.json -o {profiles})", stacklevel=3)
+
+
 class Cluster:
     """A coordinator and/or a local DataServer running as threads of this process.
 
@@ -1094,6 +1116,8 @@ class DataLoader:
         # a Python dataset's spec: its seed is rewritten per pass (the pass's base seed)
         self._py_spec = pipeline if dataset is not None else None
         self._pipeline = _pipeline_json(pipeline)
+        if dataset is None:
+            _warn_if_probed_otherwise(self._pipeline, paths["profiles"])
         rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
         if coordinator is None and self.world_size > 1:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy,
