@@ -412,12 +412,20 @@ void *dh__client_sender_main(void *arg)
                 c->cfg.max_inflight ? c->cfg.max_inflight : (uint64_t)c->horizon * per_batch;
             bool must = b == c->consumed || dh__client_rb_must_request(c, b);
             bool go = b < c->total && (b < c->consumed + c->horizon || must) &&
-                      (inflight <= max_inflight || must);
+                      (inflight <= max_inflight || must) && !c->refused;
             pthread_mutex_unlock(&c->lock);
             if (!go || atomic_load(&c->stop))
                 break;
             int rc = pl.rows ? plan_batch(c, b, &pl)
                              : dh__set_error(DH_ENOMEM, "out of memory for a step's requests");
+            if (rc && rc != DH_ENOMEM) { /* a plan that cannot be made: no retry makes it */
+                char why[600];
+                snprintf(why, sizeof why, "batch %llu (global step %llu) cannot be planned: %s",
+                         (unsigned long long)b, (unsigned long long)(c->step0 + b),
+                         dh_last_error());
+                refuse_next(c, rc, why);
+                break;
+            }
             /* The horizon moves before the requests go out, so that a delivery racing the
              * send is inside the fetcher's window; a batch whose bytes the rank's share of
              * the arena cannot hold yet waits for next() to consume (never the first). */

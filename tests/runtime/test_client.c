@@ -631,6 +631,28 @@ static void coordinator_refused_request_fails_next(void **state)
     cl_assert_no_leftovers();
 }
 
+/* A step that cannot be planned (here: an algorithm the planner does not know) fails next()
+ * naming the batch and the planner's error, instead of the sender planning it again for
+ * ever while next() waits. */
+static void a_plan_that_cannot_be_made_fails_next(void **state)
+{
+    const char *profiles = cl_write_profiles("unplannable.jsonl", 16);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.plan_algo = (dh_plan_algo_t)99;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), 0);
+    dh_client_batch_t *b = NULL;
+    uint64_t t0 = dh_clock_now_ns();
+    assert_int_equal(dh_client_next(c, &b), DH_EINVAL);
+    assert_true(dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 30); /* not the 60 s timeout */
+    assert_null(b);
+    assert_non_null(strstr(dh_last_error(), "batch 0 (global step 0) cannot be planned"));
+    assert_non_null(strstr(dh_last_error(), "unknown algorithm 99"));
+    dh_client_destroy(&c);
+    cl_assert_no_leftovers();
+}
+
 static void client_config_errors_name_the_field(void **state)
 {
     const char *profiles = cl_write_profiles("p.jsonl", 16);
@@ -1068,6 +1090,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(packing_plans_every_row_once_and_balances_tokens),
         cmocka_unit_test(plan_window_plans_every_row_once_and_balances_across_steps),
         cmocka_unit_test(coordinator_refused_request_fails_next),
+        cmocka_unit_test(a_plan_that_cannot_be_made_fails_next),
         cmocka_unit_test(client_config_errors_name_the_field),
         cmocka_unit_test(client_asks_again_when_named_server_is_gone),
         cmocka_unit_test(dataserver_drops_a_departed_clients_batches_quietly),
