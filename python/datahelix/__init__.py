@@ -337,16 +337,25 @@ def _pipeline_json(pipeline: Union[None, str, os.PathLike, Dict[str, Any]]) -> O
         raise NotFoundError(f"pipeline spec {text}: {e.strerror}") from None
 
 
-def _warn_if_probed_otherwise(pipeline_json: Optional[str], profiles: str) -> None:
+def _first_json_line(path: str) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        row = json.loads(next((line for line in f if line.strip()), "{}"))
+    return row if isinstance(row, dict) else {}
+
+
+def _warn_if_probed_otherwise(pipeline_json: Optional[str], profiles: str,
+                              manifest: Optional[str]) -> None:
     """A profile row's frames, height and width are per-sample plans that override the
     pipeline's (docs/pipeline.md, "Per-sample overrides"): warns once when the loader's
-    pipeline asks for another size than the first row was probed with."""
-    if not pipeline_json:
+    pipeline asks for another size than the first row was probed with, and that row's plan
+    came from probe's spec, not from its manifest line (a mixed set's own plans)."""
+    if not pipeline_json or not manifest:
         return
     try:
         spec = json.loads(pipeline_json)
-        with open(profiles, encoding="utf-8") as f:
-            row = json.loads(next((line for line in f if line.strip()), "{}"))
+        row = _first_json_line(profiles)
+        if any(k in _first_json_line(manifest) for k in ("frames", "height", "width")):
+            return  # the manifest gives each clip its plan
     except (ValueError, OSError):
         return  # the C side reports a bad spec or profile file, naming it
     asked = {k: spec.get(k) for k in ("frames", "height", "width") if spec.get(k)}
@@ -1117,7 +1126,7 @@ class DataLoader:
         self._py_spec = pipeline if dataset is not None else None
         self._pipeline = _pipeline_json(pipeline)
         if dataset is None:
-            _warn_if_probed_otherwise(self._pipeline, paths["profiles"])
+            _warn_if_probed_otherwise(self._pipeline, paths["profiles"], paths["manifest"])
         rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
         if coordinator is None and self.world_size > 1:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy,

@@ -1,9 +1,14 @@
 """datahelix.DataLoader and datahelix._C against real servers (threads of this process)."""
 import gc
+import json
+import os
+import subprocess
 import time
 
 import pytest
 import torch
+
+from conftest import CLI
 
 
 def wait_for(cond, timeout=15.0, what="condition"):
@@ -213,3 +218,24 @@ def test_bad_arguments_are_named(datahelix, dataset, tmp_path):
         datahelix.DataLoader(dataset[0], prefetch=4, prefetch_max=2)
     with pytest.raises(ValueError, match="rank 2"):
         datahelix.DataLoader(dataset[0], rank=2, world_size=2, coordinator="tcp://127.0.0.1:1")
+
+
+def test_a_pipeline_of_another_size_than_probed_is_warned(datahelix, dataset, tmp_path):
+    """Probed at the default 16 x 224 x 224 (the manifest lines carry no plan of their own),
+    loaded with a 4 x 64 x 64 spec: the rows' plans would win silently, so the loader warns;
+    a manifest whose lines carry their own plans (synth's) is not warned about."""
+    import warnings
+    src, _ = dataset
+    with open(os.path.join(src, "manifest.jsonl")) as f:
+        entries = [json.loads(line) for line in f if line.strip()][:4]
+    with open(tmp_path / "manifest.jsonl", "w") as f:
+        for e in entries:
+            f.write(json.dumps({"id": e["id"], "path": os.path.join(src, e["path"])}) + "\n")
+    subprocess.run([CLI, "probe", str(tmp_path / "manifest.jsonl"), "-o",
+                    str(tmp_path / "profiles.jsonl")], check=True, capture_output=True)
+    spec = {"frames": 4, "height": 64, "width": 64}
+    with pytest.warns(UserWarning, match=r"probed with .*'frames': 16.*re-probe"):
+        datahelix.DataLoader(str(tmp_path), pipeline=spec).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        datahelix.DataLoader(src, pipeline=spec).close()
