@@ -23,7 +23,40 @@ import json
 import sys
 import time
 
-import av
+
+def load_plan(path):
+    """The plan decode-bench wrote: one dict per clip (path, indices, keyframes,
+    scaled_width/height: the size the frame is scaled to, crop_x/y, width/height: the
+    rectangle kept of the scaled frame)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def crop_box(item):
+    """(x, y, w, h): the rectangle kept of the frame scaled to scaled_width x scaled_height."""
+    return item["crop_x"], item["crop_y"], item["width"], item["height"]
+
+
+def run_rounds(plan, decode, rounds, dump, extra=None):
+    """Times `decode(item, dump) -> frames produced` over the plan, best of `rounds` (one
+    round when dumping), checks the frame count and prints the JSON report (with `extra`
+    keys). Returns the exit status."""
+    best = None
+    frames = 0
+    for _ in range(1 if dump else rounds):
+        start = time.perf_counter()
+        frames = sum(decode(item, dump) for item in plan)
+        seconds = time.perf_counter() - start
+        best = seconds if best is None else min(best, seconds)
+    expected = sum(len(item["indices"]) for item in plan)
+    if frames != expected:
+        print(f"produced {frames} frames, the plan asks for {expected}")
+        return 1
+    report = {"clips": len(plan), "frames": frames, "seconds": best,
+              "clips_per_s": len(plan) / best}
+    report.update(extra or {})
+    print(json.dumps(report))
+    return 0
 
 
 def decode_clip(item, skip_nonref, dump):
@@ -31,8 +64,9 @@ def decode_clip(item, skip_nonref, dump):
     targets = item["indices"]
     wanted = set(targets)
     scaled_w, scaled_h = item["scaled_width"], item["scaled_height"]
-    x, y, w, h = item["crop_x"], item["crop_y"], item["width"], item["height"]
+    x, y, w, h = crop_box(item)
     produced = 0
+    import av  # here, so the peers (peer_decode.py) can import this file's helpers without it
     with av.open(item["path"]) as container:
         stream = container.streams.video[0]
         stream.thread_type = "SLICE"
@@ -82,27 +116,14 @@ def main():
                         help="skip_frame=NONREF for packets of frames not sampled")
     parser.add_argument("--dump", help="write the produced frames (RGB24) to this file")
     args = parser.parse_args()
-    with open(args.plan) as f:
-        plan = [json.loads(line) for line in f if line.strip()]
+    plan = load_plan(args.plan)
     dump = open(args.dump, "wb") if args.dump else None
-    best = None
-    frames = 0
-    for _ in range(1 if dump else args.rounds):
-        start = time.perf_counter()
-        frames = sum(decode_clip(item, args.skip_nonref, dump) for item in plan)
-        seconds = time.perf_counter() - start
-        best = seconds if best is None else min(best, seconds)
-    if dump:
-        dump.close()
-    expected = sum(len(item["indices"]) for item in plan)
-    if frames != expected:
-        print(f"pyav_decode: produced {frames} frames, the plan asks for {expected}",
-              file=sys.stderr)
-        return 1
-    print(json.dumps({"clips": len(plan), "frames": frames, "seconds": best,
-                      "clips_per_s": len(plan) / best, "skip_nonref": args.skip_nonref}))
-    return 0
-
+    try:
+        return run_rounds(plan, lambda item, out: decode_clip(item, args.skip_nonref, out),
+                          args.rounds, dump, {"skip_nonref": args.skip_nonref})
+    finally:
+        if dump:
+            dump.close()
 
 if __name__ == "__main__":
     sys.exit(main())

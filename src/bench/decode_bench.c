@@ -11,7 +11,9 @@
  * outputs are counted (bytes, frames) to check they produced what was asked, and a pixel
  * check compares the frames themselves (mean absolute difference against PyAV's) on the
  * first clips. Wall time per round: DataHelix's in-process loop, the ffmpeg process from
- * start to exit, and PyAV's own loop (interpreter start excluded).
+ * start to exit, and PyAV's own loop (interpreter start excluded). The peers (decord, SPDL,
+ * torchcodec: decode_peers.c) read the same plan as PyAV, are timed like it, and their
+ * frames are checked against PyAV's in the same pixel check.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -36,6 +38,7 @@
 #include "datahelix/stats.h"
 #include "datahelix/synth.h"
 #include "bench/decode_bench.h"
+#include "bench/decode_peers.h"
 #include "core/internal.h"
 
 typedef struct clip_plan {
@@ -314,26 +317,7 @@ static int write_pyav_plan(const char *path, const clip_plan_t *plans, size_t n)
 static double run_pyav(const dh_decode_bench_config_t *cfg, const char *plan_path,
                        const char *extra, char *err, size_t err_size)
 {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s 2>&1", cfg->python ? cfg->python : "python3",
-             cfg->pyav_script, plan_path, extra);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(err, err_size, "cannot run %.200s", cfg->pyav_script);
-        return -1;
-    }
-    char out[4096] = "";
-    size_t len = fread(out, 1, sizeof out - 1, p);
-    out[len] = '\0';
-    int status = pclose(p);
-    json_error_t jerr;
-    json_t *j = status == 0 ? json_loads(out, JSON_DECODE_ANY, &jerr) : NULL;
-    json_t *v = j ? json_object_get(j, "clips_per_s") : NULL;
-    double cps = v && json_is_number(v) ? json_number_value(v) : -1;
-    json_decref(j);
-    if (cps <= 0)
-        snprintf(err, err_size, "%s", out[0] ? strtok(out, "\n") : "PyAV script failed");
-    return cps;
+    return dh__decode_script_run(cfg->python, cfg->pyav_script, plan_path, extra, err, err_size);
 }
 
 /* Sum of |a[i] - b[i]| over n bytes. */
@@ -345,10 +329,11 @@ static double abs_diff_sum(const uint8_t *a, const uint8_t *b, size_t n)
     return (double)sum;
 }
 
-/* The pixel check (untimed): the first DH_DECODE_BENCH_CHECK_CLIPS clips through all three
- * decoders, PyAV's frames as the reference; fills out->check_clips and the two MADs. */
+/* The pixel check (untimed): the first DH_DECODE_BENCH_CHECK_CLIPS clips through every
+ * decoder, PyAV's frames as the reference; fills out->check_clips, the two MADs and the
+ * peers' (the peers run even without PyAV: then their MADs stay -1). */
 static int pixel_check(const dh_decode_bench_config_t *cfg, const dh_pipeline_spec_t *spec,
-                       const clip_plan_t *plans, size_t n, const char *manifest_path,
+                       const clip_plan_t *plans, size_t n, const char *manifest_path, int have_pyav,
                        dh_decode_bench_result_t *out)
 {
     size_t k = n < DH_DECODE_BENCH_CHECK_CLIPS ? n : DH_DECODE_BENCH_CHECK_CLIPS;
@@ -359,7 +344,9 @@ static int pixel_check(const dh_decode_bench_config_t *cfg, const dh_pipeline_sp
     int rc = write_pyav_plan(plan_path, plans, k);
     if (rc)
         return dh__set_error(rc, "%s: cannot write: %s", plan_path, strerror(-rc));
-    if (run_pyav(cfg, plan_path, extra, out->pyav_error, sizeof out->pyav_error) <= 0) {
+    if (!have_pyav ||
+        run_pyav(cfg, plan_path, extra, out->pyav_error, sizeof out->pyav_error) <= 0) {
+        dh__decode_peers_check(cfg, plan_path, NULL, out);
         unlink(plan_path);
         unlink(dump_path);
         return 0; /* no PyAV: the MADs stay -1 */
@@ -408,6 +395,8 @@ static int pixel_check(const dh_decode_bench_config_t *cfg, const dh_pipeline_sp
     dh_pipeline_destroy(&pipeline);
     if (dump)
         fclose(dump);
+    if (rc == 0)
+        dh__decode_peers_check(cfg, plan_path, dump_path, out);
     unlink(plan_path);
     unlink(dump_path);
     if (rc == 0 && total > 0) {
@@ -450,8 +439,10 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
     clip_plan_t *plans = dh_calloc(n ? n : 1, sizeof *plans);
     unsigned runs = cfg->runs ? cfg->runs : 5;
     double *ours = dh_calloc(runs, sizeof *ours), *ff = dh_calloc(runs, sizeof *ff),
-           *py = dh_calloc(runs, sizeof *py), *pys = dh_calloc(runs, sizeof *pys);
-    if (!plans || !ours || !ff || !py || !pys) {
+           *py = dh_calloc(runs, sizeof *py), *pys = dh_calloc(runs, sizeof *pys),
+           *peers = dh_calloc((size_t)runs * DH_DECODE_BENCH_PEERS, sizeof *peers);
+    dh__decode_peers_init(cfg, out);
+    if (!plans || !ours || !ff || !py || !pys || !peers) {
         rc = DH_ENOMEM;
         goto out;
     }
@@ -464,12 +455,12 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
     if (!have_pyav)
         snprintf(out->pyav_error, sizeof out->pyav_error, "no PyAV script at %s",
                  cfg->pyav_script ? cfg->pyav_script : "(none)");
-    else if ((rc = write_pyav_plan(plan_path, plans, n)) != 0) {
+    if ((rc = write_pyav_plan(plan_path, plans, n)) != 0) { /* PyAV's and the peers' plan */
         dh__set_error(rc, "%s: cannot write: %s", plan_path, strerror(-rc));
         goto out;
     }
     dh__pin_to_current_cpu(); /* best effort: timings are noisier without */
-    if (have_pyav && (rc = pixel_check(cfg, &spec, plans, n, manifest_path, out)) != 0)
+    if ((rc = pixel_check(cfg, &spec, plans, n, manifest_path, have_pyav, out)) != 0)
         goto out;
     for (unsigned r = 0; r < runs; r++) {
         if (cfg->verbose)
@@ -488,6 +479,15 @@ int dh_decode_bench_run(const dh_decode_bench_config_t *cfg, dh_decode_bench_res
             pys[r] =
                 run_pyav(cfg, plan_path, "--skip-nonref", out->pyav_error, sizeof out->pyav_error);
         }
+        dh__decode_peers_round(cfg, plan_path, out, peers, r, runs);
+    }
+    for (size_t p = 0; p < DH_DECODE_BENCH_PEERS; p++) {
+        dh_decode_bench_peer_t *peer = &out->peers[p];
+        peer->clips_per_s = peer->reason[0] ? 0 : median(&peers[p * runs], runs);
+        if (peer->reason[0])
+            peer->mad_vs_pyav = -1;
+        else if (peer->clips_per_s <= 0)
+            snprintf(peer->reason, sizeof peer->reason, "no round produced a number");
     }
     out->datahelix_clips_per_s = median(ours, runs);
     out->ffmpeg_clips_per_s = median(ff, runs);
@@ -505,6 +505,7 @@ out:
     dh_free(ff);
     dh_free(py);
     dh_free(pys);
+    dh_free(peers);
     dh_manifest_destroy(&m);
     return rc;
 }

@@ -1,8 +1,9 @@
 /* Tests of the decode-bench harness on a tiny mix: it makes the data set, runs all the
  * decoders on the same plan (ffmpeg's and PyAV's outputs are checked frame for frame count
  * inside the harness), reports throughput for each, says how ffmpeg was timed, and its
- * pixel check finds the same frames (mean absolute difference against PyAV's <= 3 of 255).
- * Timings are not asserted. */
+ * pixel check finds the same frames (mean absolute difference against PyAV's <= 3 of 255);
+ * every peer column (decord, SPDL, torchcodec) is a number with its MAD or a stated reason
+ * (the peers are not installed in CI). Timings are not asserted. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +23,31 @@ static dh_decode_bench_config_t bench_config(const char *mix, size_t clips, cons
                                     .seed = 1,
                                     .work_dir = work,
                                     .pyav_script = DH_SOURCE_DIR "/bench/decode/pyav_decode.py",
+                                    .peer_script = DH_SOURCE_DIR "/bench/decode/peer_decode.py",
                                     .python = getenv("DH_PYTHON_EXE")};
     if (!cfg.python || !*cfg.python)
         cfg.python = "python3";
     return cfg;
+}
+
+/* Each peer column is either a number (with the same frames as PyAV: MAD <= 3) or a stated
+ * reason, never both, never neither. */
+static void assert_peers_stated(const dh_decode_bench_result_t *r)
+{
+    static const char *const names[DH_DECODE_BENCH_PEERS] = {"decord", "spdl", "torchcodec"};
+    for (size_t p = 0; p < DH_DECODE_BENCH_PEERS; p++) {
+        const dh_decode_bench_peer_t *peer = &r->peers[p];
+        assert_string_equal(peer->name, names[p]);
+        if (peer->reason[0]) {
+            assert_true(peer->clips_per_s == 0);
+            assert_true(peer->mad_vs_pyav == -1);
+        } else {
+            if (!(peer->clips_per_s > 0))
+                fail_msg("peer %s: no number and no reason", peer->name);
+            if (!(peer->mad_vs_pyav >= 0 && peer->mad_vs_pyav <= 3.0))
+                fail_msg("peer %s: MAD %.3f against PyAV", peer->name, peer->mad_vs_pyav);
+        }
+    }
 }
 
 static void decode_bench_runs_all_three_on_the_same_plan(void **state)
@@ -54,8 +76,15 @@ static void decode_bench_runs_all_three_on_the_same_plan(void **state)
     assert_int_equal(r.check_clips, 3);
     assert_true(r.pixel_mad_vs_pyav >= 0 && r.pixel_mad_vs_pyav <= 3.0);
     assert_true(r.pixel_mad_ffmpeg_vs_pyav >= 0 && r.pixel_mad_ffmpeg_vs_pyav <= 3.0);
+    assert_peers_stated(&r);
     /* The data set is made once and reused. */
     assert_int_equal(dh_decode_bench_run(&cfg, &r), 0);
+    /* Without the peer script every peer column says so. */
+    cfg.peer_script = dh_test_path("no-such-peer-script.py");
+    assert_int_equal(dh_decode_bench_run(&cfg, &r), 0);
+    assert_peers_stated(&r);
+    for (size_t p = 0; p < DH_DECODE_BENCH_PEERS; p++)
+        assert_non_null(strstr(r.peers[p].reason, "no peer script"));
 }
 
 /* NAME@ENCODING makes the data set with that synth encoding (x264's B-pyramid, or no
@@ -84,6 +113,7 @@ static void decode_bench_runs_the_other_encodings(void **state)
             fail_msg("no PyAV column: %s", r.pyav_error);
         assert_true(r.pixel_mad_vs_pyav >= 0 && r.pixel_mad_vs_pyav <= 3.0);
         assert_true(r.pixel_mad_ffmpeg_vs_pyav >= 0 && r.pixel_mad_ffmpeg_vs_pyav <= 3.0);
+        assert_peers_stated(&r);
     }
 }
 
