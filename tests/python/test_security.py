@@ -35,7 +35,9 @@ def wait_for(cond, what, timeout=30.0):
 
 class Relay:
     """A TCP relay on 127.0.0.1 (port chosen by the kernel) to 127.0.0.1:target (set once
-    known; connections wait for it). Keeps every byte it carries, both ways."""
+    known; connections wait for it). Keeps every byte it carries, both ways, one stream per
+    connection and direction: bytes() must not interleave streams, or a chunk of one could
+    split a pattern in another (the plaintext control once counted 3071 of 3072)."""
 
     def __init__(self):
         self.listener = socket.socket()
@@ -43,7 +45,7 @@ class Relay:
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]
         self.target = None
-        self.captured = bytearray()
+        self.streams = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._accept, daemon=True)]
@@ -72,13 +74,16 @@ class Relay:
             threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     def _pipe(self, src, dst):
+        stream = bytearray()
+        with self.lock:
+            self.streams.append(stream)
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
                 with self.lock:
-                    self.captured += data
+                    stream += data
                 dst.sendall(data)
         except OSError:
             pass
@@ -90,8 +95,9 @@ class Relay:
                     pass
 
     def bytes(self):
+        """Every stream, in the order they opened, each whole, separated by a line."""
         with self.lock:
-            return bytes(self.captured)
+            return b"\n----\n".join(bytes(s) for s in self.streams)
 
     def close(self):
         self.stop.set()
