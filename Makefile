@@ -30,7 +30,7 @@ TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 FUZZ_FLAGS := -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDH_FUZZ=ON \
               -DDH_SANITIZE=address,undefined -DDH_BUILD_TESTS=OFF -DDH_PYTHON=OFF
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan fuzz-build test-fuzz fuzz mutate soak demo bench-peers bench-python sim-validate format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan fuzz-build test-fuzz fuzz mutate soak demo bench-peers bench-peers-data-bound bench-python sim-validate format format-check clean help
 
 all: build
 
@@ -43,6 +43,7 @@ help:
 	@echo "make mutate     the mutation check of the tests (scripts/mutate.py, docs/testing.md; not in make test)"
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
+	@echo "make bench-peers-data-bound  the same with compute small enough that decode dominates"
 	@echo "make soak       the chaos soak for SOAK_SECONDS (1800): kill -9, SIGSTOP and restarts during a 4-rank run"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
 	@echo "make sim-validate  bench --emulate against simulate at the paper layout, same seed (docs/simulator.md)"
@@ -166,11 +167,18 @@ demo: deps
 # datahelix.DataLoader, on fair defaults: every system's decode workers pinned the same way,
 # 4 batches in flight per rank for all, efficiency from each system's own measured CPU
 # (cpu_work_s), 40 steps after the warm-up, medians of 3 runs (bench/peers/README.md,
-# docs/benchmarks.md). PEERS_ARGS="--no-pin" or "--own-defaults" for the other rows; its
-# smoke test is tests/python/test_bench_peers.py (make test-python).
+# docs/benchmarks.md); the peers' PyAV skips the non-reference frames not sampled, as
+# DataHelix does (--pyav plain: decode them all). PEERS_ARGS="--no-pin" or "--own-defaults"
+# for the other rows; its smoke test is tests/python/test_bench_peers.py (make
+# test-python). bench-peers is the compute-bound loop, bench-peers-data-bound the same with
+# --regime data-bound (compute x 0.25: every system's decode bounds it).
 PEERS_ARGS ?= --runs 3 --pin --inflight 4
 bench-peers: build $(VENV_PY)
 	$(VENV_PY) bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers.json $(PEERS_ARGS)
+
+bench-peers-data-bound: build $(VENV_PY)
+	$(VENV_PY) bench/peers/run_peers.py --cli $(CLI) --json out/peers/peers-data-bound.json \
+	    --regime data-bound $(PEERS_ARGS)
 
 # A Python Dataset in the DataServers' worker processes (docs/benchmarks.md, "A Python
 # dataset" and "Python-dataset overhead"): bench --python-dataset on bench/python_dataset/

@@ -9,8 +9,9 @@ torch.distributed gloo group on 127.0.0.1. Each rank, each step:
    CPU to the loaders), tokens being, for every system, the decoded samples' visual tokens
    (visual_tokens() of the decoded T x H x W; datahelix: the server's per-sample tokens,
    the same formula) plus their caption tokens (the profile's text_len): sample_tokens();
-   a system whose batches must be copied into the training process (Ray's object store)
-   does so first, inside that time, as the C harness does for `pool`;
+   consume(batch) runs inside that time, and is a no-op for every system now: Ray's copy
+   out of the object store is made by the rank's prefetch thread, off the step, as Ray
+   Data's iter_torch_batches(prefetch_batches=...) does (ray_peer.py);
 3. all-reduces a small tensor (the gradient all-reduce, here the barrier): the barrier wait.
 
 `--warmup` steps run first and are not measured; the measured window runs from the
@@ -25,7 +26,7 @@ A system module (torch_peer, ray_peer, datahelix_peer) provides:
     open_loader(cfg, context, rank) -> an iterator of batches (in each rank),
     batch_info(cfg, batch) -> (sample_ids, per-sample tokens, ready_s or None,
         cpu_s or None: the decode workers' measured CPU seconds for this batch),
-    consume(batch) (step 2's copy, or nothing), close_loader(loader),
+    consume(batch) (work charged to step 2's compute; none does any), close_loader(loader),
     cores(cfg) -> the decode workers it runs (the CPU budget, for the report),
     inflight(cfg) -> batches in flight per rank it runs with (cfg["inflight"], or with
         cfg["inflight"] None its own default),

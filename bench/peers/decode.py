@@ -11,7 +11,15 @@ uses for its PyAV column):
 - output: uint8 RGB, T x 3 x H x W;
 - decode: one thread per clip; the keyframe positions come from one demux pass over the
   packets (no decoding); the decoder seeks to the keyframe before a sampled frame only when
-  that keyframe lies ahead of where it is, and decodes forward.
+  that keyframe lies ahead of where it is, and decodes forward;
+- skipping (mode "skip", the default of run_peers.py's --pyav): before each packet is sent
+  to the decoder, codec_context.skip_frame is "NONREF" when the packet's frame is not
+  sampled and "DEFAULT" when it is, so non-reference frames nobody asked for are not
+  decoded (reference frames always are: later frames are predicted from them), the
+  non-reference skipping DataHelix's decoder does (bench/decode/pyav_decode.py
+  --skip-nonref, the PyAV column of `datahelix decode-bench`). A skipped frame is one no
+  other frame is predicted from, so the sampled frames are the same as in mode "plain",
+  which decodes every frame (tests/python/test_bench_peers.py checks it).
 
 collate() pads a batch to its largest T, H and W, with a B x T mask of the real frames;
 each sample's tokens are common.sample_tokens: the decoded clip's visual tokens plus its
@@ -23,6 +31,8 @@ import av
 import numpy as np
 
 import common
+
+MODES = ("skip", "plain")  # --pyav: skip non-reference frames not sampled, or decode all
 
 
 def _lround(x):
@@ -51,8 +61,23 @@ def _keyframes(container, stream, rate, tb):
     return sorted(keyframes) or [0]
 
 
-def decode_sample(path, frames, height, width):
-    """Decodes one clip: a uint8 array frames x 3 x height x width (RGB)."""
+def _decoded(container, stream, wanted, rate, tb):
+    """Frames from the current position: demux, and (wanted: the sampled frame indices, or
+    None for plain decoding) skip non-reference frames that are not wanted."""
+    ctx = stream.codec_context
+    for packet in container.demux(stream):
+        if wanted is not None:
+            skip = (packet.pts is not None
+                    and _lround(float(packet.pts * tb * rate)) not in wanted)
+            ctx.skip_frame = "NONREF" if skip else "DEFAULT"
+        yield from ctx.decode(packet)
+
+
+def decode_sample(path, frames, height, width, mode="skip"):
+    """Decodes one clip: a uint8 array frames x 3 x height x width (RGB). mode: "skip"
+    (non-reference frames not sampled are not decoded) or "plain" (every frame is)."""
+    if mode not in MODES:
+        raise ValueError(f"decode mode {mode!r}: not one of {', '.join(MODES)}")
     out = np.empty((frames, 3, height, width), dtype=np.uint8)
     with av.open(path) as container:
         if not container.streams.video:
@@ -74,6 +99,7 @@ def decode_sample(path, frames, height, width):
         if frames > count:
             raise ValueError(f"{path}: the clip has {count} frames, the plan asks for {frames}")
         targets = uniform_indices(frames, count)
+        wanted = set(targets) if mode == "skip" else None
         sw, sh, x, y = scaled_size(stream.codec_context.width, stream.codec_context.height,
                                    width, height)
         keyframes = _keyframes(container, stream, rate, tb)
@@ -85,7 +111,7 @@ def decode_sample(path, frames, height, width):
             if position < 0 or target < position or kf > position:
                 container.seek(int(round(kf / rate / tb)), stream=stream, backward=True,
                                any_frame=False)
-                decoded = container.decode(stream)
+                decoded = _decoded(container, stream, wanted, rate, tb)
                 position = -1
             for frame in decoded:
                 index = _lround(float(frame.pts * tb * rate))
@@ -102,10 +128,11 @@ def decode_sample(path, frames, height, width):
     return out
 
 
-def decode_batch(items):
+def decode_batch(items, mode="skip"):
     """Decodes and collates a batch: items are dataset samples (common.load_dataset)."""
     return collate([dict(item, frames_data=decode_sample(item["path"], item["frames"],
-                                                         item["height"], item["width"]))
+                                                         item["height"], item["width"],
+                                                         mode))
                     for item in items])
 
 

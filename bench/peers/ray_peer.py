@@ -16,11 +16,17 @@ through the object store. Ray Data's streaming_split does the same with more mac
 (and its own scheduler, which on 2 cores costs CPU the decoders need).
 
 Each actor decodes a whole batch (decode.decode_batch: the same PyAV decode and collate as
-the torch peer) and returns numpy arrays, with the thread CPU time the decode and collate
-took (batch["cpu_s"], time.thread_time); the actor's result is written into the object
-store and read zero-copy (read-only) by the rank, which then copies the frames into its own
-memory as a torch tensor, inside the step's compute time, as the C harness's `pool` does
-(the object-store hop). Sample order: DistributedSampler's (the same shards as the torch
+the torch peer, in --pyav's mode, by default skipping the non-reference frames not
+sampled) and returns numpy arrays, with the thread CPU time the decode and collate took
+(batch["cpu_s"], time.thread_time); the actor's result is written into the object store.
+Each rank fetches its batches on a background prefetch thread, as Ray Data's
+iter_torch_batches(prefetch_batches=...) does: in submit order, the thread waits for the
+next batch, reads it from the object store (zero-copy, read-only) and copies the frames and
+mask into the rank's own memory as torch tensors (the object-store hop), then queues it; the
+step takes batches from that queue, so the copy is not charged to the step's compute (it
+still costs CPU on the same cores). The depth stays --inflight: the rank submits one task
+per batch it takes, so tasks outstanding (with ActorPool's pending ones) + batches fetched
+and not yet taken = N. Sample order: DistributedSampler's (the same shards as the torch
 peer), epoch after epoch.
 
 --pin: actor i, decode worker i of the system, runs on one CPU of the budget, round robin
@@ -67,11 +73,11 @@ class Decoder:
             common.pin_this_process(cpus)
         return os.getpid()
 
-    def decode(self, items):
+    def decode(self, items, mode="skip"):
         import decode
 
         cpu0 = time.thread_time()
-        batch = decode.decode_batch(items)
+        batch = decode.decode_batch(items, mode)
         batch["cpu_s"] = time.thread_time() - cpu0
         batch["ready_t"] = time.time()
         return batch
@@ -137,7 +143,16 @@ def _batches(cfg, rank):
 
 
 class _Loader:
+    """ActorPool submissions on the rank's thread (one per batch taken, the depth), fetch and
+    copy on a prefetch thread: every pool operation under one lock, the wait for the next
+    result outside it (ray.wait on that result's ref, which the pool's submit function
+    records in submit order, the order get_next returns them in)."""
+
     def __init__(self, cfg, context, rank):
+        import collections
+        import queue
+        import threading
+
         import ray
         from ray.util import ActorPool
 
@@ -146,24 +161,76 @@ class _Loader:
                  configure_logging=True, logging_level="WARNING")
         self.pool = ActorPool([ray.get_actor(n) for n in context["names"]])
         self.samples = cfg["samples"]
+        self.mode = cfg.get("pyav", "skip")
         self.order = _batches(cfg, rank)
         self.submitted = []  # submit times, in order (ActorPool.get_next is ordered)
-        for _ in range(inflight(cfg)):
-            self._submit()
+        self.refs = collections.deque()  # the refs submitted to an actor, in task order
+        self.lock = threading.Condition()
+        self.ready = queue.Queue()  # fetched, copied batches (or an exception)
+        self.stopped = False
+        with self.lock:
+            for _ in range(inflight(cfg)):
+                self._submit()
+        self.thread = threading.Thread(target=self._prefetch, name="peers-ray-prefetch",
+                                       daemon=True)
+        self.thread.start()
+
+    def _task(self, actor, items):
+        ref = actor.decode.remote(items, self.mode)
+        self.refs.append(ref)  # called under self.lock (submit, or get_next's pending)
+        self.lock.notify_all()
+        return ref
 
     def _submit(self):
         items = [self.samples[i] for i in next(self.order)]
         self.submitted.append(time.time())
-        self.pool.submit(lambda actor, batch: actor.decode.remote(batch), items)
+        self.pool.submit(self._task, items)
+
+    def _prefetch(self):
+        import ray
+        import torch
+
+        try:
+            while True:
+                with self.lock:
+                    while not self.refs and not self.stopped:
+                        self.lock.wait()
+                    if self.stopped:
+                        return
+                    head = self.refs[0]
+                while not ray.wait([head], timeout=1.0)[0]:
+                    if self.stopped:
+                        return
+                with self.lock:
+                    batch = self.pool.get_next()  # head's result: ready, no wait
+                    self.refs.popleft()
+                    batch["requested_t"] = self.submitted.pop(0)
+                # the object-store hop: the arrays are read-only views of the store; the
+                # trainer's own tensors are copies (made here, off the step)
+                batch["frames"] = torch.from_numpy(batch["frames"].copy())
+                batch["mask"] = torch.from_numpy(batch["mask"].copy())
+                batch["tokens"] = batch["tokens"].copy()  # the store's object is then free
+                self.ready.put(batch)
+        except BaseException as e:  # noqa: BLE001 - raised on the rank's thread
+            if not self.stopped:
+                self.ready.put(e)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        batch = self.pool.get_next()
-        batch["requested_t"] = self.submitted.pop(0)
-        self._submit()
+        batch = self.ready.get()
+        if isinstance(batch, BaseException):
+            raise batch
+        with self.lock:
+            self._submit()
         return batch
+
+    def close(self):
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
+        self.thread.join(timeout=5)
 
 
 def open_loader(cfg, context, rank):
@@ -177,15 +244,11 @@ def batch_info(cfg, batch):
 
 
 def consume(batch):
-    import torch
-
-    # the object-store hop: the arrays are read-only views of the store; the trainer's own
-    # tensors are copies
-    batch["frames"] = torch.from_numpy(batch["frames"].copy())
-    batch["mask"] = torch.from_numpy(batch["mask"].copy())
+    pass  # copied out of the object store on the prefetch thread (_Loader._prefetch)
 
 
 def close_loader(loader):
     import ray
 
+    loader.close()
     ray.shutdown()

@@ -18,20 +18,26 @@ default the same conditions for each system:
   tokens     the compute of every system: decoded visual tokens + caption tokens
   CPU        cpu_work_s: each system's own measured decode-worker CPU seconds for the
              samples of the measured window; the ideal bound and the efficiency use it
+  decoder    --pyav skip (default): the peers' PyAV skips the non-reference frames not
+             sampled, the skipping DataHelix does (the same frames); --pyav plain decodes
+             every frame (the model before issue 31)
 
   torch      rank-local torch.utils.data.DataLoader: DistributedSampler(shuffle, seed),
              max(1, workers // ranks) workers per rank, a Dataset that decodes with PyAV
   ray        one Ray instance (num_cpus = workers), `workers` PyAV decode actors shared by
              every rank, each rank a Ray driver with its own ray.util.ActorPool over them;
-             batches copied out of the object store
+             batches copied out of the object store on a prefetch thread per rank (as Ray
+             Data's iter_torch_batches(prefetch_batches=...)), not in the step
   datahelix  datahelix.DataLoader against a local DataServer of W worker threads, epoch
              after epoch; imported from the environment, else build/python (skipped, with
              the reason, when neither imports)
 
 Compute (`--compute auto` of datahelix bench, the balanced regime): with cores =
 min(workers, CPUs), step = ranks x batch x mean cpu_s_est / cores, b = 0.1 x step,
-a = 0.9 x step / (batch x mean tokens_est), both x --compute-scale. A step misses when
-its input wait exceeds --deadline-threshold (default 10% of the mean step's compute).
+a = 0.9 x step / (batch x mean tokens_est), both x --compute-scale, whose default is the
+--regime's: compute-bound (default) 1, the loop of `make bench-peers` so far; data-bound
+0.25, compute small enough that every system's decode bounds it (README.md). A step misses
+when its input wait exceeds --deadline-threshold (default 10% of the mean step's compute).
 --steps (40) measured steps follow a warm-up at least as deep as the deepest in-flight
 depth; --runs (3) runs per system, interleaved, medians reported.
 
@@ -56,6 +62,14 @@ import common  # noqa: E402
 from common import BenchError  # noqa: E402
 
 SYSTEMS = {"torch": "torch_peer", "ray": "ray_peer", "datahelix": "datahelix_peer"}
+# --regime: the default --compute-scale. compute-bound: the balanced compute of `datahelix
+# bench --compute auto` (the mean step's compute = the DataHelix decoder's CPU for it on the
+# cores), where the plans' balance bounds every system; data-bound: a quarter of it, so
+# that even the slowest rank's compute (about 0.25 / 0.67 = 0.37 of the decode under
+# count-based batches) stays well under every system's decode CPU / cores, with room for
+# the probe calibration's error, and the per-core decoder and the pipeline show
+# (bench/peers/README.md, "Regimes")
+REGIMES = {"compute-bound": 1.0, "data-bound": 0.25}
 
 
 def parse_args(argv):
@@ -104,11 +118,19 @@ def parse_args(argv):
     s.add_argument("--prefetch-max", type=int, default=0, metavar="Q",
                    help="datahelix: DataLoader(prefetch_max=Q), the adaptive prefetch "
                         "(default: fixed; Q counts as its in-flight depth)")
+    s.add_argument("--pyav", choices=("skip", "plain"), default="skip",
+                   help="torch and Ray: skip (default) the non-reference frames not "
+                        "sampled, as DataHelix does (the same frames), or decode every "
+                        "frame (plain)")
     s.add_argument("--plan", choices=("balanced", "packing", "count"),
                    help="datahelix: DataLoader(plan=...) (default: the loader's own)")
     c = p.add_argument_group("compute and metrics")
-    c.add_argument("--compute-scale", type=float, default=1.0, metavar="X",
-                   help="multiplies a and b (1; below 1 is loading-bound, above compute-bound)")
+    c.add_argument("--regime", choices=tuple(REGIMES), default="compute-bound",
+                   help="compute-bound (default: --compute-scale 1) or data-bound "
+                        "(--compute-scale 0.25: decode dominates every system)")
+    c.add_argument("--compute-scale", type=float, default=None, metavar="X",
+                   help="multiplies a and b (default: the --regime's; below 1 is "
+                        "loading-bound, above compute-bound); given, the regime is 'custom'")
     c.add_argument("--deadline-threshold", type=float, default=0.0, metavar="S",
                    help="a step misses when its input wait exceeds S seconds (default: 10%% "
                         "of the mean step's compute)")
@@ -132,6 +154,9 @@ def parse_args(argv):
     if args.prefetch_max and not args.own_defaults and args.prefetch_max != args.inflight:
         p.error("--prefetch-max Q deepens datahelix's in-flight depth past --inflight: give "
                 "--inflight Q too (equal depth), or --own-defaults")
+    args.regime_name = args.regime if args.compute_scale is None else "custom"
+    if args.compute_scale is None:
+        args.compute_scale = REGIMES[args.regime]
     if not args.compute_scale > 0 or not args.timeout > 0 or args.deadline_threshold < 0:
         p.error("--compute-scale and --timeout must be > 0, --deadline-threshold >= 0")
     if args.dataset and args.mix:
@@ -212,8 +237,9 @@ def run(args):
     print(f"peers: {dataset}: {len(samples)} samples (mean {model['mean_cpu_s']:.3f} CPU s, "
           f"{model['mean_tokens']:.0f} tokens); compute {model['a']:.3g} s/token + "
           f"{model['b']:.3g} s: {model['mean_step_compute_s']:.3f} s per mean step; miss "
-          f"threshold {model['deadline_threshold_s']:.3f} s; {args.workers} decode workers "
-          f"on {ncpu} CPUs", file=sys.stderr, flush=True)
+          f"threshold {model['deadline_threshold_s']:.3f} s ({args.regime_name}, compute "
+          f"scale {args.compute_scale:g}); {args.workers} decode workers on {ncpu} CPUs; "
+          f"peers' PyAV: {args.pyav}", file=sys.stderr, flush=True)
     cfg = {"dataset": dataset, "samples": samples,
            "cpu_of": {s["id"]: s["cpu_s"] for s in samples},
            "tokens_of": {s["id"]: s["tokens"] for s in samples},
@@ -222,7 +248,7 @@ def run(args):
            "warmup": 0, "seed": args.seed, "workers": args.workers, "ncpu": ncpu,
            "pin": args.pin, "budget_cpus": common.budget_cpus(cores),
            "inflight": None if args.own_defaults else args.inflight,
-           "prefetch_max": args.prefetch_max, "plan": args.plan,
+           "prefetch_max": args.prefetch_max, "plan": args.plan, "pyav": args.pyav,
            "cores": cores, "a": model["a"], "b": model["b"],
            "deadline_threshold_s": model["deadline_threshold_s"],
            "timeout_s": args.timeout, "verbose": args.verbose}
@@ -268,7 +294,8 @@ def run(args):
             "mode": "dataset", "source": dataset, "ranks": args.ranks, "batch": args.batch,
             "steps": args.steps, "warmup": warmup, "workers": args.workers,
             "cores": cores, "cpus": ncpu, "a": model["a"], "b": model["b"],
-            "compute_scale": args.compute_scale,
+            "compute_scale": args.compute_scale, "regime": args.regime_name,
+            "pyav": args.pyav,
             "mean_step_compute_s": model["mean_step_compute_s"],
             "deadline_threshold_s": model["deadline_threshold_s"], "seed": args.seed,
             "rows": len(samples), "systems": ",".join(args.system_list), "runs": args.runs,

@@ -1,11 +1,12 @@
 """torch: rank-local torch.utils.data.DataLoader, the way a PyTorch DDP job loads video.
 
 Each rank has its own DataLoader over a map-style Dataset that decodes with PyAV
-(decode.py): num_workers = max(1, workers // ranks) worker processes, batch_size = --batch,
-DistributedSampler(shuffle=True, seed=--seed), samples fixed-count per batch. The sampler
-runs epoch after epoch (set_epoch(e), as a training script does) in one never-ending
-iterator, so the loader does not drain at an epoch boundary of the small benchmark dataset
-(the C harness's clients do the same).
+(decode.py, in --pyav's mode: by default skipping the non-reference frames not sampled, as
+DataHelix does; "plain" decodes every frame): num_workers = max(1, workers // ranks)
+worker processes, batch_size = --batch, DistributedSampler(shuffle=True, seed=--seed),
+samples fixed-count per batch. The sampler runs epoch after epoch (set_epoch(e), as a
+training script does) in one never-ending iterator, so the loader does not drain at an
+epoch boundary of the small benchmark dataset (the C harness's clients do the same).
 
 In flight per rank: prefetch_factor x num_workers batches (torch keeps that many
 outstanding). --inflight N (the harness default, the same N for every system):
@@ -69,8 +70,9 @@ class VideoDataset:
 
     Accepts an index or (index, request time) from _StampedSampler."""
 
-    def __init__(self, samples):
+    def __init__(self, samples, mode="skip"):
         self.samples = samples
+        self.mode = mode  # decode.MODES: --pyav
 
     def __len__(self):
         return len(self.samples)
@@ -81,7 +83,8 @@ class VideoDataset:
         index, requested = key if isinstance(key, tuple) else (key, None)
         s = self.samples[index]
         cpu0 = time.thread_time()
-        data = decode.decode_sample(s["path"], s["frames"], s["height"], s["width"])
+        data = decode.decode_sample(s["path"], s["frames"], s["height"], s["width"],
+                                    self.mode)
         return dict(s, frames_data=data, requested=requested,
                     cpu_s=time.thread_time() - cpu0)
 
@@ -153,7 +156,7 @@ class _WorkerInit:
 def open_loader(cfg, context, rank):
     from torch.utils.data import DataLoader, DistributedSampler
 
-    dataset = VideoDataset(cfg["samples"])
+    dataset = VideoDataset(cfg["samples"], cfg.get("pyav", "skip"))
     sampler = DistributedSampler(dataset, num_replicas=cfg["ranks"], rank=rank, shuffle=True,
                                  seed=cfg["seed"])
     return DataLoader(dataset, batch_size=cfg["batch"], sampler=_StampedSampler(sampler),

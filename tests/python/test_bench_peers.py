@@ -1,5 +1,6 @@
-"""bench/peers (make bench-peers): a smoke run of all three systems on tiny data, and the
-harness's own arithmetic (tokens, pinning, the CPU window, the ideal bound)."""
+"""bench/peers (make bench-peers): a smoke run of all three systems on tiny data, the
+harness's own arithmetic (tokens, pinning, the CPU window, the ideal bound), the peers'
+PyAV skipping (the same frames as plain decoding) and the regimes."""
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ if PEERS not in sys.path:
     sys.path.insert(0, PEERS)
 
 import common  # noqa: E402  (bench/peers/common.py)
+import run_peers  # noqa: E402  (bench/peers/run_peers.py)
 
 
 def _ray_skip_reason():
@@ -47,6 +49,7 @@ def test_smoke_two_steps_every_system_reports_its_own_cpu_and_equal_conditions(d
     report = json.loads(out.read_text())
     config = report["config"]
     assert config["pinned"] is True and config["inflight"] == 1
+    assert config["pyav"] == "skip" and config["regime"] == "custom"
     assert config["steps"] == 2 and config["warmup"] >= max(config["inflight_per_system"].values())
     expected = systems.split(",")
     if ray_skip:
@@ -114,3 +117,30 @@ def test_ideal_bound_uses_the_systems_own_cpu():
         for st in r["steps"]:
             st["cpu_s"] = 0.25
     assert common.metrics(cfg, ranks, 2)["ideal_sps"] == pytest.approx(16 / 2.0)
+
+
+def test_pyav_skipping_gives_the_frames_of_plain_decoding(dataset):
+    pytest.importorskip("av")
+    import numpy as np
+
+    import decode
+
+    src, _ = dataset
+    for s in common.load_dataset(src)[:4]:
+        args = (s["path"], s["frames"], s["height"], s["width"])
+        plain, skip = decode.decode_sample(*args, "plain"), decode.decode_sample(*args, "skip")
+        assert plain.shape == skip.shape == (s["frames"], 3, s["height"], s["width"])
+        # a skipped frame is a non-reference one nobody samples: nothing changes
+        assert np.array_equal(plain, skip), (s["id"], np.abs(plain.astype(int) - skip).mean())
+    with pytest.raises(ValueError):
+        decode.decode_sample(*args, "fast")
+
+
+def test_regimes_set_the_compute_scale_and_an_explicit_scale_is_custom():
+    base = ["--dataset", "unused"]
+    a = run_peers.parse_args(base)
+    assert (a.regime_name, a.compute_scale, a.pyav) == ("compute-bound", 1.0, "skip")
+    a = run_peers.parse_args(base + ["--regime", "data-bound", "--pyav", "plain"])
+    assert (a.regime_name, a.compute_scale, a.pyav) == ("data-bound", 0.25, "plain")
+    a = run_peers.parse_args(base + ["--regime", "data-bound", "--compute-scale", "0.1"])
+    assert (a.regime_name, a.compute_scale) == ("custom", 0.1)
