@@ -26,6 +26,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
 #include "bench/train_bench.h"
+#include "bench/train_prefetch.h"
 #include "runtime/rt.h"
 
 #define MAX_SERVERS 256
@@ -256,8 +257,9 @@ typedef struct rank_ctx {
     run_t *run;
     uint32_t rank;
     dh_client_t *client;
-    step_rec_t *steps; /* warmup + steps */
-    double copy_bytes; /* emulated bytes of pool's copies */
+    dh_bench_prefetch_t *stage; /* pool: its copy stage, which alone calls next() */
+    step_rec_t *steps;          /* warmup + steps */
+    double copy_bytes;          /* emulated bytes of pool's copies */
     int rc;
     char error[512];
 } rank_ctx_t;
@@ -329,11 +331,13 @@ static void *rank_main(void *arg)
     for (uint32_t s = 0; s < total; s++) {
         step_rec_t *st = &rc->steps[s];
         dh_client_batch_t *b = NULL;
+        dh_bench_copied_t *cp = NULL; /* pool: the batch its prefetch stage copied */
         uint64_t t0 = dh_clock_now_ns();
         int e;
         do {
-            e = dh_client_next(rc->client, &b);
+            e = rc->stage ? dh_bench_prefetch_next(rc->stage, &cp) : dh_client_next(rc->client, &b);
         } while (e == DH_EAGAIN);
+        b = cp ? &cp->batch : b;
         uint64_t t1 = dh_clock_now_ns();
         if (e) {
             rc->rc = e;
@@ -360,24 +364,9 @@ static void *rank_main(void *arg)
         double compute = run->a * (double)b->tokens + run->b;
         st->compute_s = compute;
         uint64_t c0 = dh_clock_now_ns();
-        if (run->spec->copy) {
-            /* the object-store hop: the batch is copied into the consumer's memory, on the
-             * training thread. Emulated payloads are scaled down, so the copy of the bytes
-             * the batch stands for is charged as time, at the one transfer cost. */
-            double bytes = 0;
-            for (size_t t = 0; t < b->n_tensors; t++)
-                bytes += (double)b->tensors[t].nbytes;
-            rc->copy_bytes += emulated(opt, bytes);
-            if (!opt->dataset && opt->link_gbps > 0)
-                compute += emulated(opt, bytes) / link_Bps(opt) * opt->time_scale;
-            for (size_t t = 0; t < b->n_tensors; t++) {
-                void *copy = dh_malloc(b->tensors[t].nbytes ? b->tensors[t].nbytes : 1);
-                if (copy && b->tensors[t].nbytes)
-                    memcpy(copy, b->tensors[t].data, b->tensors[t].nbytes);
-                dh_free(copy);
-            }
-        }
-        dh_client_batch_release(&b);
+        /* pool: copied and charged by its prefetch stage, off this thread (train_prefetch.h) */
+        rc->copy_bytes += cp ? emulated(opt, cp->bytes) : 0;
+        cp ? dh_bench_copied_release(&cp) : dh_client_batch_release(&b);
         sleep_s(compute - dh_clock_elapsed_s(c0, dh_clock_now_ns()));
         uint64_t t2 = dh_clock_now_ns();
         pthread_barrier_wait(&run->barrier);
@@ -946,7 +935,8 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
         }
         if (sp->deep) {
             cfg.prefetch = dh_bench_deep_prefetch(opt, cl.cores);
-            cfg.prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * cfg.prefetch;
+            /* 0: fixed, the others' equal (docs/benchmarks.md, "Systems") */
+            cfg.prefetch_max = opt->prefetch_max;
             res->prefetch = cfg.prefetch;
             cfg.fanout = fanout;
         } else {
@@ -954,15 +944,19 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
              * keeps as many in flight per rank as its share of the workers would under the
              * same rule (a tuned actor pool keeps every actor busy) */
             uint32_t share = sp->rank_local ? per_rank_workers : cl.cores / opt->ranks;
-            cfg.prefetch = 2 * (share ? share : 1);
-            res->prefetch = cfg.prefetch;
+            res->prefetch = 2 * (share ? share : 1);
+            /* pool's copy stage holds some of them (train_prefetch.h) */
+            cfg.prefetch = res->prefetch - (sp->copy ? dh_bench_copy_ahead(res->prefetch) : 0);
             cfg.fanout = 1;
         }
         /* Steady state to the end: the client keeps requesting past the last measured step
          * (those batches are never consumed), so the pipeline does not drain inside the
          * window and a deep prefetch cannot borrow work from after it. */
         cfg.max_steps = total + cfg.prefetch;
-        if ((rc = dh_client_new(&ranks[r].client, &cfg))) {
+        if ((rc = dh_client_new(&ranks[r].client, &cfg)) ||
+            (sp->copy && (rc = dh_bench_prefetch_new(&ranks[r].stage, ranks[r].client, total,
+                                                     dh_bench_copy_ahead(res->prefetch),
+                                                     cfg.emulate_copy_s_per_B)))) {
             dh__set_error(rc, "bench: %s: rank %u: %s", sp->name, r, dh_last_error());
             goto done;
         }
@@ -971,8 +965,10 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     pthread_t threads[MAX_RANKS];
     for (uint32_t r = 0; r < opt->ranks; r++)
         pthread_create(&threads[r], NULL, rank_main, &ranks[r]);
-    for (uint32_t r = 0; r < opt->ranks; r++)
+    for (uint32_t r = 0; r < opt->ranks; r++) {
         pthread_join(threads[r], NULL);
+        dh_bench_prefetch_destroy(&ranks[r].stage);
+    }
     for (uint32_t r = 0; r < opt->ranks; r++)
         if (ranks[r].rc) {
             rc = dh__set_error(ranks[r].rc, "bench: %s: %s", sp->name, ranks[r].error);
@@ -1047,8 +1043,9 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     for (uint32_t r = 0; r < opt->ranks; r++) {
         dh_client_stats_t st;
         dh_client_stats(ranks[r].client, &st);
-        if (st.prefetch_now > res->prefetch_reached)
-            res->prefetch_reached = (uint32_t)st.prefetch_now;
+        uint32_t now =
+            (uint32_t)st.prefetch_now + (sp->copy ? dh_bench_copy_ahead(res->prefetch) : 0);
+        res->prefetch_reached = now > res->prefetch_reached ? now : res->prefetch_reached;
     }
     /* transfers: what crossed nodes, what was copied (joins, pool's copies) */
     for (size_t i = 0; i < cl.n_servers; i++) {
@@ -1100,6 +1097,7 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
              100 * res->ddl_miss_rate_rest, res->prediction_error_p50_rest);
 done:
     for (uint32_t r = 0; ranks && r < opt->ranks; r++) {
+        dh_bench_prefetch_destroy(&ranks[r].stage);
         dh_client_destroy(&ranks[r].client);
         for (uint32_t s = 0; ranks[r].steps && s < opt->warmup + opt->steps; s++)
             dh_free(ranks[r].steps[s].tok);

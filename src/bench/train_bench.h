@@ -15,8 +15,9 @@
  *   native-N     the same with N cores in all (N / ranks per rank)
  *   pool, base   one shared pool (the helix servers), least-request routing, sample-count
  *                batching, 2 batches in flight per worker of the rank's share, and a copy
- *                of every batch into the consumer on the training thread (the object-store
- *                hop of a Ray actor pool)
+ *                of every batch into the consumer on a prefetch thread of the rank (the
+ *                object-store hop of a Ray actor pool, fetched as Ray Data's prefetch
+ *                threads do; train_prefetch.h), within the same depth
  *   transport    base with zero-copy delivery
  *   prefetch-token  transport + tier-1 token planning, prefetch P, microbatch fanout F
  *   cost-ddl     prefetch-token + deadline placement (tier 1 alone)
@@ -27,7 +28,7 @@
  *                the same 8 / (link_gbps x 1e9) s per emulated byte
  * One transfer-cost model for every system (link_gbps): a byte that crosses nodes holds the
  * forwarding DataServer's link (dh_dataserver_config_t.emulate_link_Bps), a byte a system
- * copies holds the copying thread (pool's copy: the rank's training thread; the fanout
+ * copies holds the copying thread (pool's copy: the rank's prefetch thread; the fanout
  * join: the client's fetcher, dh_client_config_t.emulate_copy_s_per_B), each for the same
  * 8 / (link_gbps x 1e9) seconds per emulated byte (the payload / bytes_scale).
  * Emulated mode runs the synthetic pipeline (sleeping each sample's actual CPU seconds, so
@@ -81,8 +82,9 @@ typedef struct dh_bench_options {
                             * ddlb, helix); 0 (the default) = at least 16 and at least the
                             * PyTorch-like systems' depth on the same cores, 2 x cores per
                             * rank (24 at 96 cores for 8 ranks) */
-    uint32_t prefetch_max; /* their adaptive prefetch limit (0 = 2 x prefetch; equal to
-                            * prefetch: fixed) */
+    uint32_t prefetch_max; /* their adaptive prefetch limit (0, the default: fixed at
+                            * prefetch, as every other system's depth is; deeper only
+                            * for them, so not an equal-depth comparison) */
     uint32_t fanout;       /* their microbatch fanout: requests per rank's batch, at
                             * most batch; 0 (default) = dh_plan_fanout_width (plan.h:
                             * 1 unless one worker cannot decode a batch within the

@@ -15,9 +15,11 @@
  *     per step over the parts and empty slots, counts kept; moved samples cross the link
  *     of their sender's node;
  *   - a batch of several parts is joined on the rank's fetcher (a serial resource) at the
- *     one transfer cost; pool's copy is charged on the training thread;
- *   - next() returns when the batch is final; the rank computes a x actual tokens + b, then
- *     meets the others at the barrier.
+ *     one transfer cost; pool's copy on the rank's copy stage (train_prefetch.h: a serial
+ *     resource that takes each batch once it is final and the stage holds fewer than
+ *     `ahead`, the client's sender counting what the stage took as consumed);
+ *   - next() returns when the batch is final (pool: copied); the rank computes a x actual
+ *     tokens + b, then meets the others at the barrier.
  * Not modelled: the arena's byte budget (the emulated arenas are sized for the horizon),
  * heartbeat delays in the coordinator's book (it is exact here), message latencies inside
  * a node, server deaths.
@@ -45,6 +47,7 @@
 #include "datahelix/stats.h"
 #include "runtime/rt.h"
 #include "sim/event.h"
+#include "bench/train_prefetch.h"
 
 enum {
     EV_TASK_DONE = 1,
@@ -54,6 +57,7 @@ enum {
     EV_ANCHOR,
     EV_CLIENT_START, /* a rank's client is created: its sender starts prefetching */
     EV_LOOP_START,   /* the training loop starts: every rank calls next() for step 0 */
+    EV_COPY_DONE,    /* pool's copy stage has copied a batch */
 };
 
 #define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c) */
@@ -101,6 +105,7 @@ typedef struct batch {
     double tokens, bytes, cpu_s;
     double received_s; /* the last part's delivery */
     bool ready;
+    bool copied; /* pool: its copy stage is done with it */
 } batch_t;
 
 typedef struct rank {
@@ -111,6 +116,8 @@ typedef struct rank {
     double s_per_token, mean_window_s, last_return_s, entry_s;
     bool waiting;
     double fetcher_free_s;
+    uint64_t taken;                   /* pool: batches its copy stage took from the client */
+    bool copying;                     /* pool: the copy stage is busy */
     int64_t *tokens_of;               /* ring (depth + 2): planned batches' estimated tokens */
     batch_t *ring;                    /* ring (depth + 2) */
     double compute_s, wait_s, done_s; /* this step's; done_s: at the barrier */
@@ -149,7 +156,7 @@ typedef struct sim {
     dh_sampler_t *sampler;
     dh_share_config_t share;
     double a, b, threshold, ts, link_Bps, copy_s_per_B;
-    uint32_t ranks, fanout, prefetch, prefetch_max, depth;
+    uint32_t ranks, fanout, prefetch, prefetch_max, depth, ahead; /* ahead: pool's stage */
     uint64_t total, requested_total;
     bool slots, tier2;
     /* cluster */
@@ -498,8 +505,9 @@ static void send_batch(sim_t *s, uint32_t r, uint64_t b)
 static void sender(sim_t *s, uint32_t r)
 {
     rank_t *rk = &s->rk[r];
+    uint64_t used = s->sp->copy ? rk->taken : rk->consumed; /* the client's next() calls */
     while (s->rc == 0 && rk->planned < s->requested_total &&
-           (rk->planned < rk->consumed + rk->horizon || rk->planned == rk->consumed)) {
+           (rk->planned < used + rk->horizon || rk->planned == used)) {
         send_batch(s, r, rk->planned);
         rk->planned++;
     }
@@ -781,7 +789,26 @@ static void task_done(sim_t *s, uint32_t si, uint32_t id)
     place_pending(s);
 }
 
-/* ---- the ranks: next(), compute, barrier ---- */
+/* ---- the ranks: pool's copy stage, next(), compute, barrier ---- */
+
+/* Pool's copy stage (train_prefetch.c): takes the next batch from the client once it is
+ * final and the stage holds fewer than `ahead` (taken, not yet consumed by the training
+ * loop), and copies it at the one transfer cost, one batch at a time. */
+static void stage_try(sim_t *s, uint32_t r)
+{
+    rank_t *rk = &s->rk[r];
+    if (!s->sp->copy || rk->copying || rk->taken >= s->total ||
+        rk->taken >= rk->consumed + s->ahead)
+        return;
+    batch_t *bt = &rk->ring[mod_ring(rk->taken, s->depth + 2)];
+    if (bt->b != rk->taken || !bt->ready)
+        return;
+    rk->copying = true;
+    rk->taken++;
+    if (dh__sim_events_push(&s->ev, s->now + bt->bytes * s->copy_s_per_B, EV_COPY_DONE, r, bt->b))
+        s->rc = DH_ENOMEM;
+    sender(s, r); /* the client's next() returned: its horizon moves on */
+}
 
 static void next_returns(sim_t *s, uint32_t r)
 {
@@ -812,12 +839,8 @@ static void next_returns(sim_t *s, uint32_t r)
     rk->wait_s = waited;
     rk->compute_s = compute;
     double busy = compute;
-    if (s->sp->copy && s->link_Bps > 0) { /* pool's copy on the training thread */
-        busy += bt->bytes * s->ts / s->link_Bps;
+    if (s->sp->copy) /* pool's copy, made by its stage */
         s->res->copy_bytes += bt->bytes;
-    } else if (s->sp->copy) {
-        s->res->copy_bytes += bt->bytes;
-    }
     /* metrics of the measured steps */
     if (b >= s->opt->warmup && b < s->total) {
         int e = dh_stats_add(s->waits, waited);
@@ -841,6 +864,7 @@ static void next_returns(sim_t *s, uint32_t r)
     if (dh__sim_events_push(&s->ev, s->now + busy, EV_COMPUTE_DONE, r, b))
         s->rc = DH_ENOMEM;
     sender(s, r);
+    stage_try(s, r);
 }
 
 static void step_begin(sim_t *s)
@@ -852,7 +876,7 @@ static void step_begin(sim_t *s)
         rank_t *rk = &s->rk[r];
         rk->entry_s = s->now;
         batch_t *bt = &rk->ring[mod_ring(s->cur_step, s->depth + 2)];
-        if (bt->b == s->cur_step && bt->ready)
+        if (bt->b == s->cur_step && (s->sp->copy ? bt->copied : bt->ready))
             next_returns(s, r);
         else
             rk->waiting = true;
@@ -932,8 +956,23 @@ static void batch_ready(sim_t *s, uint32_t r, uint64_t b)
         return;
     bt->ready = true;
     bt->ready_s = s->now;
-    if (rk->waiting && rk->consumed == b && s->cur_step == b)
+    if (s->sp->copy)
+        stage_try(s, r);
+    else if (rk->waiting && rk->consumed == b && s->cur_step == b)
         next_returns(s, r);
+}
+
+static void copy_done(sim_t *s, uint32_t r, uint64_t b)
+{
+    rank_t *rk = &s->rk[r];
+    batch_t *bt = &rk->ring[mod_ring(b, s->depth + 2)];
+    rk->copying = false;
+    if (bt->b == b) {
+        bt->copied = true;
+        if (rk->waiting && rk->consumed == b && s->cur_step == b)
+            next_returns(s, r);
+    }
+    stage_try(s, r);
 }
 
 static void anchor(sim_t *s)
@@ -1139,16 +1178,19 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
     res->rebalance = s->tier2;
     if (sp->deep) {
         s->prefetch = dh_bench_deep_prefetch(opt, cores);
-        s->prefetch_max = opt->prefetch_max ? opt->prefetch_max : 2 * s->prefetch;
+        s->prefetch_max = opt->prefetch_max; /* 0: fixed, as bench (train_bench.c) */
+        res->prefetch = s->prefetch;
     } else {
-        /* PyTorch's prefetch_factor: 2 per worker of the rank's share (train_bench.c) */
+        /* PyTorch's prefetch_factor: 2 per worker of the rank's share (train_bench.c); pool's
+         * copy stage holds `ahead` of them */
         uint32_t share = cores / opt->ranks;
-        s->prefetch = 2 * (share ? share : 1);
+        res->prefetch = 2 * (share ? share : 1);
+        s->ahead = sp->copy ? dh_bench_copy_ahead(res->prefetch) : 0;
+        s->prefetch = res->prefetch - s->ahead;
         s->prefetch_max = 0;
     }
-    res->prefetch = s->prefetch;
-    res->prefetch_reached = s->prefetch;
-    s->depth = s->prefetch_max > s->prefetch ? s->prefetch_max : s->prefetch;
+    res->prefetch_reached = res->prefetch;
+    s->depth = s->prefetch_max > res->prefetch ? s->prefetch_max : res->prefetch;
     s->requested_total = s->total + s->prefetch;
     /* requests expected in the measured window and before it: one a sample with one-sample
      * slots, else fanout a batch */
@@ -1272,6 +1314,9 @@ static int run_system(const dh_sim_options_t *o, const dh_bench_system_t *sp, co
             break;
         case EV_BATCH_READY:
             batch_ready(s, e.a, e.b);
+            break;
+        case EV_COPY_DONE:
+            copy_done(s, e.a, e.b);
             break;
         case EV_COMPUTE_DONE:
             compute_done(s, e.a);

@@ -1,8 +1,9 @@
 /* Tests of the simulator (sim/sim.c): every system runs to the end within the metrics'
  * definitions and does the same CPU work, a run is deterministic, the placement function
  * can be switched (one that delegates to dh_place decides the same), thousands of ranks
- * and servers run beyond the bench's limits, bad options are named, and the validation
- * against `bench --emulate` on the same seed (docs/simulator.md, "Validation"). */
+ * and servers run beyond the bench's limits, bad options are named, the validation
+ * against `bench --emulate` on the same seed (docs/simulator.md, "Validation"), every
+ * system keeps one in-flight depth by default, and pool's copy overlaps the compute. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -299,6 +300,62 @@ static void sim_agrees_with_bench_emulate(void **state)
     dh_bench_report_clear(&real);
 }
 
+/* Equal in-flight depth (docs/benchmarks.md, "Systems"): by default no system's horizon
+ * grows past the depth it starts with, although here (loading-bound, compute x 0.5)
+ * helix's does when a larger prefetch_max lets it, as the old default (2 x prefetch) did. */
+static void every_system_keeps_its_depth_by_default(void **state)
+{
+    (void)state;
+    dh_sim_options_t o;
+    tiny(&o);
+    o.bench.systems = "pool,native-16,helix";
+    o.bench.compute_scale = 0.5;
+    o.bench.prefetch = 8; /* the pool's and native-16's: 2 x 4 cores per rank */
+    dh_bench_report_t r;
+    assert_int_equal(dh_sim_run(&o, &r), 0);
+    for (size_t i = 0; i < r.n_systems; i++) {
+        assert_int_equal(r.systems[i].prefetch, 8);
+        assert_int_equal(r.systems[i].prefetch_reached, 8);
+    }
+    dh_bench_report_clear(&r);
+    o.bench.systems = "helix";
+    o.bench.prefetch_max = 16;
+    assert_int_equal(dh_sim_run(&o, &r), 0);
+    assert_int_equal(r.systems[0].prefetch_reached, 16);
+    dh_bench_report_clear(&r);
+}
+
+/* Pool's copy runs on its prefetch stage, off the training thread: at the paper layout,
+ * where each batch's copy at 25 Gb/s takes about a third of a step's compute, pool keeps
+ * up with native-96 (the same cores, the same sample-count plans: the same balance), and
+ * its efficiency stays near 1. Charged inside the step, as before, the copy cost it a
+ * quarter of its throughput (0.74x native-96). */
+static void pool_copy_overlaps_compute(void **state)
+{
+    (void)state;
+    dh_sim_options_t o;
+    dh_sim_options_default(&o);
+    o.bench.systems = "pool,native-96";
+    o.bench.steps = 40;
+    o.bench.warmup = 10;
+    dh_bench_report_t r;
+    assert_int_equal(dh_sim_run(&o, &r), 0);
+    const dh_bench_system_result_t *pool = &r.systems[0], *native = &r.systems[1];
+    assert_int_equal(pool->prefetch, native->prefetch);
+    /* the copy is large: the mean batch's at the one transfer cost, against the step */
+    double batches = (double)o.bench.ranks * (o.bench.warmup + o.bench.steps);
+    double copy_s = pool->copy_bytes / batches / (o.bench.link_gbps * 1e9 / 8);
+    double step_s = pool->mean_compute_sum_s / o.bench.steps;
+    print_message("pool: copy %.4f s a batch, step compute %.4f s; %.1f against native-96's "
+                  "%.1f samples/s, efficiency %.3f\n",
+                  copy_s, step_s, pool->throughput_sps, native->throughput_sps, pool->efficiency);
+    assert_true(copy_s > 0.2 * step_s);
+    assert_close(pool->balance, native->balance, 0.01);
+    assert_true(pool->throughput_sps >= 0.97 * native->throughput_sps);
+    assert_true(pool->efficiency >= 0.95);
+    dh_bench_report_clear(&r);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sim_runs_every_system_within_definitions),
     cmocka_unit_test(sim_is_deterministic),
@@ -309,5 +366,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(clients_start_one_after_another),
     cmocka_unit_test(bad_options_are_named),
     cmocka_unit_test(sim_agrees_with_bench_emulate),
+    cmocka_unit_test(every_system_keeps_its_depth_by_default),
+    cmocka_unit_test(pool_copy_overlaps_compute),
 };
 DH_TEST_MAIN(tests)
