@@ -32,6 +32,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _C
+from ._exchange import _all_to_all_exchange, _refuse_side_door
 from ._meta import join_meta, load_manifest_meta, warn_if_profiles_dropped
 from ._spec import ArraySpec
 from ._torch_args import (_pin_memory_arg, _prefetch_of, _refuse_torch_only, _seed_arg,
@@ -742,39 +743,11 @@ def count_text_tokens(manifest: Union[str, os.PathLike], tokenizer: Any,
 # (feature_fn, sort_fn, client_ranks, buffer_size, args), "groups" as the C API names
 # client_ranks, and the knobs of dh_rebalance_config_t besides; "process_group" (a
 # torch.distributed group that carries cross-node moves in one all_to_all per round) or
-# "exchange_fn" (any collective of the same shape).
+# "exchange_fn" (any collective of the same shape), refused with CURVE keys unless
+# "allow_unencrypted_exchange" is True (_exchange.py; docs/security.md).
 REBALANCE_KEYS = ("feature_fn", "sort_fn", "client_ranks", "groups", "buffer_size", "min_gain",
                   "args", "n_features", "move_s_per_B", "round_timeout_ms", "late_ms",
-                  "fanout", "process_group", "exchange_fn")
-
-
-def _all_to_all_exchange(group: Any) -> Callable[..., None]:
-    """rebalance["process_group"] -> the exchange_fn that carries a round's cross-node moves
-    in one ``torch.distributed.all_to_all_single`` over ``group``, whose ranks must be
-    exactly the load-balance group's (torch's global ranks = DataHelix ranks). It runs on
-    the client's fetcher thread, so the group must be one the training loop does not use
-    (``dist.new_group(ranks, backend="gloo")``: collectives on one group from two threads
-    would interleave); give it a timeout, which bounds a member that does not come."""
-    import torch
-    import torch.distributed as dist
-
-    def exchange(round_no: int, ranks: List[int], send: memoryview, send_counts: List[int],
-                 recv: memoryview, recv_counts: List[int]) -> None:
-        members = dist.get_process_group_ranks(group)
-        if list(members) != list(ranks):
-            raise ValueError(
-                f"rebalance['process_group'] holds ranks {list(members)}, but the "
-                f"load-balance group is {list(ranks)}: give a group of exactly its ranks "
-                f"(dist.new_group({list(ranks)}, backend='gloo'))")
-        empty = torch.empty(0, dtype=torch.uint8)
-        out = torch.frombuffer(recv, dtype=torch.uint8) if len(recv) else empty
-        inp = torch.frombuffer(send, dtype=torch.uint8) if len(send) else empty
-        dist.all_to_all_single(out, inp, output_split_sizes=list(recv_counts),
-                               input_split_sizes=list(send_counts), group=group)
-        del out, inp  # the views end with the call
-
-    exchange.process_group = group  # type: ignore[attr-defined]
-    return exchange
+                  "fanout", "process_group", "exchange_fn", "allow_unencrypted_exchange")
 
 
 def _part_view(tensor: Any) -> Any:
@@ -801,10 +774,11 @@ def _feature_adapter(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: int,
-                      world_size: int) -> Optional[Dict[str, Any]]:
+                      world_size: int, keys_dir: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """DataLoader(rebalance=...) -> the _C.Client's rebalance dict plus "fanout" (parts
     per batch), or None when off. Raises InvalidArgumentError naming a bad key or value
-    (checked here, before any client starts)."""
+    (checked here, before any client starts), or process_group/exchange_fn with CURVE keys
+    (``keys_dir``) and no allow_unencrypted_exchange=True."""
     if rebalance is None or rebalance is False:
         return None
     if rebalance is True:
@@ -817,8 +791,9 @@ def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: 
         raise InvalidArgumentError(
             f"rebalance: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
             f"(allowed: {', '.join(REBALANCE_KEYS)})")
+    _refuse_side_door(rebalance, keys_dir)
     spec = {k: v for k, v in rebalance.items()
-            if k not in ("client_ranks", "fanout", "process_group")}
+            if k not in ("client_ranks", "fanout", "process_group", "allow_unencrypted_exchange")}
     if rebalance.get("process_group") is not None:
         if rebalance.get("exchange_fn") is not None:
             raise InvalidArgumentError(
@@ -992,8 +967,11 @@ class DataLoader:
             the group's ranks, used by no one else, e.g. ``dist.new_group(backend="gloo")``:
             moves across nodes go in one all_to_all over it per round instead of
             DataServer to DataServer) or ``exchange_fn(round, ranks, send, send_counts,
-            recv, recv_counts)`` (any collective of that shape). The callbacks run on the client's fetcher thread (holding
-            the GIL); a failure makes next() raise an error naming the round.
+            recv, recv_counts)`` (any collective of that shape); with ``keys`` either is
+            refused (its payloads cross nodes unencrypted, outside CURVE) unless
+            ``allow_unencrypted_exchange`` is True, which warns once. The callbacks run on
+            the client's fetcher thread (holding the GIL); a failure makes next() raise an
+            error naming the round.
         dataset: instead of ``source``, a map-style dataset (``__len__``, ``__getitem__``
             returning a dict of arrays, str, int, float) run by the DataServer's worker
             processes, one per worker (docs/datasets.md, "Your own Dataset"); optional
@@ -1127,7 +1105,8 @@ class DataLoader:
         self._pipeline = _pipeline_json(pipeline)
         if dataset is None:
             _warn_if_probed_otherwise(self._pipeline, paths["profiles"], paths["manifest"])
-        rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size)
+        rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size,
+                                           auth.get("keys_dir"))
         if coordinator is None and self.world_size > 1:
             coordinator = _torchrun_coordinator(self.rank, workers, pipeline, arena_bytes, policy,
                                                 auth)
