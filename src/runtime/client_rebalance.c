@@ -654,6 +654,15 @@ static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
     }
     if (rc) {
         dh__client_part_release(&p); /* the references taken so far */
+        /* and the sender's on every tensor: it forgot the part, and it is alive, so
+         * reclaim_dead would never free them (a bad handle fails its unref harmlessly) */
+        for (uint32_t k = 0; k < w->n_tensors; k++) {
+            const dh_wire_tensor_t *x = &w->tensors[k];
+            arena_ref_t *a = dh__client_arena_by_id(c, x->arena_id);
+            dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
+            if (a)
+                dh_shm_arena_unref(a->arena, &h);
+        }
         return rc;
     }
     /* the sender's references, which it no longer holds */
@@ -955,9 +964,13 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             if (!same_node && carries(out)) {
                 if (x.on) /* its bytes went through exchange_fn: its slabs go back */
                     dh__client_part_release_tensors(&c->ring[slot]);
-                else if (send_part(c, m, y, to) && !err) {
-                    err = DH_EIO;
-                    what = "cannot hand a part to the local DataServer";
+                else if (send_part(c, m, y, to)) {
+                    /* the DataServer never got the references to drop: they go here */
+                    dh__client_part_release_tensors(&c->ring[slot]);
+                    if (!err) {
+                        err = DH_EIO;
+                        what = "cannot hand a part to the local DataServer";
+                    }
                 }
             }
             forget(&c->ring[slot]);
