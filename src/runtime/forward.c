@@ -381,6 +381,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
     if (m->n_tensors > DH__RT_MAX_TENSORS) {
         dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
                     s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
+        dh__count(&s->counters.undeliverable, 1);
         return true;
     }
     bool stopping = atomic_load(&s->stop) != 0;
@@ -405,6 +406,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                         "payload frame",
                         s->name, sidecar, w->tensor.name);
             dh__ds_unref_tensors(s, tensors, n);
+            dh__count(&s->counters.undeliverable, 1);
             return true;
         }
         t->tensor = w->tensor;
@@ -433,6 +435,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                 dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name, size,
                             sidecar, dh_last_error());
                 dh__ds_unref_tensors(s, tensors, n);
+                dh__count(&s->counters.undeliverable, 1);
                 return true;
             }
             memcpy(t->tensor.data, w->tensor.data, size);

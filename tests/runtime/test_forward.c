@@ -305,8 +305,54 @@ static void rebalance_send_releases_every_slab_on_failure(void **state)
     leak_world_stop(&w);
 }
 
+/* The other end: a forwarded DELIVER of PART_TENSORS frames that fails at tensor `at` (a
+ * tensor that is not a payload frame, or one larger than the whole arena) is refused,
+ * counted undeliverable, and the slabs placed for the tensors before it come back. */
+static void place_forwarded_releases_every_slab_on_failure(void **state)
+{
+    (void)state;
+    leak_world_t w;
+    leak_world_start(&w);
+    static unsigned char frame[4096];
+    for (int oversized = 0; oversized < 2; oversized++)
+        for (uint32_t at = 0; at < PART_TENSORS; at++) {
+            dh_wire_tensor_t wire[PART_TENSORS];
+            for (uint32_t k = 0; k < PART_TENSORS; k++) {
+                dh_wire_tensor_t *t = &wire[k];
+                memset(t, 0, sizeof *t);
+                dh_tensor_set_name(&t->tensor, "payload");
+                t->tensor.dtype = DH_DTYPE_UINT8;
+                t->tensor.ndim = 1;
+                t->tensor.shape[0] = (int64_t)sizeof frame;
+                dh_tensor_set_contiguous(&t->tensor);
+                t->location = DH_WIRE_LOC_FRAME;
+                t->tensor.data = frame;
+            }
+            if (oversized) /* never read: its placement fails first (DH_ERANGE) */
+                wire[at].tensor.nbytes = (size_t)1 << 30;
+            else
+                wire[at].location = DH_WIRE_LOC_SHM;
+            dh_wire_received_t r = {0};
+            r.msg.type = DH_MSG_DELIVER;
+            r.msg.deliver.client_id = "rank-0";
+            r.msg.deliver.seq = at;
+            r.msg.deliver.n_tensors = PART_TENSORS;
+            r.msg.deliver.tensors = wire;
+            r.msg.deliver.server = "sidecar";
+            dh_dataserver_stats_t before, after;
+            dh_dataserver_stats(w.ds, &before);
+            /* since 0: past every grace, so it is placed (or refused) now */
+            assert_true(dh__ds_place_forwarded(w.ds, &r, "sidecar", 0));
+            dh_dataserver_stats(w.ds, &after);
+            assert_int_equal(after.undeliverable - before.undeliverable, 1);
+            assert_arena_empty(&w);
+        }
+    leak_world_stop(&w);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sidecar_heartbeats_while_its_link_is_full),
     cmocka_unit_test(rebalance_send_releases_every_slab_on_failure),
+    cmocka_unit_test(place_forwarded_releases_every_slab_on_failure),
 };
 DH_TEST_MAIN(tests)
