@@ -21,7 +21,10 @@ typedef enum {
     DH_FAULT_PROFILE_READ = 1,  /* reading a profile JSONL file fails (EIO) */
     DH_FAULT_PROFILE_WRITE = 2, /* writing a profile JSONL file fails (ENOSPC) */
     DH_FAULT_COORD_BOOK = 3,    /* the coordinator cannot grow its book for a request (ENOMEM) */
-    DH_FAULT_SITE_COUNT = 4,
+    DH_FAULT_RB_SEND = 4,       /* a client's REBALANCE SEND to its DataServer fails (EIO) */
+    DH_FAULT_RB_TAKE_OVER = 5,  /* a client cannot take a reference on a tensor of a part of
+                                 * its node (the handle refused: ESTALE) */
+    DH_FAULT_SITE_COUNT = 6,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */

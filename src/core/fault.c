@@ -5,7 +5,7 @@
 #include "core/internal.h"
 
 static atomic_long hits[DH_FAULT_SITE_COUNT];
-static atomic_long fire_at[DH_FAULT_SITE_COUNT] = {-1, -1, -1, -1};
+static atomic_long fire_at[DH_FAULT_SITE_COUNT] = {-1, -1, -1, -1, -1, -1};
 
 int dh_fault_enabled(void)
 {

@@ -110,10 +110,11 @@ arena_ref_t *dh__client_arena_by_id(dh_client_t *c, uint64_t id)
     return NULL;
 }
 
-/* Releases the slabs of a DELIVER that will not be used. */
-static void drop_deliver(dh_client_t *c, const dh_msg_deliver_t *m)
+/* Releases the slabs of a DELIVER's tensors `from` onwards, which will not be used (the
+ * DataServer handed this client a reference on each). */
+static void drop_deliver_from(dh_client_t *c, const dh_msg_deliver_t *m, uint32_t from)
 {
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
+    for (uint32_t i = from; i < m->n_tensors; i++) {
         const dh_wire_tensor_t *t = &m->tensors[i];
         arena_ref_t *a =
             t->location == DH_WIRE_LOC_SHM ? dh__client_arena_by_id(c, t->arena_id) : NULL;
@@ -211,6 +212,7 @@ int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *ou
             if (!ptr) {
                 dh_log_warn("client '%s': batch %llu: out of memory for tensor '%s'; dropped",
                             c->id, (unsigned long long)m->seq, t->tensor.name);
+                drop_deliver_from(c, m, i + 1); /* the slabs of the tensors not reached */
                 dh__client_part_release(&p);
                 return DH_ENOMEM;
             }
@@ -226,15 +228,7 @@ int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *ou
                             "mapped arena (%s); dropped",
                             c->id, (unsigned long long)m->seq, t->tensor.name,
                             a ? dh_last_error() : "unknown arena");
-                for (uint32_t k = i + 1; k < m->n_tensors; k++) {
-                    const dh_wire_tensor_t *u = &m->tensors[k];
-                    arena_ref_t *ua = u->location == DH_WIRE_LOC_SHM
-                                          ? dh__client_arena_by_id(c, u->arena_id)
-                                          : NULL;
-                    dh_shm_handle_t uh = {u->arena_id, u->offset, u->length, u->generation};
-                    if (ua)
-                        dh_shm_arena_unref(ua->arena, &uh);
-                }
+                drop_deliver_from(c, m, i + 1);
                 if (a && !(p.arena && p.arena != a))
                     dh_shm_arena_unref(a->arena, &h);
                 dh__client_part_release(&p);
@@ -269,7 +263,7 @@ void dh__client_on_deliver(dh_client_t *c, dh_wire_received_t *r)
     if (m->n_tensors > DH__RT_MAX_TENSORS || strcmp(m->client_id, c->id) != 0) {
         dh_log_warn("client '%s': refused a DELIVER for '%s' with %u tensors", c->id, m->client_id,
                     m->n_tensors);
-        drop_deliver(c, m);
+        drop_deliver_from(c, m, 0);
         return;
     }
     part_t p = {0};
@@ -417,7 +411,7 @@ void dh__client_drain_after_goodbye(dh_client_t *c)
                 c->notice_fd = -1;
             } else if (got == 1) {
                 if (m.type == DH_MSG_DELIVER)
-                    drop_deliver(c, &m.deliver);
+                    drop_deliver_from(c, &m.deliver, 0);
                 dh_msg_clear(&m);
             }
         }
@@ -425,7 +419,7 @@ void dh__client_drain_after_goodbye(dh_client_t *c)
             dh_wire_received_t r = {0};
             if (dh_wire_recv(c->data, 0, &r) == 0) {
                 if (r.msg.type == DH_MSG_DELIVER)
-                    drop_deliver(c, &r.msg.deliver);
+                    drop_deliver_from(c, &r.msg.deliver, 0);
                 else if (r.msg.type == DH_MSG_GOODBYE)
                     answered = true;
                 dh_wire_received_release(&r);

@@ -26,6 +26,7 @@
  * A policy that fails (an error code, a bad assignment) keeps the round: the batches are
  * yielded as planned, and next() reports the error once, naming the round.
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/rebalance.h"
 #include "datahelix/shm.h"
@@ -638,7 +640,9 @@ static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
         dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
         void *ptr = NULL;
         if (!a || (p.arena && p.arena != a) ||
-            (rc = dh_shm_arena_ref_for(a->arena, &h, getpid())) != 0) {
+            (rc = DH_FAULT(DH_FAULT_RB_TAKE_OVER)
+                      ? dh__set_error(-ESTALE, "shm handle refused (injected)")
+                      : dh_shm_arena_ref_for(a->arena, &h, getpid())) != 0) {
             rc = rc ? rc : DH_EINVAL;
             break;
         }
@@ -654,6 +658,15 @@ static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
     }
     if (rc) {
         dh__client_part_release(&p); /* the references taken so far */
+        /* and the sender's on every tensor: it forgot the part, and it is alive, so
+         * reclaim_dead would never free them (a bad handle fails its unref harmlessly) */
+        for (uint32_t k = 0; k < w->n_tensors; k++) {
+            const dh_wire_tensor_t *x = &w->tensors[k];
+            arena_ref_t *a = dh__client_arena_by_id(c, x->arena_id);
+            dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
+            if (a)
+                dh_shm_arena_unref(a->arena, &h);
+        }
         return rc;
     }
     /* the sender's references, which it no longer holds */
@@ -759,6 +772,8 @@ static int send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
     s.rebalance.reason = (char *)"";
     s.rebalance.n_parts = 1;
     s.rebalance.parts = &m->parts[i];
+    if (DH_FAULT(DH_FAULT_RB_SEND))
+        return dh__set_error(DH_EIO, "send REBALANCE: injected failure");
     return dh_wire_send(c->data, NULL, 0, &s, NULL, 0, 1000);
 }
 
@@ -955,9 +970,13 @@ static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *n
             if (!same_node && carries(out)) {
                 if (x.on) /* its bytes went through exchange_fn: its slabs go back */
                     dh__client_part_release_tensors(&c->ring[slot]);
-                else if (send_part(c, m, y, to) && !err) {
-                    err = DH_EIO;
-                    what = "cannot hand a part to the local DataServer";
+                else if (send_part(c, m, y, to)) {
+                    /* the DataServer never got the references to drop: they go here */
+                    dh__client_part_release_tensors(&c->ring[slot]);
+                    if (!err) {
+                        err = DH_EIO;
+                        what = "cannot hand a part to the local DataServer";
+                    }
                 }
             }
             forget(&c->ring[slot]);

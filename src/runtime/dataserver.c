@@ -409,6 +409,7 @@ static void drain_results(dh_dataserver_t *s)
                     continue;
                 }
                 free_outputs(s, t->result.tensors, t->result.n_tensors);
+                dh__count(&s->counters.undeliverable, 1); /* no memory to keep it pending */
             }
         } else {
             /* The measurements first: the target's delivered=1 COMPLETE, which ends the
@@ -492,8 +493,10 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
         uint64_t due = dh__ds_ingress_due(s, &r->msg.deliver, now);
         if (due > now + 500000 || !dh__ds_place_forwarded(s, r, peer, now)) {
             pending_t *p = dh_calloc(1, sizeof *p);
-            if (!p)
+            if (!p) { /* dropped: place_forwarded kept none of its slabs */
+                dh__count(&s->counters.undeliverable, 1);
                 break;
+            }
             p->forwarded = *r; /* the frames move with it */
             memset(r, 0, sizeof *r);
             snprintf(p->sidecar, NAME_CAP, "%s", peer);

@@ -200,11 +200,13 @@ static void send_held(dh_dataserver_t *s, link_t *l, held_t *h)
         h->n_payloads = 0; /* taken by dh_wire_send in every case */
         dh_msg_clear(&m);
     }
-    if (rc)
+    if (rc) {
         dh_log_warn("DataServer '%s': cannot forward request %llu to %s: %s", s->name,
                     (unsigned long long)h->seq, l->endpoint, dh_last_error());
-    else
+        dh__count(&s->counters.undeliverable, 1);
+    } else {
         sent(s, l, h->seq, h->bytes, h->emulated_bytes, h->start_ns);
+    }
     held_free(h);
 }
 
@@ -317,6 +319,7 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
     }
     if (!l) {
         free_payloads(payloads, np);
+        dh__count(&s->counters.undeliverable, 1);
         return;
     }
     /* the link's peer node: the heartbeat reports the link under it, the coordinator's
@@ -341,11 +344,12 @@ void dh__ds_forward_result(dh_dataserver_t *s, task_t *t)
     if (!stopping) { /* into the link's FIFO: out when the socket takes it (the top) */
         bool emulate = s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0;
         int rc = hold(s, l, &m, payloads, np, bytes, emulate);
-        if (rc)
+        if (rc) {
             dh_log_warn("DataServer '%s': cannot forward request %s/%llu to %s: %s", s->name,
                         d->request.client_id, (unsigned long long)d->request.seq,
                         d->target_endpoint, dh_last_error());
-        else
+            dh__count(&s->counters.undeliverable, 1);
+        } else
             dh__ds_links_send_due(s);
         return;
     }
@@ -377,6 +381,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
     if (m->n_tensors > DH__RT_MAX_TENSORS) {
         dh_log_warn("DataServer '%s': refused a DELIVER from '%s' with %u tensors (at most %d)",
                     s->name, sidecar, m->n_tensors, DH__RT_MAX_TENSORS);
+        dh__count(&s->counters.undeliverable, 1);
         return true;
     }
     bool stopping = atomic_load(&s->stop) != 0;
@@ -401,6 +406,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                         "payload frame",
                         s->name, sidecar, w->tensor.name);
             dh__ds_unref_tensors(s, tensors, n);
+            dh__count(&s->counters.undeliverable, 1);
             return true;
         }
         t->tensor = w->tensor;
@@ -429,6 +435,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                 dh_log_warn("DataServer '%s': cannot place %zu bytes from '%s': %s", s->name, size,
                             sidecar, dh_last_error());
                 dh__ds_unref_tensors(s, tensors, n);
+                dh__count(&s->counters.undeliverable, 1);
                 return true;
             }
             memcpy(t->tensor.data, w->tensor.data, size);
@@ -541,7 +548,9 @@ void dh__ds_on_link_message(dh_dataserver_t *s, link_t *l, dh_wire_received_t *r
  * client's reference to its slabs is this server's to drop, which it does at once: the
  * frames are copies, so nothing on the link points into the arena), and the part goes as a
  * DELIVER for the receiver under seq + i, over the link to the receiver's DataServer like a
- * sidecar's forward: the same emulated link, the same placement at the other end. */
+ * sidecar's forward: the same emulated link, the same placement at the other end. A part
+ * that fails (at any tensor, or on its link) still has every reference dropped, and is
+ * counted undeliverable (docs/runtime.md "Failures"). */
 void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_rebalance_t *m)
 {
     link_t *l = m->endpoint && m->endpoint[0] ? link_for(s, m->endpoint) : NULL;
@@ -586,6 +595,16 @@ void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_re
                         "to '%s' (%s): %s",
                         s->name, i, (unsigned long long)m->round, peer, m->client_id, m->endpoint,
                         rc == DH_ENOMEM ? "out of memory" : "bad handle or target");
+            /* The client handed over a reference on every tensor of the part and forgot
+             * them: those not yet copied and dropped (np onwards, or all of a part with too
+             * many) are dropped here, or they would stay held by a live client, which
+             * reclaim_dead never frees. A bad handle fails its unref harmlessly. */
+            for (uint32_t k = (uint32_t)np; k < p->n_tensors; k++) {
+                const dh_wire_tensor_t *t = &p->tensors[k];
+                dh_shm_handle_t h = {t->arena_id, t->offset, t->length, t->generation};
+                if (t->location == DH_WIRE_LOC_SHM)
+                    dh_shm_arena_unref(s->arena, &h);
+            }
             free_payloads(payloads, np);
             dh__count(&s->counters.undeliverable, 1);
             continue;
@@ -601,9 +620,11 @@ void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_re
         d.deliver.server = p->server;
         dh__count(&s->counters.rebalance_sent, 1);
         bool emulate = s->cfg.emulate_link_Bps > 0 && l->node[0] && strcmp(l->node, s->node) != 0;
-        if ((rc = hold(s, l, &d, payloads, np, bytes, emulate)))
+        if ((rc = hold(s, l, &d, payloads, np, bytes, emulate))) {
             dh_log_warn("DataServer '%s': cannot move a rebalanced part to %s: %s", s->name,
                         m->endpoint, dh_last_error());
+            dh__count(&s->counters.undeliverable, 1);
+        }
     }
     dh__ds_links_send_due(s);
 }

@@ -255,6 +255,75 @@ static void deliver_for_another_client_is_refused_and_released(void **state)
     rig_destroy(&rig);
 }
 
+/* A DELIVER of PART_TENSORS tensors that fails at tensor `at` (out of memory for the copy
+ * of a spilled frame, or a stale handle; the others are the client's references on arena
+ * allocations): not filed, and every slab of the arena comes back, those of the tensors
+ * after `at` too (before, an out-of-memory left them held by this live client, which
+ * reclaim_dead never frees). */
+#define PART_TENSORS 4
+
+static void deliver_failing_at(rig_t *rig, uint32_t at, bool stale)
+{
+    static const char frame[] = "a spilled frame";
+    dh_wire_tensor_t wire[PART_TENSORS];
+    dh_shm_handle_t handles[PART_TENSORS];
+    for (uint32_t k = 0; k < PART_TENSORS; k++) {
+        dh_wire_tensor_t *w = &wire[k];
+        memset(w, 0, sizeof *w);
+        dh_tensor_set_name(&w->tensor, "payload");
+        w->tensor.dtype = DH_DTYPE_UINT8;
+        w->tensor.ndim = 1;
+        w->tensor.shape[0] = 100;
+        dh_tensor_set_contiguous(&w->tensor);
+        if (k == at && !stale) { /* spilled: its bytes come in the message */
+            w->location = DH_WIRE_LOC_FRAME;
+            w->tensor.shape[0] = (int64_t)sizeof frame;
+            dh_tensor_set_contiguous(&w->tensor);
+            w->tensor.data = (void *)frame;
+            continue;
+        }
+        void *ptr = NULL;
+        assert_int_equal(dh_shm_arena_alloc(rig->server, 100, getpid(), &handles[k], &ptr), 0);
+        w->location = DH_WIRE_LOC_SHM;
+        w->arena_id = handles[k].arena_id;
+        w->offset = handles[k].offset;
+        w->length = handles[k].length;
+        w->generation = handles[k].generation + (k == at ? 1000 : 0);
+    }
+    dh_wire_received_t r = {0};
+    r.msg.type = DH_MSG_DELIVER;
+    dh_msg_deliver_t *m = &r.msg.deliver;
+    m->client_id = rig->c->id;
+    m->seq = 0;
+    m->n_tensors = PART_TENSORS;
+    m->tensors = wire;
+    m->server = "local";
+    long live = dh_alloc_live();
+    dh_alloc_fail_after(stale ? -1 : 0); /* the copy of the spilled frame is the first */
+    dh__client_on_deliver(rig->c, &r);
+    dh_alloc_fail_after(-1);
+    assert_int_equal(dh_alloc_live(), live);
+    if (stale) /* the server cannot name that allocation: the test drops its reference */
+        assert_int_equal(dh_shm_arena_unref(rig->server, &handles[at]), 0);
+    assert_false(rig->c->ring[0].ready);
+    assert_int_equal(client_stats(rig).deliveries, 0);
+    dh_shm_arena_collect(rig->server);
+    dh_shm_arena_stats_t s = arena_stats(rig);
+    assert_int_equal(s.allocations_live, 0);
+    assert_int_equal(s.slabs_used, 0);
+}
+
+static void deliver_failing_at_each_tensor_releases_every_slab(void **state)
+{
+    rig_t rig;
+    rig_new(&rig, 1, 2);
+    for (uint32_t at = 0; at < PART_TENSORS; at++) {
+        deliver_failing_at(&rig, at, false);
+        deliver_failing_at(&rig, at, true);
+    }
+    rig_destroy(&rig);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -262,6 +331,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(deliver_outside_the_window_is_dropped_and_its_slabs_released),
         cmocka_unit_test(duplicate_part_after_the_join_is_dropped),
         cmocka_unit_test(deliver_for_another_client_is_refused_and_released),
+        cmocka_unit_test(deliver_failing_at_each_tensor_releases_every_slab),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }
