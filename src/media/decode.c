@@ -5,10 +5,9 @@
  * sampled frame either decode forward from where the decoder is, or, when a keyframe lies
  * between the decoder's position and the target (from the container's index; without an
  * index, when the target is more than a GOP ahead), seek back to the keyframe at or before
- * the target and decode forward from there. Only sampled frames are converted (libswscale,
- * bilinear, cropping by moving the source pointers so only the kept region is scaled),
- * straight into the output when the layout allows; non-reference frames that are not
- * sampled are not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
+ * the target and decode forward from there. Only sampled frames are converted (convert.c:
+ * crop, libswscale bilinear, layout and dtype); non-reference frames that are not sampled
+ * are not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
  *
  * The decoder runs on one thread (thread_count = 1): the data server runs many samples in
  * parallel, which scales better than threads inside one decoder. Frame index <-> pts uses
@@ -24,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -31,32 +31,17 @@
 #include <libavutil/imgutils.h>
 #include <libavutil/log.h>
 #include <libavutil/pixdesc.h>
-#include <libswscale/swscale.h>
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
+#include "media/convert.h"
 #include "media/pipeline_internal.h"
-
-/* The scaler is reused while these stay the same (they do for every frame of a clip, and
- * usually across clips of one data set). */
-typedef struct scaler_key {
-    int src_w, src_h, src_fmt, dst_w, dst_h, dst_fmt, colorspace, range;
-} scaler_key_t;
-
-/* Bytes past the end of a frame swscale may touch in our scratch (none was seen for planar
- * output; this is a guard). */
-#define SCRATCH_SLACK 64
-#define SCALER_FLAGS (SWS_BILINEAR | SWS_FULL_CHR_H_INT | SWS_ACCURATE_RND)
 
 struct dh_pipeline {
     dh_pipeline_spec_t spec;
-    struct SwsContext *sws;
-    scaler_key_t key;
-    uint8_t *scratch; /* one planar RGB frame (THWC or float32 output) */
-    size_t scratch_cap;
-    float lut[3][256]; /* float32 normalisation: (v / 255 - mean[c]) / std[c] */
+    dh__converter_t converter; /* its scaler and scratch are reused across samples */
 };
 
 /* One open clip. */
@@ -93,9 +78,7 @@ int dh_pipeline_new(dh_pipeline_t **out, const dh_pipeline_spec_t *spec)
     if (!p)
         return dh__set_error(DH_ENOMEM, "pipeline: out of memory");
     p->spec = *spec;
-    for (int c = 0; c < 3; c++)
-        for (int v = 0; v < 256; v++)
-            p->lut[c][v] = (float)(((double)v / 255.0 - spec->mean[c]) / spec->std[c]);
+    dh__converter_init(&p->converter, spec);
     *out = p;
     return 0;
 }
@@ -104,8 +87,7 @@ void dh_pipeline_destroy(dh_pipeline_t **pp)
 {
     if (!pp || !*pp)
         return;
-    sws_freeContext((*pp)->sws);
-    dh_free((*pp)->scratch);
+    dh__converter_clear(&(*pp)->converter);
     dh_free(*pp);
     *pp = NULL;
 }
@@ -462,6 +444,10 @@ static int decoder_open_codec(decoder_t *d)
         d->codec->thread_count = 1;
         d->codec->thread_type = 0;
         d->codec->pkt_timebase = d->st->time_base;
+        if (getenv("DH_FAST"))
+            d->codec->flags2 |= AV_CODEC_FLAG2_FAST;
+        if (getenv("DH_NOLOOP"))
+            d->codec->skip_loop_filter = AVDISCARD_NONREF;
         averr = avcodec_open2(d->codec, codec, NULL);
     }
     if (averr < 0)
@@ -579,6 +565,8 @@ static int next_frame(decoder_t *d, int64_t *index, int64_t *last_index)
             bool skip =
                 d->pkt->pts != AV_NOPTS_VALUE && !is_wanted(d, index_of_pts(d, d->pkt->pts));
             d->codec->skip_frame = skip ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
+            if (getenv("DH_NOLOOPREF"))
+                d->codec->skip_loop_filter = skip ? AVDISCARD_ALL : AVDISCARD_DEFAULT;
             averr = avcodec_send_packet(d->codec, d->pkt);
             av_packet_unref(d->pkt);
             break;
@@ -600,140 +588,6 @@ static int seek_to(decoder_t *d, int64_t index)
     return 0;
 }
 
-/* ---- conversion ------------------------------------------------------------------------- */
-
-static int scaler_get(dh_pipeline_t *p, const scaler_key_t *key)
-{
-    if (p->sws && memcmp(&p->key, key, sizeof *key) == 0)
-        return 0;
-    sws_freeContext(p->sws);
-    p->sws = sws_getContext(key->src_w, key->src_h, key->src_fmt, key->dst_w, key->dst_h,
-                            key->dst_fmt, SCALER_FLAGS, NULL, NULL, NULL);
-    if (!p->sws)
-        return AVERROR(EINVAL);
-    p->key = *key;
-    /* The source's colour matrix and range (BT.601 limited when unspecified), RGB out full
-     * range. */
-    int cs = key->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : key->colorspace;
-    const int *coeffs = sws_getCoefficients(cs);
-    int src_full = key->range == AVCOL_RANGE_JPEG;
-    sws_setColorspaceDetails(p->sws, coeffs, src_full, sws_getCoefficients(SWS_CS_DEFAULT), 1, 0,
-                             1 << 16, 1 << 16);
-    return 0;
-}
-
-/* Crops the decoded frame in place (pointer moves, no copy) to the centre region that
- * short-side+center-crop keeps: the largest region of the output's aspect ratio. */
-static void crop_for_output(AVFrame *f, int32_t out_h, int32_t out_w)
-{
-    const AVPixFmtDescriptor *desc = av_pix_fmt_desc_get(f->format);
-    double scale = fmax((double)out_h / f->height, (double)out_w / f->width);
-    int crop_w = (int)lrint(out_w / scale), crop_h = (int)lrint(out_h / scale);
-    crop_w = crop_w < 1 ? 1 : crop_w > f->width ? f->width : crop_w;
-    crop_h = crop_h < 1 ? 1 : crop_h > f->height ? f->height : crop_h;
-    int x0 = (f->width - crop_w) / 2, y0 = (f->height - crop_h) / 2;
-    /* Keep chroma planes aligned with luma: offsets on whole chroma samples. */
-    if (desc) {
-        x0 &= ~((1 << desc->log2_chroma_w) - 1);
-        y0 &= ~((1 << desc->log2_chroma_h) - 1);
-    }
-    if (x0 == 0 && y0 == 0 && crop_w == f->width && crop_h == f->height)
-        return;
-    f->crop_left = (size_t)x0;
-    f->crop_top = (size_t)y0;
-    f->crop_right = (size_t)(f->width - x0 - crop_w);
-    f->crop_bottom = (size_t)(f->height - y0 - crop_h);
-    av_frame_apply_cropping(f, AV_FRAME_CROP_UNALIGNED);
-}
-
-/* Turns one plane of ch x cw bytes by `rotation` degrees clockwise into `dst` (cw x ch for a
- * quarter turn, else ch x cw): what a player does with the stream's display matrix. */
-static void turn_plane(const uint8_t *src, int32_t ch, int32_t cw, int rotation, uint8_t *dst)
-{
-    if (rotation == 90) { /* dst is cw rows of ch: dst[y][x] = src[ch - 1 - x][y] */
-        for (int32_t y = 0; y < cw; y++)
-            for (int32_t x = 0; x < ch; x++)
-                dst[(size_t)y * ch + x] = src[(size_t)(ch - 1 - x) * cw + y];
-    } else if (rotation == 270) { /* dst[y][x] = src[x][cw - 1 - y] */
-        for (int32_t y = 0; y < cw; y++)
-            for (int32_t x = 0; x < ch; x++)
-                dst[(size_t)y * ch + x] = src[(size_t)x * cw + (cw - 1 - y)];
-    } else { /* 180: dst[y][x] = src[ch - 1 - y][cw - 1 - x] */
-        size_t n = (size_t)ch * cw;
-        for (size_t i = 0; i < n; i++)
-            dst[i] = src[n - 1 - i];
-    }
-}
-
-/* Converts the decoded frame into output slot `slot` of sample `s`. The scaler always
- * writes planar RGB (GBRP): measured, it is faster than packed RGB24 (0.44 vs 0.70 ms for
- * 640x480 -> 448x448 on one core, bilinear), it interpolates chroma fully so TCHW and THWC
- * hold the same values, and swscale's unscaled packed-RGB path writes up to 24 bytes past
- * the end of its output. TCHW uint8 is scaled straight into the output; the rest goes
- * through one planar scratch frame, then an interleave and/or the normalisation table. */
-static int convert_frame(dh_pipeline_t *p, AVFrame *f, int rotation, dh_sample_t *s, int32_t slot)
-{
-    const dh_pipeline_spec_t *spec = &p->spec;
-    int32_t h = s->plan.height, w = s->plan.width;
-    size_t plane = (size_t)h * (size_t)w;
-    /* A turned picture is cropped and scaled as coded (a quarter turn swaps the output's
-     * sides there), then turned into the output's planes. */
-    bool quarter = rotation == 90 || rotation == 270;
-    int32_t ch = quarter ? w : h, cw = quarter ? h : w;
-    if (spec->resize == DH_RESIZE_SHORT_SIDE_CROP)
-        crop_for_output(f, ch, cw);
-    scaler_key_t key = {f->width, f->height,       f->format,     cw,
-                        ch,       AV_PIX_FMT_GBRP, f->colorspace, f->color_range};
-    int averr = scaler_get(p, &key);
-    if (averr < 0)
-        return averr;
-    bool direct = spec->dtype == DH_DTYPE_UINT8 && spec->layout == DH_LAYOUT_TCHW;
-    uint8_t *out_planes = direct ? (uint8_t *)s->frames.data + (size_t)slot * plane * 3 : NULL;
-    uint8_t *rgb = rotation ? p->scratch : direct ? out_planes : p->scratch;
-    /* GBRP's planes are G, B, R; pointing them into R, G, B order gives RGB planes. */
-    uint8_t *dst[4] = {rgb + plane, rgb + 2 * plane, rgb, NULL};
-    int dst_stride[4] = {cw, cw, cw, 0};
-    int rows = sws_scale(p->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst,
-                         dst_stride);
-    if (rows != ch)
-        return rows < 0 ? rows : AVERROR_EXTERNAL;
-    if (rotation) {
-        uint8_t *turned = direct ? out_planes : p->scratch + 3 * plane;
-        for (int c = 0; c < 3; c++)
-            turn_plane(rgb + (size_t)c * plane, ch, cw, rotation, turned + (size_t)c * plane);
-        rgb = turned;
-    }
-    if (direct)
-        return 0;
-    const uint8_t *r = rgb, *g = rgb + plane, *b = rgb + 2 * plane;
-    if (spec->dtype == DH_DTYPE_UINT8) { /* THWC */
-        uint8_t *out = (uint8_t *)s->frames.data + (size_t)slot * plane * 3;
-        for (size_t i = 0; i < plane; i++) {
-            out[3 * i] = r[i];
-            out[3 * i + 1] = g[i];
-            out[3 * i + 2] = b[i];
-        }
-        return 0;
-    }
-    float *out = (float *)s->frames.data + (size_t)slot * plane * 3;
-    const float *lr = p->lut[0], *lg = p->lut[1], *lb = p->lut[2];
-    if (spec->layout == DH_LAYOUT_TCHW) {
-        for (size_t i = 0; i < plane; i++)
-            out[i] = lr[r[i]];
-        for (size_t i = 0; i < plane; i++)
-            out[plane + i] = lg[g[i]];
-        for (size_t i = 0; i < plane; i++)
-            out[2 * plane + i] = lb[b[i]];
-    } else {
-        for (size_t i = 0; i < plane; i++) {
-            out[3 * i] = lr[r[i]];
-            out[3 * i + 1] = lg[g[i]];
-            out[3 * i + 2] = lb[b[i]];
-        }
-    }
-    return 0;
-}
-
 static void copy_slot(dh_sample_t *s, int32_t from, int32_t to)
 {
     size_t bytes = s->frames.nbytes / (size_t)s->plan.frames;
@@ -752,21 +606,17 @@ static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path, int 
     int64_t tchw[4] = {T, 3, H, W}, thwc[4] = {T, H, W, 3};
     memcpy(t->shape, spec->layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
     dh_tensor_set_contiguous(t); /* nbytes: T x 3 x H x W x dtype size */
-    if (!(t->data = dh_malloc(t->nbytes)))
+    /* the converter may write DH_CONVERT_SLACK bytes past the last frame (convert.h) */
+    if (!(t->data = dh_malloc(t->nbytes + DH_CONVERT_SLACK)))
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu output bytes", path, t->nbytes);
-    bool direct = spec->dtype == DH_DTYPE_UINT8 && spec->layout == DH_LAYOUT_TCHW;
-    /* planar RGB frames of scratch: the scaled one unless it goes straight to the output,
-     * and the turned one of a rotated picture (convert_frame) */
-    size_t frames = (rotation ? 1u : 0u) + (direct ? 0u : 1u);
-    size_t need = frames * (size_t)(3 * H * W) + SCRATCH_SLACK;
-    if (frames && p->scratch_cap < need) {
-        uint8_t *scratch = dh_malloc(need);
-        if (!scratch)
-            return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu scratch bytes", path, need);
-        dh_free(p->scratch);
-        p->scratch = scratch;
-        p->scratch_cap = need;
+    if (getenv("DH_HUGE") && t->nbytes >= (4u << 20)) {
+        uintptr_t a = ((uintptr_t)t->data + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
+        uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~(uintptr_t)((2u << 20) - 1);
+        if (e > a)
+            madvise((void *)a, e - a, MADV_HUGEPAGE);
     }
+    if (dh__converter_reserve(&p->converter, (int32_t)H, (int32_t)W, rotation) < 0)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for the conversion scratch", path);
     return 0;
 }
 
@@ -849,7 +699,7 @@ static int decode_planned(dh_pipeline_t *p, decoder_t *d, dh_sample_t *s)
             }
             /* index >= target: the target, or (a frame missing from a variable-rate
              * stream) the nearest frame after it. */
-            averr = convert_frame(p, d->frame, d->rotation, s, j);
+            averr = dh__convert_frame(&p->converter, d->frame, d->rotation, s, j);
             av_frame_unref(d->frame);
             if (averr < 0)
                 return dh__set_error(code_of(averr), "%s: cannot convert frame %lld: %s", d->path,
