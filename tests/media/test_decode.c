@@ -15,6 +15,7 @@
 #include "datahelix/mix.h"
 #include "datahelix/pipeline.h"
 #include "datahelix/synth.h"
+#include "media/pipeline_internal.h"
 
 /* The standard fixture: 160x120, 48 frames at 24 fps, a keyframe every 12 frames. */
 static const dh_synth_clip_t small_clip = {160, 120, 24.0, 2.0, 12, 7};
@@ -331,6 +332,40 @@ static void scaler_follows_the_size_of_each_sample(void **state)
         dh_pipeline_destroy(&p);
         for (int k = 0; k < 3; k++)
             dh_sample_clear(&fresh[k]);
+    }
+}
+
+/* With B-frames an MP4 index holds decode times, which run ahead of the presentation ones:
+ * a keyframe 1 or 2 frames after a target is not one before it. x264's defaults (reorder
+ * delay 2), a keyframe every 12 of 48 frames, 16 uniform frames (1, 4, 7, 10, 13, ...): 10,
+ * 22 and 34 lie 2 frames before a keyframe. Every planned frame comes out, and no frame is
+ * decoded twice (reading the keyframe's decode time as its place went back to the start of
+ * the GOP for each of them). */
+static void b_frames_do_not_seek_back_before_a_keyframe(void **state)
+{
+    static const dh_synth_encoding_t encodings[] = {DH_SYNTH_ENC_X264_DEFAULT, DH_SYNTH_ENC_FLAT_B,
+                                                    DH_SYNTH_ENC_NO_B};
+    for (size_t k = 0; k < sizeof encodings / sizeof *encodings; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "bframes%zu.mp4", k);
+        const char *path = dh_test_path(name);
+        assert_int_equal(dh_synth_write_clip_encoded(path, &small_clip, encodings[k]), 0);
+        dh_pipeline_spec_t spec = native_spec(16);
+        dh_pipeline_t *p = NULL;
+        assert_int_equal(dh_pipeline_new(&p, &spec), 0);
+        dh_sample_t s;
+        int rc = dh_pipeline_decode(p, path, NULL, "x", &s);
+        if (rc != 0)
+            print_error("dh_pipeline_decode(%s): %s\n", path, dh_last_error());
+        assert_int_equal(rc, 0);
+        assert_int_equal(s.plan.indices[3], 10);
+        assert_frames_are_planned(&s, 160, 120);
+        if (dh__pipeline_redecoded(p) != 0)
+            print_error("%s: %lld frames decoded twice\n", dh_synth_encoding_name(encodings[k]),
+                        (long long)dh__pipeline_redecoded(p));
+        assert_int_equal(dh__pipeline_redecoded(p), 0);
+        dh_sample_clear(&s);
+        dh_pipeline_destroy(&p);
     }
 }
 
@@ -666,6 +701,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(shapes_follow_resize_layout_and_dtype),
     cmocka_unit_test(tchw_holds_the_planes_of_thwc),
     cmocka_unit_test(scaler_follows_the_size_of_each_sample),
+    cmocka_unit_test(b_frames_do_not_seek_back_before_a_keyframe),
     cmocka_unit_test(float32_is_normalised_uint8),
     cmocka_unit_test(center_crop_keeps_the_centre),
     cmocka_unit_test(fewer_frames_than_asked_is_erange_unless_repeat),
