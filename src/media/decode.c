@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -445,10 +444,6 @@ static int decoder_open_codec(decoder_t *d)
         d->codec->thread_count = 1;
         d->codec->thread_type = 0;
         d->codec->pkt_timebase = d->st->time_base;
-        if (getenv("DH_FAST"))
-            d->codec->flags2 |= AV_CODEC_FLAG2_FAST;
-        if (getenv("DH_NOLOOP"))
-            d->codec->skip_loop_filter = AVDISCARD_NONREF;
         averr = avcodec_open2(d->codec, codec, NULL);
     }
     if (averr < 0)
@@ -571,8 +566,6 @@ static int next_frame(decoder_t *d, int64_t *index, int64_t *last_index)
             bool skip =
                 d->pkt->pts != AV_NOPTS_VALUE && !is_wanted(d, index_of_pts(d, d->pkt->pts));
             d->codec->skip_frame = skip ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
-            if (getenv("DH_NOLOOPREF"))
-                d->codec->skip_loop_filter = skip ? AVDISCARD_ALL : AVDISCARD_DEFAULT;
             averr = avcodec_send_packet(d->codec, d->pkt);
             av_packet_unref(d->pkt);
             break;
@@ -615,12 +608,6 @@ static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path, int 
     /* the converter may write DH_CONVERT_SLACK bytes past the last frame (convert.h) */
     if (!(t->data = dh_malloc(t->nbytes + DH_CONVERT_SLACK)))
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu output bytes", path, t->nbytes);
-    if (getenv("DH_HUGE") && t->nbytes >= (4u << 20)) {
-        uintptr_t a = ((uintptr_t)t->data + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
-        uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~(uintptr_t)((2u << 20) - 1);
-        if (e > a)
-            madvise((void *)a, e - a, MADV_HUGEPAGE);
-    }
     if (dh__converter_reserve(&p->converter, (int32_t)H, (int32_t)W, rotation) < 0)
         return dh__set_error(DH_ENOMEM, "%s: out of memory for the conversion scratch", path);
     return 0;
