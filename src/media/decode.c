@@ -2,20 +2,16 @@
  *
  * Per sample: open the file once, read the container header (the stream info probe only
  * when the header lacks the size or rate), plan the sample (sampling.c), then for each
- * sampled frame either decode forward from where the decoder is, or, when a keyframe lies
- * between the decoder's position and the target (from the container's index; without an
- * index, when the target is more than a GOP ahead), seek back to the keyframe at or before
- * the target and decode forward from there. Only sampled frames are converted (libswscale,
- * bilinear, cropping by moving the source pointers so only the kept region is scaled),
- * straight into the output when the layout allows; non-reference frames that are not
- * sampled are not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
+ * sampled frame either decode forward, or, when a keyframe lies between the decoder's
+ * position and the target (the container's index; without one, when the target is more
+ * than a GOP ahead), seek to the keyframe at or before the target and decode forward. Only
+ * sampled frames are converted (convert.c); non-reference frames that are not sampled are
+ * not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
  *
- * The decoder runs on one thread (thread_count = 1): the data server runs many samples in
- * parallel, which scales better than threads inside one decoder. Frame index <-> pts uses
- * the stream's time base and average frame rate: constant frame rate is assumed (synthetic
- * clips are; a variable-rate clip gets the nearest following frame for each index).
- * dh_pipeline_decode_batch decodes a request list and hands the samples to dh_collate
- * (collate.c), which depends on nothing here.
+ * One decoder thread (thread_count = 1): the data server runs many samples in parallel,
+ * which scales better. Frame index <-> pts: the time base and average frame rate (constant
+ * rate), or a table of every frame's pts (variable rate). dh_pipeline_decode_batch decodes
+ * a request list and hands the samples to dh_collate (collate.c).
  */
 #include <assert.h>
 #include <errno.h>
@@ -28,35 +24,19 @@
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
 #include <libavutil/display.h>
-#include <libavutil/imgutils.h>
 #include <libavutil/log.h>
-#include <libavutil/pixdesc.h>
-#include <libswscale/swscale.h>
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
+#include "media/convert.h"
 #include "media/pipeline_internal.h"
-
-/* The scaler is reused while these stay the same (they do for every frame of a clip, and
- * usually across clips of one data set). */
-typedef struct scaler_key {
-    int src_w, src_h, src_fmt, dst_w, dst_h, dst_fmt, colorspace, range;
-} scaler_key_t;
-
-/* Bytes past the end of a frame swscale may touch in our scratch (none was seen for planar
- * output; this is a guard). */
-#define SCRATCH_SLACK 64
-#define SCALER_FLAGS (SWS_BILINEAR | SWS_FULL_CHR_H_INT | SWS_ACCURATE_RND)
 
 struct dh_pipeline {
     dh_pipeline_spec_t spec;
-    struct SwsContext *sws;
-    scaler_key_t key;
-    uint8_t *scratch; /* one planar RGB frame (THWC or float32 output) */
-    size_t scratch_cap;
-    float lut[3][256]; /* float32 normalisation: (v / 255 - mean[c]) / std[c] */
+    dh__converter_t converter; /* its scaler and scratch are reused across samples */
+    int64_t redecoded;         /* of the last sample: dh__pipeline_redecoded */
 };
 
 /* One open clip. */
@@ -93,9 +73,7 @@ int dh_pipeline_new(dh_pipeline_t **out, const dh_pipeline_spec_t *spec)
     if (!p)
         return dh__set_error(DH_ENOMEM, "pipeline: out of memory");
     p->spec = *spec;
-    for (int c = 0; c < 3; c++)
-        for (int v = 0; v < 256; v++)
-            p->lut[c][v] = (float)(((double)v / 255.0 - spec->mean[c]) / spec->std[c]);
+    dh__converter_init(&p->converter, spec);
     *out = p;
     return 0;
 }
@@ -104,10 +82,14 @@ void dh_pipeline_destroy(dh_pipeline_t **pp)
 {
     if (!pp || !*pp)
         return;
-    sws_freeContext((*pp)->sws);
-    dh_free((*pp)->scratch);
+    dh__converter_clear(&(*pp)->converter);
     dh_free(*pp);
     *pp = NULL;
+}
+
+int64_t dh__pipeline_redecoded(const dh_pipeline_t *pipeline)
+{
+    return pipeline->redecoded;
 }
 
 const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline)
@@ -527,18 +509,23 @@ static bool is_wanted(const decoder_t *d, int64_t index)
 }
 
 /* The frame index of the keyframe at or before `index` from the container's index, or -1
- * when there is no index. The index holds decode timestamps, which are at or before the
- * presentation ones, so with B-frames this errs early (a seek that decodes a little more),
- * never late. O(log entries). */
+ * without one. MP4 indexes decode times, ahead of presentation by the reorder delay (the
+ * first frame's pts less the first entry's; 0 without B-frames or for pts indexes): read as
+ * pts, a keyframe 1 or 2 frames after a target passed for one before it, and the seek went
+ * back a GOP (x264 defaults: 19% more frames decoded on kinetics-mixed). A delay read too
+ * long (a late edit list) only makes seeks rarer. O(log entries). */
 static int64_t keyframe_before(const decoder_t *d, int64_t index)
 {
     if (avformat_index_get_entries_count(d->st) <= 0)
         return -1;
-    int i = av_index_search_timestamp(d->st, pts_of_index(d, index), AVSEEK_FLAG_BACKWARD);
+    const AVIndexEntry *first = avformat_index_get_entry(d->st, 0);
+    bool known = first && first->timestamp != AV_NOPTS_VALUE && d->start_pts != AV_NOPTS_VALUE;
+    int64_t delay = known && d->start_pts > first->timestamp ? d->start_pts - first->timestamp : 0;
+    int i = av_index_search_timestamp(d->st, pts_of_index(d, index) - delay, AVSEEK_FLAG_BACKWARD);
     const AVIndexEntry *e = i >= 0 ? avformat_index_get_entry(d->st, i) : NULL;
     if (!e)
         return 0;
-    int64_t k = index_of_pts(d, e->timestamp);
+    int64_t k = index_of_pts(d, e->timestamp + delay);
     return k < 0 ? 0 : k;
 }
 
@@ -600,140 +587,6 @@ static int seek_to(decoder_t *d, int64_t index)
     return 0;
 }
 
-/* ---- conversion ------------------------------------------------------------------------- */
-
-static int scaler_get(dh_pipeline_t *p, const scaler_key_t *key)
-{
-    if (p->sws && memcmp(&p->key, key, sizeof *key) == 0)
-        return 0;
-    sws_freeContext(p->sws);
-    p->sws = sws_getContext(key->src_w, key->src_h, key->src_fmt, key->dst_w, key->dst_h,
-                            key->dst_fmt, SCALER_FLAGS, NULL, NULL, NULL);
-    if (!p->sws)
-        return AVERROR(EINVAL);
-    p->key = *key;
-    /* The source's colour matrix and range (BT.601 limited when unspecified), RGB out full
-     * range. */
-    int cs = key->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : key->colorspace;
-    const int *coeffs = sws_getCoefficients(cs);
-    int src_full = key->range == AVCOL_RANGE_JPEG;
-    sws_setColorspaceDetails(p->sws, coeffs, src_full, sws_getCoefficients(SWS_CS_DEFAULT), 1, 0,
-                             1 << 16, 1 << 16);
-    return 0;
-}
-
-/* Crops the decoded frame in place (pointer moves, no copy) to the centre region that
- * short-side+center-crop keeps: the largest region of the output's aspect ratio. */
-static void crop_for_output(AVFrame *f, int32_t out_h, int32_t out_w)
-{
-    const AVPixFmtDescriptor *desc = av_pix_fmt_desc_get(f->format);
-    double scale = fmax((double)out_h / f->height, (double)out_w / f->width);
-    int crop_w = (int)lrint(out_w / scale), crop_h = (int)lrint(out_h / scale);
-    crop_w = crop_w < 1 ? 1 : crop_w > f->width ? f->width : crop_w;
-    crop_h = crop_h < 1 ? 1 : crop_h > f->height ? f->height : crop_h;
-    int x0 = (f->width - crop_w) / 2, y0 = (f->height - crop_h) / 2;
-    /* Keep chroma planes aligned with luma: offsets on whole chroma samples. */
-    if (desc) {
-        x0 &= ~((1 << desc->log2_chroma_w) - 1);
-        y0 &= ~((1 << desc->log2_chroma_h) - 1);
-    }
-    if (x0 == 0 && y0 == 0 && crop_w == f->width && crop_h == f->height)
-        return;
-    f->crop_left = (size_t)x0;
-    f->crop_top = (size_t)y0;
-    f->crop_right = (size_t)(f->width - x0 - crop_w);
-    f->crop_bottom = (size_t)(f->height - y0 - crop_h);
-    av_frame_apply_cropping(f, AV_FRAME_CROP_UNALIGNED);
-}
-
-/* Turns one plane of ch x cw bytes by `rotation` degrees clockwise into `dst` (cw x ch for a
- * quarter turn, else ch x cw): what a player does with the stream's display matrix. */
-static void turn_plane(const uint8_t *src, int32_t ch, int32_t cw, int rotation, uint8_t *dst)
-{
-    if (rotation == 90) { /* dst is cw rows of ch: dst[y][x] = src[ch - 1 - x][y] */
-        for (int32_t y = 0; y < cw; y++)
-            for (int32_t x = 0; x < ch; x++)
-                dst[(size_t)y * ch + x] = src[(size_t)(ch - 1 - x) * cw + y];
-    } else if (rotation == 270) { /* dst[y][x] = src[x][cw - 1 - y] */
-        for (int32_t y = 0; y < cw; y++)
-            for (int32_t x = 0; x < ch; x++)
-                dst[(size_t)y * ch + x] = src[(size_t)x * cw + (cw - 1 - y)];
-    } else { /* 180: dst[y][x] = src[ch - 1 - y][cw - 1 - x] */
-        size_t n = (size_t)ch * cw;
-        for (size_t i = 0; i < n; i++)
-            dst[i] = src[n - 1 - i];
-    }
-}
-
-/* Converts the decoded frame into output slot `slot` of sample `s`. The scaler always
- * writes planar RGB (GBRP): measured, it is faster than packed RGB24 (0.44 vs 0.70 ms for
- * 640x480 -> 448x448 on one core, bilinear), it interpolates chroma fully so TCHW and THWC
- * hold the same values, and swscale's unscaled packed-RGB path writes up to 24 bytes past
- * the end of its output. TCHW uint8 is scaled straight into the output; the rest goes
- * through one planar scratch frame, then an interleave and/or the normalisation table. */
-static int convert_frame(dh_pipeline_t *p, AVFrame *f, int rotation, dh_sample_t *s, int32_t slot)
-{
-    const dh_pipeline_spec_t *spec = &p->spec;
-    int32_t h = s->plan.height, w = s->plan.width;
-    size_t plane = (size_t)h * (size_t)w;
-    /* A turned picture is cropped and scaled as coded (a quarter turn swaps the output's
-     * sides there), then turned into the output's planes. */
-    bool quarter = rotation == 90 || rotation == 270;
-    int32_t ch = quarter ? w : h, cw = quarter ? h : w;
-    if (spec->resize == DH_RESIZE_SHORT_SIDE_CROP)
-        crop_for_output(f, ch, cw);
-    scaler_key_t key = {f->width, f->height,       f->format,     cw,
-                        ch,       AV_PIX_FMT_GBRP, f->colorspace, f->color_range};
-    int averr = scaler_get(p, &key);
-    if (averr < 0)
-        return averr;
-    bool direct = spec->dtype == DH_DTYPE_UINT8 && spec->layout == DH_LAYOUT_TCHW;
-    uint8_t *out_planes = direct ? (uint8_t *)s->frames.data + (size_t)slot * plane * 3 : NULL;
-    uint8_t *rgb = rotation ? p->scratch : direct ? out_planes : p->scratch;
-    /* GBRP's planes are G, B, R; pointing them into R, G, B order gives RGB planes. */
-    uint8_t *dst[4] = {rgb + plane, rgb + 2 * plane, rgb, NULL};
-    int dst_stride[4] = {cw, cw, cw, 0};
-    int rows = sws_scale(p->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst,
-                         dst_stride);
-    if (rows != ch)
-        return rows < 0 ? rows : AVERROR_EXTERNAL;
-    if (rotation) {
-        uint8_t *turned = direct ? out_planes : p->scratch + 3 * plane;
-        for (int c = 0; c < 3; c++)
-            turn_plane(rgb + (size_t)c * plane, ch, cw, rotation, turned + (size_t)c * plane);
-        rgb = turned;
-    }
-    if (direct)
-        return 0;
-    const uint8_t *r = rgb, *g = rgb + plane, *b = rgb + 2 * plane;
-    if (spec->dtype == DH_DTYPE_UINT8) { /* THWC */
-        uint8_t *out = (uint8_t *)s->frames.data + (size_t)slot * plane * 3;
-        for (size_t i = 0; i < plane; i++) {
-            out[3 * i] = r[i];
-            out[3 * i + 1] = g[i];
-            out[3 * i + 2] = b[i];
-        }
-        return 0;
-    }
-    float *out = (float *)s->frames.data + (size_t)slot * plane * 3;
-    const float *lr = p->lut[0], *lg = p->lut[1], *lb = p->lut[2];
-    if (spec->layout == DH_LAYOUT_TCHW) {
-        for (size_t i = 0; i < plane; i++)
-            out[i] = lr[r[i]];
-        for (size_t i = 0; i < plane; i++)
-            out[plane + i] = lg[g[i]];
-        for (size_t i = 0; i < plane; i++)
-            out[2 * plane + i] = lb[b[i]];
-    } else {
-        for (size_t i = 0; i < plane; i++) {
-            out[3 * i] = lr[r[i]];
-            out[3 * i + 1] = lg[g[i]];
-            out[3 * i + 2] = lb[b[i]];
-        }
-    }
-    return 0;
-}
-
 static void copy_slot(dh_sample_t *s, int32_t from, int32_t to)
 {
     size_t bytes = s->frames.nbytes / (size_t)s->plan.frames;
@@ -752,21 +605,11 @@ static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path, int 
     int64_t tchw[4] = {T, 3, H, W}, thwc[4] = {T, H, W, 3};
     memcpy(t->shape, spec->layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
     dh_tensor_set_contiguous(t); /* nbytes: T x 3 x H x W x dtype size */
-    if (!(t->data = dh_malloc(t->nbytes)))
+    /* the converter may write DH_CONVERT_SLACK bytes past the last frame (convert.h) */
+    if (!(t->data = dh_malloc(t->nbytes + DH_CONVERT_SLACK)))
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu output bytes", path, t->nbytes);
-    bool direct = spec->dtype == DH_DTYPE_UINT8 && spec->layout == DH_LAYOUT_TCHW;
-    /* planar RGB frames of scratch: the scaled one unless it goes straight to the output,
-     * and the turned one of a rotated picture (convert_frame) */
-    size_t frames = (rotation ? 1u : 0u) + (direct ? 0u : 1u);
-    size_t need = frames * (size_t)(3 * H * W) + SCRATCH_SLACK;
-    if (frames && p->scratch_cap < need) {
-        uint8_t *scratch = dh_malloc(need);
-        if (!scratch)
-            return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu scratch bytes", path, need);
-        dh_free(p->scratch);
-        p->scratch = scratch;
-        p->scratch_cap = need;
-    }
+    if (dh__converter_reserve(&p->converter, (int32_t)H, (int32_t)W, rotation) < 0)
+        return dh__set_error(DH_ENOMEM, "%s: out of memory for the conversion scratch", path);
     return 0;
 }
 
@@ -784,6 +627,8 @@ static int decode_planned(dh_pipeline_t *p, decoder_t *d, dh_sample_t *s)
     int64_t last = -1, last_key = -1; /* index of the last frame received, of the last keyframe */
     bool positioned = false;          /* `last` is known (false after a seek) */
     int retries = 0;                  /* backward re-seeks for the current target */
+    int64_t highest = -1;             /* the highest index received */
+    p->redecoded = 0;
     int32_t j = 0;
     while (j < T) {
         int64_t target = want[j];
@@ -830,6 +675,8 @@ static int decode_planned(dh_pipeline_t *p, decoder_t *d, dh_sample_t *s)
                 last_key = index;
             }
             last = index;
+            p->redecoded += index <= highest; /* a seek went back over decoded frames */
+            highest = index > highest ? index : highest;
             if (index < target) {
                 av_frame_unref(d->frame);
                 continue;
@@ -849,7 +696,7 @@ static int decode_planned(dh_pipeline_t *p, decoder_t *d, dh_sample_t *s)
             }
             /* index >= target: the target, or (a frame missing from a variable-rate
              * stream) the nearest frame after it. */
-            averr = convert_frame(p, d->frame, d->rotation, s, j);
+            averr = dh__convert_frame(&p->converter, d->frame, d->rotation, s, j);
             av_frame_unref(d->frame);
             if (averr < 0)
                 return dh__set_error(code_of(averr), "%s: cannot convert frame %lld: %s", d->path,

@@ -10,6 +10,9 @@
 #define DH_PIPELINE_MAX_CLIP_FRAMES ((int64_t)1 << 40)
 
 #include <stdbool.h>
+#include <stdint.h>
+
+#include "datahelix/pipeline.h"
 
 struct AVStream;
 struct AVFormatContext;
@@ -41,5 +44,11 @@ const char *dh__subfile_range(const char *path, long long *start, long long *end
  * member's name read from its tar header (tar_member.c). Any other path: nothing changes.
  * Keeps the error code; returns err. */
 int dh__name_tar_sample(int err, const char *path, const char *sample_id);
+
+/* How many frames the last dh_pipeline_decode on `pipeline` had the decoder return at or
+ * before an index it had returned already (a seek back over decoded frames: what an open
+ * GOP's retry does, and what a keyframe misread from the container's index cost). For
+ * tests. */
+int64_t dh__pipeline_redecoded(const dh_pipeline_t *pipeline);
 
 #endif

@@ -15,6 +15,7 @@
 #include "datahelix/mix.h"
 #include "datahelix/pipeline.h"
 #include "datahelix/synth.h"
+#include "media/pipeline_internal.h"
 
 /* The standard fixture: 160x120, 48 frames at 24 fps, a keyframe every 12 frames. */
 static const dh_synth_clip_t small_clip = {160, 120, 24.0, 2.0, 12, 7};
@@ -231,33 +232,141 @@ static void shapes_follow_resize_layout_and_dtype(void **state)
             }
 }
 
+/* Both converter paths (convert.c): 50x70 scales (planar), 120x160 is the clip's own size
+ * (packed, unscaled). */
 static void tchw_holds_the_planes_of_thwc(void **state)
 {
     const char *path = fixture("planes.mp4", &small_clip);
-    dh_pipeline_spec_t spec;
-    dh_pipeline_spec_defaults(&spec);
-    spec.frames = 3;
-    spec.height = 50;
-    spec.width = 70;
-    dh_sample_t planar, packed;
-    spec.layout = DH_LAYOUT_TCHW;
-    decode_ok(&spec, path, NULL, "x", &planar);
-    spec.layout = DH_LAYOUT_THWC;
-    decode_ok(&spec, path, NULL, "x", &packed);
-    const uint8_t *p = planar.frames.data, *q = packed.frames.data;
-    int mismatches = 0;
-    for (int t = 0; t < 3; t++)
-        for (int c = 0; c < 3; c++)
-            for (int y = 0; y < 50; y++)
-                for (int x = 0; x < 70; x++) {
-                    int a = p[((t * 3 + c) * 50 + y) * 70 + x];
-                    int b = q[((t * 50 + y) * 70 + x) * 3 + c];
-                    if (a != b) /* one scaler path: the same values, only arranged apart */
-                        mismatches++;
-                }
-    assert_int_equal(mismatches, 0);
-    dh_sample_clear(&planar);
-    dh_sample_clear(&packed);
+    static const int32_t sizes[2][2] = {{50, 70}, {120, 160}};
+    for (int k = 0; k < 2; k++) {
+        int32_t h = sizes[k][0], w = sizes[k][1];
+        dh_pipeline_spec_t spec;
+        dh_pipeline_spec_defaults(&spec);
+        spec.frames = 3;
+        spec.resize = DH_RESIZE_FIXED;
+        spec.height = h;
+        spec.width = w;
+        dh_sample_t planar, packed;
+        spec.layout = DH_LAYOUT_TCHW;
+        decode_ok(&spec, path, NULL, "x", &planar);
+        spec.layout = DH_LAYOUT_THWC;
+        decode_ok(&spec, path, NULL, "x", &packed);
+        const uint8_t *p = planar.frames.data, *q = packed.frames.data;
+        int mismatches = 0;
+        for (int t = 0; t < 3; t++)
+            for (int c = 0; c < 3; c++)
+                for (int y = 0; y < h; y++)
+                    for (int x = 0; x < w; x++) {
+                        int a = p[((t * 3 + c) * h + y) * w + x];
+                        int b = q[((t * h + y) * w + x) * 3 + c];
+                        if (a != b) /* one scaler path: the same values, only arranged apart */
+                            mismatches++;
+                    }
+        assert_int_equal(mismatches, 0);
+        dh_sample_clear(&planar);
+        dh_sample_clear(&packed);
+    }
+}
+
+/* Mean absolute difference (of 255) between decoded RGB frame `t` of `s` and the pixels
+ * synth encoded for it, over columns [x0, clip width). */
+static double mad_vs_source(const dh_synth_clip_t *clip, const dh_sample_t *s, int32_t t,
+                            int32_t x0)
+{
+    size_t row = (size_t)clip->width * 3, n = row * (size_t)clip->height;
+    uint8_t *want = dh_malloc(n);
+    assert_non_null(want);
+    dh_synth_frame_rgb(clip, s->plan.indices[t], want);
+    const uint8_t *got = frame_at(s, t);
+    double total = 0;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((int32_t)(i % row) >= 3 * x0) {
+            total += abs((int)got[i] - (int)want[i]);
+            count++;
+        }
+    dh_free(want);
+    return total / (double)count;
+}
+
+/* One pipeline reuses its scaler while the sizes stay, and makes a new one when they change:
+ * samples of alternating sizes (and so alternating converter paths) come out as a fresh
+ * pipeline makes them. Frames at the clip's own size (the packed path) stay close to the
+ * source up to the last column: 168 wide (8 mod 16: the packed path writes past the picture,
+ * into the slack), 164 (not a multiple of 8: swscale's packed converter would leave the last
+ * 4 columns unwritten, so the planar path takes it). */
+static void scaler_follows_the_size_of_each_sample(void **state)
+{
+    static const dh_synth_clip_t clips[2] = {{168, 120, 24.0, 1.0, 12, 11},
+                                             {164, 120, 24.0, 1.0, 12, 11}};
+    for (int c = 0; c < 2; c++) {
+        const dh_synth_clip_t *clip = &clips[c];
+        const char *path = fixture(c ? "sizes164.mp4" : "sizes168.mp4", clip);
+        dh_pipeline_spec_t spec = native_spec(6);
+        spec.height = clip->height;
+        spec.width = clip->width;
+        dh_sample_overrides_t sizes[3] = {{0, 0, 0}, {0, 64, 96}, {0, 120, clip->width}};
+        dh_sample_t fresh[3];
+        for (int k = 0; k < 3; k++)
+            decode_ok(&spec, path, &sizes[k], "x", &fresh[k]);
+        assert_frames_are_planned(&fresh[0], clip->width, 120);
+        for (int t = 0; t < 6; t++) { /* 4.3 to 4.8 and 4.6 to 5.2 measured */
+            double all = mad_vs_source(clip, &fresh[0], t, 0);
+            double tail = mad_vs_source(clip, &fresh[0], t, clip->width - 8);
+            if (all > 5.5 || tail > 6.5)
+                print_error("%d wide, frame %d: mean difference %.3f against the source, %.3f in "
+                            "the last 8 columns\n",
+                            clip->width, t, all, tail);
+            assert_true(all <= 5.5 && tail <= 6.5);
+        }
+        dh_pipeline_t *p = NULL;
+        assert_int_equal(dh_pipeline_new(&p, &spec), 0);
+        static const int order[] = {0, 1, 2, 1, 0};
+        for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+            dh_sample_t s;
+            assert_int_equal(dh_pipeline_decode(p, path, &sizes[order[i]], "x", &s), 0);
+            assert_int_equal(s.frames.nbytes, fresh[order[i]].frames.nbytes);
+            assert_memory_equal(s.frames.data, fresh[order[i]].frames.data, s.frames.nbytes);
+            dh_sample_clear(&s);
+        }
+        dh_pipeline_destroy(&p);
+        for (int k = 0; k < 3; k++)
+            dh_sample_clear(&fresh[k]);
+    }
+}
+
+/* With B-frames an MP4 index holds decode times, which run ahead of the presentation ones:
+ * a keyframe 1 or 2 frames after a target is not one before it. x264's defaults (reorder
+ * delay 2), a keyframe every 12 of 48 frames, 16 uniform frames (1, 4, 7, 10, 13, ...): 10,
+ * 22 and 34 lie 2 frames before a keyframe. Every planned frame comes out, and no frame is
+ * decoded twice (reading the keyframe's decode time as its place went back to the start of
+ * the GOP for each of them). */
+static void b_frames_do_not_seek_back_before_a_keyframe(void **state)
+{
+    static const dh_synth_encoding_t encodings[] = {DH_SYNTH_ENC_X264_DEFAULT, DH_SYNTH_ENC_FLAT_B,
+                                                    DH_SYNTH_ENC_NO_B};
+    for (size_t k = 0; k < sizeof encodings / sizeof *encodings; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "bframes%zu.mp4", k);
+        const char *path = dh_test_path(name);
+        assert_int_equal(dh_synth_write_clip_encoded(path, &small_clip, encodings[k]), 0);
+        dh_pipeline_spec_t spec = native_spec(16);
+        dh_pipeline_t *p = NULL;
+        assert_int_equal(dh_pipeline_new(&p, &spec), 0);
+        dh_sample_t s;
+        int rc = dh_pipeline_decode(p, path, NULL, "x", &s);
+        if (rc != 0)
+            print_error("dh_pipeline_decode(%s): %s\n", path, dh_last_error());
+        assert_int_equal(rc, 0);
+        assert_int_equal(s.plan.indices[3], 10);
+        assert_frames_are_planned(&s, 160, 120);
+        if (dh__pipeline_redecoded(p) != 0)
+            print_error("%s: %lld frames decoded twice\n", dh_synth_encoding_name(encodings[k]),
+                        (long long)dh__pipeline_redecoded(p));
+        assert_int_equal(dh__pipeline_redecoded(p), 0);
+        dh_sample_clear(&s);
+        dh_pipeline_destroy(&p);
+    }
 }
 
 static void float32_is_normalised_uint8(void **state)
@@ -591,6 +700,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(overrides_set_frames_and_size),
     cmocka_unit_test(shapes_follow_resize_layout_and_dtype),
     cmocka_unit_test(tchw_holds_the_planes_of_thwc),
+    cmocka_unit_test(scaler_follows_the_size_of_each_sample),
+    cmocka_unit_test(b_frames_do_not_seek_back_before_a_keyframe),
     cmocka_unit_test(float32_is_normalised_uint8),
     cmocka_unit_test(center_crop_keeps_the_centre),
     cmocka_unit_test(fewer_frames_than_asked_is_erange_unless_repeat),
