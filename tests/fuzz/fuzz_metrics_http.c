@@ -6,8 +6,8 @@
  * over a registry of a counter, a labelled gauge and a histogram. Each input is one
  * connection's bytes: written into one end of a socket pair whose other end is handed to the
  * endpoint, the writing side then shut (the scraper sent everything), and the endpoint run on
- * this thread until it closes the connection. Checked: it does close it (within 1,000
- * rounds, or once the scraper's end is closed too: no connection outlives its peer), and
+ * this thread until it closes the connection. Checked: it does close it (within 20,000
+ * rounds, and once the scraper's end is closed too: no connection outlives its peer), and
  * every answer it wrote is HTTP ("HTTP/1." first); a 200 answer to a GET holds the metrics.
  */
 #include <errno.h>
@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static char answer[1 << 18];
     size_t len = 0, sent = 0;
     int eof = 0, shut = 0;
-    for (int rounds = 0; rounds < 1000 && !eof; rounds++) {
+    for (int rounds = 0; rounds < 20000 && !eof; rounds++) { /* a few per request */
         while (sent < size) {
             ssize_t n = write(sv[0], data + sent, size - sent);
             if (n <= 0)
