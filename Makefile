@@ -109,11 +109,12 @@ test-tsan:
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '^runtime\.'
 
 # The libFuzzer targets of the parsers of untrusted input (tests/fuzz, docs/testing.md
-# "Fuzzing"): the wire codec, manifests, profiles JSONL, pipeline specs and mix files, built
+# "Fuzzing"): the wire codec, manifests, profiles JSONL, pipeline specs, mix files, the Python
+# worker's messages, `datahelix manifest`'s CSV and tar readers and the metrics endpoint, built
 # with clang (libFuzzer comes with it; `make deps` installs clang and libclang-rt-14-dev)
 # in build-fuzz/, the library included, under ASan+UBSan. Each runs on a scratch copy of its
 # seed corpus (tests/fuzz/corpus/<target>/; scripts/fuzz.sh), stopping at the first finding.
-# test-fuzz (in `make test`): 100,000 executions per target, ~15 s for the five on the 2-core
+# test-fuzz (in `make test`): 100,000 executions per target, ~40 s for the nine on the 2-core
 # CI machine. fuzz: FUZZ_SECONDS each (FUZZ_TARGETS="wire mix" for some).
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 100000

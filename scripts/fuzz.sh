@@ -9,7 +9,8 @@
 #   scripts/fuzz.sh BUILD_DIR --runs N [TARGET...]
 #   scripts/fuzz.sh BUILD_DIR --seconds S [TARGET...]
 #
-# TARGET: wire, manifest, profiles, pipeline, mix (default: all). One line per target:
+# TARGET: wire, manifest, profiles, pipeline, mix, pyworker, manifest_csv, manifest_tar,
+# metrics_http (default: all). One line per target:
 # executions, seconds, coverage (cov: edges, ft: features), corpus size; exit status 1 when
 # a target found something, 2 on a usage error. Full logs: BUILD_DIR/fuzz-work/<target>.log.
 # New inputs a run found stay in BUILD_DIR/fuzz-work/<target>/corpus/; to keep the useful
@@ -28,7 +29,7 @@ case "$2" in
 esac
 shift 3
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire manifest profiles pipeline mix)
+[ ${#targets[@]} -gt 0 ] || targets=(wire manifest profiles pipeline mix pyworker manifest_csv manifest_tar metrics_http)
 
 # Leaks are reported by libFuzzer itself (-detect_leaks, on by default under ASan); UBSan
 # aborts on the first report (-fno-sanitize-recover=all in the build).

@@ -88,8 +88,8 @@ int mb_caption_json(mb_emitter_t *e, struct json_t *root, const char *where, cha
  * value: a decimal integer (no leading zeros, fits int64) an integer, a decimal real (finite)
  * a real, else a string; NULL when the text is not UTF-8 (or no memory); the caller's.
  * mb_meta_set_text: meta[key] = mb_meta_value(text), an error naming where and key when not
- * UTF-8. mb_meta_merge: copies root's keys (an object: a .json sidecar or member) into meta,
- * except the caption's keys "caption" and "text". */
+ * UTF-8 or holding a NUL byte. mb_meta_merge: copies root's keys (an object: a .json sidecar or
+ * member) into meta, except the caption's keys "caption" and "text". */
 struct json_t *mb_meta_value(const char *text, size_t len);
 int mb_meta_set_text(struct json_t *meta, const char *key, const char *text, size_t len,
                      const char *where);

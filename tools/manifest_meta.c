@@ -77,6 +77,9 @@ json_t *mb_meta_value(const char *text, size_t len)
 
 int mb_meta_set_text(json_t *meta, const char *key, const char *text, size_t len, const char *where)
 {
+    /* jansson would keep it (as "\u0000"), but no manifest reader takes a NUL in a string */
+    if (memchr(text, '\0', len))
+        return mb_error("%s: the value of '%s' holds a NUL byte", where, key);
     json_t *v = mb_meta_value(text, len);
     if (!v)
         return mb_error("%s: the value of '%s' is not valid UTF-8", where, key);

@@ -348,7 +348,11 @@ static char *read_member(shard_t *sh, const char *name, long long size, size_t *
 static int check_offset(shard_t *sh, const char *name, long long offset, long long size)
 {
     char w[2048];
-    if (offset < 0 || offset > sh->file_size || size > sh->file_size - offset)
+    if (offset >= 0 && offset <= sh->file_size && size > sh->file_size - offset)
+        return mb_error("%s: its header says %lld bytes, but the shard ends %lld bytes after "
+                        "its data starts (a truncated or damaged shard)",
+                        member_where(w, sizeof w, sh, name), size, sh->file_size - offset);
+    if (offset < 0 || offset > sh->file_size)
         return mb_error("%s: internal error: data offset %lld + size %lld lies outside the %lld "
                         "bytes of the file",
                         member_where(w, sizeof w, sh, name), offset, size, sh->file_size);

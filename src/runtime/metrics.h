@@ -102,6 +102,16 @@ typedef struct dh__metrics_http dh__metrics_http_t;
 int dh__metrics_http_start(dh__metrics_http_t **out, dh__metrics_t *m, const char *listen,
                            const char *who);
 
+/* The same endpoint with no socket to listen on and no thread (the fuzz target,
+ * tests/fuzz/fuzz_metrics_http.c): dh__metrics_http_add hands it one end of a connected
+ * stream socket (taken: libmicrohttpd closes it; 0, or DH_EIO when refused), and each
+ * dh__metrics_http_run serves, on the caller's thread, what has arrived on its connections
+ * (reads requests, answers, closes the finished ones) and returns how many are still open.
+ * Stopped with dh__metrics_http_stop. 0 or DH_ENOMEM. */
+int dh__metrics_http_start_unbound(dh__metrics_http_t **out, dh__metrics_t *m, const char *who);
+int dh__metrics_http_add(dh__metrics_http_t *h, int fd);
+size_t dh__metrics_http_run(dh__metrics_http_t *h);
+
 /* The TCP port bound. */
 uint16_t dh__metrics_http_port(const dh__metrics_http_t *h);
 

@@ -182,6 +182,43 @@ int dh__metrics_http_start(dh__metrics_http_t **out, dh__metrics_t *m, const cha
     return 0;
 }
 
+int dh__metrics_http_start_unbound(dh__metrics_http_t **out, dh__metrics_t *m, const char *who)
+{
+    *out = NULL;
+    dh__metrics_http_t *h = dh_calloc(1, sizeof *h);
+    if (!h)
+        return dh__set_error(DH_ENOMEM, "out of memory for the metrics endpoint");
+    h->registry = m;
+    snprintf(h->who, sizeof h->who, "%s", who);
+    h->daemon =
+        MHD_start_daemon(MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
+                         MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h, MHD_OPTION_CONNECTION_LIMIT, 16u,
+                         MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!h->daemon) {
+        dh_free(h);
+        return dh__set_error(DH_ENOMEM, "%s: cannot start the metrics endpoint", who);
+    }
+    *out = h;
+    return 0;
+}
+
+int dh__metrics_http_add(dh__metrics_http_t *h, int fd)
+{
+    struct sockaddr_in peer = {
+        .sin_family = AF_INET, .sin_port = htons(1), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (MHD_add_connection(h->daemon, fd, (const struct sockaddr *)&peer, sizeof peer) != MHD_YES)
+        return dh__set_error(DH_EIO, "%s: metrics endpoint: connection refused", h->who);
+    return 0;
+}
+
+size_t dh__metrics_http_run(dh__metrics_http_t *h)
+{
+    MHD_run(h->daemon);
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? info->num_connections : 0;
+}
+
 uint16_t dh__metrics_http_port(const dh__metrics_http_t *h)
 {
     return h->port;

@@ -212,17 +212,23 @@ static int recv_json(dh__py_worker_t *w, json_t **out)
                                  "is %zu)",
                                  w->index, (int)w->pid, got, MSG_CAP);
         w->buf[got] = '\0';
-        dh__json_use_allocator();
-        json_error_t jerr;
-        json_t *msg = json_loadb(w->buf, (size_t)got, 0, &jerr);
-        if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "op"))) {
-            json_decref(msg);
-            return dh__set_error(DH_EPARSE, "Python worker %u (pid %d): malformed message: %s",
-                                 w->index, (int)w->pid, jerr.text);
-        }
-        *out = msg;
-        return 0;
+        return dh__py_msg_parse(w->buf, (size_t)got, w->index, (int)w->pid, out);
     }
+}
+
+int dh__py_msg_parse(const char *buf, size_t len, uint32_t index, int pid, json_t **out)
+{
+    *out = NULL;
+    dh__json_use_allocator();
+    json_error_t jerr;
+    json_t *msg = json_loadb(buf, len, 0, &jerr);
+    if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "op"))) {
+        json_decref(msg);
+        return dh__set_error(DH_EPARSE, "Python worker %u (pid %d): malformed message: %s", index,
+                             pid, msg ? "not an object with a string \"op\"" : jerr.text);
+    }
+    *out = msg;
+    return 0;
 }
 
 static const char *op_of(json_t *msg)
@@ -369,12 +375,12 @@ static int fail_samples(dh__rt_result_t *out, int code, const char *why)
     return 0;
 }
 
-/* The per-sample part of an alloc message into the result. */
-static int take_samples(dh__py_worker_t *w, json_t *list, dh__rt_result_t *out)
+/* The per-sample part of an alloc (or done) message into the result. */
+int dh__py_take_samples(json_t *list, uint32_t index, dh__rt_result_t *out)
 {
     if (!json_is_array(list) || json_array_size(list) != out->n_samples)
         return dh__set_error(DH_EPARSE,
-                             "Python worker %u: alloc: %zu sample results for %u samples", w->index,
+                             "Python worker %u: alloc: %zu sample results for %u samples", index,
                              json_array_size(list), out->n_samples);
     for (uint32_t i = 0; i < out->n_samples; i++) {
         json_t *s = json_array_get(list, i);
@@ -400,7 +406,7 @@ static int take_samples(dh__py_worker_t *w, json_t *list, dh__rt_result_t *out)
 }
 
 /* The tensors of an alloc message, shapes checked (no buffers yet). */
-static int take_tensors(dh__py_worker_t *w, json_t *list, dh__rt_result_t *out)
+static int take_tensors(json_t *list, dh__rt_result_t *out)
 {
     if (!json_is_array(list) || json_array_size(list) > DH__RT_MAX_TENSORS)
         return dh__set_error(DH_EDATASET,
@@ -449,6 +455,15 @@ static int take_tensors(dh__py_worker_t *w, json_t *list, dh__rt_result_t *out)
         out->n_tensors = i + 1;
     }
     return 0;
+}
+
+int dh__py_take_alloc(json_t *msg, uint32_t index, dh__rt_result_t *out)
+{
+    out->cpu_s = 0;
+    int rc = dh__py_take_samples(json_object_get(msg, "samples"), index, out);
+    if (rc == 0)
+        rc = take_tensors(json_object_get(msg, "tensors"), out);
+    return rc;
 }
 
 static void release_all(dh__rt_result_t *out, dh__rt_free_fn *release, void *ctx)
@@ -519,10 +534,7 @@ static int run_once(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_
         json_decref(msg);
         return rc;
     }
-    out->cpu_s = 0;
-    rc = take_samples(w, json_object_get(msg, "samples"), out);
-    if (rc == 0)
-        rc = take_tensors(w, json_object_get(msg, "tensors"), out);
+    rc = dh__py_take_alloc(msg, w->index, out);
     json_decref(msg);
     if (rc == DH_EDATASET) { /* the batch as a whole is not carried: every sample fails */
         char why[1024];
@@ -611,7 +623,7 @@ static int run_once(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_
         }
         out->failed = 0;
         out->cpu_s = 0;
-        rc = take_samples(w, final, out);
+        rc = dh__py_take_samples(final, w->index, out);
     }
     json_decref(msg);
     if (rc) {

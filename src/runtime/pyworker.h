@@ -26,6 +26,22 @@ int dh__py_execute(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_t
                    dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                    dh__rt_result_t *out);
 
+/* The process's messages, parsed with no process (pyworker.c's receive path, and the fuzz
+ * target tests/fuzz/fuzz_pyworker.c). index and pid name the worker in messages.
+ * dh__py_msg_parse: buf[0..len) as one message: a JSON object with a string "op" into *out
+ * (the caller's: json_decref), else DH_EPARSE with *out NULL.
+ * dh__py_take_alloc: an alloc message into out, which holds out->n_samples entries in
+ * samples[] and sample_cpu_s[] (the caller's, zeroed; an error string set here is the
+ * caller's, dh_free): each sample's tokens, cpu_s and error (DH_EDATASET, counted in failed),
+ * then the tensors' names, dtypes and shapes (contiguous; no buffers). 0; DH_EPARSE when
+ * "samples" is not a list of n_samples; DH_EDATASET when the tensors cannot be carried (out of
+ * dtypes, names, dimensions or bytes: out->tensors is then partly filled); DH_ENOMEM.
+ * dh__py_take_samples: only the samples part (a done message's "samples"). */
+struct json_t;
+int dh__py_msg_parse(const char *buf, size_t len, uint32_t index, int pid, struct json_t **out);
+int dh__py_take_alloc(struct json_t *msg, uint32_t index, dh__rt_result_t *out);
+int dh__py_take_samples(struct json_t *list, uint32_t index, dh__rt_result_t *out);
+
 /* Stops the process (closes its socket; SIGKILL if it has not exited within 0.5 s). */
 void dh__py_worker_destroy(dh__py_worker_t **w);
 

@@ -459,6 +459,16 @@ static void tar_errors_name_shard_and_member(void **state)
     snprintf(args, sizeof args, "--from-tar '%s' -o '%s'", tar_path, out);
     const char *const needles[] = {"cut.tar: after member 'a/1.mp4':", NULL};
     manifest_fails(args, out, 1, needles);
+    /* cut inside a media member's data: a damaged shard, not an internal error (found by
+     * fuzz_manifest_tar; before, "internal error: data offset 512 + size 3 lies outside") */
+    make_tar("ustar", src, tar_path, "a/1.mp4");
+    snprintf(cmd, sizeof cmd, "truncate -s 513 '%s'", tar_path);
+    sh(cmd);
+    const char *const cut_data[] = {"cut.tar: member 'a/1.mp4': its header says 3 bytes, but the "
+                                    "shard ends 1 bytes after its data starts (a truncated or "
+                                    "damaged shard)",
+                                    NULL};
+    manifest_fails(args, out, 1, cut_data);
     free(tar_path);
     free(out);
     free(src);
