@@ -136,3 +136,8 @@ def collate_hangs_on_label_40(samples):
     if any(s["label"] == 40 for s in samples):
         time.sleep(3600)
     return {"label": np.array([s["label"] for s in samples], dtype=np.int64)}
+
+
+def make_hanging_clips():
+    """A factory for tests/runtime/test_pyworker.c: Clips whose index 2 never returns."""
+    return Clips(n=8, hang=2)
