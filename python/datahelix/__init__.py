@@ -215,6 +215,9 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     index, costs from ``dataset.estimate_cost(i)``, else the learned ``costs`` file, else
     their mean) and its pickle (``directory/dataset.pkl``); returns the python pipeline
     spec a DataServer runs it with."""
+    if sample_timeout is not None and not 0 <= sample_timeout <= 1e7:
+        raise InvalidArgumentError(f"sample_timeout must be seconds in [0, 1e7] or None, not "
+                                   f"{sample_timeout!r}")
     direct = hasattr(dataset, "sample_spec") and hasattr(dataset, "load_into")
     if not (hasattr(dataset, "__getitem__") or direct) or not hasattr(dataset, "__len__"):
         raise InvalidArgumentError(
@@ -251,9 +254,6 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     pkl = os.path.join(directory, "dataset.pkl")
     with open(pkl, "wb") as f:
         f.write(blob)
-    if sample_timeout is not None and not 0 <= sample_timeout <= 1e7:
-        raise InvalidArgumentError(f"sample_timeout must be seconds in [0, 1e7] or None, not "
-                                   f"{sample_timeout!r}")
     return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
             "path": _worker_path(), "seed": _C.epoch_seed(int(seed) & ((1 << 64) - 1), 0),
             "sample_timeout": float(sample_timeout or 0)}

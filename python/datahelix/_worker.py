@@ -216,6 +216,7 @@ class Worker:
         self.maps: Dict[str, mmap.mmap] = {}
         self.fds: Dict[str, int] = {}
         self.known = Structure()  # what this process's batches carried (_collate.check)
+        self.report_begin = True  # the task's "begin": the DataServer has a sample_timeout
 
     # -- messages -----------------------------------------------------------------------
 
@@ -225,7 +226,8 @@ class Worker:
     def begin(self, slot: int, what: str, index: Any = "") -> None:
         """Tells the DataServer that the user's code starts for batch slot `slot` (-1: the
         batch's collate_fn): its sample_timeout counts from now (pyworker.c)."""
-        self.send({"op": "begin", "slot": slot, "what": what, "index": str(index)})
+        if self.report_begin:
+            self.send({"op": "begin", "slot": slot, "what": what, "index": str(index)})
 
     def recv(self) -> Optional[Dict[str, Any]]:
         data, ancdata, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(8))
@@ -633,6 +635,7 @@ def main() -> None:
         if msg is None or msg.get("op") == "exit":
             return
         if msg.get("op") == "task":
+            worker.report_begin = bool(msg.get("begin", True))
             worker.run_task(msg["samples"])
 
 

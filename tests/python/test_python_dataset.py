@@ -351,3 +351,14 @@ def test_a_hanging_collate_fn_fails_its_batch_and_the_pass_goes_on(datahelix):
     for e in batches[1]["errors"]:
         assert "collate_fn ran past sample_timeout (2 s) on the batch of 3 samples" in e, e
     assert worker_pids() == []
+
+
+def test_sample_timeout_none_or_0_is_no_limit_and_a_bad_one_is_refused(datahelix):
+    ds = pydatasets.Clips(n=2, sleep_s=0.3)
+    for no_limit in (None, 0):
+        with datahelix.DataLoader(dataset=ds, batch_size=1, workers=1, shuffle=False,
+                                  timeout=60, sample_timeout=no_limit) as dl:
+            batches = list(dl)
+        assert [b["errors"] for b in batches] == [[None], [None]]
+    with pytest.raises(datahelix.InvalidArgumentError, match="sample_timeout"):
+        datahelix.DataLoader(dataset=ds, sample_timeout=-1)
