@@ -621,6 +621,8 @@ def main() -> None:
     if msg is None:
         return
     try:
+        worker.report_begin = bool(msg.get("begin", True))
+        worker.begin(-3, "loading the dataset")  # its sample_timeout counts from here
         worker.init(msg)
     except BaseException as e:  # noqa: BLE001
         worker.send({"op": "fatal", "error": _trim(

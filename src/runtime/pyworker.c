@@ -88,6 +88,8 @@ struct dh__py_worker {
 #define BATCH_FAILED 2
 /* No answer by the deadline: a call of the user's code ran past sample_timeout. */
 #define TIMED_OUT 3
+/* Seconds a new process may take to start before it reads its init (at least). */
+#define START_S 60.0
 
 static int64_t now_ns(void)
 {
@@ -245,9 +247,10 @@ static int start(dh__py_worker_t *w)
     int rc = dh__py_proc_spawn(w->spec.py_exe, w->spec.py_path, w->index, &w->pid, &w->sock);
     if (rc)
         return rc;
-    json_t *init = json_pack("{s:s,s:s,s:I,s:I,s:I}", "op", "init", "dataset", w->spec.py_dataset,
-                             "worker_id", (json_int_t)w->index, "num_workers", (json_int_t)w->n,
-                             "seed", (json_int_t)((w->spec.py_seed + w->index) & INT64_MAX));
+    json_t *init = json_pack(
+        "{s:s,s:s,s:I,s:I,s:I,s:b}", "op", "init", "dataset", w->spec.py_dataset, "worker_id",
+        (json_int_t)w->index, "num_workers", (json_int_t)w->n, "seed",
+        (json_int_t)((w->spec.py_seed + w->index) & INT64_MAX), "begin", w->timeout_s > 0);
     if (!init)
         return dh__set_error(DH_ENOMEM, "out of memory for a message to a Python worker");
     rc = send_json(w, init, NULL, 0);
@@ -275,7 +278,12 @@ static int ensure_ready(dh__py_worker_t *w)
     if (!w->pid && (rc = start(w)))
         return rc;
     json_t *msg;
-    arm(w, -3); /* unpickling or importing the dataset, worker_init_fn */
+    /* The interpreter's start and its own imports are not the dataset's code: up to
+     * START_S (a loaded machine); the process says "begin" (slot -3) when it starts to
+     * unpickle or import the dataset, and that and worker_init_fn get sample_timeout. */
+    arm(w, -3);
+    if (w->deadline_ns && w->timeout_s < START_S)
+        w->deadline_ns = w->armed_ns + (int64_t)(START_S * 1e9);
     if ((rc = recv_json(w, &msg)))
         return rc;
     const char *op = op_of(msg);
