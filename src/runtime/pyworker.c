@@ -26,15 +26,15 @@
  *
  * sample_timeout (the pipeline's, default 300 s): every answer awaited is due that long after
  * the request, and the process sends <- begin {slot, what, index} as it enters the user's code
- * (__getitem__, sample_spec, load_into: slot k; collate_fn: -1), which pushes the deadline
- * back: the limit is per call, not per batch. Cost: a message and a wake of this thread per
- * call (a trivial dataset's pass on the shared 2-core machine: 69-72 us a sample before,
- * 78-84 after, in the two quieter of several noisy runs); none with no limit (the task's
- * "begin" false). Past it the process is killed (SIGKILL,
- * reaped) and, for a sample's call, that sample fails with a message naming it, the call and
- * the time, and the task runs again in a new process with that sample marked "failed" (not
- * loaded again); for collate_fn, the dataset's loading or worker_init_fn, the batch's samples
- * fail. The slot (this thread) is free for the next task either way.
+ * (__getitem__, sample_spec, load_into: slot k; collate_fn: -1; the dataset's loading and
+ * worker_init_fn: -3), which pushes the deadline back: the limit is per call, not per batch.
+ * Past it the process is killed (SIGKILL, reaped) and, for a sample's call, that sample fails
+ * with a message naming it, the call and the time, and the task runs again in a new process
+ * with that sample marked "failed" (not loaded again); for collate_fn, the dataset's loading
+ * or worker_init_fn, the batch's samples fail. The slot (this thread) is free for the next
+ * task either way. Cost: a message and a wake of this thread per call (a trivial dataset's
+ * pass on the shared 2-core machine: 69-72 us a sample before, 78-84 after, in the two
+ * quieter of several noisy runs); none with no limit (init's and task's "begin" false).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -74,7 +74,8 @@ struct dh__py_worker {
     char *buf; /* MSG_CAP + 1 */
     /* sample_timeout: the answer awaited is due by deadline_ns (0: no limit), pushed back
      * by each "begin" the process sends as it enters the user's code: the slot of the
-     * sample (-1 the batch's collate_fn, -2 none yet), what it calls and the index. */
+     * sample (-1 the batch's collate_fn, -2 none yet, -3 loading the dataset), what it calls
+     * and the index. */
     double timeout_s;
     int64_t armed_ns, deadline_ns;
     int slot;
@@ -642,7 +643,8 @@ static int timed_out(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32
                  waited_s, killed);
         if (!((*failed)[slot] = dh_strdup(text)))
             return dh__set_error(DH_ENOMEM, "out of memory for an error message");
-        dh_log_warn("Python worker %u: %s; the batch's other samples run again", w->index, text);
+        dh_log_warn("Python worker %u: %s%s", w->index, text,
+                    n > 1 ? "; the batch's other samples run again" : "");
         return 1;
     }
     if (slot == -3)
