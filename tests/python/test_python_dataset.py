@@ -229,7 +229,8 @@ def test_a_remote_sidecar_runs_the_dataset_from_its_module(datahelix, tmp_path):
     procs = [subprocess.Popen(common + ["--role", "local", "--node", "n1", "--workers", "0"],
                               stderr=open(tmp_path / "local.log", "w")),
              subprocess.Popen(common + ["--role", "remote", "--node", "n2", "--workers", "2",
-                                        "--dataset", "pydatasets:make_clips"],
+                                        "--dataset", "pydatasets:make_clips",
+                                        "--sample-timeout", "30"],
                               env=env, stderr=open(tmp_path / "sidecar.log", "w"))]
     try:
         ds = pydatasets.Clips(n=24)
@@ -248,12 +249,19 @@ def test_a_remote_sidecar_runs_the_dataset_from_its_module(datahelix, tmp_path):
         coord.close()
     log = (tmp_path / "sidecar.log").read_text()
     assert "python pipeline (dataset pydatasets:make_clips" in log, log
+    assert "sample_timeout 30 s)" in log, log
     assert "24 samples (0 failed)" in log, log
     with pytest.raises(subprocess.CalledProcessError) as bad:
         subprocess.run([CLI, "server", "--coordinator", "tcp://127.0.0.1:1", "--role", "remote",
                         "--node", "x", "--workers", "1", "--dataset", "no-colon"],
                        check=True, capture_output=True, text=True)
     assert "MODULE:FACTORY" in bad.value.stderr
+    for extra, says in ((["--dataset", "m:f", "--sample-timeout", "-1"], "[0, 1e7]"),
+                        (["--sample-timeout", "5"], "goes with --dataset")):
+        r = subprocess.run([CLI, "server", "--coordinator", "tcp://127.0.0.1:1", "--role",
+                            "remote", "--node", "x", "--workers", "1"] + extra,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
 
 
 def test_a_dataset_can_load_straight_into_the_slabs(datahelix, tmp_path):
