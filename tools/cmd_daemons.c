@@ -3,6 +3,7 @@
  * SIGINT or SIGTERM, destroy. Each logs one line per lifecycle event on standard error. */
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,7 +176,8 @@ static void server_usage(FILE *out)
 {
     fprintf(out,
             "usage: datahelix server --coordinator ENDPOINT --role local|remote --node NAME\n"
-            "                        --workers N [--pipeline SPEC.json | --dataset M:F]\n"
+            "                        --workers N [--pipeline SPEC.json | --dataset M:F\n"
+            "                        [--sample-timeout SECONDS]]\n"
             "                        [--arena-mb M]\n"
             "                        [--arena-budget BYTES] [--shm-allow-uid UID[,UID]]\n"
             "                        [--name NAME]\n"
@@ -209,6 +211,12 @@ static void server_usage(FILE *out)
             "                              calls FACTORY() for the dataset; what a remote\n"
             "                              sidecar runs for loaders with dataset=\n"
             "                              (docs/datasets.md, \"Your own Dataset\")\n"
+            "      --sample-timeout SECONDS  with --dataset: how long one call of the\n"
+            "                              dataset's code (__getitem__, load_into, collate,\n"
+            "                              its loading in a new process) may run; past it the\n"
+            "                              worker process is killed and replaced and the\n"
+            "                              sample fails, named (default 300; 0: no limit; a\n"
+            "                              --pipeline spec sets \"sample_timeout\")\n"
             "  -a, --arena-mb M            local: shared-memory arena size (default: the\n"
             "                              budget below; the memfd is sparse, so it costs\n"
             "                              memory only as far as batches fill it, and each\n"
@@ -273,6 +281,7 @@ int dh_cmd_server(int argc, char **argv)
                                             {"key", required_argument, NULL, 'k'},
                                             {"metrics-listen", required_argument, NULL, 0x100},
                                             {"metrics-port-file", required_argument, NULL, 0x101},
+                                            {"sample-timeout", required_argument, NULL, 0x102},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
@@ -281,6 +290,8 @@ int dh_cmd_server(int argc, char **argv)
     dh_cli_keys_from_env(&cfg.keys_dir, &cfg.key_name);
     int have_role = 0, have_workers = 0;
     const char *dataset = NULL, *port_file = NULL;
+    double sample_timeout_s = 300;
+    bool have_sample_timeout = false;
     unsigned long long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:U:N:D:A:b:K:h", options, NULL)) != -1) {
@@ -365,6 +376,20 @@ int dh_cmd_server(int argc, char **argv)
         case 0x101: /* --metrics-port-file */
             port_file = optarg;
             break;
+        case 0x102: { /* --sample-timeout */
+            char *end = NULL;
+            sample_timeout_s = strtod(optarg, &end);
+            if (!end || end == optarg || *end || !(sample_timeout_s >= 0) ||
+                sample_timeout_s > 1e7) {
+                fprintf(stderr,
+                        "datahelix server: --sample-timeout must be seconds in [0, 1e7] (0: no "
+                        "limit), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            have_sample_timeout = true;
+            break;
+        }
         case 'h':
             server_usage(stdout);
             return 0;
@@ -388,6 +413,11 @@ int dh_cmd_server(int argc, char **argv)
         fprintf(stderr, "datahelix server: give --pipeline or --dataset, not both\n");
         return 2;
     }
+    if (have_sample_timeout && !dataset) {
+        fprintf(stderr, "datahelix server: --sample-timeout goes with --dataset (a --pipeline "
+                        "spec sets \"sample_timeout\")\n");
+        return 2;
+    }
     if (port_file && !cfg.metrics_listen) {
         fprintf(stderr, "datahelix server: --metrics-port-file needs --metrics-listen\n");
         return 2;
@@ -397,8 +427,10 @@ int dh_cmd_server(int argc, char **argv)
         char cwd[4096];
         if (!getcwd(cwd, sizeof cwd) || strpbrk(cwd, "\"\\:"))
             snprintf(cwd, sizeof cwd, "/");
-        snprintf(spec, sizeof spec, "{\"type\":\"python\",\"dataset\":\"%s\",\"path\":[\"%s\"]}",
-                 dataset, cwd);
+        snprintf(spec, sizeof spec,
+                 "{\"type\":\"python\",\"dataset\":\"%s\",\"path\":[\"%s\"],"
+                 "\"sample_timeout\":%.17g}",
+                 dataset, cwd, sample_timeout_s);
         cfg.pipeline_json = spec;
     }
     dh_dataserver_t *s = NULL;

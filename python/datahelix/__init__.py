@@ -209,11 +209,15 @@ def _pickle_bundle(bundle: Dict[str, Any], what: str) -> bytes:
 def _dataset_source(dataset: Any, directory: str, *, seed: int,
                     collate_fn: Optional[Callable[..., Any]] = None,
                     worker_init_fn: Optional[Callable[[int], None]] = None,
-                    costs: Optional[str] = None) -> Dict[str, Any]:
+                    costs: Optional[str] = None,
+                    sample_timeout: Optional[float] = 300.0) -> Dict[str, Any]:
     """Writes a map-style dataset's profile set (``directory/profiles.jsonl``: one row per
     index, costs from ``dataset.estimate_cost(i)``, else the learned ``costs`` file, else
     their mean) and its pickle (``directory/dataset.pkl``); returns the python pipeline
     spec a DataServer runs it with."""
+    if sample_timeout is not None and not 0 <= sample_timeout <= 1e7:
+        raise InvalidArgumentError(f"sample_timeout must be seconds in [0, 1e7] or None, not "
+                                   f"{sample_timeout!r}")
     direct = hasattr(dataset, "sample_spec") and hasattr(dataset, "load_into")
     if not (hasattr(dataset, "__getitem__") or direct) or not hasattr(dataset, "__len__"):
         raise InvalidArgumentError(
@@ -251,7 +255,8 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
     with open(pkl, "wb") as f:
         f.write(blob)
     return {"type": "python", "dataset": "pickle:" + pkl, "python": sys.executable,
-            "path": _worker_path(), "seed": _C.epoch_seed(int(seed) & ((1 << 64) - 1), 0)}
+            "path": _worker_path(), "seed": _C.epoch_seed(int(seed) & ((1 << 64) - 1), 0),
+            "sample_timeout": float(sample_timeout or 0)}
 
 
 def _worker_path() -> List[str]:
@@ -452,7 +457,8 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
                   collate_fn: Optional[Callable[..., Any]] = None,
                   worker_init_fn: Optional[Callable[[int], None]] = None,
                   seed: int = 0, keys: Union[None, str, os.PathLike] = None,
-                  key: Optional[str] = None, log_level: Optional[str] = None) -> Cluster:
+                  key: Optional[str] = None, log_level: Optional[str] = None,
+                  sample_timeout: Optional[float] = 300.0) -> Cluster:
     """Starts a coordinator on ``listen`` (unless ``coordinator`` names one to join) and a
     local DataServer for ``node`` (default: this host) with ``workers`` decode threads
     (default: this machine's CPUs), as threads of this process. ``source`` is only checked
@@ -460,8 +466,9 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
     ``arena_bytes`` 0 (default) sizes the DataServer's arena to ``arena_budget`` (bytes or
     "8G"; default DH_ARENA_BUDGET, else a quarter of physical memory): a sparse memfd, so it
     costs only what the batches in flight take. ``dataset`` (a map-style Python dataset, with
-    ``collate_fn``, ``worker_init_fn`` and ``seed``): the DataServer runs it in ``workers``
-    worker processes instead of the video pipeline (docs/datasets.md, "Your own Dataset").
+    ``collate_fn``, ``worker_init_fn``, ``seed`` and ``sample_timeout``, as DataLoader's): the
+    DataServer runs it in ``workers`` worker processes instead of the video pipeline
+    (docs/datasets.md, "Your own Dataset").
     ``keys``/``key``: the CURVE key directory and this process's key in it (default
     DATAHELIX_KEYS / DATAHELIX_KEY): tcp:// endpoints admit only the directory's keys, and
     encrypt (docs/security.md). ``log_level``: the C side's log threshold (error, warn,
@@ -477,7 +484,7 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
             raise InvalidArgumentError("give a pipeline or a dataset, not both")
         scratch = tempfile.mkdtemp(prefix="datahelix-dataset-")
         pipeline = _dataset_source(dataset, scratch, seed=seed, collate_fn=collate_fn,
-                                   worker_init_fn=worker_init_fn)
+                                   worker_init_fn=worker_init_fn, sample_timeout=sample_timeout)
     if source is not None:
         resolve_source(source)
     coord = None
@@ -980,6 +987,11 @@ class DataLoader:
             bool/int/float as tensors, other values as lists, and ``indices``.
         collate_fn, worker_init_fn: as torch's, run in the worker processes (pickled, with
             cloudpickle when plain pickle cannot).
+        sample_timeout: with ``dataset``, seconds one call of its code (``__getitem__``,
+            ``load_into``, ``collate_fn``; loading it and ``worker_init_fn`` in a new worker
+            process) may run (default 300; None or 0: no limit). Past it the worker process
+            is killed and replaced, and the sample fails with a DatasetError naming it and
+            the time (``on_error``; docs/datasets.md, "Hangs: sample_timeout").
         costs: with ``dataset``, a JSONL file of learned per-sample costs: read at the start
             (with ``costs.rank*``) and written when a pass ends.
         prefetch_factor, pin_memory, pin_memory_device, generator: as torch's (pinning
@@ -1017,7 +1029,8 @@ class DataLoader:
                  pin_memory_device: str = "", generator: Any = None,
                  sampler: Any = None, batch_sampler: Any = None,
                  multiprocessing_context: Any = None, in_order: bool = True,
-                 log_level: Optional[str] = None) -> None:
+                 log_level: Optional[str] = None,
+                 sample_timeout: Optional[float] = 300.0) -> None:
         _set_log_level(log_level)
         source, dataset = _source_or_dataset(source, dataset)
         _refuse_torch_only(pipeline, sampler, batch_sampler, multiprocessing_context, in_order)
@@ -1060,7 +1073,7 @@ class DataLoader:
             self._blend_dir = tempfile.mkdtemp(prefix="datahelix-dataset-")
             pipeline = _dataset_source(dataset, self._blend_dir, seed=seed,
                                        collate_fn=collate_fn, worker_init_fn=worker_init_fn,
-                                       costs=self._costs_path)
+                                       costs=self._costs_path, sample_timeout=sample_timeout)
             if self._costs_path:
                 self._learned = _load_costs(self._costs_path)
             source = self._blend_dir

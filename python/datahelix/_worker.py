@@ -216,11 +216,18 @@ class Worker:
         self.maps: Dict[str, mmap.mmap] = {}
         self.fds: Dict[str, int] = {}
         self.known = Structure()  # what this process's batches carried (_collate.check)
+        self.report_begin = True  # the task's "begin": the DataServer has a sample_timeout
 
     # -- messages -----------------------------------------------------------------------
 
     def send(self, msg: Dict[str, Any]) -> None:
         self.sock.send(json.dumps(msg, separators=(",", ":")).encode())
+
+    def begin(self, slot: int, what: str, index: Any = "") -> None:
+        """Tells the DataServer that the user's code starts for batch slot `slot` (-1: the
+        batch's collate_fn): its sample_timeout counts from now (pyworker.c)."""
+        if self.report_begin:
+            self.send({"op": "begin", "slot": slot, "what": what, "index": str(index)})
 
     def recv(self) -> Optional[Dict[str, Any]]:
         data, ancdata, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(8))
@@ -303,10 +310,15 @@ class Worker:
         for k, d in enumerate(descs):
             t0 = time.perf_counter()
             index = -1
+            if "failed" in d:  # it ran past sample_timeout in a process killed for it
+                results[k]["error"] = str(d["failed"])
+                results[k]["cpu_s"] = 0.0
+                continue
             try:
                 index = _index_of(d)
                 indices.append(index)
                 self.seed_sample(d, index)
+                self.begin(k, "__getitem__", index)
                 value = self.dataset[index]
                 if not isinstance(value, dict):
                     raise SampleError(
@@ -394,8 +406,12 @@ class Worker:
         indices = [-1] * n
         for k, d in enumerate(descs):
             t0 = time.perf_counter()
+            if "failed" in d:  # it ran past sample_timeout in a process killed for it
+                results[k]["error"] = str(d["failed"])
+                continue
             try:
                 indices[k] = _index_of(d)
+                self.begin(k, "sample_spec", indices[k])
                 spec = self.dataset.sample_spec(indices[k])
                 if not isinstance(spec, dict):
                     raise SampleError(f"sample_spec returned {type(spec).__name__}, not a dict")
@@ -492,6 +508,7 @@ class Worker:
                 t0 = time.perf_counter()
                 try:
                     self.seed_sample(descs[k], indices[k])
+                    self.begin(k, "load_into", indices[k])
                     self.dataset.load_into(indices[k], views)
                     biggest = max(views.values(), key=lambda v: v.nbytes, default=None)
                     count = getattr(self.dataset, "count_tokens", None)
@@ -534,12 +551,14 @@ class Worker:
                 ok = [k for k, s in enumerate(samples) if s is not None]
                 if not ok:
                     return [], empty, samples
+                self.begin(-1, "collate_fn")
                 plan, ok_rows = _plan_of_collated(self.collate_fn([samples[k] for k in ok]),
                                                   len(ok))
                 rows = [{} for _ in range(n)]
                 for k, row in zip(ok, ok_rows):
                     rows[k] = row
                 return plan, rows, samples
+            self.begin(-1, "the default collate")
             plan, rows, failures = default_collate(samples, self.known)
         except BaseException as e:  # noqa: BLE001  (user code: anything is reported)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -602,17 +621,23 @@ def main() -> None:
     if msg is None:
         return
     try:
+        worker.report_begin = bool(msg.get("begin", True))
+        worker.begin(-3, "loading the dataset")  # its sample_timeout counts from here
         worker.init(msg)
     except BaseException as e:  # noqa: BLE001
         worker.send({"op": "fatal", "error": _trim(
             "".join(traceback.format_exception(type(e), e, e.__traceback__)), 16000)})
         return
-    worker.send({"op": "ready"})
+    try:
+        worker.send({"op": "ready"})
+    except OSError:  # the DataServer stopped (or gave up on it) while it started
+        return
     while True:
         msg = worker.recv()
         if msg is None or msg.get("op") == "exit":
             return
         if msg.get("op") == "task":
+            worker.report_begin = bool(msg.get("begin", True))
             worker.run_task(msg["samples"])
 
 

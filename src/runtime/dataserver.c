@@ -541,6 +541,10 @@ static void on_data_message(dh_dataserver_t *s, dh_wire_received_t *r)
 int dh_dataserver_run(dh_dataserver_t *s)
 {
     dh__inprocess_enter(s->name); /* a coordinator of this process never times it out */
+    char limit[64] = "";
+    if (s->pipeline.python)
+        snprintf(limit, sizeof limit, ", one worker process each, sample_timeout %g s)",
+                 s->pipeline.py_sample_timeout_s);
     dh_log_info(
         "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
         "coordinator %s",
@@ -549,8 +553,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
         : s->pipeline.synthetic ? "synthetic"
                                 : "video",
         s->pipeline.python ? " (dataset " : "", s->pipeline.python ? s->pipeline.py_dataset : "",
-        s->pipeline.python ? ", one worker process each)" : "",
-        s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
+        limit, s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
     send_hello(s);
     uint64_t last_hb = dh_clock_now_ns(), last_reclaim = last_hb;
     dh_wire_received_t r = {0};

@@ -6,7 +6,9 @@
 #define DH_RUNTIME_PYWORKER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "runtime/rt.h"
 
@@ -21,7 +23,10 @@ void dh__py_worker_bind(dh__py_worker_t *w, uint32_t index, uint32_t n, int aren
                         const atomic_int *stop);
 
 /* Runs one request in the worker process (dh__rt_execute's contract). A process that dies
- * mid-task is replaced and the task run again once; a second death fails its samples. */
+ * mid-task is replaced and the task run again once; a second death fails its samples. A call
+ * of the user's code that runs past the pipeline's sample_timeout fails its sample (all of
+ * the batch's for collate_fn, the dataset's loading or worker_init_fn): the process is killed
+ * and a new one runs the task again without it. */
 int dh__py_execute(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,
                    dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                    dh__rt_result_t *out);
@@ -44,5 +49,13 @@ int dh__py_take_samples(struct json_t *list, uint32_t index, dh__rt_result_t *ou
 
 /* Stops the process (closes its socket; SIGKILL if it has not exited within 0.5 s). */
 void dh__py_worker_destroy(dh__py_worker_t **w);
+
+/* pyworker_proc.c: starts `python -m datahelix._worker` (exe "" = $DH_PYTHON_EXE, else
+ * python3) with its end of a new SOCK_SEQPACKET pair as fd 3 and `py_path` (':'-joined)
+ * before its PYTHONPATH; sets *pid and *sock (ours, CLOEXEC). 0, or a code with a message. */
+int dh__py_proc_spawn(const char *exe, const char *py_path, uint32_t index, pid_t *pid, int *sock);
+/* Reaps `pid` (0: none), SIGKILL first when kill_now, else after 0.5 s if it has not exited;
+ * writes how it ended ("killed by signal 9", "exited with status 1") to how. */
+void dh__py_proc_end(pid_t pid, bool kill_now, char *how, size_t cap);
 
 #endif

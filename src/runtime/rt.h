@@ -41,11 +41,15 @@ typedef struct dh__rt_pipeline {
      * "worker_init_fn"} dict, as datahelix.DataLoader writes it) or "MODULE:FACTORY" (an
      * importable callable returning the dataset: `datahelix server --dataset`); "python" the
      * interpreter (default DH_PYTHON_EXE, else python3 on PATH); "path" directories
-     * prepended to the workers' PYTHONPATH; "seed" the base of the per-worker seeds. */
+     * prepended to the workers' PYTHONPATH; "seed" the base of the per-worker seeds;
+     * "sample_timeout" the seconds one call of the user's code (__getitem__, sample_spec,
+     * load_into, collate_fn, the dataset's loading and worker_init_fn) may run before its
+     * process is killed and the sample failed (default 300; 0 = no limit). */
     char py_dataset[1024];
     char py_exe[512];
     char py_path[4096]; /* ':'-joined */
     uint64_t py_seed;
+    double py_sample_timeout_s;
 } dh__rt_pipeline_t;
 
 /* ---- Output budget (output_budget.c): DataServer tasks' heap memory, process-wide ---- */

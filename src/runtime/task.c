@@ -156,10 +156,18 @@ static int parse_python(json_t *root, const char *source, dh__rt_pipeline_t *out
                 return dh__set_error(DH_ESCHEMA, "%s: field 'seed': expected an integer >= 0",
                                      source);
             out->py_seed = (uint64_t)json_integer_value(value);
+        } else if (strcmp(key, "sample_timeout") == 0) {
+            if (!json_is_number(value) || !(json_number_value(value) >= 0) ||
+                json_number_value(value) > 1e7)
+                return dh__set_error(DH_ESCHEMA,
+                                     "%s: field 'sample_timeout': expected seconds in [0, 1e7] "
+                                     "(0: no limit)",
+                                     source);
+            out->py_sample_timeout_s = json_number_value(value);
         } else {
             return dh__set_error(DH_ESCHEMA,
                                  "%s: field '%s': unknown field of a python pipeline (known: "
-                                 "type, dataset, python, path, seed)",
+                                 "type, dataset, python, path, seed, sample_timeout)",
                                  source, key);
         }
         if (rc)
@@ -180,6 +188,7 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
     out->cost = DH__SYNTH_SLEEP;
     out->cpu_scale = 1.0;
     out->bytes_scale = 1.0;
+    out->py_sample_timeout_s = 300;
     if (!json && !path)
         return 0;
     const char *source = json ? "pipeline spec" : path;

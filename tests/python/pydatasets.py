@@ -15,15 +15,19 @@ def clip(i):
 
 class Clips:
     """{"video": uint8 T x H x W x 3, "caption": str, "label": int}; index `fail` raises,
-    index `wrong` returns a list; each sample sleeps `sleep_s` (so tasks are in flight)."""
+    index `wrong` returns a list, index `hang` never returns; each sample sleeps `sleep_s` (so
+    tasks are in flight)."""
 
-    def __init__(self, n=24, fail=-1, wrong=-1, sleep_s=0.0):
+    def __init__(self, n=24, fail=-1, wrong=-1, sleep_s=0.0, hang=-1):
         self.n, self.fail, self.wrong, self.sleep_s = n, fail, wrong, sleep_s
+        self.hang = hang
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        if i == self.hang:
+            time.sleep(3600)
         if self.sleep_s:
             time.sleep(self.sleep_s)
         if i == self.fail:
@@ -79,10 +83,10 @@ def make_clips():
 class IntoSlabs:
     """The zero-copy form: sample_spec(i) declares the arrays (ArraySpec) and the other
     values, load_into(i, arrays) writes the arrays into the batch's slab rows. Index `fail`
-    raises in load_into."""
+    raises in load_into, index `hang` never returns from it."""
 
-    def __init__(self, n=16, fail=-1):
-        self.n, self.fail = n, fail
+    def __init__(self, n=16, fail=-1, hang=-1):
+        self.n, self.fail, self.hang = n, fail, hang
         self.pointers = []
 
     def __len__(self):
@@ -94,6 +98,8 @@ class IntoSlabs:
                 "caption": f"clip number {i}", "label": i * 10}
 
     def load_into(self, i, arrays):
+        if i == self.hang:
+            time.sleep(3600)
         if i == self.fail:
             raise OSError(f"clip {i} is unreadable")
         out = arrays["video"]
@@ -123,3 +129,15 @@ class Pattern:
 def make_pattern():
     """A factory for `datahelix server --dataset pydatasets:make_pattern`."""
     return Pattern()
+
+
+def collate_hangs_on_label_40(samples):
+    """A collate_fn that never returns for a batch holding the sample of label 40 (Clips[4])."""
+    if any(s["label"] == 40 for s in samples):
+        time.sleep(3600)
+    return {"label": np.array([s["label"] for s in samples], dtype=np.int64)}
+
+
+def make_hanging_clips():
+    """A factory for tests/runtime/test_pyworker.c: Clips whose index 2 never returns."""
+    return Clips(n=8, hang=2)

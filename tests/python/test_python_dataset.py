@@ -2,6 +2,7 @@
 "Your own Dataset"; src/runtime/pyworker.c, python/datahelix/_worker.py)."""
 import json
 import os
+import re
 import signal
 import time
 
@@ -228,7 +229,8 @@ def test_a_remote_sidecar_runs_the_dataset_from_its_module(datahelix, tmp_path):
     procs = [subprocess.Popen(common + ["--role", "local", "--node", "n1", "--workers", "0"],
                               stderr=open(tmp_path / "local.log", "w")),
              subprocess.Popen(common + ["--role", "remote", "--node", "n2", "--workers", "2",
-                                        "--dataset", "pydatasets:make_clips"],
+                                        "--dataset", "pydatasets:make_clips",
+                                        "--sample-timeout", "30"],
                               env=env, stderr=open(tmp_path / "sidecar.log", "w"))]
     try:
         ds = pydatasets.Clips(n=24)
@@ -247,12 +249,19 @@ def test_a_remote_sidecar_runs_the_dataset_from_its_module(datahelix, tmp_path):
         coord.close()
     log = (tmp_path / "sidecar.log").read_text()
     assert "python pipeline (dataset pydatasets:make_clips" in log, log
+    assert "sample_timeout 30 s)" in log, log
     assert "24 samples (0 failed)" in log, log
     with pytest.raises(subprocess.CalledProcessError) as bad:
         subprocess.run([CLI, "server", "--coordinator", "tcp://127.0.0.1:1", "--role", "remote",
                         "--node", "x", "--workers", "1", "--dataset", "no-colon"],
                        check=True, capture_output=True, text=True)
     assert "MODULE:FACTORY" in bad.value.stderr
+    for extra, says in ((["--dataset", "m:f", "--sample-timeout", "-1"], "[0, 1e7]"),
+                        (["--sample-timeout", "5"], "goes with --dataset")):
+        r = subprocess.run([CLI, "server", "--coordinator", "tcp://127.0.0.1:1", "--role",
+                            "remote", "--node", "x", "--workers", "1"] + extra,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
 
 
 def test_a_dataset_can_load_straight_into_the_slabs(datahelix, tmp_path):
@@ -278,3 +287,86 @@ def test_a_dataset_can_load_straight_into_the_slabs(datahelix, tmp_path):
     assert sorted(int(r["id"]) for r in rows) == [i for i in range(16) if i != 9]
     for r in rows:
         assert r["out_bytes"] == pydatasets.clip(int(r["id"])).nbytes and r["cpu_s"] > 0
+
+
+def shm_names():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_a_hanging_sample_fails_past_sample_timeout_and_its_slot_comes_back(datahelix):
+    """__getitem__ of index 2 never returns: with sample_timeout=2, next() raises DatasetError
+    naming it and the time, within a bounded time; its worker process is killed and reaped,
+    a new one takes its place, and with one worker the rest of the pass still arrives."""
+    shm = shm_names()
+    ds = pydatasets.Clips(n=6, hang=2)
+    with datahelix.DataLoader(dataset=ds, batch_size=1, workers=1, shuffle=False, prefetch=2,
+                              timeout=60, sample_timeout=2) as dl:
+        it = iter(dl)
+        got = [next(it), next(it)]
+        t0 = time.monotonic()
+        with pytest.raises(datahelix.DatasetError) as err:
+            next(it)
+        assert time.monotonic() - t0 < 15
+        text = str(err.value)
+        assert "dataset[2]" in text and "__getitem__ ran past sample_timeout (2 s)" in text, text
+        assert "no answer after 2." in text, text
+        first = int(re.search(r"worker process \(pid (\d+)\) was killed", text).group(1))
+        assert not os.path.exists(f"/proc/{first}"), "the killed worker was not reaped"
+        wait_for(lambda: len(worker_pids()) == 1 and worker_pids() != [first], "a new worker")
+        got += list(it)  # the batch that failed is consumed; the rest of the pass follows
+    assert [b["indices"] for b in got] == [[0], [1], [3], [4], [5]]
+    for b in got:
+        check_batch(b, ds)
+    assert worker_pids() == [] and shm_names() <= shm
+
+
+def test_with_skip_a_hanging_sample_is_left_out_and_its_batch_mates_arrive(datahelix):
+    """on_error="skip": the pass completes without the hanging sample; the samples of its
+    batch run again in the new process and arrive with their bytes (a __getitem__ hang and a
+    load_into hang, the latter after the batch's slabs were placed)."""
+    for ds in (pydatasets.Clips(n=6, hang=3), pydatasets.IntoSlabs(n=6, hang=3)):
+        with datahelix.DataLoader(dataset=ds, batch_size=3, workers=1, shuffle=False,
+                                  timeout=60, sample_timeout=2, on_error="skip") as dl:
+            batches = list(dl)
+        assert [b["indices"] for b in batches] == [[0, 1, 2], [3, 4, 5]]
+        errors = batches[1]["errors"]
+        assert "dataset[3]" in errors[0] and "ran past sample_timeout (2 s)" in errors[0]
+        assert ("load_into" if isinstance(ds, pydatasets.IntoSlabs) else "__getitem__") in \
+            errors[0]
+        assert errors[1] is None and errors[2] is None
+        for b in batches:
+            for row, i in enumerate(b["indices"]):
+                if i == 3:
+                    assert not b["video"][row].any()
+                    continue
+                t = pydatasets.clip(i).shape[0]
+                assert np.array_equal(b["video"].numpy()[row, :t], pydatasets.clip(i))
+        assert worker_pids() == []
+
+
+def test_a_hanging_collate_fn_fails_its_batch_and_the_pass_goes_on(datahelix):
+    """collate_fn never returns on the second batch: its samples fail with one message, the
+    process is replaced, and the third batch arrives."""
+    ds = pydatasets.Clips(n=9)
+    with datahelix.DataLoader(dataset=ds, batch_size=3, workers=1, shuffle=False, timeout=60,
+                              sample_timeout=2, on_error="skip",
+                              collate_fn=pydatasets.collate_hangs_on_label_40) as dl:
+        batches = list(dl)
+    assert [b["sample_ids"] for b in batches] == [["0", "1", "2"], ["3", "4", "5"],
+                                                  ["6", "7", "8"]]
+    assert batches[0]["errors"] == [None] * 3 and batches[2]["errors"] == [None] * 3
+    assert [int(x) for x in batches[2]["label"]] == [60, 70, 80]
+    for e in batches[1]["errors"]:
+        assert "collate_fn ran past sample_timeout (2 s) on the batch of 3 samples" in e, e
+    assert worker_pids() == []
+
+
+def test_sample_timeout_none_or_0_is_no_limit_and_a_bad_one_is_refused(datahelix):
+    ds = pydatasets.Clips(n=2, sleep_s=0.3)
+    for no_limit in (None, 0):
+        with datahelix.DataLoader(dataset=ds, batch_size=1, workers=1, shuffle=False,
+                                  timeout=60, sample_timeout=no_limit) as dl:
+            batches = list(dl)
+        assert [b["errors"] for b in batches] == [[None], [None]]
+    with pytest.raises(datahelix.InvalidArgumentError, match="sample_timeout"):
+        datahelix.DataLoader(dataset=ds, sample_timeout=-1)

@@ -46,6 +46,12 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
     assert_string_equal(p.py_exe, "/usr/bin/python3");
     assert_string_equal(p.py_path, "/a:/b");
     assert_int_equal(p.py_seed, 7);
+    assert_true(p.py_sample_timeout_s == 300); /* the default */
+    assert_int_equal(
+        dh__rt_pipeline_load("{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":2.5}",
+                             NULL, &p),
+        0);
+    assert_true(p.py_sample_timeout_s == 2.5);
     static const struct {
         const char *json, *says;
     } bad[] = {
@@ -54,6 +60,8 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":[\"/a:b\"]}", "'path'"},
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":\"/a\"}", "'path'"},
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"seed\":-1}", "'seed'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":-1}", "'sample_timeout'"},
+        {"{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":\"5\"}", "'sample_timeout'"},
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"workers\":2}", "unknown field"},
         {"{\"type\":\"pythn\"}", "\"python\""},
     };

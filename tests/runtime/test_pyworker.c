@@ -1,0 +1,131 @@
+/* Tests of the python pipeline's worker process driver (pyworker.c) through dh__rt_execute,
+ * with a real worker process (the build's datahelix package, tests/python/pydatasets.py):
+ * a __getitem__ that never returns, past sample_timeout. The loader's end to end tests are
+ * in tests/python/test_python_dataset.py. */
+#include <libgen.h>
+#include <link.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dh_test.h"
+#include "datahelix/alloc.h"
+#include "datahelix/error.h"
+#include "runtime/rt.h"
+
+static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
+{
+    memset(handle, 0, sizeof *handle);
+    *data = dh_malloc(nbytes);
+    return *data ? 0 : DH_ENOMEM;
+}
+
+static void heap_release(void *ctx, void *data, const dh_shm_handle_t *handle)
+{
+    dh_free(data);
+}
+
+static void free_outputs(dh__rt_result_t *r)
+{
+    for (size_t t = 0; t < r->n_tensors; t++)
+        dh_free(r->tensors[t].tensor.data);
+    dh__rt_result_clear(r);
+}
+
+static int add_sanitizer(struct dl_phdr_info *info, size_t size, void *preload)
+{
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    if (strncmp(base, "libasan.so", 10) == 0 || strncmp(base, "libubsan.so", 11) == 0 ||
+        strncmp(base, "libtsan.so", 10) == 0) {
+        size_t used = strlen(preload);
+        snprintf((char *)preload + used, 4096 - used, "%s%s", used ? " " : "", name);
+    }
+    return 0;
+}
+
+/* In a sanitizer build the worker process (an uninstrumented python) imports the build's
+ * instrumented extension: it needs the sanitizer runtimes preloaded (as `make test-asan`
+ * does for pytest), and no leak report on the interpreter itself. Nothing in other builds.
+ * False under ThreadSanitizer (no python runs under it here: `make test-tsan` builds no
+ * package). */
+static bool preload_sanitizers_for_children(void)
+{
+    static char preload[4096];
+    preload[0] = '\0';
+    dl_iterate_phdr(add_sanitizer, preload);
+    if (strstr(preload, "libtsan"))
+        return false;
+    if (preload[0]) {
+        setenv("LD_PRELOAD", preload, 1);
+        setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    }
+    return true;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sample '2' hangs in __getitem__: with sample_timeout 1 s it fails, named with the call and
+ * the time, within a bounded time; its batch mates are delivered (run again in a new
+ * process), and the next task runs in the worker as before. */
+static void pyworker_a_hanging_sample_fails_and_the_worker_goes_on(void **state)
+{
+    const char *cli = getenv("DH_CLI"); /* BUILD/datahelix: the package is BUILD/python */
+    assert_non_null(cli);
+    char build[1024], spec[4096], worker[1100];
+    snprintf(build, sizeof build, "%s", cli);
+    snprintf(worker, sizeof worker, "%s/python/datahelix/_worker.py", dirname(build));
+    if (!preload_sanitizers_for_children() || access(worker, R_OK) != 0) {
+        print_message("skipped: no python package in this build (%s), or ThreadSanitizer\n",
+                      worker);
+        skip();
+    }
+    snprintf(spec, sizeof spec,
+             "{\"type\":\"python\",\"dataset\":\"pydatasets:make_hanging_clips\","
+             "\"path\":[\"%s/tests/python\",\"%s/python\"],\"sample_timeout\":1}",
+             DH_SOURCE_DIR, build);
+    dh__rt_pipeline_t p;
+    assert_int_equal(dh__rt_pipeline_load(spec, NULL, &p), 0);
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, &p), 0);
+    dh_wire_sample_t samples[3] = {{.id = "1", .uri = "index:1", .key = "python"},
+                                   {.id = "2", .uri = "index:2", .key = "python"},
+                                   {.id = "3", .uri = "index:3", .key = "python"}};
+    dh__rt_result_t r;
+    double t0 = now_s();
+    int rc = dh__rt_execute(w, samples, 3, heap_alloc, heap_release, NULL, &r);
+    if (rc)
+        print_error("%s\n", dh_last_error());
+    assert_int_equal(rc, 0);
+    assert_true(now_s() - t0 < 15);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.samples[0].status, 0);
+    assert_int_equal(r.samples[2].status, 0);
+    assert_int_equal(r.samples[1].status, DH_EDATASET);
+    assert_non_null(r.samples[1].error);
+    print_message("%s\n", r.samples[1].error);
+    assert_non_null(strstr(r.samples[1].error, "sample '2' (dataset[2]): __getitem__ ran past "
+                                               "sample_timeout (1 s): no answer after 1."));
+    assert_non_null(strstr(r.samples[1].error, "was killed"));
+    assert_true(r.n_tensors > 0);
+    free_outputs(&r);
+    dh_wire_sample_t next[2] = {{.id = "4", .uri = "index:4", .key = "python"},
+                                {.id = "5", .uri = "index:5", .key = "python"}};
+    assert_int_equal(dh__rt_execute(w, next, 2, heap_alloc, heap_release, NULL, &r), 0);
+    assert_int_equal(r.failed, 0);
+    free_outputs(&r);
+    dh__rt_worker_destroy(&w);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(pyworker_a_hanging_sample_fails_and_the_worker_goes_on),
+};
+DH_TEST_MAIN(tests)
