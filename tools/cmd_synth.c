@@ -31,7 +31,7 @@ static void usage(FILE *out)
             "run leaves none.\n"
             "\n"
             "options:\n"
-            "  -o, --out DIR      output directory, created if missing (required)\n"
+            "  -o, --out DIR      output directory, made with its parents if missing (required)\n"
             "  -m, --mix MIX      kinetics-s | kinetics-m | kinetics-l | kinetics-mixed |\n"
             "                     openvid-mixed, or a JSON file holding a list of\n"
             "                     {frames, height, width, duration_s, fps, weight} objects\n"

@@ -785,7 +785,8 @@ static void *dataset_worker(void *arg)
     return NULL;
 }
 
-/* mkdir that accepts an existing directory; -errno naming the path otherwise. */
+/* mkdir that accepts an existing directory; -errno naming the path otherwise. The folders
+ * above it are made first (dh__make_parent_dirs), as `mkdir -p` would. */
 static int make_dir(const char *path)
 {
     if (mkdir(path, 0777) == 0)
@@ -908,7 +909,8 @@ int dh_synth_dataset_encoded(const char *out_dir, const dh_mix_t *mix, size_t co
         if ((rc = clip_check(name, &plans[i].clip, &frames, &gop)) < 0)
             goto out;
     }
-    if ((rc = make_dir(out_dir)) < 0 || (rc = make_dir(clips_dir)) < 0)
+    if ((rc = dh__make_parent_dirs(out_dir)) < 0 || (rc = make_dir(out_dir)) < 0 ||
+        (rc = make_dir(clips_dir)) < 0)
         goto out;
     if (unlink(manifest) != 0 && errno != ENOENT) {
         rc = dh__set_error(-errno, "%s: cannot remove the old manifest: %s", manifest,

@@ -611,6 +611,20 @@ static void dataset_of_zero_clips_writes_an_empty_manifest(void **state)
     free(dir);
 }
 
+/* `synth --out out/large/video` on a fresh clone: the folders above DIR are made, as
+ * `mkdir -p` would (before, a missing parent failed with "cannot create the directory"). */
+static void dataset_makes_the_folders_above_its_directory(void **state)
+{
+    char *top = scratch("parents");
+    char *dir = child_path(top, "a/b/set");
+    dataset_ok(dir, &small_mix, 1, 1, 1);
+    char *manifest = child_path(dir, "manifest.jsonl");
+    assert_true(exists(manifest));
+    free(manifest);
+    free(dir);
+    free(top);
+}
+
 static void dataset_into_a_file_fails_naming_it(void **state)
 {
     char *file = scratch("a-file");
@@ -787,6 +801,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(dataset_of_fewer_clips_is_a_prefix),
     cmocka_unit_test(dataset_reports_progress_on_the_calling_thread),
     cmocka_unit_test(dataset_of_zero_clips_writes_an_empty_manifest),
+    cmocka_unit_test(dataset_makes_the_folders_above_its_directory),
     cmocka_unit_test(dataset_into_a_file_fails_naming_it),
     cmocka_unit_test(dataset_rejects_bad_mixes_before_writing),
     cmocka_unit_test(failed_dataset_leaves_no_manifest),
