@@ -1,5 +1,6 @@
 /* media/pipeline_internal.h: limits and cross-file internals of the pipeline (spec.c,
- * sampling.c, decode.c, collate.c). */
+ * sampling.c, decode.c, collate.c), private to src/media (and its tests). What other modules
+ * use is in media/media_lib.h. */
 #ifndef DH_MEDIA_PIPELINE_INTERNAL_H
 #define DH_MEDIA_PIPELINE_INTERNAL_H
 
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "datahelix/pipeline.h"
+#include "media/media_lib.h"
 
 struct AVStream;
 struct AVFormatContext;
@@ -33,11 +35,6 @@ bool dh__still_image(const struct AVFormatContext *fmt);
  * `stream` (reading packets from fmt's position); any other codec is 0 without decoding.
  * Returns 0 or an FFmpeg error. */
 int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
-
-/* A byte range of a file (a tar member read in place, manifest.h): for
- * "subfile,,start,S,end,E,,:FILE" returns FILE with *start = S and *end = E; any other path
- * is returned as it is, with *start = *end = -1. Pure string parsing. */
-const char *dh__subfile_range(const char *path, long long *start, long long *end);
 
 /* For a tar member read in place (a subfile path): rewrites the thread's last error
  * "PATH: WHAT" (PATH the subfile path) as "sample ID (member NAME of shard FILE): WHAT", the

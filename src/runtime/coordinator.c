@@ -45,7 +45,7 @@
 #include "runtime/coordinator_internal.h"
 #include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
 {
