@@ -137,9 +137,6 @@ DH_EXTERN double dh_cost_model_predict(const dh_cost_model_t *model, const dh_pr
 DH_EXTERN int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row_t *row,
                                     double measured_cpu_s, double server_speed);
 
-/* Observations so far (all keys). */
-DH_EXTERN uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
-
 /* A key's learned ratio (measured / cpu_s_est at speed 1), and in *obs (may be NULL) the
  * observations it rests on since the key was first seen or its mean restarted; NAN (and 0)
  * for a key never observed. O(1) expected. */

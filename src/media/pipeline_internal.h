@@ -11,6 +11,7 @@
 #define DH_PIPELINE_MAX_CLIP_FRAMES ((int64_t)1 << 40)
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "datahelix/pipeline.h"
@@ -47,5 +48,16 @@ int dh__name_tar_sample(int err, const char *path, const char *sample_id);
  * GOP's retry does, and what a keyframe misread from the container's index cost). For
  * tests. */
 int64_t dh__pipeline_redecoded(const dh_pipeline_t *pipeline);
+
+/* Reads the clip metadata the decoder plans with (opens the file, reads the header; no
+ * decoding unless the header lacks the size). Same errors as dh_pipeline_decode. For tests. */
+int dh__pipeline_clip_info(const char *path, dh_clip_info_t *clip);
+
+/* Decodes `count` requests one after the other on this thread and collates them. A bad
+ * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
+ * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). For
+ * tests. */
+int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                              size_t count, dh_batch_t **out);
 
 #endif

@@ -289,11 +289,6 @@ int dh_cost_model_observe(dh_cost_model_t *m, const dh_profile_row_t *row, doubl
     return 0;
 }
 
-uint64_t dh_cost_model_observations(const dh_cost_model_t *model)
-{
-    return model->fit_obs;
-}
-
 void dh_cost_model_scale(dh_cost_model_t *m, double factor)
 {
     if (!(factor > 0) || !isfinite(factor))

@@ -83,4 +83,7 @@ int dh__shm_layout(uint64_t size, uint64_t slab_size, uint64_t page_size, dh__sh
  * RLIMIT_AS, the cgroup's memory limit, or MemAvailable + SwapFree). probe may be NULL. */
 int dh__shm_check_size(uint64_t size, const dh__shm_probe_t *probe);
 
+/* 1 if this object made the arena (may allocate), 0 if it attached. For tests. */
+int dh__shm_arena_is_creator(const dh_shm_arena_t *arena);
+
 #endif

@@ -37,4 +37,7 @@ typedef enum {
  * greeting"). Sends nothing. Blocks up to timeout_ms plus the resolver's time. */
 dh__wire_probe_t dh__wire_probe(const char *endpoint, int timeout_ms, char *why, size_t cap);
 
+/* The messages sent on this socket so far (the next sender_seq is this + 1). For tests. */
+uint64_t dh__wire_socket_sent(const dh_wire_socket_t *s);
+
 #endif
