@@ -30,7 +30,7 @@
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
 #include "runtime/notice.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 /* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
  * it under the lock into `ds`). */

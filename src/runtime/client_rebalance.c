@@ -46,7 +46,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 #define DEFAULT_FEATURES 3
 

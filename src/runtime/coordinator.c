@@ -45,7 +45,7 @@
 #include "runtime/coordinator_internal.h"
 #include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
 {
@@ -667,7 +667,7 @@ double dh_coordinator_key_ratio(const dh_coordinator_t *cc, const char *profile_
     return r;
 }
 
-double dh_coordinator_server_speed(const dh_coordinator_t *cc, const char *server)
+double dh__coord_server_speed(const dh_coordinator_t *cc, const char *server)
 {
     dh_coordinator_t *c = (dh_coordinator_t *)cc;
     pthread_mutex_lock(&c->learn_lock);

@@ -222,4 +222,8 @@ void dh__coord_rb_tick(dh_coordinator_t *c);
 /* Frees tier 2's state. */
 void dh__coord_rb_destroy(dh_coordinator_t *c);
 
+/* The speed factor learned for the server named `server` (NAN if no such server). Takes the
+ * coordinator's learn lock: call it while the loop runs or after. For tests. */
+double dh__coord_server_speed(const dh_coordinator_t *c, const char *server);
+
 #endif

@@ -52,9 +52,9 @@
 #include "runtime/dataserver_metrics.h"
 #include "runtime/inprocess.h"
 #include "runtime/notice.h"
-#include "shm/shm_internal.h"
+#include "shm/shm_lib.h"
 #include "runtime/rt.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
 {

@@ -60,7 +60,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/rt.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 /* How long a delivery may wait for its link's socket to take it (see the top). */
 #define FORWARD_STALL_MS 1000

@@ -33,7 +33,7 @@
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
 #include "runtime/rt.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 struct dh__out_charge {
     atomic_uint refs;

@@ -15,7 +15,6 @@
 #include "datahelix/pipeline.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
-#include "wire/internal.h"
 
 #define DH__RT_MAX_TENSORS 16
 

@@ -32,7 +32,7 @@
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
 #include "datahelix/rng.h"
-#include "media/pipeline_internal.h"
+#include "media/media_lib.h"
 #include "runtime/descriptor.h"
 #include "runtime/pyworker.h"
 #include "runtime/rt.h"
