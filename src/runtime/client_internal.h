@@ -284,6 +284,14 @@ void dh__client_drain_after_goodbye(dh_client_t *c);
  * the reason in why. */
 int dh__client_join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap);
 
+/* Joins a batch's held parts (dh__client_join_parts), counts the bytes of the joined batch
+ * in copy_bytes and spends the emulated copy of them (emulate_copy_s_per_B per byte) on the
+ * calling thread, so the batch counts as ready after it. The one place the fetcher
+ * (fanout > 1) and tier 2's joiner join a batch. 0 or dh__client_join_parts's code, with the
+ * reason in why. */
+int dh__client_join(dh_client_t *c, part_t *parts, uint32_t n_parts, uint64_t batch, char *why,
+                    size_t why_cap);
+
 /* The arena mapping with this id, or NULL (fetcher thread). */
 arena_ref_t *dh__client_arena_by_id(dh_client_t *c, uint64_t id);
 

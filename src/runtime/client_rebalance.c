@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -1038,18 +1037,7 @@ static void join_batch(dh_client_t *c, uint64_t b)
         for (uint32_t k = 0; k < parts; k++)
             held[k] = *slot_of(c, b, k);
         pthread_mutex_unlock(&c->lock);
-        rc = dh__client_join_parts(held, parts, b, why, sizeof why);
-        if (rc == 0) {
-            uint64_t bytes = 0;
-            for (size_t t = 0; t < held[0].n_tensors; t++)
-                bytes += held[0].tensors[t].nbytes;
-            dh__count(&c->counters.copy_bytes, bytes);
-            double s = (double)bytes * c->cfg.emulate_copy_s_per_B;
-            if (s > 0) {
-                struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-                nanosleep(&ts, NULL);
-            }
-        }
+        rc = dh__client_join(c, held, parts, b, why, sizeof why);
     }
     uint64_t r = b / c->rb.steps;
     bool last = b + 1 == round_end(c, r);
