@@ -77,7 +77,8 @@ static double slack_of(const dh_msg_rebalance_t *m)
     return slack > 0 ? slack : 0;
 }
 
-static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double spt, rb_decision_t *d)
+static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double spt,
+                           rb_decision_t *d)
 {
     uint32_t n = m->n_parts;
     dh_rebalance_item_t *items = dh_calloc(n ? n : 1, sizeof *items);
@@ -100,8 +101,9 @@ static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double s
         while (j < n && m->parts[j].batch == m->parts[i].batch)
             j++;
         for (uint32_t x = i; x < j; x++)
-            items[x - i] = (dh_rebalance_item_t){(uint32_t)dh__client_rb_member_of(m, m->parts[x].rank),
-                                                 m->parts[x].tokens, m->parts[x].bytes};
+            items[x - i] =
+                (dh_rebalance_item_t){(uint32_t)dh__client_rb_member_of(m, m->parts[x].rank),
+                                      m->parts[x].tokens, m->parts[x].bytes};
         dh_rebalance_verdict_t v;
         int rc = dh_rebalance_plan(items, j - i, &p, &d->new_rank[i], &v);
         if (rc) {

@@ -158,7 +158,8 @@ void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
         part_t *e = dh_realloc(rb->early, cap * sizeof *e);
         if (!e) {
             dh__client_part_release(p);
-            dh__client_rb_set_error(c, rb->applied, DH_ENOMEM, "out of memory keeping a moved part");
+            dh__client_rb_set_error(c, rb->applied, DH_ENOMEM,
+                                    "out of memory keeping a moved part");
             return;
         }
         rb->early = e;
@@ -259,7 +260,8 @@ static void exchange(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t
         if (m->parts[i].rank == me)
             x->send_counts[dh__client_rb_member_of(m, new_rank[i])] += part_bytes(&m->parts[i]);
         if (new_rank[i] == me)
-            x->recv_counts[dh__client_rb_member_of(m, m->parts[i].rank)] += part_bytes(&m->parts[i]);
+            x->recv_counts[dh__client_rb_member_of(m, m->parts[i].rank)] +=
+                part_bytes(&m->parts[i]);
     }
     size_t send_at[k], recv_at[k];
     for (uint32_t j = 0; j < k; j++) {
