@@ -81,7 +81,7 @@ void dh__coord_on_request(dh_coordinator_t *c, const char *peer, dh_wire_receive
         /* DH_EUNKNOWN: the client registers again and sends what is outstanding (after a
          * coordinator restart, which forgot every client) instead of failing */
         dh__coord_send_error(c, peer, DH_EUNKNOWN,
-                   "REQUEST from a client this coordinator does not know: send HELLO");
+                             "REQUEST from a client this coordinator does not know: send HELLO");
         return;
     }
     if (find_entry(c, q->client_id, q->seq, NULL))

@@ -1,5 +1,6 @@
 /* runtime/dataserver_internal.h: the DataServer's state and the internals its files share:
- * dataserver.c (the event loop, registration, local delivery), dataserver_work.c (the task
+ * dataserver.c (life cycle), dataserver_loop.c (the event loop, registration, heartbeats),
+ * dataserver_deliver.c (the clients served, local delivery), dataserver_work.c (the task
  * queue, the worker threads and their output buffers) and forward.c (links to other
  * DataServers, forwarding, pending deliveries). Threads: see dataserver.c.
  */
@@ -202,7 +203,7 @@ typedef struct worker_arg {
 } worker_arg_t;
 void *dh__ds_worker_main(void *arg);
 
-/* ---- dataserver.c ---- */
+/* ---- dataserver_loop.c ---- */
 
 /* COMPLETE of a request (r may be NULL: no samples): to `to` with routing_id (a sidecar's
  * ack on the data socket), or to the coordinator when `to` is NULL. */
@@ -210,8 +211,14 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
                           const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
                           dh_wire_socket_t *to, const char *routing_id);
 
+/* ---- dataserver_deliver.c ---- */
+
 /* Whether the client said GOODBYE (the loop thread's list). */
 bool dh__ds_client_left(const dh_dataserver_t *s, const char *name);
+
+/* Puts the client on the list of those that said GOODBYE (left), or takes it off (it said
+ * HELLO). The list keeps the last LEFT_CAP. Loop thread. */
+void dh__ds_set_left(dh_dataserver_t *s, const char *name, bool left);
 
 /* The connected client of that name, or NULL. Under s->lock, or on the loop thread. */
 known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name);
@@ -225,6 +232,9 @@ int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
                              const dh__rt_tensor_t *tensors, size_t n_tensors,
                              const dh_wire_sample_result_t *samples, uint32_t n_samples,
                              uint64_t ready_ns, const char *executor);
+
+/* Gives back a local task's n outputs: slabs are unreferenced, spilled buffers freed. */
+void dh__ds_free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
 
 /* Unreferences the arena slabs of n output tensors (spilled ones are left alone). */
 void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
