@@ -3,7 +3,7 @@
  * (in slot order, per batch). On one node the incoming part's slabs change owner: this
  * client takes a reference for itself (dh_shm_arena_ref_for) and drops the sender's, which
  * the sender no longer holds; no byte is copied. From another node, the sender's DataServer
- * forwards the bytes (REBALANCE SEND, forward.c) and the part arrives as a DELIVER
+ * forwards the bytes (REBALANCE SEND, dataserver_forward.c) and the part arrives as a DELIVER
  * under RB_SEQ_BIT | round << 24 | its index; or, with an exchange_fn (a torch.distributed
  * all_to_all from Python), every member packs its cross-node parts by destination and calls
  * it once per round that moves any: the parts come back as bytes this client owns. Fetcher

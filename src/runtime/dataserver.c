@@ -26,7 +26,7 @@
  *
  * The rest is in its rooms: the event loop, registration and heartbeats dataserver_loop.c,
  * the clients it serves and local delivery dataserver_deliver.c, the queues and workers
- * dataserver_work.c, links to other DataServers and forwarding forward.c, the notice
+ * dataserver_work.c, links to other DataServers and forwarding dataserver_forward.c, the notice
  * channel notice.c.
  */
 #include <arpa/inet.h>

@@ -2,9 +2,9 @@
  * (docs/runtime.md): the clients connected (and those that said GOODBYE), a batch's DELIVER
  * of arena handles to its client, each slab's reference handed over in the client's pid
  * (on the notice channel when no tensor spilled and the channel takes it, else over ZeroMQ
- * with spilled tensors copied into payload frames), and what is given back when it cannot go: a client not
- * connected yet waits UNREACHABLE_GRACE_NS in the pending list, one that left is dropped.
- * Loop thread (dataserver_loop.c).
+ * with spilled tensors copied into payload frames), and what is given back when it cannot go: a
+ * client not connected yet waits UNREACHABLE_GRACE_NS in the pending list, one that left is
+ * dropped. Loop thread (dataserver_loop.c).
  */
 #include <errno.h>
 #include <stdatomic.h>
