@@ -60,7 +60,7 @@ enum {
     EV_COPY_DONE,    /* pool's copy stage has copied a batch */
 };
 
-#define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c) */
+#define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c's tick) */
 
 void dh_sim_options_default(dh_sim_options_t *opt)
 {
@@ -744,7 +744,7 @@ static void task_done(sim_t *s, uint32_t si, uint32_t id)
         sv->q_len--;
         server_start(s, si, next);
     }
-    /* learn (coordinator.c, learn): per sample, the key model; the speed from the residual
+    /* learn (coordinator_learn.c, learn): per sample, the key model; the speed from the residual
      * over the keys it already knew */
     double known_measured = 0, known_predicted = 0;
     for (uint32_t i = 0; i < q->n; i++) {

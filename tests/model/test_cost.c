@@ -129,7 +129,7 @@ static void cost_model_learns_bias_under_sample_noise(void **state)
     dh_cost_model_destroy(&m);
 }
 
-/* The coordinator's rule (coordinator.c learn, anchor_speeds): the model observes every
+/* The coordinator's rule (coordinator_learn.c learn, anchor_speeds): the model observes every
  * sample divided by the server's speed; the speed learns the residual over samples whose
  * key is already known; the speeds are anchored at their median (the model scaled to
  * match), without which the pair could trade any common factor. Four servers, requests of two

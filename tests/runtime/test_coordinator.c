@@ -1,4 +1,4 @@
-/* Tests of the coordinator's online feedback (coordinator.c; docs/design.md §4.1, "Online
+/* Tests of the coordinator's online feedback (coordinator_learn.c; docs/design.md §4.1, "Online
  * feedback"): from completions it learns each profile key's bias while every server's speed
  * factor stays near its true 1, it keeps a record of predicted against actual per executed
  * request, and a heartbeat corrects its book of queued work, counting the DISPATCHes still

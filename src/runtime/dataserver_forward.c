@@ -1,4 +1,4 @@
-/* forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
+/* dataserver_forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
  *
  * A remote sidecar (or a local DataServer executing for another node's rank) forwards each
  * finished task to the local DataServer of its target rank over a link (a DEALER per target
