@@ -50,7 +50,7 @@ def deadline(seconds):
 
 def _drain(datahelix, clients):
     """Runs the clients' epochs side by side: {step: ids} per rank, and the errors next()
-    raised per rank (at most 3 each)."""
+    raised per rank (at most 3 each; a timeout is not one)."""
     got, errors = [dict() for _ in clients], [[] for _ in clients]
     done = [False] * len(clients)
     while not all(done):
@@ -59,6 +59,11 @@ def _drain(datahelix, clients):
                 continue
             try:
                 b = c.next()
+            except datahelix.TimeoutError:
+                # next_timeout_ms only lets this one thread turn to the other rank (whose
+                # consumption may be what this rank's round waits for): "not yet", not an
+                # error. A loaded machine times out more often; the deadline() bounds it.
+                continue
             except datahelix.DataHelixError as e:
                 errors[r].append(e)
                 assert len(errors[r]) <= 3, errors[r]
