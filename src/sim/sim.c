@@ -45,7 +45,6 @@
 #include "datahelix/rng.h"
 #include "datahelix/sampler.h"
 #include "datahelix/stats.h"
-#include "runtime/rt.h"
 #include "sim/event.h"
 #include "bench/train_prefetch.h"
 
@@ -1422,6 +1421,14 @@ static int check_options(const dh_sim_options_t *o)
                              "simulate: --link-latency-us >= 0, --speed-sigma in [0, 4]");
     if (!(o->client_start_s >= 0 && o->client_start_s <= 60))
         return dh__set_error(DH_EINVAL, "simulate: --client-start-ms in [0, 60000]");
+    if (!(b->cost_bias >= 0 && b->cost_bias <= DH__NOISE_SIGMA_MAX) ||
+        !(b->cost_noise >= 0 && b->cost_noise <= DH__NOISE_SIGMA_MAX) ||
+        !(b->token_noise >= 0 && b->token_noise <= DH__NOISE_SIGMA_MAX))
+        return dh__set_error(DH_EINVAL, "simulate: --cost-bias, --cost-noise and --token-noise "
+                                        "must be in [0, 4]");
+    if (!(b->rebalance_min_gain >= 0 && b->rebalance_min_gain <= 1))
+        return dh__set_error(DH_EINVAL, "simulate: --rebalance-min-gain must be in [0, 1], got %g",
+                             b->rebalance_min_gain);
     if (b->plan_window < 1 || b->plan_window > 1024)
         return dh__set_error(DH_EINVAL, "simulate: --plan-window must be in [1, 1024]");
     return 0;
@@ -1437,20 +1444,12 @@ int dh_sim_run(const dh_sim_options_t *o, dh_bench_report_t *out)
     dh_profile_set_t *set = NULL;
     dh_mix_t *mix = NULL;
     sample_t *samples = NULL;
-    dh__rt_pipeline_t synth;
     if ((rc = dh_profile_set_new(&set)) || (rc = dh_mix_load(opt->mix, &mix)) ||
         (rc = dh_profiles_generate(mix, opt->emulate_rows, opt->seed, set)))
         goto done;
-    /* the synthetic pipeline the bench's DataServers run, for each sample's actual cost */
-    char pj[512];
-    snprintf(pj, sizeof pj,
-             "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":%.9g,"
-             "\"bytes_scale\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
-             "\"token_noise\":%.9g,\"noise_seed\":%llu}",
-             opt->time_scale, opt->bytes_scale, opt->cost_bias, opt->cost_noise, opt->token_noise,
-             (unsigned long long)opt->seed);
-    if ((rc = dh__rt_pipeline_load(pj, NULL, &synth)))
-        goto done;
+    /* the misprediction the bench's DataServers run, for each sample's actual cost */
+    dh__noise_t noise;
+    dh_experiment_noise(opt, &noise);
     size_t n = dh_profile_set_count(set);
     out->rows = n;
     if (n < (size_t)opt->ranks * opt->batch) {
@@ -1471,30 +1470,24 @@ int dh_sim_run(const dh_sim_options_t *o, dh_bench_report_t *out)
         double est = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
         samples[i].row = row;
         samples[i].act_cpu_s =
-            dh__rt_synth_actual_cpu_s(&synth, row->id, row->profile_key, est) * opt->time_scale;
-        samples[i].act_tokens =
-            (double)dh__rt_synth_actual_tokens(&synth, row->id, row->tokens_est);
+            dh__noise_cpu_s(&noise, row->id, row->profile_key, est) * opt->time_scale;
+        samples[i].act_tokens = (double)dh__noise_tokens(&noise, row->id, row->tokens_est);
         samples[i].out_bytes = row->out_bytes > 0 ? (double)row->out_bytes : 0;
         samples[i].in_bytes = row->in_bytes > 0 ? (double)row->in_bytes : 0;
         cpu_sum += est;
         tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
         out_sum += samples[i].out_bytes;
     }
-    double mean_cpu = cpu_sum / (double)n, mean_tok = tok_sum / (double)n;
     uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
     workload_t w = {.set = set, .samples = samples, .n = n};
-    dh_bench_compute_model(opt, mean_cpu, mean_tok, helix_cores, &w.a, &w.b);
-    out->a = w.a;
-    out->b = w.b;
-    out->mean_step_compute_s = w.a * opt->batch * mean_tok + w.b;
-    w.mean_step_s = out->mean_step_compute_s;
-    w.threshold = opt->deadline_threshold_s > 0 ? opt->deadline_threshold_s * opt->time_scale
-                                                : 0.1 * out->mean_step_compute_s;
-    out->deadline_threshold_s = w.threshold;
-    w.batch_decode_s = opt->batch * mean_cpu * opt->time_scale;
-    w.join_s = opt->link_gbps > 0
-                   ? opt->batch * out_sum / (double)n * opt->time_scale / (opt->link_gbps * 1e9 / 8)
-                   : 0;
+    dh_experiment_model_t m;
+    dh_experiment_model(opt, cpu_sum, tok_sum, out_sum, n, helix_cores, &m);
+    w.a = out->a = m.a;
+    w.b = out->b = m.b;
+    w.mean_step_s = out->mean_step_compute_s = m.mean_step_s;
+    w.threshold = out->deadline_threshold_s = m.threshold_s;
+    w.batch_decode_s = m.batch_decode_s;
+    w.join_s = m.join_s;
     char list[512];
     snprintf(list, sizeof list, "%s", opt->systems);
     char *save = NULL;
