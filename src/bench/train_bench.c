@@ -29,6 +29,7 @@
 #include "bench/train_bench.h"
 #include "bench/train_cluster.h"
 #include "bench/train_prefetch.h"
+#include "bench/train_run.h"
 #include "runtime/rt.h"
 
 #define MAX_RANKS 64
@@ -45,13 +46,6 @@ static double emulated(const dh_bench_options_t *opt, double bytes)
     return opt->dataset || opt->bytes_scale <= 0 ? bytes : bytes / opt->bytes_scale;
 }
 
-/* ---- sample lookups (id -> row) ---- */
-
-typedef struct row_ref {
-    const char *id;
-    double cpu_s; /* actual (emulated: the estimate x the synthetic pipeline's noise) */
-} row_ref_t;
-
 static int cmp_ref(const void *a, const void *b)
 {
     return strcmp(((const row_ref_t *)a)->id, ((const row_ref_t *)b)->id);
@@ -63,44 +57,6 @@ static double cpu_of(const row_ref_t *refs, size_t n, const char *id)
     const row_ref_t *r = bsearch(&key, refs, n, sizeof *refs, cmp_ref);
     return r ? r->cpu_s : 0;
 }
-
-/* ---- one system's run ---- */
-
-typedef struct step_rec {
-    double wait_s, compute_s, barrier_s, ready_s, cpu_s;
-    uint32_t samples;
-    double *tok;       /* the batch's samples' actual tokens (samples of them), for the bound */
-    uint64_t start_ns; /* next() called */
-    uint64_t ready_ns; /* batch ready in the arena */
-    uint64_t req_ns;   /* requests sent */
-    int server;        /* index into run_t.server_names, or -1 */
-} step_rec_t;
-
-typedef struct run run_t;
-
-typedef struct rank_ctx {
-    run_t *run;
-    uint32_t rank;
-    dh_client_t *client;
-    dh_bench_prefetch_t *stage; /* pool: its copy stage, which alone calls next() */
-    step_rec_t *steps;          /* warmup + steps */
-    double copy_bytes;          /* emulated bytes of pool's copies */
-    int rc;
-    char error[512];
-} rank_ctx_t;
-
-struct run {
-    const dh_bench_options_t *opt;
-    const dh_bench_system_t *spec;
-    const row_ref_t *refs;
-    size_t n_refs;
-    double a, b; /* seconds (already time-scaled) */
-    pthread_barrier_t barrier;
-    uint64_t t_begin, t_end;
-    char server_names[DH_BENCH_MAX_SERVERS][64];
-    size_t n_server_names;
-    pthread_mutex_t names_lock;
-};
 
 static void sleep_s(double s)
 {
@@ -216,256 +172,6 @@ static void *rank_main(void *arg)
 }
 
 /* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
-static void trace_system(FILE *f, int *first, size_t sys, const run_t *run, const rank_ctx_t *ranks,
-                         uint64_t t0)
-{
-    const dh_bench_options_t *opt = run->opt;
-    unsigned pid_r = (unsigned)(2 * sys + 1), pid_s = (unsigned)(2 * sys + 2);
-    fprintf(f,
-            "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":\"%s "
-            "ranks\"}},{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":"
-            "\"%s DataServers\"}}",
-            *first ? "" : ",\n", pid_r, run->spec->name, pid_s, run->spec->name);
-    *first = 0;
-    for (size_t i = 0; i < run->n_server_names; i++)
-        fprintf(f,
-                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%zu,\"args\":{"
-                "\"name\":\"%s\"}}",
-                pid_s, i, run->server_names[i]);
-    uint32_t total = opt->warmup + opt->steps;
-    for (uint32_t r = 0; r < opt->ranks; r++) {
-        fprintf(f,
-                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{"
-                "\"name\":\"rank %u\"}}",
-                pid_r, r, r);
-        for (uint32_t s = 0; s < total; s++) {
-            const step_rec_t *st = &ranks[r].steps[s];
-            if (!st->start_ns)
-                continue;
-            double ts = (double)(st->start_ns - t0) / 1e3;
-            double w = st->wait_s * 1e6, c = st->compute_s * 1e6, b = st->barrier_s * 1e6;
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"data wait\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts, w, s);
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"compute\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts + w, c, s);
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"barrier\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts + w + c, b, s);
-            if (st->server >= 0 && st->req_ns && st->ready_ns > st->req_ns)
-                fprintf(f,
-                        ",\n{\"ph\":\"X\",\"name\":\"rank %u step %u\",\"pid\":%u,\"tid\":%d,"
-                        "\"ts\":%.1f,\"dur\":%.1f,\"args\":{\"samples\":%u,\"cpu_s\":%.4f}}",
-                        r, s, pid_s, st->server, (double)(st->req_ns - t0) / 1e3,
-                        (double)(st->ready_ns - st->req_ns) / 1e3, st->samples, st->cpu_s);
-        }
-    }
-}
-
-/* ---- online feedback: predicted vs actual (see the result's fields) ---- */
-
-static int prediction_metrics(const dh_bench_options_t *opt, const dh_coordinator_t *coord,
-                              const rank_ctx_t *ranks, uint32_t fanout, double threshold,
-                              dh_bench_system_result_t *res)
-{
-    uint32_t total = opt->warmup + opt->steps;
-    uint32_t split = (uint32_t)ceil(0.2 * total);
-    res->learn_split_step = split;
-    double miss[2] = {0, 0}, count[2] = {0, 0};
-    for (uint32_t s = 0; s < total; s++)
-        for (uint32_t r = 0; r < opt->ranks; r++) {
-            miss[s >= split] += ranks[r].steps[s].wait_s > threshold;
-            count[s >= split]++;
-        }
-    res->ddl_miss_rate_first20 = count[0] ? miss[0] / count[0] : 0;
-    res->ddl_miss_rate_rest = count[1] ? miss[1] / count[1] : 0;
-    size_t n = dh_coordinator_predictions(coord, NULL, 0);
-    dh_prediction_t *p = dh_calloc(n ? n : 1, sizeof *p);
-    dh_stats_t *measured = NULL, *profile = NULL, *ready = NULL, *part[2] = {NULL, NULL};
-    int rc = 0;
-    if (!p || dh_stats_new(&measured) || dh_stats_new(&profile) || dh_stats_new(&ready) ||
-        dh_stats_new(&part[0]) || dh_stats_new(&part[1])) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto out;
-    }
-    /* the coordinator still runs (the clients prefetch past the window): it may keep more
-     * records by now than p holds; only the first n were copied */
-    size_t kept = dh_coordinator_predictions(coord, p, n);
-    if (kept < n)
-        n = kept;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        uint64_t step = p[i].seq / (fanout ? fanout : 1);
-        if (step >= total || !(p[i].actual_cpu_s > 0))
-            continue; /* prefetched past the last step, or nothing measured */
-        double err = fabs(p[i].pred_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s;
-        if (dh_stats_add(part[step >= split], err))
-            rc = DH_ENOMEM;
-        if (step >= opt->warmup) {
-            if (dh_stats_add(measured, err) ||
-                dh_stats_add(profile,
-                             fabs(p[i].profile_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s))
-                rc = DH_ENOMEM;
-            if (p[i].actual_ready_s > 0 &&
-                dh_stats_add(ready,
-                             fabs(p[i].pred_ready_s - p[i].actual_ready_s) / p[i].actual_ready_s))
-                rc = DH_ENOMEM;
-        }
-    }
-    if (rc) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto out;
-    }
-    res->predictions = (uint32_t)dh_stats_count(measured);
-    res->prediction_error_p50 = dh_stats_percentile(measured, 50);
-    res->prediction_error_p90 = dh_stats_percentile(measured, 90);
-    res->prediction_error_p50_profile = dh_stats_percentile(profile, 50);
-    res->ready_error_p50 = dh_stats_percentile(ready, 50);
-    res->prediction_error_p50_first20 = dh_stats_percentile(part[0], 50);
-    res->prediction_error_p50_rest = dh_stats_percentile(part[1], 50);
-out:
-    dh_free(p);
-    dh_stats_destroy(&measured);
-    dh_stats_destroy(&profile);
-    dh_stats_destroy(&ready);
-    dh_stats_destroy(&part[0]);
-    dh_stats_destroy(&part[1]);
-    return rc;
-}
-
-/* ---- the balance bound ---- */
-
-/* res->balance_bound: the best balance any plan can reach that keeps every sample in the step
- * it was consumed in (tier 1's window; tier 2 moves samples within their step), with the
- * per-rank counts free (packing) and the compute model a x tokens + b. Per measured step the
- * samples all ranks consumed are partitioned among the ranks by the exact planner on their
- * actual tokens; where it gives up (DH_ETOOBIG, large windows) the step's largest rank is
- * taken as max(total / ranks, largest sample), a lower bound, so the figure stays an upper
- * bound on the balance. A step whose tokens were not all recorded (out of memory) leaves the
- * bound at 0 (unknown). */
-static int balance_bound(const dh_bench_options_t *opt, const rank_ctx_t *ranks, double a, double b,
-                         double mean_sum, dh_bench_system_result_t *res)
-{
-    uint32_t total = opt->warmup + opt->steps;
-    size_t cap = 0;
-    for (uint32_t s = opt->warmup; s < total; s++) {
-        size_t n = 0;
-        for (uint32_t r = 0; r < opt->ranks; r++)
-            n += ranks[r].steps[s].samples;
-        if (n > cap)
-            cap = n;
-    }
-    res->balance_bound = 0;
-    if (cap == 0)
-        return 0;
-    double *load = dh_malloc(cap * sizeof *load);
-    int32_t *rank_of = dh_malloc(cap * sizeof *rank_of);
-    double *rank_load = dh_malloc(opt->ranks * sizeof *rank_load);
-    int rc = 0;
-    if (!load || !rank_of || !rank_load) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto done;
-    }
-    double opt_sum = 0;
-    for (uint32_t s = opt->warmup; s < total; s++) {
-        size_t n = 0;
-        for (uint32_t r = 0; r < opt->ranks; r++) {
-            const step_rec_t *st = &ranks[r].steps[s];
-            if (st->samples && !st->tok)
-                goto done; /* unknown */
-            for (uint32_t i = 0; i < st->samples; i++)
-                load[n++] = st->tok[i];
-        }
-        double sum = 0;
-        for (size_t i = 0; i < n; i++)
-            sum += load[i];
-        double largest = dh_plan_lower_bound(load, n, opt->ranks);
-        if (n > 0) {
-            dh_plan_config_t pc = {.mode = DH_PLAN_TOKEN_BUDGET,
-                                   .algo = DH_PLAN_EXACT,
-                                   .ranks = opt->ranks,
-                                   .batch = opt->batch,
-                                   .token_budget = sum + 1};
-            int e = dh_plan_step(&pc, load, NULL, n, rank_of, rank_load);
-            if (e == 0) {
-                largest = 0;
-                for (uint32_t r = 0; r < opt->ranks; r++)
-                    if (rank_load[r] > largest)
-                        largest = rank_load[r];
-            } else if (e != DH_ETOOBIG) {
-                rc = e;
-                goto done;
-            }
-        }
-        opt_sum += a * largest + b;
-    }
-    res->balance_bound = opt_sum > 0 ? mean_sum / opt_sum : 0;
-done:
-    dh_free(load);
-    dh_free(rank_of);
-    dh_free(rank_load);
-    return rc;
-}
-
-/* The memory the process holds while a system runs: its proportional set size (Pss, where a
- * page of an arena mapped by both its DataServer and a client counts once; RSS counts it
- * twice), sampled every 100 ms from /proc/self/smaps_rollup by a thread of its own. 0 where
- * the file cannot be read. */
-typedef struct mem_sampler {
-    pthread_t thread;
-    atomic_int stop;
-    bool started;
-    double peak_mb;
-} mem_sampler_t;
-
-static double pss_mb(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "re");
-    if (!f)
-        return 0;
-    char line[256];
-    double kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Pss: %lf kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb / 1024.0;
-}
-
-static void *mem_sampler_main(void *arg)
-{
-    mem_sampler_t *m = arg;
-    while (!atomic_load(&m->stop)) {
-        double mb = pss_mb();
-        if (mb > m->peak_mb)
-            m->peak_mb = mb;
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
-    }
-    return NULL;
-}
-
-static void mem_sampler_start(mem_sampler_t *m)
-{
-    memset(m, 0, sizeof *m);
-    atomic_init(&m->stop, 0);
-    m->started = pthread_create(&m->thread, NULL, mem_sampler_main, m) == 0;
-}
-
-static double mem_sampler_stop(mem_sampler_t *m)
-{
-    if (!m->started)
-        return 0;
-    atomic_store(&m->stop, 1);
-    pthread_join(m->thread, NULL);
-    m->started = false;
-    double mb = pss_mb(); /* the last moment too */
-    return mb > m->peak_mb ? mb : m->peak_mb;
-}
-
 static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
                       const char *profiles, const char *pipeline_json, const row_ref_t *refs,
                       size_t n_refs, double a, double b, double threshold, double batch_decode_s,
@@ -476,14 +182,14 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
     mem_sampler_t mem;
-    mem_sampler_start(&mem);
+    dh__train_mem_sampler_start(&mem);
     dh__out_peak_reset();
     res->task_budget_mb = (double)dh__out_budget() / 1048576.0;
     dh_bench_cluster_t cl;
     int rc = dh_bench_cluster_start(&cl, opt, sp, pipeline_json);
     if (rc) {
         dh_bench_cluster_stop(&cl);
-        mem_sampler_stop(&mem);
+        dh__train_mem_sampler_stop(&mem);
         return rc;
     }
     res->cores = cl.cores;
@@ -668,15 +374,15 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     res->ideal_sps = bound > 0 ? samples / bound : 0;
     res->efficiency = res->ideal_sps > 0 ? res->throughput_sps / res->ideal_sps : 0;
     res->balance = max_sum > 0 ? mean_sum / max_sum : 0;
-    if ((rc = balance_bound(opt, ranks, run.a, run.b, mean_sum, res)))
+    if ((rc = dh__train_balance_bound(opt, ranks, run.a, run.b, mean_sum, res)))
         goto done;
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
-    if ((rc = prediction_metrics(opt, cl.coord, ranks, fanout, threshold, res)))
+    if ((rc = dh__train_prediction_metrics(opt, cl.coord, ranks, fanout, threshold, res)))
         goto done;
     if (trace)
-        trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
+        dh__train_trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
     for (uint32_t r = 0; r < opt->ranks; r++) {
         dh_client_stats_t st;
         dh_client_stats(ranks[r].client, &st);
@@ -742,7 +448,7 @@ done:
     }
     dh_free(ranks);
     dh_free(group_of);
-    res->peak_pss_mb = mem_sampler_stop(&mem); /* before the arenas go */
+    res->peak_pss_mb = dh__train_mem_sampler_stop(&mem); /* before the arenas go */
     res->task_heap_peak_mb = (double)dh__out_peak() / 1048576.0;
     if (rc == 0 && opt->dataset)
         progress(opt,
