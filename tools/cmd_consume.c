@@ -116,7 +116,7 @@ static const dh_tensor_t *tensor_named(const dh_client_batch_t *b, const char *n
 }
 
 /* Synthetic payloads: "sizes" (bytes per sample) and "payload" (the samples' bytes back to
- * back), each sample's bytes starting with its id (src/runtime/task.c). */
+ * back), each sample's bytes starting with its id (src/runtime/dataserver_task.c). */
 static int check_payload(const dh_client_batch_t *b)
 {
     const dh_tensor_t *sizes = tensor_named(b, "sizes");

@@ -84,21 +84,6 @@ typedef struct dh_request_cost {
     int32_t local_server;   /* index of the rank's local DataServer in the snapshot, or -1 */
 } dh_request_cost_t;
 
-typedef struct dh_cost_breakdown {
-    double cpu_s, io_s, queue_s, net_s;
-    double total_s; /* T = cpu + io + queue + net */
-} dh_cost_breakdown_t;
-
-/* Predicts T for the request on snapshot server `server` (< n_servers), with its parts.
- * Pure, O(1). */
-DH_EXTERN void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req,
-                               uint32_t server, dh_cost_breakdown_t *out);
-
-/* Bytes the request moves between nodes if run on `server`: out_bytes unless the server is
- * on the consumer's node, else 0. */
-DH_EXTERN double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req,
-                                        uint32_t server);
-
 /* ---- Online refinement ------------------------------------------------------------- */
 
 typedef struct dh_cost_model dh_cost_model_t;
@@ -151,9 +136,6 @@ DH_EXTERN double dh_cost_model_predict(const dh_cost_model_t *model, const dh_pr
  * speed <= 0) or DH_ENOMEM (a new key). */
 DH_EXTERN int dh_cost_model_observe(dh_cost_model_t *model, const dh_profile_row_t *row,
                                     double measured_cpu_s, double server_speed);
-
-/* Observations so far (all keys). */
-DH_EXTERN uint64_t dh_cost_model_observations(const dh_cost_model_t *model);
 
 /* A key's learned ratio (measured / cpu_s_est at speed 1), and in *obs (may be NULL) the
  * observations it rests on since the key was first seen or its mean restarted; NAN (and 0)

@@ -164,10 +164,6 @@ DH_EXTERN void dh_pipeline_destroy(dh_pipeline_t **pipeline);
 /* The pipeline's spec (borrowed). */
 DH_EXTERN const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline);
 
-/* Reads the clip metadata the decoder plans with (opens the file, reads the header; no
- * decoding unless the header lacks the size). Same errors as dh_pipeline_decode. */
-DH_EXTERN int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip);
-
 /* Decodes one sample: opens `path`, plans (dh_pipeline_plan), seeks/decodes the sampled
  * frames on one thread, resizes and converts them into out->frames. `overrides` and
  * `sample_id` as for dh_pipeline_plan. *out is zeroed first and always filled: on error
@@ -241,12 +237,6 @@ DH_EXTERN int dh_collate_into(const dh_sample_t *samples, size_t count, dh_dtype
  * buffer the caller owns (dh_tensor_clear). Cost: one memcpy per innermost row. */
 DH_EXTERN int dh_collate_rows(const dh_tensor_t *const *parts, const int64_t *gap_rows, size_t n,
                               dh_tensor_t *out, size_t *bad);
-
-/* Decodes `count` requests one after the other on this thread and collates them. A bad
- * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
- * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). */
-DH_EXTERN int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
-                                       size_t count, dh_batch_t **out);
 
 /* Frees the batch; sets *batch = NULL. Safe on NULL. */
 DH_EXTERN void dh_batch_destroy(dh_batch_t **batch);

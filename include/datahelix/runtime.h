@@ -131,12 +131,10 @@ DH_EXTERN size_t dh_coordinator_predictions(const dh_coordinator_t *c, dh_predic
 
 /* The coordinator's learned state of the cost model, for tests and reports: the ratio
  * (measured / estimated CPU, speed 1) learned for a profile key (NAN if none) with the
- * observations behind it in *obs (may be NULL), and the speed factor of the server named
- * `server` in *speed (may be NULL; NAN if no such server). Thread-safe (takes the
- * coordinator's lock; call it while the loop runs or after). */
+ * observations behind it in *obs (may be NULL). Thread-safe (takes the coordinator's lock;
+ * call it while the loop runs or after). */
 DH_EXTERN double dh_coordinator_key_ratio(const dh_coordinator_t *c, const char *profile_key,
                                           uint64_t *obs);
-DH_EXTERN double dh_coordinator_server_speed(const dh_coordinator_t *c, const char *server);
 
 /* ---- DataServer ----------------------------------------------------------------------- */
 

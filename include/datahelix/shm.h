@@ -15,7 +15,7 @@
  * have died. A full arena is backpressure (DH_EAGAIN), never a crash and never a wait.
  *
  * Threading: an arena object may be used from several threads for dh_shm_arena_ref,
- * _ref_for, _unref, _refcount, _resolve, _stats, _fd, _is_creator (they read immutable
+ * _ref_for, _unref, _refcount, _resolve, _stats, _fd (they read immutable
  * fields and shared atomics). dh_shm_arena_alloc, _collect, _reclaim_dead and _destroy
  * belong to the creator's owner thread. Linux only (memfd_create, file seals).
  */
@@ -94,9 +94,6 @@ DH_EXTERN int dh_shm_arena_fd(const dh_shm_arena_t *arena);
 
 /* The arena's random id (what handles carry in arena_id). Thread-safe. */
 DH_EXTERN uint64_t dh_shm_arena_id(const dh_shm_arena_t *arena);
-
-/* 1 if this object made the arena (may allocate), 0 if it attached. */
-DH_EXTERN int dh_shm_arena_is_creator(const dh_shm_arena_t *arena);
 
 /* Creator only. Allocates ceil(len / slab_size) contiguous slabs, first fit from the start
  * of the arena, after reclaiming released allocations if any are pending. The allocation

@@ -22,11 +22,9 @@ DH_EXTERN void dh_stats_destroy(dh_stats_t **stats);
 
 /* Appends one value. Returns 0 or DH_ENOMEM (the collector is unchanged then). */
 DH_EXTERN int dh_stats_add(dh_stats_t *stats, double value);
-DH_EXTERN void dh_stats_clear(dh_stats_t *stats);
 
 DH_EXTERN size_t dh_stats_count(const dh_stats_t *stats);
 DH_EXTERN double dh_stats_mean(const dh_stats_t *stats); /* 0 when empty */
-DH_EXTERN double dh_stats_min(const dh_stats_t *stats);  /* 0 when empty */
 DH_EXTERN double dh_stats_max(const dh_stats_t *stats);  /* 0 when empty */
 
 /* The p-th percentile (0 <= p <= 100), linear interpolation between closest ranks

@@ -401,9 +401,6 @@ DH_EXTERN int dh_wire_socket_connect(dh_wire_socket_t *s, const char *endpoint);
 /* The underlying ZeroMQ socket (borrowed), for zmq_poll or extra options. */
 DH_EXTERN void *dh_wire_socket_handle(dh_wire_socket_t *s);
 
-/* The messages sent on this socket so far (the next sender_seq is this + 1). */
-DH_EXTERN uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s);
-
 /* Same signature as zmq_free_fn: releases a payload once ZeroMQ is done with it (possibly on a
  * ZeroMQ I/O thread, so it must be thread-safe). */
 typedef void dh_wire_free_fn(void *data, void *hint);

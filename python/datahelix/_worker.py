@@ -1,5 +1,5 @@
 """A DataServer's Python worker process: runs the user's map-style Dataset (docs/datasets.md,
-"Your own Dataset"; the C side is src/runtime/pyworker.c, which starts this module as
+"Your own Dataset"; the C side is src/runtime/dataserver_pyworker.c, which starts this module as
 ``python -m datahelix._worker`` with its socket as fd DATAHELIX_WORKER_FD).
 
 Per request: ``dataset[i]`` for each sample (timed), the batch collated as a plan of arrays
@@ -225,7 +225,7 @@ class Worker:
 
     def begin(self, slot: int, what: str, index: Any = "") -> None:
         """Tells the DataServer that the user's code starts for batch slot `slot` (-1: the
-        batch's collate_fn): its sample_timeout counts from now (pyworker.c)."""
+        batch's collate_fn): its sample_timeout counts from now (dataserver_pyworker.c)."""
         if self.report_begin:
             self.send({"op": "begin", "slot": slot, "what": what, "index": str(index)})
 

@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Any
 
-from . import DataLoader, _dataset_source, _worker_path
+from .loader import DataLoader
+from .sources import _dataset_source, _worker_path
 
 
 class WithoutEstimates:

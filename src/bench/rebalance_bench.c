@@ -32,7 +32,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/stats.h"
 #include "datahelix/wire.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 #include "bench/rebalance_bench.h"
 
 #define CHANNELS 3

@@ -8,7 +8,7 @@
 struct dh_stats {
     double *values;
     size_t count, cap;
-    double sum, min, max;
+    double sum, max;
     int sorted;
 };
 
@@ -37,21 +37,12 @@ int dh_stats_add(dh_stats_t *stats, double value)
         stats->values = v;
         stats->cap = cap;
     }
-    if (stats->count == 0 || value < stats->min)
-        stats->min = value;
     if (stats->count == 0 || value > stats->max)
         stats->max = value;
     stats->values[stats->count++] = value;
     stats->sum += value;
     stats->sorted = 0;
     return 0;
-}
-
-void dh_stats_clear(dh_stats_t *stats)
-{
-    stats->count = 0;
-    stats->sum = stats->min = stats->max = 0;
-    stats->sorted = 0;
 }
 
 size_t dh_stats_count(const dh_stats_t *stats)
@@ -62,11 +53,6 @@ size_t dh_stats_count(const dh_stats_t *stats)
 double dh_stats_mean(const dh_stats_t *stats)
 {
     return stats->count ? stats->sum / (double)stats->count : 0.0;
-}
-
-double dh_stats_min(const dh_stats_t *stats)
-{
-    return stats->count ? stats->min : 0.0;
 }
 
 double dh_stats_max(const dh_stats_t *stats)

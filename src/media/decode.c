@@ -10,7 +10,7 @@
  *
  * One decoder thread (thread_count = 1): the data server runs many samples in parallel,
  * which scales better. Frame index <-> pts: the time base and average frame rate (constant
- * rate), or a table of every frame's pts (variable rate). dh_pipeline_decode_batch decodes
+ * rate), or a table of every frame's pts (variable rate). dh__pipeline_decode_batch decodes
  * a request list and hands the samples to dh_collate (collate.c).
  */
 #include <assert.h>
@@ -452,7 +452,7 @@ static int decoder_open_codec(decoder_t *d)
     return 0;
 }
 
-int dh_pipeline_clip_info(const char *path, dh_clip_info_t *clip)
+int dh__pipeline_clip_info(const char *path, dh_clip_info_t *clip)
 {
     decoder_t d;
     memset(clip, 0, sizeof *clip);
@@ -768,8 +768,8 @@ void dh_sample_clear(dh_sample_t *sample)
     memset(sample, 0, sizeof *sample);
 }
 
-int dh_pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
-                             size_t count, dh_batch_t **out)
+int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                              size_t count, dh_batch_t **out)
 {
     *out = NULL;
     dh_sample_t *samples = dh_calloc(count ? count : 1, sizeof *samples);

@@ -1,5 +1,6 @@
 /* media/pipeline_internal.h: limits and cross-file internals of the pipeline (spec.c,
- * sampling.c, decode.c, collate.c). */
+ * sampling.c, decode.c, collate.c), private to src/media (and its tests). What other modules
+ * use is in media/media_lib.h. */
 #ifndef DH_MEDIA_PIPELINE_INTERNAL_H
 #define DH_MEDIA_PIPELINE_INTERNAL_H
 
@@ -10,9 +11,11 @@
 #define DH_PIPELINE_MAX_CLIP_FRAMES ((int64_t)1 << 40)
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "datahelix/pipeline.h"
+#include "media/media_lib.h"
 
 struct AVStream;
 struct AVFormatContext;
@@ -34,11 +37,6 @@ bool dh__still_image(const struct AVFormatContext *fmt);
  * Returns 0 or an FFmpeg error. */
 int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
 
-/* A byte range of a file (a tar member read in place, manifest.h): for
- * "subfile,,start,S,end,E,,:FILE" returns FILE with *start = S and *end = E; any other path
- * is returned as it is, with *start = *end = -1. Pure string parsing. */
-const char *dh__subfile_range(const char *path, long long *start, long long *end);
-
 /* For a tar member read in place (a subfile path): rewrites the thread's last error
  * "PATH: WHAT" (PATH the subfile path) as "sample ID (member NAME of shard FILE): WHAT", the
  * member's name read from its tar header (tar_member.c). Any other path: nothing changes.
@@ -50,5 +48,16 @@ int dh__name_tar_sample(int err, const char *path, const char *sample_id);
  * GOP's retry does, and what a keyframe misread from the container's index cost). For
  * tests. */
 int64_t dh__pipeline_redecoded(const dh_pipeline_t *pipeline);
+
+/* Reads the clip metadata the decoder plans with (opens the file, reads the header; no
+ * decoding unless the header lacks the size). Same errors as dh_pipeline_decode. For tests. */
+int dh__pipeline_clip_info(const char *path, dh_clip_info_t *clip);
+
+/* Decodes `count` requests one after the other on this thread and collates them. A bad
+ * sample never fails the batch: it yields its error in the batch. Returns 0, or DH_ENOMEM
+ * when the batch itself cannot be allocated. *out is the caller's (dh_batch_destroy). For
+ * tests. */
+int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
+                              size_t count, dh_batch_t **out);
 
 #endif

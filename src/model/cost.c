@@ -15,30 +15,6 @@
 #include "datahelix/error.h"
 #include "core/internal.h"
 
-void dh_cost_predict(const dh_snapshot_t *snap, const dh_request_cost_t *req, uint32_t server,
-                     dh_cost_breakdown_t *out)
-{
-    const dh_server_state_t *s = &snap->servers[server];
-    out->cpu_s = req->cpu_s * s->speed_factor;
-    out->io_s = req->in_bytes * s->storage_s_per_B;
-    out->queue_s = (s->workers == 0)             ? INFINITY
-                   : (s->queue_len < s->workers) ? 0.0
-                                                 : s->queue_wait_s;
-    if (s->node == req->consumer_node) {
-        out->net_s = 0.0;
-    } else {
-        const dh_link_t *l = &snap->links[(size_t)s->node * snap->n_nodes + req->consumer_node];
-        out->net_s = req->out_bytes * l->s_per_B + l->latency_s;
-    }
-    out->total_s = out->cpu_s + out->io_s + out->queue_s + out->net_s;
-}
-
-double dh_cost_transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req,
-                              uint32_t server)
-{
-    return snap->servers[server].node == req->consumer_node ? 0.0 : req->out_bytes;
-}
-
 double dh_cost_ewma(double value, double sample, double alpha)
 {
     return value + alpha * (sample - value);
@@ -311,11 +287,6 @@ int dh_cost_model_observe(dh_cost_model_t *m, const dh_profile_row_t *row, doubl
     m->wxy = m->wxy * f + x * y;
     m->fit_obs++;
     return 0;
-}
-
-uint64_t dh_cost_model_observations(const dh_cost_model_t *model)
-{
-    return model->fit_obs;
 }
 
 void dh_cost_model_scale(dh_cost_model_t *m, double factor)

@@ -46,7 +46,7 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 void dh__client_arena_ref_drop(arena_ref_t *a)
 {

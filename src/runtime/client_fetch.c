@@ -30,7 +30,7 @@
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
 #include "runtime/notice.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 /* Connects the data socket and maps the arena of the DataServer in c->ds (the caller copies
  * it under the lock into `ds`). */
@@ -195,6 +195,21 @@ static void sleep_s(double s)
     }
 }
 
+int dh__client_join(dh_client_t *c, part_t *parts, uint32_t n_parts, uint64_t batch, char *why,
+                    size_t why_cap)
+{
+    int rc = dh__client_join_parts(parts, n_parts, batch, why, why_cap);
+    if (rc == 0) {
+        uint64_t bytes = 0;
+        for (size_t t = 0; t < parts[0].n_tensors; t++)
+            bytes += parts[0].tensors[t].nbytes;
+        dh__count(&c->counters.copy_bytes, bytes);
+        /* the emulated copy of the bytes these stand for: the batch is ready after it */
+        sleep_s((double)bytes * c->cfg.emulate_copy_s_per_B);
+    }
+    return rc;
+}
+
 int dh__client_part_from_deliver(dh_client_t *c, dh_msg_deliver_t *m, part_t *out,
                                  uint64_t *copied_out)
 {
@@ -326,15 +341,7 @@ void dh__client_on_deliver(dh_client_t *c, dh_wire_received_t *r)
     pthread_mutex_unlock(&c->lock);
     if (join) {
         char why[sizeof held->join_error] = "";
-        int rc = dh__client_join_parts(held, parts, batch, why, sizeof why);
-        if (rc == 0) {
-            uint64_t bytes = 0;
-            for (size_t t = 0; t < held[0].n_tensors; t++)
-                bytes += held[0].tensors[t].nbytes;
-            dh__count(&c->counters.copy_bytes, bytes);
-            /* the emulated copy of the bytes these stand for: the batch is ready after it */
-            sleep_s((double)bytes * c->cfg.emulate_copy_s_per_B);
-        }
+        int rc = dh__client_join(c, held, parts, batch, why, sizeof why);
         pthread_mutex_lock(&c->lock);
         for (uint32_t k = 0; k < parts; k++) {
             part_t *q = &c->ring[(batch * parts + k) % c->ring_size];

@@ -1,6 +1,7 @@
 /* runtime/client_internal.h: a client's state and the internals its files share: client.c
- * (life cycle, planning calls, next() and batches), client_send.c (the sender thread) and
- * client_fetch.c (the fetcher thread). Threads and locking: see client.c.
+ * (life cycle, next() and batches), client_plan.c (planning calls), client_send.c (the sender
+ * thread), client_fetch.c (the fetcher thread) and tier 2's client_rebalance*.c (on the
+ * fetcher thread). Threads and locking: see client.c.
  */
 #ifndef DH_RUNTIME_CLIENT_INTERNAL_H
 #define DH_RUNTIME_CLIENT_INTERNAL_H
@@ -130,6 +131,21 @@ typedef struct rb_state {
 /* A DELIVER seq of a part moved to this rank from another node: the bit, the round in the
  * bits above 24, the part's index in the round below. */
 #define RB_SEQ_BIT (1ull << 63)
+
+/* The default features of an offered part (no feature_fn): tokens, bytes, measured decode
+ * seconds. */
+#define RB_DEFAULT_FEATURES 3
+
+/* What a member's policy made of a ROUND (client_rebalance_decide.c). */
+typedef struct rb_decision {
+    uint32_t *new_rank; /* per part of the ROUND */
+    bool apply;
+    bool gate_kept;
+    double gain_s, cost_s, transfer_s, max_before_s;
+    uint32_t moved;
+    int err;
+    char why[512];
+} rb_decision_t;
 
 typedef struct ds_info {
     char name[NAME_CAP];
@@ -284,6 +300,14 @@ void dh__client_drain_after_goodbye(dh_client_t *c);
  * the reason in why. */
 int dh__client_join_parts(part_t *parts, size_t n_parts, uint64_t batch, char *why, size_t why_cap);
 
+/* Joins a batch's held parts (dh__client_join_parts), counts the bytes of the joined batch
+ * in copy_bytes and spends the emulated copy of them (emulate_copy_s_per_B per byte) on the
+ * calling thread, so the batch counts as ready after it. The one place the fetcher
+ * (fanout > 1) and tier 2's joiner join a batch. 0 or dh__client_join_parts's code, with the
+ * reason in why. */
+int dh__client_join(dh_client_t *c, part_t *parts, uint32_t n_parts, uint64_t batch, char *why,
+                    size_t why_cap);
+
 /* The arena mapping with this id, or NULL (fetcher thread). */
 arena_ref_t *dh__client_arena_by_id(dh_client_t *c, uint64_t id);
 
@@ -314,11 +338,36 @@ void dh__client_rb_progress(dh_client_t *c);
  * taken). */
 void dh__client_rb_on_message(dh_client_t *c, dh_wire_received_t *r);
 
-/* A DELIVER of a part moved here from another node (seq has RB_SEQ_BIT): takes the part. */
-void dh__client_rb_on_moved(dh_client_t *c, part_t *p);
-
 /* Whether batch b is in the round of the batch next() waits for (its requests go out
  * whatever the byte budget, or the round could never complete). Lock held. */
 bool dh__client_rb_must_request(const dh_client_t *c, uint64_t b);
+
+/* Sets round r's error for next() (the first one only: code, and "rebalance round R (group
+ * G): what"), and wakes next(). Takes the lock. */
+void dh__client_rb_set_error(dh_client_t *c, uint64_t r, int code, const char *what);
+
+/* Records a cross-node transfer's time (rebalance_transfer_s_*). Takes the lock. */
+void dh__client_rb_record_transfer(dh_client_t *c, double s);
+
+/* ---- client_rebalance_decide.c ---- */
+
+/* The index of `rank` among the ROUND's members, or -1. */
+int dh__client_rb_member_of(const dh_msg_rebalance_t *m, uint32_t rank);
+
+/* Runs this client's policy on the ROUND m into d (d->new_rank holds m->n_parts entries):
+ * every part's new rank (each part's own when the round keeps), whether to apply, the
+ * verdict's figures, or d->err with d->why (a failed policy, a bad assignment). */
+void dh__client_rb_decide(dh_client_t *c, const dh_msg_rebalance_t *m, rb_decision_t *d);
+
+/* ---- client_rebalance_move.c ---- */
+
+/* Applies the ROUND m's assignment (new_rank, per part) to this rank's ring: parts that
+ * leave are handed over or given back, parts that come are taken over, taken from
+ * exchange_fn's bytes or expected as DELIVERs (c->rb.expect). An error is set for next()
+ * (dh__client_rb_set_error). */
+void dh__client_rb_apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *new_rank);
+
+/* A DELIVER of a part moved here from another node (seq has RB_SEQ_BIT): takes the part. */
+void dh__client_rb_on_moved(dh_client_t *c, part_t *p);
 
 #endif

@@ -1,4 +1,5 @@
-/* client_rebalance.c: a client's part in tier 2 (docs/rebalancing.md; the API is in client.h).
+/* client_rebalance.c: a client's rounds of tier 2 (docs/rebalancing.md; the API is in
+ * client.h): the life of a round on this rank, from its OFFER to its final batches.
  *
  * Everything here runs on the fetcher thread, which owns the ring's parts until a batch is
  * final; next() takes a batch only once its round is applied (part 0's `final`).
@@ -10,45 +11,32 @@
  *           seconds per token, the group's ranks.
  *   decide  the coordinator answers with the ROUND (every member's parts, the same bytes
  *           for every member) or END (every member keeps). Every member runs the same
- *           policy on the same ROUND: sort_fn, else the default per batch
- *           (dh_rebalance_plan, part counts kept, its cost gate). Rounds apply in order.
- *   apply   each part leaving this rank gives its ring slot to a part coming in (in slot
- *           order, per batch). On one node the incoming part's slabs change owner: this
- *           client takes a reference for itself (dh_shm_arena_ref_for) and drops the
- *           sender's, which the sender no longer holds; no byte is copied. From another
- *           node, the sender's DataServer forwards the bytes (REBALANCE SEND, forward.c) and
- *           the part arrives as a DELIVER under RB_SEQ_BIT | round << 24 | its index;
- *           or, with an exchange_fn (a torch.distributed all_to_all from Python), every
- *           member packs its cross-node parts by destination and calls it once per round
- *           that moves any: the parts come back as bytes this client owns.
+ *           policy on the same ROUND (client_rebalance_decide.c). Rounds apply in order.
+ *   apply   each part leaving this rank gives its ring slot to a part coming in
+ *           (client_rebalance_move.c: on one node by a change of the slabs' owner, from
+ *           another node through the DataServers or exchange_fn).
  *   final   once every incoming part is in, batches of several parts are joined (as
- *           fanout > 1 always is), the batches become final, and next() may take them.
+ *           fanout > 1 always is; on the joiner thread, so the fetcher goes on meanwhile),
+ *           the batches become final, and next() may take them.
  * A policy that fails (an error code, a bad assignment) keeps the round: the batches are
  * yielded as planned, and next() reports the error once, naming the round.
  */
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 #include <zmq.h>
 
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
-#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/rebalance.h"
-#include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
-#include "wire/internal.h"
-
-#define DEFAULT_FEATURES 3
+#include "wire/wire_lib.h"
 
 static void *joiner_main(void *arg);
 
@@ -308,7 +296,7 @@ static int offer(dh_client_t *c, uint64_t r)
     uint32_t parts = c->cfg.fanout;
     uint64_t b0 = r * rb->steps, end = round_end(c, r);
     size_t cap = (size_t)(end - b0) * parts;
-    size_t nf = c->cfg.rebalance.feature_fn ? c->cfg.rebalance.n_features : DEFAULT_FEATURES;
+    size_t nf = c->cfg.rebalance.feature_fn ? c->cfg.rebalance.n_features : RB_DEFAULT_FEATURES;
     dh_wire_rb_part_t *w = dh_calloc(cap, sizeof *w);
     dh_wire_tensor_t *tensors = dh_calloc(cap * DH__RT_MAX_TENSORS, sizeof *tensors);
     dh_wire_real_t *features = dh_calloc(cap * nf, sizeof *features);
@@ -384,299 +372,6 @@ static int offer(dh_client_t *c, uint64_t r)
     return rc;
 }
 
-/* ---- decide ---- */
-
-typedef struct decision {
-    uint32_t *new_rank; /* per part of the ROUND */
-    bool apply;
-    bool gate_kept;
-    double gain_s, cost_s, transfer_s, max_before_s;
-    uint32_t moved;
-    int err;
-    char why[512];
-} decision_t;
-
-static int member_of(const dh_msg_rebalance_t *m, uint32_t rank)
-{
-    for (uint32_t i = 0; i < m->n_members; i++)
-        if (m->members[i].rank == rank)
-            return (int)i;
-    return -1;
-}
-
-static bool spans_nodes(const dh_msg_rebalance_t *m)
-{
-    for (uint32_t i = 1; i < m->n_members; i++)
-        if (strcmp(m->members[i].node, m->members[0].node) != 0)
-            return true;
-    return false;
-}
-
-/* Checks an assignment: a rank of the group for every part, and each rank's part count per
- * batch unchanged. 0, or DH_EINVAL with why. */
-static int check_assignment(const dh_msg_rebalance_t *m, const uint32_t *new_rank, char *why,
-                            size_t cap)
-{
-    uint32_t n = m->n_parts;
-    for (uint32_t i = 0; i < n; i++)
-        if (member_of(m, new_rank[i]) < 0) {
-            snprintf(why, cap,
-                     "part %u (batch %llu, rank %u) is given to rank %u, not in the group", i,
-                     (unsigned long long)m->parts[i].batch, m->parts[i].rank, new_rank[i]);
-            return DH_EINVAL;
-        }
-    for (uint32_t i = 0; i < n;) {
-        uint32_t j = i;
-        while (j < n && m->parts[j].batch == m->parts[i].batch)
-            j++;
-        for (uint32_t k = 0; k < m->n_members; k++) {
-            uint32_t rank = m->members[k].rank, had = 0, gets = 0;
-            for (uint32_t x = i; x < j; x++) {
-                had += m->parts[x].rank == rank;
-                gets += new_rank[x] == rank;
-            }
-            if (had != gets) {
-                snprintf(why, cap,
-                         "the assignment gives rank %u %u parts of batch %llu; it holds %u (parts "
-                         "move in exchange, within their batch)",
-                         rank, gets, (unsigned long long)m->parts[i].batch, had);
-                return DH_EINVAL;
-            }
-        }
-        i = j;
-    }
-    return 0;
-}
-
-/* The moves' slack: the least lead any member has left before it consumes the round's first
- * batch (0 when a member has none: the whole transfer counts). */
-static double slack_of(const dh_msg_rebalance_t *m)
-{
-    double slack = -1;
-    for (uint32_t i = 0; i < m->n_members; i++)
-        if (slack < 0 || m->members[i].lead_s < slack)
-            slack = m->members[i].lead_s;
-    return slack > 0 ? slack : 0;
-}
-
-static void decide_default(dh_client_t *c, const dh_msg_rebalance_t *m, double spt, decision_t *d)
-{
-    uint32_t n = m->n_parts;
-    dh_rebalance_item_t *items = dh_calloc(n ? n : 1, sizeof *items);
-    if (!items) {
-        d->err = dh__set_error(DH_ENOMEM, "out of memory deciding a round");
-        snprintf(d->why, sizeof d->why, "%s", dh_last_error());
-        return;
-    }
-    dh_rebalance_params_t p;
-    dh_rebalance_params_default(&p);
-    p.ranks = m->n_members;
-    p.keep_counts = 1;
-    p.s_per_token = spt;
-    p.move_s_per_B = spans_nodes(m) ? c->cfg.rebalance.move_s_per_B : 0;
-    p.min_gain = c->cfg.rebalance.min_gain;
-    p.slack_s = slack_of(m);
-    bool proposed = false;
-    for (uint32_t i = 0; i < n;) {
-        uint32_t j = i;
-        while (j < n && m->parts[j].batch == m->parts[i].batch)
-            j++;
-        for (uint32_t x = i; x < j; x++)
-            items[x - i] = (dh_rebalance_item_t){(uint32_t)member_of(m, m->parts[x].rank),
-                                                 m->parts[x].tokens, m->parts[x].bytes};
-        dh_rebalance_verdict_t v;
-        int rc = dh_rebalance_plan(items, j - i, &p, &d->new_rank[i], &v);
-        if (rc) {
-            d->err = rc;
-            snprintf(d->why, sizeof d->why, "%s", dh_last_error());
-            break;
-        }
-        for (uint32_t x = i; x < j; x++)
-            d->new_rank[x] = m->members[d->new_rank[x]].rank;
-        d->gain_s += v.applied ? v.gain_s : 0;
-        d->cost_s += v.applied ? v.cost_s : 0;
-        d->transfer_s += v.applied ? v.transfer_s : 0;
-        d->max_before_s += v.max_before_s;
-        d->moved += v.moved;
-        proposed |= v.gain_s > 0;
-        d->apply |= v.applied != 0;
-        i = j;
-    }
-    d->gate_kept = !d->apply && proposed && d->err == 0;
-    dh_free(items);
-}
-
-static void decide(dh_client_t *c, const dh_msg_rebalance_t *m, decision_t *d)
-{
-    const dh_rebalance_config_t *rc = &c->cfg.rebalance;
-    uint32_t n = m->n_parts;
-    for (uint32_t i = 0; i < n; i++) {
-        d->new_rank[i] = m->parts[i].rank;
-        if (member_of(m, m->parts[i].rank) < 0) {
-            d->err = DH_EPARSE;
-            snprintf(d->why, sizeof d->why, "part %u names rank %u, not in the group", i,
-                     m->parts[i].rank);
-            return;
-        }
-    }
-    double spt = 0;
-    uint32_t known = 0;
-    for (uint32_t i = 0; i < m->n_members; i++)
-        if (m->members[i].s_per_token > 0) {
-            spt += m->members[i].s_per_token;
-            known++;
-        }
-    spt = known ? spt / known : 0;
-    if (!(spt > 0) && !spans_nodes(m))
-        spt = 1; /* on one node a move costs nothing: the decision does not depend on it */
-    if (!rc->sort_fn) {
-        if (spt > 0 && n) /* else no compute rate learned yet: nothing to weigh a move
-                           * against */
-            decide_default(c, m, spt, d);
-        return;
-    }
-    size_t nf = rc->feature_fn ? rc->n_features : DEFAULT_FEATURES;
-    dh_rebalance_part_t *views = dh_calloc(n ? n : 1, sizeof *views);
-    double *f = dh_calloc((n ? n : 1) * nf, sizeof *f);
-    uint32_t ranks[m->n_members ? m->n_members : 1];
-    if (!views || !f) {
-        dh_free(views);
-        dh_free(f);
-        d->err = dh__set_error(DH_ENOMEM, "out of memory for the round's views");
-        snprintf(d->why, sizeof d->why, "%s", dh_last_error());
-        return;
-    }
-    for (uint32_t i = 0; i < m->n_members; i++)
-        ranks[i] = m->members[i].rank;
-    for (uint32_t i = 0; i < n; i++) {
-        const dh_wire_rb_part_t *p = &m->parts[i];
-        for (size_t k = 0; k < nf && k < p->n_features; k++)
-            f[i * nf + k] = p->features[k].v;
-        views[i] = (dh_rebalance_part_t){p->rank,   p->batch, p->slot,  p->n_samples,
-                                         p->tokens, p->bytes, p->cpu_s, &f[i * nf]};
-    }
-    dh_rebalance_round_t round = {.group = m->group,
-                                  .round = m->round,
-                                  .ranks = ranks,
-                                  .n_ranks = m->n_members,
-                                  .parts = views,
-                                  .n_parts = n,
-                                  .n_features = nf,
-                                  .s_per_token = spt,
-                                  .min_gain = rc->min_gain,
-                                  .move_s_per_B = spans_nodes(m) ? rc->move_s_per_B : 0,
-                                  .slack_s = slack_of(m),
-                                  .args = c->rb.args};
-    dh_clear_error(); /* what sort_fn sets, it says */
-    int r = rc->sort_fn(rc->sort_user, &round, d->new_rank);
-    if (r < 0) {
-        d->err = r;
-        snprintf(d->why, sizeof d->why, "sort_fn failed: %s",
-                 dh_last_error()[0] ? dh_last_error() : dh_strerror(r));
-    } else if (r == 0) {
-        d->err = check_assignment(m, d->new_rank, d->why, sizeof d->why);
-        for (uint32_t i = 0; d->err == 0 && i < n; i++)
-            if (d->new_rank[i] != m->parts[i].rank) {
-                d->apply = true;
-                d->moved++;
-            }
-    }
-    if (!d->apply || d->err)
-        for (uint32_t i = 0; i < n; i++)
-            d->new_rank[i] = m->parts[i].rank;
-    dh_free(views);
-    dh_free(f);
-}
-
-/* ---- apply ---- */
-
-/* Forgets a part that left this rank: its slabs are the receiver's now (on one node) or
- * the local DataServer's to drop (across nodes); only this client's own things go. */
-static void forget(part_t *p)
-{
-    for (size_t t = 0; t < p->n_tensors; t++) {
-        dh_free(p->copies[t]);
-        p->copies[t] = NULL;
-    }
-    dh__client_arena_ref_drop(p->arena);
-    for (uint32_t i = 0; i < p->n_samples && p->samples; i++) {
-        dh_free(p->samples[i].id);
-        dh_free(p->samples[i].error);
-    }
-    dh_free(p->samples);
-    uint64_t seq = p->seq;
-    memset(p, 0, sizeof *p);
-    p->seq = seq;
-    p->ready = true; /* the slot stays taken: a duplicate of its request is still one */
-}
-
-/* Gives a part taken from a round its samples and what else the round says of it, and
- * makes it ready. */
-static void adopt_samples(part_t *p, const dh_wire_rb_part_t *w)
-{
-    p->samples = dh_calloc(w->n_samples ? w->n_samples : 1, sizeof *p->samples);
-    for (uint32_t i = 0; p->samples && i < w->n_samples; i++) {
-        p->samples[i] = w->samples[i];
-        p->samples[i].id = dh_strdup(w->samples[i].id ? w->samples[i].id : "");
-        p->samples[i].error = dh_strdup(w->samples[i].error ? w->samples[i].error : "");
-        p->n_samples++;
-    }
-    snprintf(p->server, NAME_CAP, "%s", w->server ? w->server : "");
-    p->ready_ns = w->ready_ns;
-    p->received_ns = dh_clock_now_ns();
-    p->ready = true;
-}
-
-/* Takes over a part of this node from the round (its slabs change owner). 0 or a code. */
-static int take_over(dh_client_t *c, const dh_wire_rb_part_t *w, part_t *slot)
-{
-    part_t p = {0};
-    p.seq = slot->seq;
-    size_t t = 0;
-    int rc = 0;
-    for (; t < w->n_tensors && t < DH__RT_MAX_TENSORS; t++) {
-        const dh_wire_tensor_t *x = &w->tensors[t];
-        arena_ref_t *a = dh__client_arena_by_id(c, x->arena_id);
-        dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
-        void *ptr = NULL;
-        if (!a || (p.arena && p.arena != a) ||
-            (rc = DH_FAULT(DH_FAULT_RB_TAKE_OVER)
-                      ? dh__set_error(-ESTALE, "shm handle refused (injected)")
-                      : dh_shm_arena_ref_for(a->arena, &h, getpid())) != 0) {
-            rc = rc ? rc : DH_EINVAL;
-            break;
-        }
-        dh_shm_arena_resolve(a->arena, &h, &ptr);
-        if (!p.arena) {
-            p.arena = a;
-            atomic_fetch_add(&a->refs, 1);
-        }
-        p.handles[t] = h;
-        p.tensors[t] = x->tensor;
-        p.tensors[t].data = ptr;
-        p.n_tensors++;
-    }
-    if (rc) {
-        dh__client_part_release(&p); /* the references taken so far */
-        /* and the sender's on every tensor: it forgot the part, and it is alive, so
-         * reclaim_dead would never free them (a bad handle fails its unref harmlessly) */
-        for (uint32_t k = 0; k < w->n_tensors; k++) {
-            const dh_wire_tensor_t *x = &w->tensors[k];
-            arena_ref_t *a = dh__client_arena_by_id(c, x->arena_id);
-            dh_shm_handle_t h = {x->arena_id, x->offset, x->length, x->generation};
-            if (a)
-                dh_shm_arena_unref(a->arena, &h);
-        }
-        return rc;
-    }
-    /* the sender's references, which it no longer holds */
-    for (size_t k = 0; k < p.n_tensors; k++)
-        dh_shm_arena_unref(p.arena->arena, &p.handles[k]);
-    adopt_samples(&p, w);
-    *slot = p;
-    return 0;
-}
-
 /* Records the time since `ready` (when a round's parts, and those of the rounds before it,
  * were all materialized). */
 static void record(dh_client_t *c, uint64_t ready, double *ring, size_t *n, double *max)
@@ -689,7 +384,7 @@ static void record(dh_client_t *c, uint64_t ready, double *ring, size_t *n, doub
     pthread_mutex_unlock(&c->lock);
 }
 
-static void set_error(dh_client_t *c, uint64_t r, int code, const char *what)
+void dh__client_rb_set_error(dh_client_t *c, uint64_t r, int code, const char *what)
 {
     pthread_mutex_lock(&c->lock);
     if (!c->rb.err) {
@@ -702,107 +397,8 @@ static void set_error(dh_client_t *c, uint64_t r, int code, const char *what)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Waits for the part coming as seq into ring slot `slot`, or takes it at once if it came
- * early (lock held). 0 or DH_ENOMEM. */
-static int expect(dh_client_t *c, uint64_t seq, size_t slot)
-{
-    rb_state_t *rb = &c->rb;
-    for (size_t i = 0; i < rb->n_early; i++)
-        if (rb->early[i].seq == seq) {
-            part_t *dst = &c->ring[slot];
-            uint64_t keep = dst->seq;
-            *dst = rb->early[i];
-            dst->seq = keep;
-            rb->early[i] = rb->early[--rb->n_early];
-            return 0;
-        }
-    if (rb->n_expect == rb->cap_expect) {
-        size_t cap = rb->cap_expect ? 2 * rb->cap_expect : 16;
-        rb_expect_t *e = dh_realloc(rb->expect, cap * sizeof *e);
-        if (!e)
-            return DH_ENOMEM;
-        rb->expect = e;
-        rb->cap_expect = cap;
-    }
-    rb->expect[rb->n_expect++] = (rb_expect_t){seq, slot, false};
-    return 0;
-}
-
-void dh__client_rb_on_moved(dh_client_t *c, part_t *p)
-{
-    rb_state_t *rb = &c->rb;
-    pthread_mutex_lock(&c->lock);
-    for (size_t i = 0; i < rb->n_expect; i++)
-        if (rb->expect[i].seq == p->seq && !rb->expect[i].done) {
-            part_t *dst = &c->ring[rb->expect[i].slot];
-            uint64_t keep = dst->seq;
-            *dst = *p;
-            dst->seq = keep;
-            rb->expect[i].done = true;
-            pthread_mutex_unlock(&c->lock);
-            return;
-        }
-    pthread_mutex_unlock(&c->lock);
-    if (rb->n_early == rb->cap_early) {
-        size_t cap = rb->cap_early ? 2 * rb->cap_early : 16;
-        part_t *e = dh_realloc(rb->early, cap * sizeof *e);
-        if (!e) {
-            dh__client_part_release(p);
-            set_error(c, rb->applied, DH_ENOMEM, "out of memory keeping a moved part");
-            return;
-        }
-        rb->early = e;
-        rb->cap_early = cap;
-    }
-    rb->early[rb->n_early++] = *p;
-}
-
-static int send_part(dh_client_t *c, const dh_msg_rebalance_t *m, uint32_t i,
-                     const dh_wire_rb_member_t *to)
-{
-    dh_msg_t s = {.type = DH_MSG_REBALANCE};
-    s.rebalance.kind = DH_RB_SEND;
-    s.rebalance.group = m->group;
-    s.rebalance.round = m->round;
-    s.rebalance.rank = c->cfg.rank;
-    s.rebalance.client_id = to->client_id;
-    s.rebalance.node = to->node;
-    s.rebalance.endpoint = to->endpoint;
-    s.rebalance.seq = RB_SEQ_BIT | (m->round << 24) | i;
-    s.rebalance.reason = (char *)"";
-    s.rebalance.n_parts = 1;
-    s.rebalance.parts = &m->parts[i];
-    if (DH_FAULT(DH_FAULT_RB_SEND))
-        return dh__set_error(DH_EIO, "send REBALANCE: injected failure");
-    return dh_wire_send(c->data, NULL, 0, &s, NULL, 0, 1000);
-}
-
-/* Whether part i of the round carries data (an empty slot carries none). */
-static bool carries(const dh_wire_rb_part_t *p)
-{
-    return p->n_samples || p->n_tensors;
-}
-
-static size_t part_bytes(const dh_wire_rb_part_t *p)
-{
-    size_t n = 0;
-    for (uint32_t t = 0; t < p->n_tensors; t++)
-        n += p->tensors[t].tensor.nbytes;
-    return n;
-}
-
-/* Whether part i moves across nodes under the decision. */
-static bool crosses(const dh_msg_rebalance_t *m, const uint32_t *new_rank, uint32_t i)
-{
-    const dh_wire_rb_part_t *p = &m->parts[i];
-    if (new_rank[i] == p->rank || !carries(p))
-        return false;
-    int a = member_of(m, p->rank), b = member_of(m, new_rank[i]);
-    return a >= 0 && b >= 0 && strcmp(m->members[a].node, m->members[b].node) != 0;
-}
-
 /* Records a cross-node transfer's time (rebalance_transfer_s_*). */
-static void record_transfer(dh_client_t *c, double s)
+void dh__client_rb_record_transfer(dh_client_t *c, double s)
 {
     rb_state_t *rb = &c->rb;
     pthread_mutex_lock(&c->lock);
@@ -811,220 +407,6 @@ static void record_transfer(dh_client_t *c, double s)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The bytes of a round's cross-node moves, exchanged by the user's exchange_fn: what this
- * rank sends, packed by destination, and where each incoming part lies in what it gets. */
-typedef struct exchange {
-    bool on; /* the round moves a part across nodes: every member calls exchange_fn */
-    int rc;  /* exchange_fn's (or packing's) code */
-    char *send, *recv;
-    size_t *send_counts, *recv_counts; /* per member */
-    size_t *in_off;                    /* per part: its offset in recv (incoming ones) */
-} exchange_t;
-
-static void exchange_free(exchange_t *x)
-{
-    dh_free(x->send);
-    dh_free(x->recv);
-    dh_free(x->send_counts);
-    dh_free(x->recv_counts);
-    dh_free(x->in_off);
-    memset(x, 0, sizeof *x);
-}
-
-/* Packs this rank's outgoing cross-node parts (read from its ring, which the fetcher
- * thread alone writes) and calls exchange_fn. x->rc says how it went. */
-static void exchange(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *new_rank,
-                     exchange_t *x)
-{
-    const dh_rebalance_config_t *rc = &c->cfg.rebalance;
-    uint32_t me = c->cfg.rank, n = m->n_parts, k = m->n_members;
-    for (uint32_t i = 0; i < n && !x->on; i++)
-        x->on = crosses(m, new_rank, i);
-    if (!x->on)
-        return;
-    x->send_counts = dh_calloc(k, sizeof *x->send_counts);
-    x->recv_counts = dh_calloc(k, sizeof *x->recv_counts);
-    x->in_off = dh_calloc(n ? n : 1, sizeof *x->in_off);
-    uint32_t ranks[k];
-    size_t sent = 0, got = 0;
-    if (!x->send_counts || !x->recv_counts || !x->in_off) {
-        x->rc = DH_ENOMEM;
-        return;
-    }
-    for (uint32_t j = 0; j < k; j++)
-        ranks[j] = m->members[j].rank;
-    for (uint32_t i = 0; i < n; i++) {
-        if (!crosses(m, new_rank, i))
-            continue;
-        if (m->parts[i].rank == me)
-            x->send_counts[member_of(m, new_rank[i])] += part_bytes(&m->parts[i]);
-        if (new_rank[i] == me)
-            x->recv_counts[member_of(m, m->parts[i].rank)] += part_bytes(&m->parts[i]);
-    }
-    size_t send_at[k], recv_at[k];
-    for (uint32_t j = 0; j < k; j++) {
-        send_at[j] = sent;
-        recv_at[j] = got;
-        sent += x->send_counts[j];
-        got += x->recv_counts[j];
-    }
-    x->send = dh_malloc(sent ? sent : 1);
-    x->recv = dh_malloc(got ? got : 1);
-    if (!x->send || !x->recv) {
-        x->rc = DH_ENOMEM;
-        return;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        if (!crosses(m, new_rank, i))
-            continue;
-        const dh_wire_rb_part_t *w = &m->parts[i];
-        if (new_rank[i] == me) {
-            uint32_t from = (uint32_t)member_of(m, w->rank);
-            x->in_off[i] = recv_at[from];
-            recv_at[from] += part_bytes(w);
-        }
-        if (w->rank != me)
-            continue;
-        uint32_t to = (uint32_t)member_of(m, new_rank[i]);
-        const part_t *p = &c->ring[(w->batch * c->cfg.fanout + w->slot) % c->ring_size];
-        for (uint32_t t = 0; t < w->n_tensors; t++) {
-            size_t len = w->tensors[t].tensor.nbytes;
-            if (t >= p->n_tensors || p->tensors[t].nbytes != len || (len && !p->tensors[t].data)) {
-                x->rc =
-                    dh__set_error(DH_EINVAL, "part %u's tensor %u is not what it offered", i, t);
-                return;
-            }
-            if (len)
-                memcpy(x->send + send_at[to], p->tensors[t].data, len);
-            send_at[to] += len;
-        }
-    }
-    uint64_t t0 = dh_clock_now_ns();
-    x->rc = rc->exchange_fn(rc->exchange_user, m->group, m->round, ranks, k, x->send,
-                            x->send_counts, x->recv, x->recv_counts);
-    record_transfer(c, dh_clock_elapsed_s(t0, dh_clock_now_ns()));
-    dh__count(&c->counters.rebalance_exchanges, 1);
-    dh_log_debug("client '%s': rebalance round %llu: exchange_fn sent %zu bytes and received "
-                 "%zu in %.4f s: %d",
-                 c->id, (unsigned long long)m->round, sent, got,
-                 dh_clock_elapsed_s(t0, dh_clock_now_ns()), x->rc);
-}
-
-/* Takes a part that came through exchange_fn (its bytes at `bytes`) into a ring slot: its
- * tensors are copies this client owns. 0 or DH_ENOMEM. */
-static int take_bytes(const dh_wire_rb_part_t *w, const char *bytes, part_t *slot)
-{
-    part_t p = {0};
-    p.seq = slot->seq;
-    size_t off = 0;
-    for (uint32_t t = 0; t < w->n_tensors && t < DH__RT_MAX_TENSORS; t++) {
-        size_t len = w->tensors[t].tensor.nbytes;
-        p.copies[t] = dh_malloc(len ? len : 1);
-        if (!p.copies[t]) {
-            dh__client_part_release(&p);
-            return DH_ENOMEM;
-        }
-        memcpy(p.copies[t], bytes + off, len);
-        off += len;
-        p.tensors[t] = w->tensors[t].tensor;
-        p.tensors[t].data = p.copies[t];
-        p.n_tensors++;
-    }
-    adopt_samples(&p, w);
-    *slot = p;
-    return 0;
-}
-
-/* Applies round r's decision to this rank's ring. */
-static void apply(dh_client_t *c, const dh_msg_rebalance_t *m, const uint32_t *new_rank)
-{
-    uint32_t me = c->cfg.rank, n = m->n_parts;
-    int mi = member_of(m, me);
-    const char *my_node = mi >= 0 ? m->members[mi].node : "";
-    int err = 0;
-    const char *what = NULL;
-    exchange_t x = {0};
-    if (c->cfg.rebalance.exchange_fn)
-        exchange(c, m, new_rank, &x);
-    if (x.rc) {
-        err = x.rc < 0 ? x.rc : DH_EIO; /* the callback's code: a report may go with it */
-        what = "exchange_fn failed: the parts it was to bring are lost";
-    }
-    /* the sender thread reads ring slots under the lock (learn_from_ring) */
-    pthread_mutex_lock(&c->lock);
-    for (uint32_t i = 0; i < n;) {
-        uint32_t j = i;
-        while (j < n && m->parts[j].batch == m->parts[i].batch)
-            j++;
-        uint32_t next_in = i;
-        for (uint32_t y = i; y < j; y++) {
-            const dh_wire_rb_part_t *out = &m->parts[y];
-            if (out->rank != me || new_rank[y] == me)
-                continue;
-            /* slot out->slot goes; the next incoming part of this batch takes it */
-            while (next_in < j && !(new_rank[next_in] == me && m->parts[next_in].rank != me))
-                next_in++;
-            size_t slot = (size_t)((out->batch * c->cfg.fanout + out->slot) % c->ring_size);
-            const dh_wire_rb_member_t *to = &m->members[member_of(m, new_rank[y])];
-            bool same_node = strcmp(to->node, my_node) == 0;
-            if (!same_node && carries(out)) {
-                if (x.on) /* its bytes went through exchange_fn: its slabs go back */
-                    dh__client_part_release_tensors(&c->ring[slot]);
-                else if (send_part(c, m, y, to)) {
-                    /* the DataServer never got the references to drop: they go here */
-                    dh__client_part_release_tensors(&c->ring[slot]);
-                    if (!err) {
-                        err = DH_EIO;
-                        what = "cannot hand a part to the local DataServer";
-                    }
-                }
-            }
-            forget(&c->ring[slot]);
-            if (next_in == j) {
-                err = err ? err : DH_EINVAL;
-                what = what ? what : "a part left with none to take its place";
-                continue;
-            }
-            const dh_wire_rb_part_t *in = &m->parts[next_in];
-            const dh_wire_rb_member_t *from = &m->members[member_of(m, in->rank)];
-            if (carries(in)) {
-                dh__count(&c->counters.rebalance_moved_parts, 1);
-                dh__count(&c->counters.rebalance_moved_samples, in->n_samples);
-                dh__count(&c->counters.rebalance_bytes, (uint64_t)in->bytes);
-            }
-            if (!carries(in)) {
-                /* an empty slot comes: the slot stays empty (forgotten above) */
-            } else if (strcmp(from->node, my_node) == 0) {
-                int rc = take_over(c, in, &c->ring[slot]);
-                if (rc && !err) {
-                    err = rc;
-                    what = "a part of this node could not change owner";
-                }
-            } else if (x.on) {
-                dh__count(&c->counters.rebalance_bytes_remote, (uint64_t)in->bytes);
-                int rc = x.rc ? 0 : take_bytes(in, x.recv + x.in_off[next_in], &c->ring[slot]);
-                if (rc && !err) {
-                    err = rc;
-                    what = "out of memory for a part exchange_fn brought";
-                }
-            } else {
-                dh__count(&c->counters.rebalance_bytes_remote, (uint64_t)in->bytes);
-                if (expect(c, RB_SEQ_BIT | (m->round << 24) | next_in, slot) && !err) {
-                    err = DH_ENOMEM;
-                    what = "out of memory waiting for a moved part";
-                }
-            }
-            next_in++;
-        }
-        i = j;
-    }
-    pthread_mutex_unlock(&c->lock);
-    exchange_free(&x);
-    if (err)
-        set_error(c, m->round, err, what);
-}
-
-/* The round being applied has all its parts: join, make final, move on. */
 /* Joins batch b's parts (several, fanout > 1) and makes it final. The emulated copy is
  * spent here too (the joiner thread's time, not the fetcher's). */
 static void join_batch(dh_client_t *c, uint64_t b)
@@ -1038,18 +420,7 @@ static void join_batch(dh_client_t *c, uint64_t b)
         for (uint32_t k = 0; k < parts; k++)
             held[k] = *slot_of(c, b, k);
         pthread_mutex_unlock(&c->lock);
-        rc = dh__client_join_parts(held, parts, b, why, sizeof why);
-        if (rc == 0) {
-            uint64_t bytes = 0;
-            for (size_t t = 0; t < held[0].n_tensors; t++)
-                bytes += held[0].tensors[t].nbytes;
-            dh__count(&c->counters.copy_bytes, bytes);
-            double s = (double)bytes * c->cfg.emulate_copy_s_per_B;
-            if (s > 0) {
-                struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-                nanosleep(&ts, NULL);
-            }
-        }
+        rc = dh__client_join(c, held, parts, b, why, sizeof why);
     }
     uint64_t r = b / c->rb.steps;
     bool last = b + 1 == round_end(c, r);
@@ -1108,7 +479,8 @@ static void finish(dh_client_t *c)
                      dh_clock_elapsed_s(rb->applying_since_ns, dh_clock_now_ns()));
     }
     if (rb->n_expect) /* parts forwarded from other nodes: the time they took */
-        record_transfer(c, dh_clock_elapsed_s(rb->applying_since_ns, dh_clock_now_ns()));
+        dh__client_rb_record_transfer(c,
+                                      dh_clock_elapsed_s(rb->applying_since_ns, dh_clock_now_ns()));
     if (c->cfg.fanout > 1) {
         pthread_mutex_lock(&c->lock);
         rb->join_until = end;
@@ -1152,20 +524,20 @@ static void start(dh_client_t *c)
                      m->reason && m->reason[0] ? m->reason : "ended");
         return;
     }
-    decision_t d = {0};
+    rb_decision_t d = {0};
     d.new_rank = dh_calloc(m->n_parts ? m->n_parts : 1, sizeof *d.new_rank);
     if (!d.new_rank) {
-        set_error(c, r, DH_ENOMEM, "out of memory deciding it (kept)");
+        dh__client_rb_set_error(c, r, DH_ENOMEM, "out of memory deciding it (kept)");
         return;
     }
-    decide(c, m, &d);
+    dh__client_rb_decide(c, m, &d);
     if (d.err) {
         char what[640];
         snprintf(what, sizeof what, "%s (kept)", d.why);
-        set_error(c, r, d.err, what);
+        dh__client_rb_set_error(c, r, d.err, what);
     } else if (d.apply) {
         dh__count(&c->counters.rebalance_applied, 1);
-        apply(c, m, d.new_rank);
+        dh__client_rb_apply(c, m, d.new_rank);
     } else if (d.gate_kept) {
         dh__count(&c->counters.rebalance_kept_by_gate, 1);
     }
@@ -1228,7 +600,7 @@ void dh__client_rb_progress(dh_client_t *c)
             snprintf(what, sizeof what,
                      "parts moved here from another node did not come within %d ms (lost)",
                      c->cfg.rebalance.round_timeout_ms);
-            set_error(c, rb->applied, DH_EIO, what);
+            dh__client_rb_set_error(c, rb->applied, DH_EIO, what);
         }
         finish(c);
     }

@@ -1,7 +1,9 @@
 /* runtime/coordinator_internal.h: the coordinator's state and the internals its files
- * share: coordinator.c (the loop, the registry of servers and clients, liveness, the book
- * of requests) and coordinator_place.c (placing a request: the servers' kept states and the
- * placement index, the DISPATCH, the decision log). One thread: see coordinator.c.
+ * share: coordinator.c (life cycle, the loop), coordinator_registry.c (servers and clients),
+ * coordinator_book.c (the book of requests), coordinator_learn.c (the cost model, speeds,
+ * predictions), coordinator_liveness.c, coordinator_place.c (placing a request: the servers'
+ * kept states and the placement index, the DISPATCH, the decision log) and
+ * coordinator_rebalance.c (tier 2). One thread: see coordinator.c.
  */
 #ifndef DH_RUNTIME_COORDINATOR_INTERNAL_H
 #define DH_RUNTIME_COORDINATOR_INTERNAL_H
@@ -166,20 +168,71 @@ struct dh_coordinator {
 /* Grows *arr (of *cap elements of elem bytes, zero-filled) to hold need. 0 or DH_ENOMEM. */
 int dh__coord_grow(void **arr, size_t *cap, size_t need, size_t elem);
 
+/* Sends msg to the peer named `peer` (its routing id). 0 or a negative code (logged). */
+int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg);
+
+/* Sends the peer an ERROR with this code and text. */
+void dh__coord_send_error(dh_coordinator_t *c, const char *peer, int code, const char *text);
+
+/* A message the coordinator could not take in (`what`, failing with rc and dh_last_error()):
+ * logged, and failed back to the sender with an ERROR, so nothing waits for it. */
+void dh__coord_refuse(dh_coordinator_t *c, const char *peer, int rc, const char *what);
+
+/* Handles up to max messages the coordinator's socket already holds, without waiting.
+ * Returns how many. */
+size_t dh__coord_drain(dh_coordinator_t *c, size_t max);
+
+/* ---- coordinator_registry.c ---- */
+
+/* The registered DataServer named `name` (its index in *idx when idx is not NULL), or NULL. */
+server_t *dh__coord_find_server(dh_coordinator_t *c, const char *name, int32_t *idx);
+
 /* The registered client named `name` (its index in *idx when idx is not NULL), or NULL. */
 client_t *dh__coord_find_client(dh_coordinator_t *c, const char *name, int32_t *idx);
 
 /* The index of the live local DataServer of a node, or -1. */
 int32_t dh__coord_local_server_of(dh_coordinator_t *c, uint32_t node);
 
-/* Sends msg to the peer named `peer` (its routing id). 0 or a negative code (logged). */
-int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg);
-
 /* Marks server idx dead (why: for the log line) and puts its undelivered requests back in
  * the book to place again. */
 void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why);
 
-/* Liveness (coordinator_liveness.c, docs/runtime.md "Liveness"). A DataServer (re)registered:
+/* The handlers of a peer's HELLO (a client or a DataServer registers), a DataServer's
+ * HEARTBEAT and a peer's GOODBYE (a server leaves: declared dead; a client leaves: its
+ * requests are dropped). `peer` is the routing id. */
+void dh__coord_on_hello(dh_coordinator_t *c, const char *peer, const dh_msg_hello_t *h);
+void dh__coord_on_heartbeat(dh_coordinator_t *c, const char *peer, const dh_msg_heartbeat_t *h);
+void dh__coord_on_goodbye(dh_coordinator_t *c, const char *peer);
+
+/* ---- coordinator_book.c ---- */
+
+/* A client's REQUEST: into the book (r->msg is taken), unless already there; refused with
+ * an ERROR when the book cannot grow. */
+void dh__coord_on_request(dh_coordinator_t *c, const char *peer, dh_wire_received_t *r);
+
+/* A DataServer's COMPLETE: from the executor, the request leaves its queue and is learned
+ * from; delivered, it leaves the book (or waits in the late list for its executor's). */
+void dh__coord_on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_complete_t *m);
+
+/* Removes the book's entry at pos (its REQUEST freed). */
+void dh__coord_book_remove(dh_coordinator_t *c, size_t pos);
+
+/* Drops the late entries of executor `server` (>= 0) or of client `client` (>= 0). */
+void dh__coord_drop_late(dh_coordinator_t *c, int32_t server, int32_t client);
+
+/* ---- coordinator_learn.c ---- */
+
+/* Learns from executor si's COMPLETE m for the book's entry e (the cost model, the
+ * server's speed) and records the prediction against the measurement. Takes learn_lock. */
+void dh__coord_learn(dh_coordinator_t *c, int32_t si, const entry_t *e, const dh_msg_complete_t *m);
+
+/* Anchors the speed factors at their median over the live executing servers, the model
+ * scaled to match (the loop's tick). */
+void dh__coord_anchor_speeds(dh_coordinator_t *c);
+
+/* ---- coordinator_liveness.c ---- */
+
+/* Liveness (docs/runtime.md "Liveness"). A DataServer (re)registered:
  * forget its heartbeat gaps. */
 void dh__coord_liveness_reset(server_t *s);
 
@@ -189,10 +242,6 @@ void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now);
 /* Declares dead (dh__coord_declare_dead) each live server silent past its limit and not in
  * this process, after draining the socket (dh__coord_drain). Called by the loop's tick. */
 void dh__coord_check_liveness(dh_coordinator_t *c);
-
-/* Handles up to max messages the coordinator's socket already holds, without waiting.
- * Returns how many (coordinator.c). */
-size_t dh__coord_drain(dh_coordinator_t *c, size_t max);
 
 /* ---- coordinator_place.c ---- */
 
@@ -221,5 +270,9 @@ void dh__coord_rb_tick(dh_coordinator_t *c);
 
 /* Frees tier 2's state. */
 void dh__coord_rb_destroy(dh_coordinator_t *c);
+
+/* The speed factor learned for the server named `server` (NAN if no such server). Takes the
+ * coordinator's learn lock: call it while the loop runs or after. For tests. */
+double dh__coord_server_speed(const dh_coordinator_t *c, const char *server);
 
 #endif

@@ -1,6 +1,7 @@
 /* runtime/dataserver_internal.h: the DataServer's state and the internals its files share:
- * dataserver.c (the event loop, registration, local delivery), dataserver_work.c (the task
- * queue, the worker threads and their output buffers) and forward.c (links to other
+ * dataserver.c (life cycle), dataserver_loop.c (the event loop, registration, heartbeats),
+ * dataserver_deliver.c (the clients served, local delivery), dataserver_work.c (the task
+ * queue, the worker threads and their output buffers) and dataserver_forward.c (links to other
  * DataServers, forwarding, pending deliveries). Threads: see dataserver.c.
  */
 #ifndef DH_RUNTIME_DATASERVER_INTERNAL_H
@@ -58,8 +59,8 @@ typedef struct task {
     bool local_target;
     double booked_cpu_s;      /* its share of the server's booked work (loop thread) */
     bool booked;              /* counted in booked_tasks until its executor COMPLETE is sent */
-    dh__out_charge_t *charge; /* heap outputs' reservation (output_budget.c), or NULL: the
-                               * task's reference, handed to its payload frames */
+    dh__out_charge_t *charge; /* heap outputs' reservation (dataserver_output_budget.c), or NULL:
+                               * the task's reference, handed to its payload frames */
 } task_t;
 
 typedef struct queue {
@@ -68,7 +69,8 @@ typedef struct queue {
 } queue_t;
 
 /* A forwarded delivery in its link's FIFO: encoded when it was handed to the link, sent when
- * its (emulated) transmission is over and the socket takes it without blocking (forward.c). */
+ * its (emulated) transmission is over and the socket takes it without blocking
+ * (dataserver_forward.c). */
 typedef struct held {
     struct held *next;
     uint8_t header[DH_WIRE_HEADER_SIZE];
@@ -84,15 +86,15 @@ typedef struct link {
     char endpoint[ENDPOINT_CAP];
     char node[NAME_CAP]; /* the target's node */
     dh_wire_socket_t *sock;
-    /* Estimates from the target's acks (forward.c, link_observe): bandwidth in emulated
+    /* Estimates from the target's acks (dataserver_forward.c, link_observe): bandwidth in emulated
      * bytes per second and latency in seconds (0 = not measured), from a weighted fit of
      * ack time = latency + bytes / bandwidth; fit_* are the fit's weighted means. */
     double bytes_per_s, latency_s;
     double fit_x, fit_y, fit_xx, fit_xy;
     uint64_t fit_n;
     uint64_t busy_until_ns;    /* emulated: the link transmits until then */
-    held_t *held, *held_tail;  /* deliveries not sent yet, in order (forward.c): emulated ones
-                                * in transmission, others waiting for the socket */
+    held_t *held, *held_tail;  /* deliveries not sent yet, in order (dataserver_forward.c): emulated
+                                * ones in transmission, others waiting for the socket */
     uint64_t blocked_since_ns; /* the head is due but the socket would block since (0: no) */
     uint64_t sent_at_ns[64];
     uint64_t sent_seq[64];
@@ -161,7 +163,8 @@ struct dh_dataserver {
     pending_t *pending;
     double latency_ewma_s;
     /* Emulated network (cfg.emulate_link_Bps): this node's ingress link, a serial resource
-     * shared by everything forwarded here, is busy until then (loop thread; forward.c). */
+     * shared by everything forwarded here, is busy until then (loop thread; dataserver_forward.c).
+     */
     uint64_t ingress_free_ns;
     /* What the coordinator's book holds for this server, as the heartbeat reports it (loop
      * thread): tasks received by DISPATCH whose executor COMPLETE has not been sent yet
@@ -202,7 +205,7 @@ typedef struct worker_arg {
 } worker_arg_t;
 void *dh__ds_worker_main(void *arg);
 
-/* ---- dataserver.c ---- */
+/* ---- dataserver_loop.c ---- */
 
 /* COMPLETE of a request (r may be NULL: no samples): to `to` with routing_id (a sidecar's
  * ack on the data socket), or to the coordinator when `to` is NULL. */
@@ -210,8 +213,14 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
                           const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
                           dh_wire_socket_t *to, const char *routing_id);
 
+/* ---- dataserver_deliver.c ---- */
+
 /* Whether the client said GOODBYE (the loop thread's list). */
 bool dh__ds_client_left(const dh_dataserver_t *s, const char *name);
+
+/* Puts the client on the list of those that said GOODBYE (left), or takes it off (it said
+ * HELLO). The list keeps the last LEFT_CAP. Loop thread. */
+void dh__ds_set_left(dh_dataserver_t *s, const char *name, bool left);
 
 /* The connected client of that name, or NULL. Under s->lock, or on the loop thread. */
 known_client_t *dh__ds_find_client(dh_dataserver_t *s, const char *name);
@@ -226,6 +235,9 @@ int dh__ds_deliver_to_client(dh_dataserver_t *s, const char *client_id, uint64_t
                              const dh_wire_sample_result_t *samples, uint32_t n_samples,
                              uint64_t ready_ns, const char *executor);
 
+/* Gives back a local task's n outputs: slabs are unreferenced, spilled buffers freed. */
+void dh__ds_free_outputs(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
+
 /* Unreferences the arena slabs of n output tensors (spilled ones are left alone). */
 void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n);
 
@@ -233,18 +245,18 @@ void dh__ds_unref_tensors(dh_dataserver_t *s, const dh__rt_tensor_t *t, size_t n
  * or dropped), false to keep it pending. */
 bool dh__ds_finish_local(dh_dataserver_t *s, task_t *t, uint64_t since_ns);
 
-/* ---- forward.c ---- */
+/* ---- dataserver_forward.c ---- */
 
 /* A sidecar's finished task: the frames go to the target's DataServer over its link. */
 void dh__ds_forward_result(dh_dataserver_t *s, task_t *t);
 
 /* A client's REBALANCE SEND (tier 2): its parts go to another node's DataServer, each as a
- * DELIVER for the receiving client (forward.c). */
+ * DELIVER for the receiving client (dataserver_forward.c). */
 void dh__ds_rebalance_send(dh_dataserver_t *s, const char *peer, const dh_msg_rebalance_t *m);
 
 /* Emulated network: when a forwarded DELIVER that arrived now may be placed, its
  * transmission on this node's ingress link (shared by every sender) done: now when the link
- * was free, later when other senders' deliveries hold it (forward.c, "Ingress"). */
+ * was free, later when other senders' deliveries hold it (dataserver_forward.c, "Ingress"). */
 uint64_t dh__ds_ingress_due(dh_dataserver_t *s, const dh_msg_deliver_t *m, uint64_t now);
 
 /* A sidecar's DELIVER: copy the frames into the arena once, then notify the client.

@@ -197,7 +197,7 @@ void *dh__ds_worker_main(void *arg)
         t->queue_s = dh_clock_elapsed_s(t->enqueued_ns, start);
         const dh_msg_dispatch_t *d = &t->msg.dispatch;
         t->local_target = s->cfg.role == DH_DS_LOCAL && strcmp(d->target, s->name) == 0;
-        if (w) { /* its heap memory: within the process's budget (output_budget.c) */
+        if (w) { /* its heap memory: within the process's budget (dataserver_output_budget.c) */
             uint64_t transient = 0, output = 0;
             dh__rt_task_memory(&s->pipeline, d->request.samples, d->request.n_samples, &transient,
                                &output);

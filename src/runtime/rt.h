@@ -1,6 +1,6 @@
 /* runtime/rt.h: internals shared by the coordinator, the DataServer and the client.
  *
- * task.c runs one dispatched request through a pipeline (the native video pipeline of
+ * dataserver_task.c runs one dispatched request through a pipeline (the native video pipeline of
  * pipeline.h, or the synthetic one) into output buffers that a caller-supplied allocator
  * hands out: shared-memory slabs for a local DataServer, heap buffers for a sidecar.
  */
@@ -16,7 +16,6 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "model/noise.h"
-#include "wire/internal.h"
 
 #define DH__RT_MAX_TENSORS 16
 
@@ -36,9 +35,9 @@ typedef struct dh__rt_pipeline {
      * noise_seed of the spec, the model of model/noise.h (dh__noise_cpu_s,
      * dh__noise_tokens). 0 (the default) = the estimate exactly. */
     dh__noise_t noise;
-    /* Python (pyworker.c): "dataset" is "pickle:PATH" (a pickled {"dataset", "collate_fn",
-     * "worker_init_fn"} dict, as datahelix.DataLoader writes it) or "MODULE:FACTORY" (an
-     * importable callable returning the dataset: `datahelix server --dataset`); "python" the
+    /* Python (dataserver_pyworker.c): "dataset" is "pickle:PATH" (a pickled {"dataset",
+     * "collate_fn", "worker_init_fn"} dict, as datahelix.DataLoader writes it) or "MODULE:FACTORY"
+     * (an importable callable returning the dataset: `datahelix server --dataset`); "python" the
      * interpreter (default DH_PYTHON_EXE, else python3 on PATH); "path" directories
      * prepended to the workers' PYTHONPATH; "seed" the base of the per-worker seeds;
      * "sample_timeout" the seconds one call of the user's code (__getitem__, sample_spec,
@@ -51,7 +50,7 @@ typedef struct dh__rt_pipeline {
     double py_sample_timeout_s;
 } dh__rt_pipeline_t;
 
-/* ---- Output budget (output_budget.c): DataServer tasks' heap memory, process-wide ---- */
+/* ---- Output budget (dataserver_output_budget.c): tasks' heap memory, process-wide ---- */
 
 typedef struct dh__out_charge dh__out_charge_t;
 

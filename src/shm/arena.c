@@ -154,7 +154,7 @@ uint64_t dh_shm_arena_id(const dh_shm_arena_t *arena)
     return arena->arena_id;
 }
 
-int dh_shm_arena_is_creator(const dh_shm_arena_t *arena)
+int dh__shm_arena_is_creator(const dh_shm_arena_t *arena)
 {
     return arena->creator ? 1 : 0;
 }

@@ -7,13 +7,17 @@
  * The allocator's own state (which slabs are used, how many each allocation spans) is NOT
  * here: it is private to the creator, so a client that scribbles on the mapping can spoil
  * data and counts but cannot make the creator hand out overlapping slabs.
- * Tests include this file to forge bad headers.
+ * Tests include this file to forge bad headers. Private to src/shm (and its tests); what
+ * other modules use is in shm/shm_lib.h.
  */
 #ifndef DH_SHM_INTERNAL_H
 #define DH_SHM_INTERNAL_H
 
 #include <stdatomic.h>
 #include <stdint.h>
+
+#include "datahelix/shm.h"
+#include "shm/shm_lib.h"
 
 /* "DHSHMAR\1" read as a little-endian uint64 */
 #define DH__SHM_MAGIC UINT64_C(0x0152414d48534844)
@@ -74,28 +78,12 @@ typedef struct dh__shm_layout {
 
 int dh__shm_layout(uint64_t size, uint64_t slab_size, uint64_t page_size, dh__shm_layout_t *layout);
 
-/* Where limits.c reads the machine's memory; a NULL member is the real one. Tests point
- * them at fake trees. */
-typedef struct dh__shm_probe {
-    const char *proc_dir;   /* NULL = "/proc": meminfo and self/cgroup */
-    const char *cgroup_dir; /* NULL = "/sys/fs/cgroup" */
-} dh__shm_probe_t;
-
-/* What the memory this process may take is bounded by (limits.c). */
-typedef struct dh__shm_memory {
-    uint64_t cgroup_limit_bytes; /* smallest memory limit of this process's memory cgroup
-                                    and its ancestors; UINT64_MAX = none found */
-    char cgroup_source[1200];    /* which file gave it, e.g. "cgroup /a memory.max" */
-    uint64_t available_bytes;    /* MemAvailable + SwapFree now; UINT64_MAX = unknown */
-} dh__shm_memory_t;
-
-/* Fills *out from <proc>/self/cgroup, the cgroup files and <proc>/meminfo. probe may be
- * NULL. Never fails: what cannot be read is UINT64_MAX (no bound). */
-void dh__shm_memory_probe(const dh__shm_probe_t *probe, dh__shm_memory_t *out);
-
 /* Whether an arena of `size` bytes can be had, asked before anything is made. Returns 0, or
  * with a message naming the size and the limit: -EFBIG (over RLIMIT_FSIZE), DH_ENOMEM (over
  * RLIMIT_AS, the cgroup's memory limit, or MemAvailable + SwapFree). probe may be NULL. */
 int dh__shm_check_size(uint64_t size, const dh__shm_probe_t *probe);
+
+/* 1 if this object made the arena (may allocate), 0 if it attached. For tests. */
+int dh__shm_arena_is_creator(const dh_shm_arena_t *arena);
 
 #endif

@@ -541,7 +541,7 @@ void dh__sim_task_done(sim_t *s, uint32_t si, uint32_t id)
         sv->q_len--;
         server_start(s, si, next);
     }
-    /* learn (coordinator.c, learn): per sample, the key model; the speed from the residual
+    /* learn (coordinator_learn.c, learn): per sample, the key model; the speed from the residual
      * over the keys it already knew */
     double known_measured = 0, known_predicted = 0;
     for (uint32_t i = 0; i < q->n; i++) {

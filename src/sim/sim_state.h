@@ -42,7 +42,7 @@ enum {
     EV_COPY_DONE,    /* pool's copy stage has copied a batch */
 };
 
-#define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c) */
+#define ANCHOR_S 0.02 /* the coordinator's speed anchor period (coordinator.c's tick) */
 
 /* ---- the model's state ---- */
 

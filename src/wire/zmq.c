@@ -291,7 +291,7 @@ void *dh_wire_socket_handle(dh_wire_socket_t *s)
     return s->sock;
 }
 
-uint64_t dh_wire_socket_sent(const dh_wire_socket_t *s)
+uint64_t dh__wire_socket_sent(const dh_wire_socket_t *s)
 {
     return s->sent;
 }

@@ -15,7 +15,6 @@ static void stats_percentiles_interpolate(void **state)
     assert_close(dh_stats_percentile(s, 50), 50.5, 1e-12);
     assert_close(dh_stats_percentile(s, 95), 95.05, 1e-9);
     assert_close(dh_stats_percentile(s, 99), 99.01, 1e-9);
-    assert_close(dh_stats_min(s), 1, 0);
     assert_close(dh_stats_max(s), 100, 0);
     /* Appending after a percentile query re-sorts. */
     assert_int_equal(dh_stats_add(s, 0), 0);
@@ -33,8 +32,6 @@ static void stats_empty_is_zero(void **state)
     assert_close(dh_stats_mean(s), 0, 0);
     assert_int_equal(dh_stats_add(s, 7), 0);
     assert_close(dh_stats_percentile(s, 99), 7, 0);
-    dh_stats_clear(s);
-    assert_int_equal(dh_stats_count(s), 0);
     dh_stats_destroy(&s);
 }
 

@@ -1,7 +1,8 @@
-/* fuzz_pyworker.c: the Python worker's messages (src/runtime/pyworker.c) on untrusted JSON.
+/* fuzz_pyworker.c: the Python worker's messages (src/runtime/dataserver_pyworker.c) on
+ * untrusted JSON.
  *
  * The input is one message as the worker process sends it over its socket (<= 256 KiB,
- * pyworker.c's MSG_CAP), parsed with dh__py_msg_parse; an accepted "alloc" message goes
+ * dataserver_pyworker.c's MSG_CAP), parsed with dh__py_msg_parse; an accepted "alloc" message goes
  * through dh__py_take_alloc for a task of as many samples as its "samples" list holds (its
  * first two seeds: a matching count; anything else not a list: the count-mismatch path), a
  * "done" message's "samples" through dh__py_take_samples. Checked: a refused message leaves
@@ -17,7 +18,7 @@
 #include "fuzz.h"
 #include "datahelix/alloc.h"
 #include "datahelix/tensor.h"
-#include "runtime/pyworker.h"
+#include "runtime/dataserver_pyworker.h"
 
 #define MAX_SAMPLES 64
 

@@ -595,13 +595,13 @@ static void clip_info_reads_the_header(void **state)
 {
     const char *path = fixture("info.mp4", &small_clip);
     dh_clip_info_t clip;
-    assert_int_equal(dh_pipeline_clip_info(path, &clip), 0);
+    assert_int_equal(dh__pipeline_clip_info(path, &clip), 0);
     assert_int_equal(clip.frame_count, 48);
     assert_int_equal(clip.width, 160);
     assert_int_equal(clip.height, 120);
     assert_close(clip.fps, 24.0, 1e-9);
     assert_close(clip.duration_s, 2.0, 0.05);
-    assert_int_equal(dh_pipeline_clip_info(dh_test_path("none.mp4"), &clip), -ENOENT);
+    assert_int_equal(dh__pipeline_clip_info(dh_test_path("none.mp4"), &clip), -ENOENT);
 }
 
 static int decode_body(void *ctx)
@@ -649,7 +649,7 @@ static void batch_with_a_bad_sample_keeps_the_good_ones(void **state)
     dh_pipeline_t *p = NULL;
     assert_int_equal(dh_pipeline_new(&p, &spec), 0);
     dh_batch_t *batch = NULL;
-    assert_int_equal(dh_pipeline_decode_batch(p, req, 3, &batch), 0);
+    assert_int_equal(dh__pipeline_decode_batch(p, req, 3, &batch), 0);
     assert_int_equal(batch->count, 3);
     assert_int_equal(batch->failed, 1);
     assert_int_equal(batch->errors[0], 0);

@@ -139,5 +139,5 @@ def collate_hangs_on_label_40(samples):
 
 
 def make_hanging_clips():
-    """A factory for tests/runtime/test_pyworker.c: Clips whose index 2 never returns."""
+    """A factory for tests/runtime/test_dataserver_pyworker.c: Clips whose index 2 never returns."""
     return Clips(n=8, hang=2)

@@ -1,5 +1,5 @@
 """A user's map-style Python Dataset run by DataServer worker processes (docs/datasets.md,
-"Your own Dataset"; src/runtime/pyworker.c, python/datahelix/_worker.py)."""
+"Your own Dataset"; src/runtime/dataserver_pyworker.c, python/datahelix/_worker.py)."""
 import json
 import os
 import re

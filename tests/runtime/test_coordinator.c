@@ -1,4 +1,4 @@
-/* Tests of the coordinator's online feedback (coordinator.c; docs/design.md §4.1, "Online
+/* Tests of the coordinator's online feedback (coordinator_learn.c; docs/design.md §4.1, "Online
  * feedback"): from completions it learns each profile key's bias while every server's speed
  * factor stays near its true 1, it keeps a record of predicted against actual per executed
  * request, and a heartbeat corrects its book of queued work, counting the DISPATCHes still
@@ -19,6 +19,7 @@
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/coordinator_internal.h"
 #include "runtime/rt.h"
 
 #define NOISY                                                                                      \
@@ -125,11 +126,11 @@ static void coordinator_learns_key_bias_not_server_speed(void **state)
     assert_true(isnan(dh_coordinator_key_ratio(coord, "never-seen", NULL)));
     const char *names[2] = {"local", "remote"};
     for (int s = 0; s < 2; s++) {
-        double speed = dh_coordinator_server_speed(coord, names[s]);
+        double speed = dh__coord_server_speed(coord, names[s]);
         if (!(fabs(speed - 1) <= 0.15))
             fail_msg("server %s: speed %.4f, truly 1", names[s], speed);
     }
-    assert_true(isnan(dh_coordinator_server_speed(coord, "nobody")));
+    assert_true(isnan(dh__coord_server_speed(coord, "nobody")));
 
     /* the last COMPLETE may still be on its way when the client has its batch */
     size_t n = 0;

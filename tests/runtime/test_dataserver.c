@@ -1,5 +1,5 @@
-/* test_dataserver.c: the local DataServer's reclaim of dead clients' slabs (dataserver.c's
- * loop calls dh_shm_arena_reclaim_dead every 200 ms; docs/runtime.md "Failures"), seen
+/* test_dataserver.c: the local DataServer's reclaim of dead clients' slabs (dataserver_loop.c:
+ * the loop calls dh_shm_arena_reclaim_dead every 200 ms; docs/runtime.md "Failures"), seen
  * from a client that stays alive. The coordinator and the DataServer are processes (the
  * `datahelix` CLI), so the DataServer's pid is neither client's: the rank that dies is a
  * `datahelix consume` process, killed with SIGKILL while it holds batches; the rank that

@@ -1,6 +1,6 @@
 /* test_link.c: the DataServer's emulated network (dh_dataserver_config_t.emulate_link_Bps,
- * forward.c). A coordinator, a delivery-only local DataServer on one node and a sidecar on
- * another run as threads of this process, so every batch is executed by the sidecar and
+ * dataserver_forward.c). A coordinator, a delivery-only local DataServer on one node and a sidecar
+ * on another run as threads of this process, so every batch is executed by the sidecar and
  * forwarded over its one link: a delivery reaches the rank's DataServer no earlier than
  * its emulated bytes / the link's rate after it was requested (the sidecar produced it
  * after that), and two deliveries on the link take turns, so the later one arrives no

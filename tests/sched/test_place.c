@@ -7,6 +7,7 @@
 #include "datahelix/error.h"
 #include "datahelix/place.h"
 #include "datahelix/rng.h"
+#include "sched/place_internal.h"
 
 /* Two nodes, 10 GB/s links with 1 ms latency. The consumer is on node 0. */
 static dh_link_t links[4] = {{1e-10, 0}, {1e-10, 0.001}, {1e-10, 0.001}, {1e-10, 0}};
@@ -239,35 +240,46 @@ static void place_ties_break_on_lowest_index(void **state)
     assert_int_equal(d1.server, 0);
 }
 
-static void place_candidates_match_cost_model(void **state)
+/* Bytes the request moves between nodes if run on server i: 0 on the consumer's node. */
+static double transfer_bytes(const dh_snapshot_t *snap, const dh_request_cost_t *req, uint32_t i)
 {
-    dh_server_state_t s[3] = {server(0, 1.3), server(1, 0.7), server(1, 1.0)};
+    return snap->servers[i].node == req->consumer_node ? 0.0 : req->out_bytes;
+}
+
+/* The candidates' T is the one computation of place_internal.h (dh__place_server_t), which
+ * the index path shares: cpu x speed + in x storage + queue + net. A dead server (here: no
+ * workers) is reported with T = +inf. */
+static void place_candidates_match_server_t(void **state)
+{
+    dh_server_state_t s[4] = {server(0, 1.3), server(1, 0.7), server(1, 1.0), server(1, 1.0)};
     s[1].storage_s_per_B = 1e-8;
     s[2].queue_len = 5;
     s[2].queue_wait_s = 2.0 / 4;
+    s[3].workers = 0; /* no workers: dead */
     dh_request_cost_t r = request(1.0);
     r.in_bytes = 5e7;
-    dh_snapshot_t snap = {s, 3, links, 2};
+    dh_snapshot_t snap = {s, 4, links, 2};
     dh_decision_t d;
-    dh_candidate_t c[3];
-    assert_int_equal(place(DH_POLICY_DEADLINE, s, 3, &r, &d, c), 0);
+    dh_candidate_t c[4];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 4, &r, &d, c), 0);
     for (uint32_t i = 0; i < 3; i++) {
-        dh_cost_breakdown_t b;
-        dh_cost_predict(&snap, &r, i, &b);
-        assert_close(c[i].t_s, b.total_s, 1e-12);
-        assert_close(c[i].miss_s, fmax(0, b.total_s - r.deadline_s), 1e-12);
+        double t = dh__place_server_t(&snap, &r, i);
+        assert_true(c[i].t_s == t);
+        assert_close(c[i].miss_s, fmax(0, t - r.deadline_s), 1e-12);
     }
+    /* Server 0 (the consumer's node): cpu 1.3 + io 5e-5, no queue, no transfer. */
+    assert_close(c[0].t_s, 1.3 + 5e-5, 1e-12);
     /* Server 1: cpu 0.7 + io 0.5 + net 1e7/1e10 + 1 ms. */
-    dh_cost_breakdown_t b;
-    dh_cost_predict(&snap, &r, 1, &b);
-    assert_close(b.cpu_s, 0.7, 1e-12);
-    assert_close(b.io_s, 0.5, 1e-12);
-    assert_close(b.queue_s, 0, 0);
-    assert_close(b.net_s, 0.002, 1e-12);
-    dh_cost_predict(&snap, &r, 2, &b);
-    assert_close(b.queue_s, 0.5, 1e-12);
-    assert_close(dh_cost_transfer_bytes(&snap, &r, 0), 0, 0);
-    assert_close(dh_cost_transfer_bytes(&snap, &r, 1), 1e7, 0);
+    assert_close(c[1].t_s, 0.7 + 0.5 + 0.002, 1e-12);
+    /* Server 2: all 4 workers busy (5 queued): its wait 0.5 is added. */
+    assert_close(c[2].t_s, 1.0 + 5e-5 + 0.5 + 0.002, 1e-12);
+    assert_int_equal(c[3].status, DH_CANDIDATE_DEAD);
+    assert_true(isinf(c[3].t_s) && c[3].t_s > 0);
+    assert_true(isinf(c[3].miss_s) && c[3].miss_s > 0);
+    assert_int_equal(d.server, 1); /* all miss D = 1: the earliest finish */
+    assert_int_equal(d.reason, DH_REASON_EARLIEST_FINISH);
+    assert_close(transfer_bytes(&snap, &r, 0), 0, 0);
+    assert_close(transfer_bytes(&snap, &r, 1), 1e7, 0);
 }
 
 static void place_least_request_counts_per_worker(void **state)
@@ -395,8 +407,8 @@ static void place_rules_hold_on_random_snapshots(void **state)
             assert_true(c[d.server].t_s <= r.deadline_s);
             for (uint32_t i = 0; i < N; i++)
                 if (c[i].status == DH_CANDIDATE_OK && c[i].t_s <= r.deadline_s)
-                    assert_true(dh_cost_transfer_bytes(&snap, &r, i) >=
-                                dh_cost_transfer_bytes(&snap, &r, (uint32_t)d.server));
+                    assert_true(transfer_bytes(&snap, &r, i) >=
+                                transfer_bytes(&snap, &r, (uint32_t)d.server));
             break;
         case DH_REASON_EARLIEST_FINISH:
             for (uint32_t i = 0; i < N; i++)
@@ -429,7 +441,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(place_dead_servers_excluded),
     cmocka_unit_test(place_queue_delays_a_busy_server),
     cmocka_unit_test(place_ties_break_on_lowest_index),
-    cmocka_unit_test(place_candidates_match_cost_model),
+    cmocka_unit_test(place_candidates_match_server_t),
     cmocka_unit_test(place_least_request_counts_per_worker),
     cmocka_unit_test(place_local_policy_stays_local),
     cmocka_unit_test(place_policy_names_round_trip),

@@ -158,7 +158,7 @@ static void arena_new_lays_out_header_and_slabs(void **state)
     assert_int_equal(s.slabs_total, ARENA_SLABS);
     assert_int_equal(s.slabs_used, 0);
     assert_int_equal(s.allocations_live, 0);
-    assert_int_equal(dh_shm_arena_is_creator(a), 1);
+    assert_int_equal(dh__shm_arena_is_creator(a), 1);
     int fd = dh_shm_arena_fd(a);
     assert_true(fd >= 0);
     assert_int_equal(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
@@ -399,7 +399,7 @@ static void arena_attach_in_process_shares_memory_and_counts(void **state)
 {
     dh_shm_arena_t *a = new_arena(), *b = NULL;
     assert_int_equal(dh_shm_arena_attach(&b, dh_shm_arena_fd(a)), 0);
-    assert_int_equal(dh_shm_arena_is_creator(b), 0);
+    assert_int_equal(dh__shm_arena_is_creator(b), 0);
     assert_int_not_equal(dh_shm_arena_fd(b), dh_shm_arena_fd(a)); /* its own dup */
     void *pa, *pb;
     dh_shm_handle_t h = alloc_ok(a, 2 * SLAB, 0, &pa);

@@ -109,7 +109,7 @@ static void exchange(const char *transport, const char *name)
     /* Client -> coordinator: a REQUEST. */
     dh_msg_t req = request_msg();
     assert_int_equal(dh_wire_send(dealer, NULL, 0, &req, NULL, 0, TIMEOUT_MS), 0);
-    assert_int_equal(dh_wire_socket_sent(dealer), 1);
+    assert_int_equal(dh__wire_socket_sent(dealer), 1);
     dh_wire_received_t got = {0};
     int rc = dh_wire_recv(router, TIMEOUT_MS, &got);
     if (rc)
@@ -208,7 +208,7 @@ static void zmq_send_times_out_and_releases_payloads(void **state)
     assert_non_null(strstr(dh_last_error(), "send DELIVER"));
     assert_non_null(strstr(dh_last_error(), "timed out after 30 ms"));
     assert_int_equal(atomic_load(&payloads_freed), 2);
-    assert_int_equal(dh_wire_socket_sent(dealer), 0);
+    assert_int_equal(dh__wire_socket_sent(dealer), 0);
     dh_wire_socket_destroy(&dealer);
     assert_int_equal(zmq_ctx_term(ctx), 0);
 }

@@ -1,5 +1,5 @@
-/* test_forward.c: a sidecar's forwarding never stalls its loop (forward.c, "The loop never
- * waits on a link"). The test plays the coordinator itself (a ROUTER the sidecar, a
+/* test_dataserver_forward.c: a sidecar's forwarding never stalls its loop (dataserver_forward.c,
+ * "The loop never waits on a link"). The test plays the coordinator itself (a ROUTER the sidecar, a
  * DataServer thread of this process, registers with) and hands the sidecar DISPATCHes whose
  * target is a ROUTER that never reads: after its pipes and the TCP buffers fill, the link's
  * socket would block. The sidecar must go on heartbeating at its period (before, each send
@@ -8,7 +8,7 @@
  * it undeliverable. Every wait is a receive with a timeout.
  *
  * A tier-2 REBALANCE SEND hands the local DataServer the client's references on every
- * tensor of a part (forward.c, dh__ds_rebalance_send): a failure at any tensor (out of
+ * tensor of a part (dataserver_forward.c, dh__ds_rebalance_send): a failure at any tensor (out of
  * memory for its copy, a bad handle) must drop the references on every tensor, and count
  * the part undeliverable. The test calls the loop's function directly on a DataServer that
  * is not started (no thread but the test's touches it), failing each allocation in turn and

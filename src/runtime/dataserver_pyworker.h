@@ -1,9 +1,9 @@
-/* runtime/pyworker.h: the python pipeline (pyworker.c): a DataServer worker thread drives one
- * Python worker process that runs the user's map-style Dataset and writes each batch's arrays
- * straight into the output buffers (docs/datasets.md, "Your own Dataset").
+/* runtime/dataserver_pyworker.h: the python pipeline (dataserver_pyworker.c): a DataServer worker
+ * thread drives one Python worker process that runs the user's map-style Dataset and writes each
+ * batch's arrays straight into the output buffers (docs/datasets.md, "Your own Dataset").
  */
-#ifndef DH_RUNTIME_PYWORKER_H
-#define DH_RUNTIME_PYWORKER_H
+#ifndef DH_RUNTIME_DATASERVER_PYWORKER_H
+#define DH_RUNTIME_DATASERVER_PYWORKER_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -31,8 +31,8 @@ int dh__py_execute(dh__py_worker_t *w, const dh_wire_sample_t *samples, uint32_t
                    dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                    dh__rt_result_t *out);
 
-/* The process's messages, parsed with no process (pyworker.c's receive path, and the fuzz
- * target tests/fuzz/fuzz_pyworker.c). index and pid name the worker in messages.
+/* The process's messages, parsed with no process (dataserver_pyworker.c's receive path, and the
+ * fuzz target tests/fuzz/fuzz_pyworker.c). index and pid name the worker in messages.
  * dh__py_msg_parse: buf[0..len) as one message: a JSON object with a string "op" into *out
  * (the caller's: json_decref), else DH_EPARSE with *out NULL.
  * dh__py_take_alloc: an alloc message into out, which holds out->n_samples entries in
@@ -50,7 +50,7 @@ int dh__py_take_samples(struct json_t *list, uint32_t index, dh__rt_result_t *ou
 /* Stops the process (closes its socket; SIGKILL if it has not exited within 0.5 s). */
 void dh__py_worker_destroy(dh__py_worker_t **w);
 
-/* pyworker_proc.c: starts `python -m datahelix._worker` (exe "" = $DH_PYTHON_EXE, else
+/* dataserver_pyworker_proc.c: starts `python -m datahelix._worker` (exe "" = $DH_PYTHON_EXE, else
  * python3) with its end of a new SOCK_SEQPACKET pair as fd 3 and `py_path` (':'-joined)
  * before its PYTHONPATH; sets *pid and *sock (ours, CLOEXEC). 0, or a code with a message. */
 int dh__py_proc_spawn(const char *exe, const char *py_path, uint32_t index, pid_t *pid, int *sock);

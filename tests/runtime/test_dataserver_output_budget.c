@@ -1,6 +1,6 @@
-/* test_output_budget.c: the process's budget for DataServer tasks' heap memory
- * (src/runtime/output_budget.c): a reservation waits while the budget is taken and goes on
- * when memory is given back, one task alone always passes, a stop ends the wait, settling
+/* test_dataserver_output_budget.c: the process's budget for DataServer tasks' heap memory
+ * (src/runtime/dataserver_output_budget.c): a reservation waits while the budget is taken and goes
+ * on when memory is given back, one task alone always passes, a stop ends the wait, settling
  * shrinks (or makes) a charge without waiting, and payload frames hold it until the last is
  * freed. Each case runs in its own process (CTest), so each sets DH_OUTPUT_BUDGET before
  * the budget is first read. Waits are on conditions (the count of waiting threads), never

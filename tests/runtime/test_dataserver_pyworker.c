@@ -1,7 +1,7 @@
-/* Tests of the python pipeline's worker process driver (pyworker.c) through dh__rt_execute,
- * with a real worker process (the build's datahelix package, tests/python/pydatasets.py):
- * a __getitem__ that never returns, past sample_timeout. The loader's end to end tests are
- * in tests/python/test_python_dataset.py. */
+/* Tests of the python pipeline's worker process driver (dataserver_pyworker.c) through
+ * dh__rt_execute, with a real worker process (the build's datahelix package,
+ * tests/python/pydatasets.py): a __getitem__ that never returns, past sample_timeout. The loader's
+ * end to end tests are in tests/python/test_python_dataset.py. */
 #include <libgen.h>
 #include <link.h>
 #include <stdbool.h>

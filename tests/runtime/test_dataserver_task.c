@@ -1,6 +1,6 @@
-/* Tests of a task's measurements (task.c): each sample's CPU seconds (synthetic: the cost
- * it slept; video: its decode's CPU time) and, for video, the timed read of its input that
- * the DataServer's heartbeat turns into a read bandwidth for C_io. */
+/* Tests of a task's measurements (dataserver_task.c): each sample's CPU seconds (synthetic: the
+ * cost it slept; video: its decode's CPU time) and, for video, the timed read of its input that the
+ * DataServer's heartbeat turns into a read bandwidth for C_io. */
 #include <string.h>
 #include <sys/stat.h>
 
@@ -29,8 +29,8 @@ static void free_outputs(dh__rt_result_t *r)
     dh__rt_result_clear(r);
 }
 
-/* The python pipeline's spec (pyworker.c runs it; tests/python/test_python_dataset.py runs
- * it end to end): its fields, and each refusal names the field. */
+/* The python pipeline's spec (dataserver_pyworker.c runs it; tests/python/test_python_dataset.py
+ * runs it end to end): its fields, and each refusal names the field. */
 static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
 {
     dh__rt_pipeline_t p;

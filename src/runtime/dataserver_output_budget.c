@@ -1,4 +1,4 @@
-/* output_budget.c: the process's budget for the heap memory of DataServer tasks (rt.h,
+/* dataserver_output_budget.c: the process's budget for the heap memory of DataServer tasks (rt.h,
  * "Output budget"; docs/runtime.md, "Memory").
  *
  * A local DataServer's own batches go into its arena, whose size bounds them. What else a
@@ -33,7 +33,7 @@
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
 #include "runtime/rt.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 struct dh__out_charge {
     atomic_uint refs;

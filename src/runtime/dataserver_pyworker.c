@@ -1,6 +1,6 @@
-/* pyworker.c: the "python" pipeline (docs/datasets.md, "Your own Dataset"). Each DataServer
- * worker thread drives one Python worker process (`python -m datahelix._worker`), as each of
- * torch's DataLoader workers is a process: real parallelism for Python code.
+/* dataserver_pyworker.c: the "python" pipeline (docs/datasets.md, "Your own Dataset"). Each
+ * DataServer worker thread drives one Python worker process (`python -m datahelix._worker`), as
+ * each of torch's DataLoader workers is a process: real parallelism for Python code.
  *
  * The two talk over an AF_UNIX SOCK_SEQPACKET socket pair (the child's end is its fd 3) in
  * small JSON messages; array bytes never cross it:
@@ -54,7 +54,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
-#include "runtime/pyworker.h"
+#include "runtime/dataserver_pyworker.h"
 
 #define MSG_CAP ((size_t)256 << 10) /* the largest message the child sends (it trims to fit) */
 #define MAX_BYTES ((uint64_t)1 << 40)

@@ -1,4 +1,5 @@
-/* task.c: runs one dispatched request through a DataServer's pipeline (docs/design.md §6).
+/* dataserver_task.c: runs one dispatched request through a DataServer's pipeline
+ * (docs/design.md §6).
  *
  * Video: each sample's file is read once, timed (the read bandwidth C_io learns from), then
  * decoded by the native pipeline (pipeline.h) on this worker thread, the batch is collated
@@ -31,9 +32,9 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
-#include "media/pipeline_internal.h"
+#include "media/media_lib.h"
 #include "runtime/descriptor.h"
-#include "runtime/pyworker.h"
+#include "runtime/dataserver_pyworker.h"
 #include "runtime/rt.h"
 
 struct dh__rt_worker {

@@ -1,4 +1,4 @@
-/* forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
+/* dataserver_forward.c: a DataServer's links to other DataServers, and the deliveries that wait.
  *
  * A remote sidecar (or a local DataServer executing for another node's rank) forwards each
  * finished task to the local DataServer of its target rank over a link (a DEALER per target
@@ -60,7 +60,7 @@
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
 #include "runtime/rt.h"
-#include "wire/internal.h"
+#include "wire/wire_lib.h"
 
 /* How long a delivery may wait for its link's socket to take it (see the top). */
 #define FORWARD_STALL_MS 1000

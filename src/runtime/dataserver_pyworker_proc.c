@@ -1,8 +1,8 @@
-/* pyworker_proc.c: the life of one Python worker process of the python pipeline (pyworker.c
- * drives it): spawning `python -m datahelix._worker` with its end of a socket pair as fd 3 and
- * the pipeline's directories on its PYTHONPATH, and ending it: reaped when it exits, killed
- * (SIGKILL) when it does not or when the caller gives up on it (a call of the user's code past
- * sample_timeout), with how it ended for messages.
+/* dataserver_pyworker_proc.c: the life of one Python worker process of the python pipeline
+ * (dataserver_pyworker.c drives it): spawning `python -m datahelix._worker` with its end of a
+ * socket pair as fd 3 and the pipeline's directories on its PYTHONPATH, and ending it: reaped when
+ * it exits, killed (SIGKILL) when it does not or when the caller gives up on it (a call of the
+ * user's code past sample_timeout), with how it ended for messages.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +19,7 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
-#include "runtime/pyworker.h"
+#include "runtime/dataserver_pyworker.h"
 
 extern char **environ;
 

@@ -1,0 +1,12 @@
+/* media/media_lib.h: what the rest of the library (the runtime's tasks) uses of the media
+ * module beyond include/datahelix/pipeline.h (dh__ prefix, not exported). The pipeline's own
+ * internals are in media/pipeline_internal.h, which no other module includes. */
+#ifndef DH_MEDIA_LIB_H
+#define DH_MEDIA_LIB_H
+
+/* A byte range of a file (a tar member read in place, manifest.h): for
+ * "subfile,,start,S,end,E,,:FILE" returns FILE with *start = S and *end = E; any other path
+ * is returned as it is, with *start = *end = -1. Pure string parsing. */
+const char *dh__subfile_range(const char *path, long long *start, long long *end);
+
+#endif
