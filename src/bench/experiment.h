@@ -2,7 +2,7 @@
  * simulate` (sim/sim.h) run, defined once (docs/benchmarks.md, docs/simulator.md): its
  * options (dh_bench_options_t) and their table (name, field, default, range, help: both
  * CLIs parse and document the shared ones from it), the systems catalogue, the workload's
- * misprediction (model/noise.h) and the compute model. No threads, no I/O but the help text
+ * misprediction (model/model_lib.h) and the compute model. No threads, no I/O but the help text
  * to the caller's FILE.
  */
 #ifndef DH_BENCH_EXPERIMENT_H
@@ -14,7 +14,7 @@
 
 #include "datahelix/place.h"
 #include "datahelix/plan.h"
-#include "model/noise.h"
+#include "model/model_lib.h"
 
 #define DH_BENCH_MAX_SYSTEMS 12
 

@@ -1,6 +1,6 @@
-/* model/noise.c: the misprediction model (model/noise.h): seeded mean-one lognormal factors
+/* model/noise.c: the misprediction model (model/model_lib.h): seeded mean-one lognormal factors
  * of a sample's cost and tokens, pure functions of (seed, key or id, stream). */
-#include "model/noise.h"
+#include "model/model_lib.h"
 
 #include <math.h>
 

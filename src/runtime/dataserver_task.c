@@ -13,7 +13,7 @@
  * check they got the right bytes). A uri starting with "error:" fails that sample, which is
  * how scheduling tests exercise the per-sample error path without video files. The actual
  * cost and tokens are the descriptor's estimates times seeded mean-one lognormal noise
- * (model/noise.h; none by default), so schedulers that see only the estimates mispredict. Each
+ * (model/model_lib.h; none by default), so schedulers that see only the estimates mispredict. Each
  * sample's measured CPU seconds go into the result (sample_cpu_s): the executor's COMPLETE carries
  * them to the coordinator's cost model.
  */

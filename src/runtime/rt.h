@@ -15,7 +15,7 @@
 #include "datahelix/pipeline.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
-#include "model/noise.h"
+#include "model/model_lib.h"
 
 #define DH__RT_MAX_TENSORS 16
 
@@ -32,7 +32,7 @@ typedef struct dh__rt_pipeline {
     double cpu_scale;   /* multiplies each sample's cpu_s */
     double bytes_scale; /* multiplies each sample's out_bytes */
     /* Misprediction (synthetic): the fields cost_bias, cost_noise, token_noise and
-     * noise_seed of the spec, the model of model/noise.h (dh__noise_cpu_s,
+     * noise_seed of the spec, the model of model/model_lib.h (dh__noise_cpu_s,
      * dh__noise_tokens). 0 (the default) = the estimate exactly. */
     dh__noise_t noise;
     /* Python (dataserver_pyworker.c): "dataset" is "pickle:PATH" (a pickled {"dataset",

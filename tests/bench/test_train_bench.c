@@ -176,7 +176,7 @@ static void bench_runs_every_system_within_definitions(void **state)
     cl_assert_no_leftovers();
 }
 
-/* The synthetic pipeline spec carries the misprediction model (model/noise.h, tested in
+/* The synthetic pipeline spec carries the misprediction model (model/model_lib.h, tested in
  * tests/model/test_noise.c) the bench and the simulator draw from: none by default. */
 static void bench_noise_is_seeded_mean_one_and_off_at_zero(void **state)
 {

@@ -1,10 +1,10 @@
-/* Tests of the misprediction model (model/noise.h): the draws are a pure function of (seed,
+/* Tests of the misprediction model (model/model_lib.h): the draws are a pure function of (seed,
  * key or id), mean one, one factor per key shared by its samples, and none at sigma 0. */
 #include <math.h>
 #include <stdio.h>
 
 #include "dh_test.h"
-#include "model/noise.h"
+#include "model/model_lib.h"
 
 static void noise_is_off_at_zero(void **state)
 {

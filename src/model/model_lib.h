@@ -1,12 +1,14 @@
-/* model/noise.h: the misprediction model of the synthetic workload (docs/benchmarks.md,
- * "Misprediction"): a sample's actual cost is its estimate x a mean-one lognormal factor per
- * profile key (sigma cost_bias) x one per sample (sigma cost_noise), its actual tokens the
- * estimate x one per sample (sigma token_noise); each draw a pure function of (seed, key or
- * id), so the DataServer's synthetic pipeline (src/runtime/task.c), `datahelix bench` and
- * `datahelix simulate` agree on every sample. Internal (dh__): no public API.
+/* model/model_lib.h: what other modules use of src/model beyond include/datahelix
+ * (docs/conventions.md, "Names"): the misprediction model of the synthetic workload
+ * (noise.c; docs/benchmarks.md, "Misprediction"). A sample's actual cost is its estimate x
+ * a mean-one lognormal factor per profile key (sigma cost_bias) x one per sample (sigma
+ * cost_noise), its actual tokens the estimate x one per sample (sigma token_noise); each
+ * draw a pure function of (seed, key or id), so the DataServer's synthetic pipeline
+ * (src/runtime/dataserver_task.c), `datahelix bench` and `datahelix simulate` agree on every
+ * sample. Internal (dh__): no public API.
  */
-#ifndef DH_MODEL_NOISE_H
-#define DH_MODEL_NOISE_H
+#ifndef DH_MODEL_MODEL_LIB_H
+#define DH_MODEL_MODEL_LIB_H
 
 #include <stdint.h>
 
