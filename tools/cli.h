@@ -4,6 +4,8 @@
 #ifndef DH_TOOLS_CLI_H
 #define DH_TOOLS_CLI_H
 
+#include <stddef.h>
+
 int dh_cmd_plan(int argc, char **argv);
 int dh_cmd_place_bench(int argc, char **argv);
 int dh_cmd_gen_profiles(int argc, char **argv);
@@ -35,6 +37,21 @@ void dh_cli_keys_from_env(const char **keys_dir, const char **key_name);
  * option and returns -1 on bad input. */
 int dh_cli_parse_u64(const char *cmd, const char *option, const char *text, unsigned long long min,
                      unsigned long long max, unsigned long long *out);
+
+/* The experiment's shared options (bench/experiment.h; cli_experiment.c): getopt_long values
+ * from DH_CLI_EXPERIMENT_VAL up are rows of its table. */
+#define DH_CLI_EXPERIMENT_VAL 1000
+struct option;
+struct dh_bench_options;
+
+/* Appends the options of `command` (DH_EXPERIMENT_BENCH or _SIMULATE) to opts[0, n) and
+ * terminates the list; cap counts the terminating entry. Returns the new count. */
+size_t dh_cli_experiment_longopts(unsigned command, struct option *opts, size_t n, size_t cap);
+
+/* Applies getopt_long's `val` when it is an experiment option: returns 1 when it set the
+ * field, 0 when val is not one, -1 after printing "datahelix CMD: MESSAGE" (a usage error). */
+int dh_cli_experiment_option(const char *cmd, unsigned command, int val, const char *arg,
+                             struct dh_bench_options *opt);
 
 /* Writes "PORT\n" to path (through a rename, so a reader sees all or nothing). Returns 0, or
  * -1 after printing "datahelix CMD: --metrics-port-file PATH: ERROR" (cli_port_file.c). */

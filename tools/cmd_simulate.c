@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "datahelix/plan.h"
+#include "bench/experiment.h"
 #include "bench/train_bench.h"
 #include "cli.h"
 #include "sim/sim.h"
@@ -21,15 +22,15 @@ static void usage(FILE *out)
             "modelled cluster (docs/simulator.md). One thread; no sleeping, so thousands of\n"
             "ranks and DataServers fit on one core.\n"
             "\n"
-            "bench's options, with the same meaning and defaults:\n"
-            "  --mix NAME|FILE --rows N --ranks R --batch B --steps S --warmup W --seed N\n"
-            "  --systems LIST (native,pool,helix; also native-N, base, transport,\n"
-            "  prefetch-token, cost-ddl, ddlb) --local-servers N --remote-servers M\n"
-            "  --cores-per-server C --native-cores N --prefetch P --prefetch-max Q\n"
-            "  --fanout F --plan-window W --rebalance --no-rebalance --rebalance-min-gain G\n"
-            "  --compute auto|A,B --compute-scale X --deadline-threshold S --time-scale X\n"
-            "  --link-gbps G --cost-bias S --cost-noise S --token-noise S --json FILE\n"
-            "(--rebalance-fanout is always auto; --emulate is accepted and implied)\n"
+            "bench's options, with the same meaning, defaults and checks (bench/experiment.c;\n"
+            "--rebalance-buffer and --rebalance-fanout keep their defaults, --emulate is\n"
+            "accepted and implied):\n"
+            "\n");
+    dh_experiment_help(out, DH_EXPERIMENT_SIMULATE);
+    fprintf(out,
+            "\n"
+            "output:\n"
+            "  --json FILE           the report, as bench's\n"
             "\n"
             "the model's own:\n"
             "  --link-latency-us U   one-way latency of every link (0, as the emulation)\n"
@@ -85,34 +86,7 @@ static int u32(const char *opt, const char *text, unsigned long long min, unsign
 int dh_cmd_simulate(int argc, char **argv)
 {
     enum {
-        O_MIX = 256,
-        O_ROWS,
-        O_RANKS,
-        O_BATCH,
-        O_STEPS,
-        O_WARMUP,
-        O_SEED,
-        O_SYSTEMS,
-        O_LOCAL,
-        O_REMOTE,
-        O_CORES,
-        O_NATIVE,
-        O_PREFETCH,
-        O_PREFETCH_MAX,
-        O_FANOUT,
-        O_WINDOW,
-        O_REB,
-        O_NO_REB,
-        O_GAIN,
-        O_COMPUTE,
-        O_CSCALE,
-        O_THRESH,
-        O_TSCALE,
-        O_LINK,
-        O_BIAS,
-        O_NOISE,
-        O_TNOISE,
-        O_JSON,
+        O_JSON = 256,
         O_LAT,
         O_SPEED,
         O_CLIENT_START,
@@ -122,34 +96,7 @@ int dh_cmd_simulate(int argc, char **argv)
         O_GROUP,
         O_INDEX
     };
-    static const struct option longopts[] = {
-        {"mix", required_argument, 0, O_MIX},
-        {"rows", required_argument, 0, O_ROWS},
-        {"ranks", required_argument, 0, O_RANKS},
-        {"batch", required_argument, 0, O_BATCH},
-        {"steps", required_argument, 0, O_STEPS},
-        {"warmup", required_argument, 0, O_WARMUP},
-        {"seed", required_argument, 0, O_SEED},
-        {"systems", required_argument, 0, O_SYSTEMS},
-        {"local-servers", required_argument, 0, O_LOCAL},
-        {"remote-servers", required_argument, 0, O_REMOTE},
-        {"cores-per-server", required_argument, 0, O_CORES},
-        {"native-cores", required_argument, 0, O_NATIVE},
-        {"prefetch", required_argument, 0, O_PREFETCH},
-        {"prefetch-max", required_argument, 0, O_PREFETCH_MAX},
-        {"fanout", required_argument, 0, O_FANOUT},
-        {"plan-window", required_argument, 0, O_WINDOW},
-        {"rebalance", no_argument, 0, O_REB},
-        {"no-rebalance", no_argument, 0, O_NO_REB},
-        {"rebalance-min-gain", required_argument, 0, O_GAIN},
-        {"compute", required_argument, 0, O_COMPUTE},
-        {"compute-scale", required_argument, 0, O_CSCALE},
-        {"deadline-threshold", required_argument, 0, O_THRESH},
-        {"time-scale", required_argument, 0, O_TSCALE},
-        {"link-gbps", required_argument, 0, O_LINK},
-        {"cost-bias", required_argument, 0, O_BIAS},
-        {"cost-noise", required_argument, 0, O_NOISE},
-        {"token-noise", required_argument, 0, O_TNOISE},
+    struct option longopts[80] = {
         {"json", required_argument, 0, O_JSON},
         {"link-latency-us", required_argument, 0, O_LAT},
         {"speed-sigma", required_argument, 0, O_SPEED},
@@ -160,110 +107,20 @@ int dh_cmd_simulate(int argc, char **argv)
         {"rebalance-group", required_argument, 0, O_GROUP},
         {"place-index", no_argument, 0, O_INDEX},
         {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
     };
+    dh_cli_experiment_longopts(DH_EXPERIMENT_SIMULATE, longopts, 10,
+                               sizeof longopts / sizeof longopts[0]);
     dh_sim_options_t o;
     dh_sim_options_default(&o);
     dh_bench_options_t *b = &o.bench;
     b->mix = NULL;
     b->progress = progress;
     const char *json = NULL;
-    unsigned long long u64;
     double v;
     int c, bad = 0;
     optind = 1;
     while (!bad && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case O_MIX:
-            b->mix = optarg;
-            break;
-        case O_ROWS:
-            bad = dh_cli_parse_u64("simulate", "--rows", optarg, 1, 1ull << 26, &u64);
-            b->emulate_rows = (size_t)u64;
-            break;
-        case O_RANKS:
-            bad = u32("--ranks", optarg, 1, 1u << 20, &b->ranks);
-            break;
-        case O_BATCH:
-            bad = u32("--batch", optarg, 1, 4096, &b->batch);
-            break;
-        case O_STEPS:
-            bad = u32("--steps", optarg, 1, 1u << 24, &b->steps);
-            break;
-        case O_WARMUP:
-            bad = u32("--warmup", optarg, 0, 1u << 24, &b->warmup);
-            break;
-        case O_SEED:
-            bad = dh_cli_parse_u64("simulate", "--seed", optarg, 0, UINT64_MAX, &u64);
-            b->seed = u64;
-            break;
-        case O_SYSTEMS:
-            b->systems = optarg;
-            break;
-        case O_LOCAL:
-            bad = u32("--local-servers", optarg, 1, 1u << 24, &b->local_servers);
-            break;
-        case O_REMOTE:
-            bad = u32("--remote-servers", optarg, 0, 1u << 24, &b->remote_servers);
-            break;
-        case O_CORES:
-            bad = u32("--cores-per-server", optarg, 1, 4096, &b->cores_per_server);
-            break;
-        case O_NATIVE:
-            bad = u32("--native-cores", optarg, 1, 1u << 30, &b->native_cores);
-            break;
-        case O_PREFETCH:
-            bad = u32("--prefetch", optarg, 1, 1024, &b->prefetch);
-            break;
-        case O_PREFETCH_MAX:
-            bad = u32("--prefetch-max", optarg, 1, 1024, &b->prefetch_max);
-            break;
-        case O_FANOUT:
-            bad = u32("--fanout", optarg, 1, 4096, &b->fanout);
-            break;
-        case O_WINDOW:
-            bad = u32("--plan-window", optarg, 1, 1024, &b->plan_window);
-            break;
-        case O_REB:
-            b->rebalance = 1;
-            break;
-        case O_NO_REB:
-            b->rebalance = 0;
-            break;
-        case O_GAIN:
-            bad = num("--rebalance-min-gain", optarg, 0, &b->rebalance_min_gain);
-            break;
-        case O_COMPUTE:
-            if (strcmp(optarg, "auto") == 0) {
-                b->compute_auto = 1;
-            } else if (sscanf(optarg, "%lf,%lf", &b->a, &b->b) == 2 && b->a >= 0 && b->b >= 0) {
-                b->compute_auto = 0;
-            } else {
-                fprintf(stderr, "datahelix simulate: --compute: expected auto or A,B\n");
-                bad = 1;
-            }
-            break;
-        case O_CSCALE:
-            bad = num("--compute-scale", optarg, 1e-9, &b->compute_scale);
-            break;
-        case O_THRESH:
-            bad = num("--deadline-threshold", optarg, 0, &b->deadline_threshold_s);
-            break;
-        case O_TSCALE:
-            bad = num("--time-scale", optarg, 1e-9, &b->time_scale);
-            break;
-        case O_LINK:
-            bad = num("--link-gbps", optarg, 0, &b->link_gbps);
-            break;
-        case O_BIAS:
-            bad = num("--cost-bias", optarg, 0, &b->cost_bias);
-            break;
-        case O_NOISE:
-            bad = num("--cost-noise", optarg, 0, &b->cost_noise);
-            break;
-        case O_TNOISE:
-            bad = num("--token-noise", optarg, 0, &b->token_noise);
-            break;
         case O_JSON:
             json = optarg;
             break;
@@ -299,6 +156,13 @@ int dh_cmd_simulate(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
+            bad = dh_cli_experiment_option("simulate", DH_EXPERIMENT_SIMULATE, c, optarg, b);
+            if (bad > 0) {
+                bad = 0;
+                break;
+            }
+            if (bad < 0)
+                break;
             usage(stderr);
             return 2;
         }

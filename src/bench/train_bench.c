@@ -1,4 +1,5 @@
-/* train_bench.c: see train_bench.h. */
+/* train_bench.c: `datahelix bench`, the experiment of bench/experiment.h run on threads of
+ * this process against a real in-process cluster (train_bench.h), with its report. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -26,10 +27,11 @@
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
 #include "bench/train_bench.h"
+#include "bench/train_cluster.h"
 #include "bench/train_prefetch.h"
+#include "bench/train_run.h"
 #include "runtime/rt.h"
 
-#define MAX_SERVERS 256
 #define MAX_RANKS 64
 
 /* The transfer cost: bytes per second of --link-gbps (0 = free). */
@@ -44,189 +46,6 @@ static double emulated(const dh_bench_options_t *opt, double bytes)
     return opt->dataset || opt->bytes_scale <= 0 ? bytes : bytes / opt->bytes_scale;
 }
 
-void dh_bench_options_default(dh_bench_options_t *opt)
-{
-    memset(opt, 0, sizeof *opt);
-    opt->ranks = 8;
-    opt->batch = 4;
-    opt->steps = 100;
-    opt->warmup = 20;
-    opt->emulate_rows = 4096;
-    opt->local_servers = 8;
-    opt->remote_servers = 16;
-    opt->cores_per_server = 4;
-    opt->compute_auto = 1;
-    opt->compute_scale = 1;
-    opt->time_scale = 1;
-    opt->bytes_scale = 0.001;
-    opt->link_gbps = 25;
-    opt->cost_bias = 0.3;
-    opt->cost_noise = 0.3;
-    opt->token_noise = 0.1;
-    opt->prefetch = 0;     /* auto: deep_prefetch() */
-    opt->fanout = 0;       /* auto */
-    opt->prefetch_max = 0; /* 2 x prefetch */
-    opt->rebalance = -1;   /* auto: ddlb and helix */
-    opt->rebalance_buffer = 64;
-    opt->plan_window = 1;
-    opt->rebalance_min_gain = 0.05;
-    opt->rebalance_fanout = 0; /* auto: tier2_fanout() */
-    opt->seed = 1;
-    opt->systems = "native,pool,helix";
-}
-
-/* ---- systems ---- */
-
-/* Whether a system runs tier 2: --rebalance auto (-1) the system's own choice, 0 none, 1
- * every deep system. */
-int dh_bench_tier2_on(const dh_bench_options_t *opt, const dh_bench_system_t *sp)
-{
-    if (!sp->deep || opt->rebalance == 0)
-        return 0;
-    return opt->rebalance > 0 || sp->tier2;
-}
-
-int dh_bench_system_of(const char *name, const dh_bench_options_t *opt, dh_bench_system_t *out)
-{
-    memset(out, 0, sizeof *out);
-    out->name = name;
-    if (strcmp(name, "native") == 0 || strncmp(name, "native-", 7) == 0) {
-        out->policy = DH_POLICY_LOCAL;
-        out->rank_local = 1;
-        if (name[6] == '-') {
-            char *end = NULL;
-            unsigned long n = strtoul(name + 7, &end, 10);
-            if (!end || *end || n < opt->ranks || n > 4096)
-                return dh__set_error(DH_EINVAL,
-                                     "bench: --systems: '%s': native-N needs N cores in [%u, "
-                                     "4096] (at least one per rank)",
-                                     name, opt->ranks);
-            out->cores = (uint32_t)n;
-        }
-        return 0;
-    }
-    if (strcmp(name, "pool") == 0 || strcmp(name, "base") == 0) {
-        out->policy = DH_POLICY_LEAST_REQUEST;
-        out->copy = 1;
-        return 0;
-    }
-    if (strcmp(name, "transport") == 0) {
-        out->policy = DH_POLICY_LEAST_REQUEST;
-        return 0;
-    }
-    if (strcmp(name, "prefetch-token") == 0) {
-        out->policy = DH_POLICY_LEAST_REQUEST;
-        out->token_plan = DH_SHARE_TOKEN_PACKED;
-        out->deep = 1;
-        return 0;
-    }
-    if (strcmp(name, "cost-ddl") == 0 || strcmp(name, "ddlb") == 0 || strcmp(name, "helix") == 0) {
-        out->policy = DH_POLICY_DEADLINE;
-        out->token_plan = DH_SHARE_TOKEN_PACKED;
-        out->deep = 1;
-        out->tier2 = strcmp(name, "cost-ddl") != 0; /* ddlb = helix = cost-ddl + tier 2 */
-        return 0;
-    }
-    return dh__set_error(DH_EINVAL,
-                         "bench: --systems: unknown system '%s' (known: native, native-N, pool, "
-                         "helix, base, transport, prefetch-token, cost-ddl, ddlb)",
-                         name);
-}
-
-/* The fanout of a system with tier 2 (dh_bench_options_t.rebalance_fanout), given its own
- * (`own`), the time the fanout join of a mean batch holds the client's fetcher at the one
- * transfer cost (`join_s`: the batch's emulated bytes / the link; emulated mode) and the
- * mean step's compute.
- *
- * Tier 2 moves parts within their step and in exchange (each rank keeps its number of
- * parts per batch), so at fanout 1 it can only swap whole batches between ranks, which
- * changes no step's largest rank; single samples (fanout = batch) are the finest grain and
- * the cheapest moves. But a batch of several parts is joined by a copy on the fetcher, one
- * batch after another, so where that copy takes a large share of a step the fetcher
- * becomes the bottleneck. Measured at 8 ranks x batch 4, kinetics-mixed, --token-noise 0.3
- * (docs/benchmarks.md, "Tier 2"; a mean batch is ~52 MB emulated, a step 66 ms): at 25
- * Gb/s (join 17 ms, a quarter of the step) ddlb ran 1.04x cost-ddl at fanout = batch
- * against 1.00x at its own fanout (1: every round kept, nothing to gain) and 1.00x at
- * fanout 2 (parts of ~2 samples: the gate kept 93% of the rounds); at 1 Gb/s (join
- * 0.42 s, 6 steps) fanout = batch ran 0.18x, the fetcher joining, while its own fanout ran
- * as cost-ddl. So auto: the batch where the join takes at most half a step, else the
- * system's own. In dataset mode the join is a real copy on the real cores, and fanout =
- * batch makes packing give every rank exactly `batch` samples: real decode, 4 ranks x
- * batch 2 on 2 cores (docs/benchmarks.md, "Real decode"), one run: ddlb at fanout 2 ran
- * 0.93x cost-ddl, balance 0.90 -> 0.84, no round applied. So there auto is the system's
- * own. */
-static uint32_t tier2_fanout(const dh_bench_options_t *opt, uint32_t own, double join_s,
-                             double mean_step_s)
-{
-    if (opt->rebalance_fanout == DH_BENCH_FANOUT_OWN)
-        return own;
-    if (opt->rebalance_fanout == DH_BENCH_FANOUT_BATCH)
-        return opt->batch;
-    if (opt->rebalance_fanout)
-        return opt->rebalance_fanout;
-    /* single samples in one-sample slots: tier 1's packing is kept, and a sample may move
-     * to another rank's empty slot (measured below 0.95 balance with fanout = batch, which
-     * fixes every rank at `batch` samples; 0.96 with slots: docs/benchmarks.md) */
-    return !opt->dataset && join_s <= 0.5 * mean_step_s ? opt->ranks * opt->batch : own;
-}
-
-/* The deep systems' prefetch: --prefetch, else at least 16 batches and at least the depth
- * the PyTorch-like systems get from the same cores (2 per worker of a rank's share), so
- * at equal budget no system keeps fewer batches in flight than another. */
-uint32_t dh_bench_deep_prefetch(const dh_bench_options_t *opt, uint32_t cores)
-{
-    if (opt->prefetch)
-        return opt->prefetch;
-    uint32_t per_rank = cores / (opt->ranks ? opt->ranks : 1);
-    return 2 * per_rank > 16 ? 2 * per_rank : 16;
-}
-
-uint32_t dh_bench_system_fanout(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
-                                uint32_t cores_eff, uint32_t cores, double batch_decode_s,
-                                double batch_join_s, double mean_step_s)
-{
-    if (!sp->deep)
-        return 1;
-    uint32_t fanout = opt->fanout
-                          ? opt->fanout
-                          : dh_plan_fanout_width(opt->batch, cores_eff / opt->ranks, batch_decode_s,
-                                                 dh_bench_deep_prefetch(opt, cores) * mean_step_s);
-    /* tier 2 moves parts (a request's microbatch), so its fanout is its grain */
-    int tier2 = dh_bench_tier2_on(opt, sp);
-    if (tier2)
-        fanout = tier2_fanout(opt, fanout, batch_join_s, mean_step_s);
-    /* one-sample slots (fanout = ranks x batch): tier 2 with packing, where a sample may
-     * move to another rank's empty slot */
-    bool slots =
-        tier2 && sp->token_plan == DH_SHARE_TOKEN_PACKED && fanout == opt->ranks * opt->batch;
-    if (fanout > opt->batch && !slots)
-        fanout = opt->batch;
-    return fanout;
-}
-
-void dh_bench_compute_model(const dh_bench_options_t *opt, double mean_cpu_s, double mean_tokens,
-                            uint32_t cores, double *a, double *b)
-{
-    double ts = opt->dataset ? 1 : opt->time_scale;
-    if (opt->compute_auto) {
-        double step = (double)opt->ranks * opt->batch * mean_cpu_s * ts / cores;
-        *b = 0.1 * step;
-        *a = mean_tokens > 0 ? 0.9 * step / (opt->batch * mean_tokens) : 0;
-    } else {
-        *a = opt->a * ts;
-        *b = opt->b * ts;
-    }
-    *a *= opt->compute_scale;
-    *b *= opt->compute_scale;
-}
-
-/* ---- sample lookups (id -> row) ---- */
-
-typedef struct row_ref {
-    const char *id;
-    double cpu_s; /* actual (emulated: the estimate x the synthetic pipeline's noise) */
-} row_ref_t;
-
 static int cmp_ref(const void *a, const void *b)
 {
     return strcmp(((const row_ref_t *)a)->id, ((const row_ref_t *)b)->id);
@@ -238,44 +57,6 @@ static double cpu_of(const row_ref_t *refs, size_t n, const char *id)
     const row_ref_t *r = bsearch(&key, refs, n, sizeof *refs, cmp_ref);
     return r ? r->cpu_s : 0;
 }
-
-/* ---- one system's run ---- */
-
-typedef struct step_rec {
-    double wait_s, compute_s, barrier_s, ready_s, cpu_s;
-    uint32_t samples;
-    double *tok;       /* the batch's samples' actual tokens (samples of them), for the bound */
-    uint64_t start_ns; /* next() called */
-    uint64_t ready_ns; /* batch ready in the arena */
-    uint64_t req_ns;   /* requests sent */
-    int server;        /* index into run_t.server_names, or -1 */
-} step_rec_t;
-
-typedef struct run run_t;
-
-typedef struct rank_ctx {
-    run_t *run;
-    uint32_t rank;
-    dh_client_t *client;
-    dh_bench_prefetch_t *stage; /* pool: its copy stage, which alone calls next() */
-    step_rec_t *steps;          /* warmup + steps */
-    double copy_bytes;          /* emulated bytes of pool's copies */
-    int rc;
-    char error[512];
-} rank_ctx_t;
-
-struct run {
-    const dh_bench_options_t *opt;
-    const dh_bench_system_t *spec;
-    const row_ref_t *refs;
-    size_t n_refs;
-    double a, b; /* seconds (already time-scaled) */
-    pthread_barrier_t barrier;
-    uint64_t t_begin, t_end;
-    char server_names[MAX_SERVERS][64];
-    size_t n_server_names;
-    pthread_mutex_t names_lock;
-};
 
 static void sleep_s(double s)
 {
@@ -295,7 +76,7 @@ static int server_index(run_t *run, const char *name)
     for (size_t i = 0; i < run->n_server_names; i++)
         if (strcmp(run->server_names[i], name) == 0)
             found = (int)i;
-    if (found < 0 && run->n_server_names < MAX_SERVERS) {
+    if (found < 0 && run->n_server_names < DH_BENCH_MAX_SERVERS) {
         snprintf(run->server_names[run->n_server_names], sizeof run->server_names[0], "%s", name);
         found = (int)run->n_server_names++;
     }
@@ -390,445 +171,7 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-typedef struct cluster {
-    void *ctx;
-    dh_coordinator_t *coord;
-    dh_dataserver_t *servers[MAX_SERVERS];
-    size_t n_servers;
-    uint32_t cores;
-    uint32_t arenas;          /* local DataServers (each has an arena) */
-    uint32_t ranks_per_arena; /* the ranks each of them delivers to */
-} cluster_t;
-
-static void cluster_stop(cluster_t *c)
-{
-    /* every server stopping at once: none waits to forward to one already gone */
-    for (size_t i = 0; i < c->n_servers; i++)
-        dh_dataserver_stop(c->servers[i]);
-    for (size_t i = 0; i < c->n_servers; i++)
-        dh_dataserver_destroy(&c->servers[i]);
-    dh_coordinator_destroy(&c->coord);
-    if (c->ctx)
-        zmq_ctx_term(c->ctx);
-    memset(c, 0, sizeof *c);
-}
-
-/* The arena of a local server for the `ranks` ranks that share it (docs/runtime.md,
- * "Prefetch in bytes"): what their deepest horizon needs (ranks x 2 x prefetch batches of
- * the largest sample), bounded by this server's part of the memory budget (DH_ARENA_BUDGET,
- * else a quarter of physical memory): bench runs all `arenas` local servers in one
- * process, so they split it, and each part must hold one step of its ranks. The memfd is
- * sparse and each rank's prefetch keeps to its share (the clients' local_ranks), so a large
- * arena costs only what the batches in flight take. Emulated payloads are stand-ins (x
- * bytes_scale) and a batch's two tensors take a slab (1 MiB) each at least: 4 MiB a
- * batch. */
-static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint32_t arenas,
-                             uint64_t *out)
-{
-    uint32_t helix_cores = (opt->local_servers + opt->remote_servers) * opt->cores_per_server;
-    uint32_t depth =
-        opt->prefetch_max ? opt->prefetch_max : 2 * dh_bench_deep_prefetch(opt, helix_cores);
-    *out = (uint64_t)opt->ranks * depth * ((uint64_t)4 << 20);
-    if (*out < (uint64_t)64 << 20)
-        *out = (uint64_t)64 << 20;
-    if (!opt->dataset)
-        return 0;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/profiles.jsonl", opt->dataset);
-    dh_profile_set_t *set = NULL;
-    int rc = dh_profile_set_new(&set);
-    if (rc || (rc = dh_profile_set_load(set, path))) {
-        dh_profile_set_destroy(&set);
-        return rc;
-    }
-    uint64_t largest = 0;
-    for (size_t i = 0; i < dh_profile_set_count(set); i++) {
-        int64_t b = dh_profile_set_row(set, i)->out_bytes;
-        largest = b > 0 && (uint64_t)b > largest ? (uint64_t)b : largest;
-    }
-    dh_profile_set_destroy(&set);
-    double need = (double)ranks * depth * opt->batch * (double)largest;
-    uint64_t want = need > (double)((uint64_t)1 << 50) ? (uint64_t)1 << 50 : (uint64_t)need;
-    if (want < (uint64_t)64 << 20)
-        want = (uint64_t)64 << 20;
-    uint64_t budget = dh_arena_budget_default() / (arenas ? arenas : 1);
-    rc = dh_deadline_arena_size(ranks, opt->batch, largest, want, budget, out);
-    if (rc) {
-        char why[512]; /* copied: the message is rewritten from the same buffer */
-        snprintf(why, sizeof why, "%s", dh_last_error());
-        return dh__set_error(rc, "bench: %u local DataServers in this process, each with an %s",
-                             arenas, why);
-    }
-    return 0;
-}
-
-static int add_server(cluster_t *c, const dh_bench_options_t *opt, const char *pipeline_json,
-                      dh_ds_role_t role, const char *node, const char *name, uint32_t workers,
-                      uint64_t cpus)
-{
-    if (c->n_servers == MAX_SERVERS)
-        return dh__set_error(DH_EINVAL, "bench: more than %d DataServers", MAX_SERVERS);
-    static unsigned counter;
-    char data_ep[96];
-    snprintf(data_ep, sizeof data_ep, "inproc://bench-data-%d-%u", (int)getpid(), counter++);
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = dh_coordinator_endpoint(c->coord);
-    dc.role = role;
-    dc.node = node;
-    dc.name = name;
-    dc.workers = workers;
-    dc.pipeline_json = pipeline_json;
-    dc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
-    /* the ranks a local server delivers to (a rank-local loader's server: one), as the
-     * clients' local_ranks */
-    int rc = bench_arena_bytes(opt, c->ranks_per_arena, c->arenas, &dc.arena_bytes);
-    if (rc)
-        return rc;
-    dc.data_listen = data_ep;
-    dc.zmq_ctx = c->ctx;
-    dc.worker_cpus = cpus;
-    /* the one transfer cost: a link to another node carries link_Bps emulated bytes per
-     * second (time-scaled like every emulated duration) */
-    dc.emulate_link_Bps =
-        opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
-    rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
-    if (rc)
-        return rc;
-    c->n_servers++;
-    c->cores += workers;
-    return dh_dataserver_start(c->servers[c->n_servers - 1]);
-}
-
-static int cluster_start(cluster_t *c, const dh_bench_options_t *opt, const dh_bench_system_t *sp,
-                         const char *pipeline_json)
-{
-    memset(c, 0, sizeof *c);
-    c->ctx = zmq_ctx_new();
-    if (!c->ctx)
-        return dh__set_error(DH_ENOMEM, "zmq_ctx_new failed");
-    static unsigned counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://bench-coordinator-%d-%u", (int)getpid(), counter++);
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
-    cc.listen = ep;
-    cc.zmq_ctx = c->ctx;
-    cc.place.policy = sp->policy;
-    cc.dead_after_ms = 10000; /* a loaded 2-core machine must not fake deaths */
-    int rc = dh_coordinator_new(&c->coord, &cc);
-    if (rc || (rc = dh_coordinator_start(c->coord)))
-        return rc;
-    char node[64], name[64];
-    c->arenas = sp->rank_local ? opt->ranks : opt->local_servers;
-    c->ranks_per_arena =
-        sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
-    if (sp->rank_local) {
-        uint32_t total = sp->cores           ? sp->cores
-                         : opt->native_cores ? opt->native_cores
-                                             : opt->local_servers * opt->cores_per_server;
-        uint32_t per = total / opt->ranks ? total / opt->ranks : 1;
-        /* Real decode: rank-local loaders get only their share of this machine's CPUs
-         * (rank r on CPU r x cpus / ranks), as on a node where each rank's loader is its
-         * own process group; otherwise the kernel would pool their idle time. */
-        long online = sysconf(_SC_NPROCESSORS_ONLN);
-        uint32_t ncpu = online > 0 ? (uint32_t)online : 1;
-        for (uint32_t r = 0; r < opt->ranks; r++) {
-            snprintf(node, sizeof node, "node-%u", r);
-            snprintf(name, sizeof name, "local-%u", r);
-            uint64_t cpus = 0;
-            if (opt->dataset && ncpu <= 64) {
-                uint32_t lo = r * ncpu / opt->ranks, hi = (r + 1) * ncpu / opt->ranks;
-                if (hi <= lo)
-                    hi = lo + 1;
-                for (uint32_t i = lo; i < hi; i++)
-                    cpus |= 1ull << i;
-            }
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name, per, cpus)))
-                return rc;
-        }
-    } else {
-        for (uint32_t i = 0; i < opt->local_servers; i++) {
-            snprintf(node, sizeof node, "node-%u", i);
-            snprintf(name, sizeof name, "local-%u", i);
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name,
-                                 opt->cores_per_server, 0)))
-                return rc;
-        }
-        for (uint32_t i = 0; i < opt->remote_servers; i++) {
-            snprintf(node, sizeof node, "spare-%u", i);
-            snprintf(name, sizeof name, "remote-%u", i);
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_REMOTE, node, name,
-                                 opt->cores_per_server, 0)))
-                return rc;
-        }
-    }
-    /* every server registered before the first request */
-    uint64_t t0 = dh_clock_now_ns();
-    for (;;) {
-        dh_coordinator_stats_t st;
-        dh_coordinator_stats(c->coord, &st);
-        if (st.servers_alive >= c->n_servers)
-            return 0;
-        if (dh_clock_elapsed_s(t0, dh_clock_now_ns()) > 20)
-            return dh__set_error(DH_EAGAIN,
-                                 "bench: %s: only %llu of %zu DataServers registered in 20 s",
-                                 sp->name, (unsigned long long)st.servers_alive, c->n_servers);
-        sleep_s(0.005);
-    }
-}
-
 /* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
-static void trace_system(FILE *f, int *first, size_t sys, const run_t *run, const rank_ctx_t *ranks,
-                         uint64_t t0)
-{
-    const dh_bench_options_t *opt = run->opt;
-    unsigned pid_r = (unsigned)(2 * sys + 1), pid_s = (unsigned)(2 * sys + 2);
-    fprintf(f,
-            "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":\"%s "
-            "ranks\"}},{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":"
-            "\"%s DataServers\"}}",
-            *first ? "" : ",\n", pid_r, run->spec->name, pid_s, run->spec->name);
-    *first = 0;
-    for (size_t i = 0; i < run->n_server_names; i++)
-        fprintf(f,
-                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%zu,\"args\":{"
-                "\"name\":\"%s\"}}",
-                pid_s, i, run->server_names[i]);
-    uint32_t total = opt->warmup + opt->steps;
-    for (uint32_t r = 0; r < opt->ranks; r++) {
-        fprintf(f,
-                ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{"
-                "\"name\":\"rank %u\"}}",
-                pid_r, r, r);
-        for (uint32_t s = 0; s < total; s++) {
-            const step_rec_t *st = &ranks[r].steps[s];
-            if (!st->start_ns)
-                continue;
-            double ts = (double)(st->start_ns - t0) / 1e3;
-            double w = st->wait_s * 1e6, c = st->compute_s * 1e6, b = st->barrier_s * 1e6;
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"data wait\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts, w, s);
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"compute\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts + w, c, s);
-            fprintf(f,
-                    ",\n{\"ph\":\"X\",\"name\":\"barrier\",\"pid\":%u,\"tid\":%u,\"ts\":%.1f,"
-                    "\"dur\":%.1f,\"args\":{\"step\":%u}}",
-                    pid_r, r, ts + w + c, b, s);
-            if (st->server >= 0 && st->req_ns && st->ready_ns > st->req_ns)
-                fprintf(f,
-                        ",\n{\"ph\":\"X\",\"name\":\"rank %u step %u\",\"pid\":%u,\"tid\":%d,"
-                        "\"ts\":%.1f,\"dur\":%.1f,\"args\":{\"samples\":%u,\"cpu_s\":%.4f}}",
-                        r, s, pid_s, st->server, (double)(st->req_ns - t0) / 1e3,
-                        (double)(st->ready_ns - st->req_ns) / 1e3, st->samples, st->cpu_s);
-        }
-    }
-}
-
-/* ---- online feedback: predicted vs actual (see the result's fields) ---- */
-
-static int prediction_metrics(const dh_bench_options_t *opt, const dh_coordinator_t *coord,
-                              const rank_ctx_t *ranks, uint32_t fanout, double threshold,
-                              dh_bench_system_result_t *res)
-{
-    uint32_t total = opt->warmup + opt->steps;
-    uint32_t split = (uint32_t)ceil(0.2 * total);
-    res->learn_split_step = split;
-    double miss[2] = {0, 0}, count[2] = {0, 0};
-    for (uint32_t s = 0; s < total; s++)
-        for (uint32_t r = 0; r < opt->ranks; r++) {
-            miss[s >= split] += ranks[r].steps[s].wait_s > threshold;
-            count[s >= split]++;
-        }
-    res->ddl_miss_rate_first20 = count[0] ? miss[0] / count[0] : 0;
-    res->ddl_miss_rate_rest = count[1] ? miss[1] / count[1] : 0;
-    size_t n = dh_coordinator_predictions(coord, NULL, 0);
-    dh_prediction_t *p = dh_calloc(n ? n : 1, sizeof *p);
-    dh_stats_t *measured = NULL, *profile = NULL, *ready = NULL, *part[2] = {NULL, NULL};
-    int rc = 0;
-    if (!p || dh_stats_new(&measured) || dh_stats_new(&profile) || dh_stats_new(&ready) ||
-        dh_stats_new(&part[0]) || dh_stats_new(&part[1])) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto out;
-    }
-    /* the coordinator still runs (the clients prefetch past the window): it may keep more
-     * records by now than p holds; only the first n were copied */
-    size_t kept = dh_coordinator_predictions(coord, p, n);
-    if (kept < n)
-        n = kept;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        uint64_t step = p[i].seq / (fanout ? fanout : 1);
-        if (step >= total || !(p[i].actual_cpu_s > 0))
-            continue; /* prefetched past the last step, or nothing measured */
-        double err = fabs(p[i].pred_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s;
-        if (dh_stats_add(part[step >= split], err))
-            rc = DH_ENOMEM;
-        if (step >= opt->warmup) {
-            if (dh_stats_add(measured, err) ||
-                dh_stats_add(profile,
-                             fabs(p[i].profile_cpu_s - p[i].actual_cpu_s) / p[i].actual_cpu_s))
-                rc = DH_ENOMEM;
-            if (p[i].actual_ready_s > 0 &&
-                dh_stats_add(ready,
-                             fabs(p[i].pred_ready_s - p[i].actual_ready_s) / p[i].actual_ready_s))
-                rc = DH_ENOMEM;
-        }
-    }
-    if (rc) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto out;
-    }
-    res->predictions = (uint32_t)dh_stats_count(measured);
-    res->prediction_error_p50 = dh_stats_percentile(measured, 50);
-    res->prediction_error_p90 = dh_stats_percentile(measured, 90);
-    res->prediction_error_p50_profile = dh_stats_percentile(profile, 50);
-    res->ready_error_p50 = dh_stats_percentile(ready, 50);
-    res->prediction_error_p50_first20 = dh_stats_percentile(part[0], 50);
-    res->prediction_error_p50_rest = dh_stats_percentile(part[1], 50);
-out:
-    dh_free(p);
-    dh_stats_destroy(&measured);
-    dh_stats_destroy(&profile);
-    dh_stats_destroy(&ready);
-    dh_stats_destroy(&part[0]);
-    dh_stats_destroy(&part[1]);
-    return rc;
-}
-
-/* ---- the balance bound ---- */
-
-/* res->balance_bound: the best balance any plan can reach that keeps every sample in the step
- * it was consumed in (tier 1's window; tier 2 moves samples within their step), with the
- * per-rank counts free (packing) and the compute model a x tokens + b. Per measured step the
- * samples all ranks consumed are partitioned among the ranks by the exact planner on their
- * actual tokens; where it gives up (DH_ETOOBIG, large windows) the step's largest rank is
- * taken as max(total / ranks, largest sample), a lower bound, so the figure stays an upper
- * bound on the balance. A step whose tokens were not all recorded (out of memory) leaves the
- * bound at 0 (unknown). */
-static int balance_bound(const dh_bench_options_t *opt, const rank_ctx_t *ranks, double a, double b,
-                         double mean_sum, dh_bench_system_result_t *res)
-{
-    uint32_t total = opt->warmup + opt->steps;
-    size_t cap = 0;
-    for (uint32_t s = opt->warmup; s < total; s++) {
-        size_t n = 0;
-        for (uint32_t r = 0; r < opt->ranks; r++)
-            n += ranks[r].steps[s].samples;
-        if (n > cap)
-            cap = n;
-    }
-    res->balance_bound = 0;
-    if (cap == 0)
-        return 0;
-    double *load = dh_malloc(cap * sizeof *load);
-    int32_t *rank_of = dh_malloc(cap * sizeof *rank_of);
-    double *rank_load = dh_malloc(opt->ranks * sizeof *rank_load);
-    int rc = 0;
-    if (!load || !rank_of || !rank_load) {
-        rc = dh__set_error(DH_ENOMEM, "bench: out of memory");
-        goto done;
-    }
-    double opt_sum = 0;
-    for (uint32_t s = opt->warmup; s < total; s++) {
-        size_t n = 0;
-        for (uint32_t r = 0; r < opt->ranks; r++) {
-            const step_rec_t *st = &ranks[r].steps[s];
-            if (st->samples && !st->tok)
-                goto done; /* unknown */
-            for (uint32_t i = 0; i < st->samples; i++)
-                load[n++] = st->tok[i];
-        }
-        double sum = 0;
-        for (size_t i = 0; i < n; i++)
-            sum += load[i];
-        double largest = dh_plan_lower_bound(load, n, opt->ranks);
-        if (n > 0) {
-            dh_plan_config_t pc = {.mode = DH_PLAN_TOKEN_BUDGET,
-                                   .algo = DH_PLAN_EXACT,
-                                   .ranks = opt->ranks,
-                                   .batch = opt->batch,
-                                   .token_budget = sum + 1};
-            int e = dh_plan_step(&pc, load, NULL, n, rank_of, rank_load);
-            if (e == 0) {
-                largest = 0;
-                for (uint32_t r = 0; r < opt->ranks; r++)
-                    if (rank_load[r] > largest)
-                        largest = rank_load[r];
-            } else if (e != DH_ETOOBIG) {
-                rc = e;
-                goto done;
-            }
-        }
-        opt_sum += a * largest + b;
-    }
-    res->balance_bound = opt_sum > 0 ? mean_sum / opt_sum : 0;
-done:
-    dh_free(load);
-    dh_free(rank_of);
-    dh_free(rank_load);
-    return rc;
-}
-
-/* The memory the process holds while a system runs: its proportional set size (Pss, where a
- * page of an arena mapped by both its DataServer and a client counts once; RSS counts it
- * twice), sampled every 100 ms from /proc/self/smaps_rollup by a thread of its own. 0 where
- * the file cannot be read. */
-typedef struct mem_sampler {
-    pthread_t thread;
-    atomic_int stop;
-    bool started;
-    double peak_mb;
-} mem_sampler_t;
-
-static double pss_mb(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "re");
-    if (!f)
-        return 0;
-    char line[256];
-    double kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Pss: %lf kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb / 1024.0;
-}
-
-static void *mem_sampler_main(void *arg)
-{
-    mem_sampler_t *m = arg;
-    while (!atomic_load(&m->stop)) {
-        double mb = pss_mb();
-        if (mb > m->peak_mb)
-            m->peak_mb = mb;
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
-    }
-    return NULL;
-}
-
-static void mem_sampler_start(mem_sampler_t *m)
-{
-    memset(m, 0, sizeof *m);
-    atomic_init(&m->stop, 0);
-    m->started = pthread_create(&m->thread, NULL, mem_sampler_main, m) == 0;
-}
-
-static double mem_sampler_stop(mem_sampler_t *m)
-{
-    if (!m->started)
-        return 0;
-    atomic_store(&m->stop, 1);
-    pthread_join(m->thread, NULL);
-    m->started = false;
-    double mb = pss_mb(); /* the last moment too */
-    return mb > m->peak_mb ? mb : m->peak_mb;
-}
-
 static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp,
                       const char *profiles, const char *pipeline_json, const row_ref_t *refs,
                       size_t n_refs, double a, double b, double threshold, double batch_decode_s,
@@ -839,14 +182,14 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     memset(res, 0, sizeof *res);
     snprintf(res->name, sizeof res->name, "%s", sp->name);
     mem_sampler_t mem;
-    mem_sampler_start(&mem);
+    dh__train_mem_sampler_start(&mem);
     dh__out_peak_reset();
     res->task_budget_mb = (double)dh__out_budget() / 1048576.0;
-    cluster_t cl;
-    int rc = cluster_start(&cl, opt, sp, pipeline_json);
+    dh_bench_cluster_t cl;
+    int rc = dh_bench_cluster_start(&cl, opt, sp, pipeline_json);
     if (rc) {
-        cluster_stop(&cl);
-        mem_sampler_stop(&mem);
+        dh_bench_cluster_stop(&cl);
+        dh__train_mem_sampler_stop(&mem);
         return rc;
     }
     res->cores = cl.cores;
@@ -1031,15 +374,15 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     res->ideal_sps = bound > 0 ? samples / bound : 0;
     res->efficiency = res->ideal_sps > 0 ? res->throughput_sps / res->ideal_sps : 0;
     res->balance = max_sum > 0 ? mean_sum / max_sum : 0;
-    if ((rc = balance_bound(opt, ranks, run.a, run.b, mean_sum, res)))
+    if ((rc = dh__train_balance_bound(opt, ranks, run.a, run.b, mean_sum, res)))
         goto done;
     dh_coordinator_stats_t cs;
     dh_coordinator_stats(cl.coord, &cs);
     res->sched_us_per_decision = cs.decisions ? cs.sched_s / (double)cs.decisions * 1e6 : 0;
-    if ((rc = prediction_metrics(opt, cl.coord, ranks, fanout, threshold, res)))
+    if ((rc = dh__train_prediction_metrics(opt, cl.coord, ranks, fanout, threshold, res)))
         goto done;
     if (trace)
-        trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
+        dh__train_trace_system(trace, trace_first, sys_index, &run, ranks, trace_t0);
     for (uint32_t r = 0; r < opt->ranks; r++) {
         dh_client_stats_t st;
         dh_client_stats(ranks[r].client, &st);
@@ -1105,14 +448,14 @@ done:
     }
     dh_free(ranks);
     dh_free(group_of);
-    res->peak_pss_mb = mem_sampler_stop(&mem); /* before the arenas go */
+    res->peak_pss_mb = dh__train_mem_sampler_stop(&mem); /* before the arenas go */
     res->task_heap_peak_mb = (double)dh__out_peak() / 1048576.0;
     if (rc == 0 && opt->dataset)
         progress(opt,
                  "%s: memory: peak %.0f MB held by the process (Pss), of which tasks' heap "
                  "%.0f MB at most (budget %.0f MB, DH_OUTPUT_BUDGET)",
                  sp->name, res->peak_pss_mb, res->task_heap_peak_mb, res->task_budget_mb);
-    cluster_stop(&cl);
+    dh_bench_cluster_stop(&cl);
     pthread_barrier_destroy(&run.barrier);
     pthread_mutex_destroy(&run.names_lock);
     return rc;
@@ -1132,8 +475,8 @@ static int check_options(const dh_bench_options_t *o)
     if (o->local_servers < 1 || o->cores_per_server < 1)
         return dh__set_error(DH_EINVAL,
                              "bench: --local-servers and --cores-per-server must be at least 1");
-    if ((size_t)o->local_servers + o->remote_servers + o->ranks > MAX_SERVERS)
-        return dh__set_error(DH_EINVAL, "bench: at most %d DataServers", MAX_SERVERS);
+    if ((size_t)o->local_servers + o->remote_servers + o->ranks > DH_BENCH_MAX_SERVERS)
+        return dh__set_error(DH_EINVAL, "bench: at most %d DataServers", DH_BENCH_MAX_SERVERS);
     if (!(o->compute_scale > 0) || !(o->time_scale > 0))
         return dh__set_error(DH_EINVAL, "bench: --compute-scale and --time-scale must be > 0");
     if (!(o->cost_bias >= 0 && o->cost_bias <= 4) || !(o->cost_noise >= 0 && o->cost_noise <= 4) ||
@@ -1168,8 +511,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         return rc;
     char profiles[1024];
     char pipeline_json[512];
-    dh__rt_pipeline_t synth;
-    memset(&synth, 0, sizeof synth);
+    dh__noise_t noise = {0};
     const char *pj = NULL;
     bool generated = false;
     dh_profile_set_t *set = NULL;
@@ -1194,16 +536,11 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         if ((rc = dh_profile_set_write(set, profiles)))
             goto done;
         generated = true;
-        snprintf(pipeline_json, sizeof pipeline_json,
-                 "{\"type\":\"synthetic\",\"cost\":\"sleep\",\"cpu_scale\":%.9g,"
-                 "\"bytes_scale\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
-                 "\"token_noise\":%.9g,\"noise_seed\":%llu}",
-                 opt->time_scale, opt->bytes_scale, opt->cost_bias, opt->cost_noise,
-                 opt->token_noise, (unsigned long long)opt->seed);
-        pj = pipeline_json;
-        /* the same spec the DataServers run: the bench knows each sample's actual cost */
-        if ((rc = dh__rt_pipeline_load(pj, NULL, &synth)))
+        if ((rc = dh_experiment_synth_pipeline(opt, pipeline_json, sizeof pipeline_json)))
             goto done;
+        pj = pipeline_json;
+        /* the same model the DataServers run: the bench knows each sample's actual cost */
+        dh_experiment_noise(opt, &noise);
     }
     size_t n = dh_profile_set_count(set);
     out->rows = n;
@@ -1224,7 +561,7 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         double est = row->cpu_s_est > 0 ? row->cpu_s_est : 0;
         refs[i].id = row->id;
         refs[i].cpu_s =
-            opt->dataset ? est : dh__rt_synth_actual_cpu_s(&synth, row->id, row->profile_key, est);
+            opt->dataset ? est : dh__noise_cpu_s(&noise, row->id, row->profile_key, est);
         cpu_sum += est;
         tok_sum += row->tokens_est > 0 ? (double)row->tokens_est : 0;
         out_sum += row->out_bytes > 0 ? (double)row->out_bytes : 0;
@@ -1248,13 +585,12 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
                     helix_cores, opt->local_servers + opt->remote_servers, opt->cores_per_server,
                     real_cores, (double)helix_cores / real_cores, 2 * real_cores);
     double ts = opt->dataset ? 1 : opt->time_scale;
-    double a, b;
-    dh_bench_compute_model(opt, mean_cpu, mean_tok, cores_for_auto, &a, &b);
+    dh_experiment_model_t m;
+    dh_experiment_model(opt, cpu_sum, tok_sum, out_sum, n, cores_for_auto, &m);
+    double a = m.a, b = m.b, threshold = m.threshold_s;
     out->a = a;
     out->b = b;
-    out->mean_step_compute_s = a * opt->batch * mean_tok + b;
-    double threshold = opt->deadline_threshold_s > 0 ? opt->deadline_threshold_s * ts
-                                                     : 0.1 * out->mean_step_compute_s;
+    out->mean_step_compute_s = m.mean_step_s;
     out->deadline_threshold_s = threshold;
     progress(opt,
              "%zu samples (mean %.3f CPU s, %.0f tokens); compute %.3g s/token + %.3g s: "
@@ -1284,12 +620,8 @@ int dh_bench_run(const dh_bench_options_t *opt, dh_bench_report_t *out)
         if ((rc = dh_bench_system_of(name, opt, &sp)))
             goto done;
         progress(opt, "%s: starting", name);
-        /* the fanout join of a mean batch at the one transfer cost (emulated bytes) */
-        double join_s = opt->dataset || !(opt->link_gbps > 0)
-                            ? 0
-                            : opt->batch * out_sum / (double)n * ts / link_Bps(opt);
-        rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold,
-                        opt->batch * mean_cpu * ts, join_s, out->mean_step_compute_s, real_cores,
+        rc = run_system(opt, &sp, profiles, pj, refs, n, a, b, threshold, m.batch_decode_s,
+                        m.join_s, out->mean_step_compute_s, real_cores,
                         &out->systems[out->n_systems], trace, &trace_first, out->n_systems, t0);
         out->n_systems++;
         if (rc)
@@ -1306,194 +638,4 @@ done:
     dh_free(refs);
     dh_profile_set_destroy(&set);
     return rc;
-}
-
-void dh_bench_report_clear(dh_bench_report_t *r)
-{
-    for (size_t i = 0; i < r->n_systems; i++)
-        dh_free(r->systems[i].rank_step_s);
-    memset(r, 0, sizeof *r);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; s && *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(f, "\\u%04x", *s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_report_t *r)
-{
-    char fanout_text[16]; /* "auto", "batch", "own" or N, as --rebalance-fanout takes it */
-    if (o->rebalance_fanout == 0 || o->rebalance_fanout == DH_BENCH_FANOUT_BATCH ||
-        o->rebalance_fanout == DH_BENCH_FANOUT_OWN)
-        snprintf(fanout_text, sizeof fanout_text, "\"%s\"",
-                 o->rebalance_fanout == 0                     ? "auto"
-                 : o->rebalance_fanout == DH_BENCH_FANOUT_OWN ? "own"
-                                                              : "batch");
-    else
-        snprintf(fanout_text, sizeof fanout_text, "%u", o->rebalance_fanout);
-    fprintf(f, "{\"config\":{\"mode\":\"%s\",\"source\":", o->dataset ? "dataset" : "emulate");
-    json_str(f, o->dataset ? o->dataset : o->mix);
-    fprintf(f,
-            ",\"ranks\":%u,\"batch\":%u,\"steps\":%u,\"warmup\":%u,\"local_servers\":%u,"
-            "\"remote_servers\":%u,\"cores_per_server\":%u,\"native_cores\":%u,\"a\":%.9g,"
-            "\"b\":%.9g,\"compute_scale\":%.9g,\"deadline_threshold_s\":%.6g,\"time_scale\":%.9g,"
-            "\"bytes_scale\":%.9g,\"link_gbps\":%.9g,\"cost_bias\":%.9g,\"cost_noise\":%.9g,"
-            "\"token_noise\":%.9g,\"prefetch\":%u,\"prefetch_max\":%u,"
-            "\"fanout\":%u,\"plan_window\":%u,\"rebalance\":%d,\"rebalance_buffer\":%u,"
-            "\"rebalance_min_gain\":%.9g,\"rebalance_fanout\":%s,\"seed\":%llu,"
-            "\"rows\":%zu,"
-            "\"systems\":",
-            o->ranks, o->batch, o->steps, o->warmup, o->local_servers, o->remote_servers,
-            o->cores_per_server,
-            o->native_cores ? o->native_cores : o->local_servers * o->cores_per_server, r->a, r->b,
-            o->compute_scale, r->deadline_threshold_s, o->dataset ? 1 : o->time_scale,
-            o->dataset ? 1 : o->bytes_scale, o->link_gbps, o->dataset ? 0 : o->cost_bias,
-            o->dataset ? 0 : o->cost_noise, o->dataset ? 0 : o->token_noise, o->prefetch,
-            o->prefetch_max, o->fanout, o->plan_window, o->rebalance, o->rebalance_buffer,
-            o->rebalance_min_gain, fanout_text, (unsigned long long)o->seed, r->rows);
-    json_str(f, o->systems);
-    fprintf(f, "},\"systems\":{");
-    for (size_t i = 0; i < r->n_systems; i++) {
-        const dh_bench_system_result_t *s = &r->systems[i];
-        fprintf(f, "%s", i ? "," : "");
-        json_str(f, s->name);
-        fprintf(f,
-                ":{\"throughput_sps\":%.9g,\"input_wait_p50_s\":%.6g,\"input_wait_p95_s\":%.6g,"
-                "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
-                "\"barrier_wait_mean_s\":%.6g,"
-                "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
-                "\"balance\":%.9g,\"balance_bound\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_"
-                "compute_sum_s\":%.9g,"
-                "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
-                "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g,\"peak_rss_mb\":%.1f",
-                s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
-                s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
-                s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->balance_bound,
-                s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
-                s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s,
-                s->peak_rss_mb);
-        fprintf(f, ",\"peak_pss_mb\":%.1f,\"task_budget_mb\":%.1f,\"task_heap_peak_mb\":%.1f",
-                s->peak_pss_mb, s->task_budget_mb, s->task_heap_peak_mb);
-        fprintf(f, ",\"client_start_s\":%.6g", s->client_start_s);
-        /* transfers */
-        fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
-                s->copy_bytes);
-        /* tier 2 (zeros where it is off) */
-        fprintf(f,
-                ",\"rebalance\":%s,\"rebalance_rounds\":%llu,\"rebalance_applied\":%llu,"
-                "\"rebalance_kept_by_gate\":%llu,\"rebalance_moved_samples\":%llu,"
-                "\"rebalance_moved_parts\":%llu,\"rebalance_bytes\":%.6g,"
-                "\"rebalance_bytes_remote\":%.6g,\"rebalance_s_p95\":%.6g,"
-                "\"rebalance_final_s_p95\":%.6g",
-                s->rebalance ? "true" : "false", (unsigned long long)s->rebalance_rounds,
-                (unsigned long long)s->rebalance_applied,
-                (unsigned long long)s->rebalance_kept_by_gate,
-                (unsigned long long)s->rebalance_moved_samples,
-                (unsigned long long)s->rebalance_moved_parts, s->rebalance_bytes,
-                s->rebalance_bytes_remote, s->rebalance_s_p95, s->rebalance_final_s_p95);
-        fprintf(f,
-                ",\"prediction_error_p50\":%.6g,\"prediction_error_p90\":%.6g,"
-                "\"prediction_error_p50_profile\":%.6g,\"ready_error_p50\":%.6g,"
-                "\"prediction_error_p50_first20\":%.6g,\"prediction_error_p50_rest\":%.6g,"
-                "\"ddl_miss_rate_first20\":%.6g,\"ddl_miss_rate_rest\":%.6g,"
-                "\"learn_split_step\":%u,\"predictions\":%u",
-                s->prediction_error_p50, s->prediction_error_p90, s->prediction_error_p50_profile,
-                s->ready_error_p50, s->prediction_error_p50_first20, s->prediction_error_p50_rest,
-                s->ddl_miss_rate_first20, s->ddl_miss_rate_rest, s->learn_split_step,
-                s->predictions);
-        fprintf(f, ",\"rank_step_s\":[");
-        for (uint32_t rk = 0; s->rank_step_s && rk < o->ranks; rk++) {
-            fprintf(f, "%s[", rk ? "," : "");
-            for (uint32_t st = 0; st < o->steps; st++)
-                fprintf(f, "%s%.5g", st ? "," : "", s->rank_step_s[(size_t)rk * o->steps + st]);
-            fprintf(f, "]");
-        }
-        fprintf(f, "]}");
-    }
-    fprintf(f, "}}\n");
-    return ferror(f) ? dh__set_error(-EIO, "bench: cannot write the JSON report") : 0;
-}
-
-static const dh_bench_system_result_t *find(const dh_bench_report_t *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_systems; i++)
-        if (strcmp(r->systems[i].name, name) == 0)
-            return &r->systems[i];
-    return NULL;
-}
-
-/* One ratio line: "helix (96 cores) / pool (96 cores)  1.56x". */
-static void print_ratio(FILE *f, const dh_bench_system_result_t *s,
-                        const dh_bench_system_result_t *t)
-{
-    char left[96];
-    snprintf(left, sizeof left, "%s (%u cores) / %s (%u cores)", s->name, s->cores, t->name,
-             t->cores);
-    fprintf(f, "  %-46s %6.2fx\n", left, s->throughput_sps / t->throughput_sps);
-}
-
-void dh_bench_print_table(FILE *f, const dh_bench_report_t *r)
-{
-    fprintf(f, "%-15s %5s %9s %8s %8s %8s %7s %6s %8s %8s %5s %5s %10s %10s\n", "system", "cores",
-            "samples/s", "wait p50", "wait p95", "wait p99", "ready95", "miss", "barrier",
-            "sched us", "eff", "bal", "x-node MB", "copy MB");
-    for (size_t i = 0; i < r->n_systems; i++) {
-        const dh_bench_system_result_t *s = &r->systems[i];
-        fprintf(f,
-                "%-15s %5u %9.1f %8.3f %8.3f %8.3f %7.3f %5.0f%% %8.3f %8.1f %5.2f %5.2f %10.1f "
-                "%10.1f\n",
-                s->name, s->cores, s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s,
-                s->input_wait_p99_s, s->batch_ready_p95_s, 100 * s->ddl_miss_rate,
-                s->barrier_wait_mean_s, s->sched_us_per_decision, s->efficiency, s->balance,
-                s->cross_node_bytes / 1e6, s->copy_bytes / 1e6);
-        if (s->rebalance)
-            fprintf(f,
-                    "  tier 2: %llu rounds (%llu applied, %llu kept by the gate), %llu samples "
-                    "in %llu parts moved, %.1f MB, decision p95 %.3f s, final p95 %.3f s\n",
-                    (unsigned long long)s->rebalance_rounds,
-                    (unsigned long long)s->rebalance_applied,
-                    (unsigned long long)s->rebalance_kept_by_gate,
-                    (unsigned long long)s->rebalance_moved_samples,
-                    (unsigned long long)s->rebalance_moved_parts, s->rebalance_bytes / 1e6,
-                    s->rebalance_s_p95, s->rebalance_final_s_p95);
-    }
-    /* Ratios of one system (helix, else ddlb, else cost-ddl, else the last) to every other,
-     * each labelled with both systems' cores: the equal-budget ones first (docs/design.md
-     * §8). */
-    const dh_bench_system_result_t *subj = find(r, "helix");
-    if (!subj)
-        subj = find(r, "ddlb");
-    if (!subj)
-        subj = find(r, "cost-ddl");
-    if (!subj && r->n_systems)
-        subj = &r->systems[r->n_systems - 1];
-    for (int equal = 1; subj && equal >= 0; equal--) {
-        int header = 0;
-        for (size_t i = 0; i < r->n_systems; i++) {
-            const dh_bench_system_result_t *t = &r->systems[i];
-            if (t == subj || !(t->throughput_sps > 0) || (t->cores == subj->cores) != equal)
-                continue;
-            if (!header++)
-                fprintf(f, "%s\n",
-                        equal ? "throughput ratios at equal CPU budget:"
-                              : "throughput ratios across budgets (not like for like):");
-            print_ratio(f, subj, t);
-        }
-    }
-    for (size_t i = 0; i < r->n_systems; i++)
-        if (r->systems[i].efficiency > 1.02)
-            fprintf(f,
-                    "note: %s ran above its ideal bound (efficiency %.2f): the measured steps "
-                    "drew on batches prefetched before them; use more --steps / --warmup or "
-                    "less --prefetch for a steady-state figure\n",
-                    r->systems[i].name, r->systems[i].efficiency);
 }

@@ -12,10 +12,10 @@
  * out_bytes (x bytes_scale) of payload that starts with the sample id (so receivers can
  * check they got the right bytes). A uri starting with "error:" fails that sample, which is
  * how scheduling tests exercise the per-sample error path without video files. The actual
- * cost and tokens are the descriptor's estimates times seeded mean-one lognormal noise (rt.h,
- * "Misprediction"; none by default), so schedulers that see only the estimates mispredict.
- * Each sample's measured CPU seconds go into the result (sample_cpu_s): the executor's
- * COMPLETE carries them to the coordinator's cost model.
+ * cost and tokens are the descriptor's estimates times seeded mean-one lognormal noise
+ * (model/model_lib.h; none by default), so schedulers that see only the estimates mispredict. Each
+ * sample's measured CPU seconds go into the result (sample_cpu_s): the executor's COMPLETE carries
+ * them to the coordinator's cost model.
  */
 #include <assert.h>
 #include <errno.h>
@@ -32,7 +32,6 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
-#include "datahelix/rng.h"
 #include "media/media_lib.h"
 #include "runtime/descriptor.h"
 #include "runtime/dataserver_pyworker.h"
@@ -82,21 +81,21 @@ static int parse_synthetic(json_t *root, const char *source, dh__rt_pipeline_t *
         } else if (strcmp(key, "cost_bias") == 0 || strcmp(key, "cost_noise") == 0 ||
                    strcmp(key, "token_noise") == 0) {
             double v = json_number_value(value);
-            if (!json_is_number(value) || !(v >= 0) || v > 4)
+            if (!json_is_number(value) || !(v >= 0) || v > DH__NOISE_SIGMA_MAX)
                 return dh__set_error(DH_ESCHEMA,
                                      "%s: field '%s': expected a sigma in [0, 4] (0 = no noise)",
                                      source, key);
             if (strcmp(key, "cost_bias") == 0)
-                out->cost_bias = v;
+                out->noise.cost_bias = v;
             else if (strcmp(key, "cost_noise") == 0)
-                out->cost_noise = v;
+                out->noise.cost_noise = v;
             else
-                out->token_noise = v;
+                out->noise.token_noise = v;
         } else if (strcmp(key, "noise_seed") == 0) {
             if (!json_is_integer(value) || json_integer_value(value) < 0)
                 return dh__set_error(DH_ESCHEMA, "%s: field 'noise_seed': expected an integer >= 0",
                                      source);
-            out->noise_seed = (uint64_t)json_integer_value(value);
+            out->noise.seed = (uint64_t)json_integer_value(value);
         } else {
             return dh__set_error(DH_ESCHEMA,
                                  "%s: field '%s': unknown field of a synthetic pipeline (known: "
@@ -311,34 +310,6 @@ static void sleep_for(double seconds)
     }
 }
 
-/* Streams of the misprediction draws: each a pure function of (seed, name, stream). */
-enum { NOISE_KEY_COST = 1, NOISE_SAMPLE_COST = 2, NOISE_SAMPLE_TOKENS = 3 };
-
-static uint64_t noise_seed(const dh__rt_pipeline_t *p, const char *name, uint64_t stream)
-{
-    return dh_rng_mix(dh_rng_mix(p->noise_seed, dh_rng_hash(name)), stream);
-}
-
-double dh__rt_synth_actual_cpu_s(const dh__rt_pipeline_t *p, const char *id, const char *key,
-                                 double cpu_s_est)
-{
-    if (!(p->cost_bias > 0) && !(p->cost_noise > 0))
-        return cpu_s_est;
-    return cpu_s_est *
-           dh_rng_lognormal_at(noise_seed(p, key ? key : "", NOISE_KEY_COST), p->cost_bias) *
-           dh_rng_lognormal_at(noise_seed(p, id ? id : "", NOISE_SAMPLE_COST), p->cost_noise);
-}
-
-int64_t dh__rt_synth_actual_tokens(const dh__rt_pipeline_t *p, const char *id, int64_t tokens_est)
-{
-    if (!(p->token_noise > 0) || tokens_est <= 0)
-        return tokens_est;
-    double t =
-        (double)tokens_est *
-        dh_rng_lognormal_at(noise_seed(p, id ? id : "", NOISE_SAMPLE_TOKENS), p->token_noise);
-    return t < 1 ? 1 : (int64_t)llround(t);
-}
-
 static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples, uint32_t n,
                              dh__rt_alloc_fn *alloc, dh__rt_free_fn *release, void *ctx,
                              dh__rt_result_t *out)
@@ -353,7 +324,7 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
         dh_wire_sample_result_t *r = &out->samples[i];
         const char *uri = samples[i].uri ? samples[i].uri : "";
         double cost =
-            dh__rt_synth_actual_cpu_s(&w->spec, samples[i].id, samples[i].key, samples[i].cpu_s) *
+            dh__noise_cpu_s(&w->spec.noise, samples[i].id, samples[i].key, samples[i].cpu_s) *
             w->spec.cpu_scale;
         if (w->spec.cost == DH__SYNTH_SLEEP) {
             sleep_for(cost);
@@ -378,7 +349,7 @@ static int execute_synthetic(dh__rt_worker_t *w, const dh_wire_sample_t *samples
         }
         sizes[i] = (uint64_t)((double)samples[i].out_bytes * w->spec.bytes_scale);
         total += sizes[i];
-        r->tokens = dh__rt_synth_actual_tokens(&w->spec, samples[i].id, samples[i].tokens);
+        r->tokens = dh__noise_tokens(&w->spec.noise, samples[i].id, samples[i].tokens);
     }
     out->cpu_s = w->spec.cost == DH__SYNTH_SLEEP ? emulated
                                                  : (double)(dh_clock_thread_cpu_ns() - cpu0) / 1e9;

@@ -15,6 +15,7 @@
 #include "datahelix/pipeline.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "model/model_lib.h"
 
 #define DH__RT_MAX_TENSORS 16
 
@@ -30,12 +31,10 @@ typedef struct dh__rt_pipeline {
     dh__synth_cost_t cost;
     double cpu_scale;   /* multiplies each sample's cpu_s */
     double bytes_scale; /* multiplies each sample's out_bytes */
-    /* Misprediction (synthetic): a sample's actual cost is cpu_s x a mean-one lognormal
-     * factor per profile key (sigma cost_bias) x one per sample (sigma cost_noise), its
-     * actual tokens tokens x one per sample (sigma token_noise); each a pure function of
-     * (noise_seed, key or id). 0 (the default) = the estimate exactly. */
-    double cost_bias, cost_noise, token_noise;
-    uint64_t noise_seed;
+    /* Misprediction (synthetic): the fields cost_bias, cost_noise, token_noise and
+     * noise_seed of the spec, the model of model/model_lib.h (dh__noise_cpu_s,
+     * dh__noise_tokens). 0 (the default) = the estimate exactly. */
+    dh__noise_t noise;
     /* Python (dataserver_pyworker.c): "dataset" is "pickle:PATH" (a pickled {"dataset",
      * "collate_fn", "worker_init_fn"} dict, as datahelix.DataLoader writes it) or "MODULE:FACTORY"
      * (an importable callable returning the dataset: `datahelix server --dataset`); "python" the
@@ -79,12 +78,6 @@ void dh__out_charge_add(dh__out_charge_t *c, unsigned refs);
 void dh__out_release(dh__out_charge_t *c);
 /* A dh_wire_free_fn for a charged payload: frees data, releases the charge in hint. */
 void dh__out_free_payload(void *data, void *hint);
-
-/* The synthetic pipeline's actual cost and tokens of a sample (before cpu_scale): see the
- * misprediction fields above. A pure function of the spec, id, key and the estimates. */
-double dh__rt_synth_actual_cpu_s(const dh__rt_pipeline_t *p, const char *id, const char *key,
-                                 double cpu_s_est);
-int64_t dh__rt_synth_actual_tokens(const dh__rt_pipeline_t *p, const char *id, int64_t tokens_est);
 
 /* Parses a spec from text (json != NULL) or a file (path != NULL), or the video defaults
  * when both are NULL. Returns 0 or DH_EPARSE / DH_ESCHEMA / -errno naming the source. */

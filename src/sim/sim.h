@@ -7,9 +7,10 @@
  * the deadline and adaptive prefetch rules (dh_deadline_*) and the tier-2 policy
  * (dh_rebalance_plan), over a modelled cluster in virtual seconds: R ranks computing
  * a x tokens + b and meeting at a barrier each step, DataServers whose workers run each
- * request's actual cost (the synthetic pipeline's, dh__rt_synth_actual_cpu_s), links as
- * serial resources with a bandwidth and a latency. The workload, the systems, the compute
- * model and the metrics are `bench`'s (train_bench.h), and so is the JSON report.
+ * request's actual cost (the synthetic pipeline's misprediction, model/model_lib.h), links as
+ * serial resources with a bandwidth and a latency. The workload, the options, the systems
+ * and the compute model are the experiment core's (bench/experiment.h), the metrics and the
+ * JSON report `bench`'s (train_bench.h). No runtime header.
  * One thread; no I/O except the caller's progress callback.
  */
 #ifndef DH_SIM_SIM_H

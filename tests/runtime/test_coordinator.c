@@ -113,12 +113,12 @@ static void coordinator_learns_key_bias_not_server_speed(void **state)
     dh__rt_pipeline_t spec;
     assert_int_equal(dh__rt_pipeline_load(NOISY, NULL, &spec), 0);
     dh__rt_pipeline_t bias_only = spec;
-    bias_only.cost_noise = 0;
+    bias_only.noise.cost_noise = 0;
     for (size_t i = 0; i < dh_profile_set_count(set); i++) {
         const char *key = dh_profile_set_row(set, i)->profile_key;
         uint64_t obs = 0;
         double ratio = dh_coordinator_key_ratio(coord, key, &obs);
-        double want = 0.02 * dh__rt_synth_actual_cpu_s(&bias_only, "any", key, 1.0);
+        double want = 0.02 * dh__noise_cpu_s(&bias_only.noise, "any", key, 1.0);
         if (!(fabs(ratio / want - 1) <= 0.15))
             fail_msg("key %s: learned %.5f from %llu observations, true %.5f", key, ratio,
                      (unsigned long long)obs, want);

@@ -1,0 +1,20 @@
+# Fails if any file of src/sim includes a header of src/runtime/: the simulator runs the
+# scheduling code and the experiment core (bench/experiment.h), never the runtime's
+# internals (docs/simulator.md, "Where the code is").
+file(GLOB files ${SIM_DIR}/*.c ${SIM_DIR}/*.h)
+set(found "")
+foreach(f ${files})
+  file(STRINGS ${f} hits REGEX "#include \"runtime/")
+  foreach(h ${hits})
+    list(APPEND found "${f}: ${h}")
+  endforeach()
+endforeach()
+list(LENGTH files nfiles)
+if(nfiles EQUAL 0)
+  message(FATAL_ERROR "no sources under ${SIM_DIR}")
+endif()
+if(found)
+  string(REPLACE ";" "\n" found "${found}")
+  message(FATAL_ERROR "src/sim reaches into the runtime:\n${found}")
+endif()
+message(STATUS "${nfiles} files of src/sim include no runtime header")
