@@ -289,15 +289,10 @@ int dh_pipeline_spec_parse(const char *json, size_t len, const char *source,
 
 int dh_pipeline_spec_load(const char *path, dh_pipeline_spec_t *spec)
 {
-    dh__json_track_begin();
     json_error_t jerr;
-    errno = 0;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
-        int err = errno ? errno : EIO;
-        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
-    }
-    return finish(root, &jerr, path, spec);
+    json_t *root;
+    int rc = dh__json_load_file(path, &root, &jerr);
+    return rc ? rc : finish(root, &jerr, path, spec);
 }
 
 char *dh_pipeline_spec_to_json(const dh_pipeline_spec_t *s)
