@@ -198,9 +198,11 @@ static int write_row(FILE *f, PyObject *d, PyObject *dumps, Py_ssize_t index)
         Py_DECREF(extra);
         return -1;
     }
+    errno = 0;
     int rc = dh_profile_row_write(f, &row);
     Py_DECREF(extra);
     if (rc < 0) {
+        errno = errno ? errno : EIO; /* a stdio error that left no errno */
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }

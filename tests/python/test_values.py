@@ -155,6 +155,9 @@ def test_write_profiles_passes_on_the_iterators_error(datahelix, tmp_path):
         datahelix._C.write_profiles(str(tmp_path / "p.jsonl"), rows())
     with pytest.raises(OSError):
         datahelix._C.write_profiles(str(tmp_path / "no" / "dir.jsonl"), [ROW])
+    if os.path.exists("/dev/full"):  # the disk fills up
+        with pytest.raises(OSError):
+            datahelix._C.write_profiles("/dev/full", [ROW] * 1000)
 
 
 def test_a_python_datasets_profile_rows_come_from_the_c_writer(datahelix, tmp_path):
