@@ -141,13 +141,3 @@ def collate_hangs_on_label_40(samples):
 def make_hanging_clips():
     """A factory for tests/runtime/test_dataserver_pyworker.c: Clips whose index 2 never returns."""
     return Clips(n=8, hang=2)
-
-
-# The epoch of test_liveness.py: 160 samples of 0.1 s each (a sleep: the time passes whatever
-# the CPU does), on 2 servers x 2 workers, so about 4 s of work when idle; more under load.
-LIVENESS_SAMPLES = 160
-
-
-def make_liveness_clips():
-    """A factory for the DataServers of test_liveness.py."""
-    return Clips(n=LIVENESS_SAMPLES, sleep_s=0.1)

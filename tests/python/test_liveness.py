@@ -1,9 +1,9 @@
 """Liveness that a busy machine cannot fake (docs/runtime.md, "Liveness"), with real processes:
 a `datahelix coordinator`, two `datahelix server` processes (a local DataServer and a remote
-sidecar, each running the Python dataset pydatasets:make_liveness_clips) and a DataLoader in
-this process, each on its own loopback endpoint, all with the DEFAULT liveness settings (no
---dead-after-ms, no --heartbeat-ms). Busy-loop processes, 4 x the CPUs at normal priority,
-saturate the machine from before the epoch's first request until its last batch. Then:
+sidecar, 2 workers each, the synthetic pipeline) and a DataLoader in this process, each on
+its own loopback endpoint, all with the DEFAULT liveness settings (no --dead-after-ms, no
+--heartbeat-ms). Busy-loop processes, 4 x the CPUs at normal priority,
+saturate the machine from before the servers start until the epoch's last batch. Then:
   (a) no server was declared dead (the coordinator's
       datahelix_coordinator_servers_declared_dead_total, and its log);
   (b) nothing ran twice: the coordinator placed no request again (redispatches 0), the
@@ -11,14 +11,17 @@ saturate the machine from before the epoch's first request until its last batch.
       samples_total add up to the epoch);
   (c) the epoch completed with every sample, each index once.
 
-Size: 160 samples that each sleep 0.1 s (a sleep, so the epoch's length does not depend on
-how much CPU the workers get), on 2 servers x 2 workers: about 4 s of work when idle and
-10-20 s on a saturated 2-CPU machine, i.e. 100-200 heartbeat periods per server, past the 32
-gaps after which the coordinator's limit follows each server's jitter (so both the
-configured limit and the learned one are exercised), and ten times and more the default
-1 s limit. Larger would only make the test slower; far smaller would end the epoch before
-the limits were learned.
+Size: 320 samples (gen-profiles kinetics-mixed) whose work is a sleep of 0.1 x their profiled
+CPU seconds (the synthetic pipeline's "sleep" cost, in C workers: the epoch's length hardly
+depends on how much CPU the niced workers get), on 2 servers x 2 workers: 5 s idle, 7-30 s
+under the load on a 2-CPU machine (depending on what else runs there), i.e. 70-300
+heartbeat periods per server: past the 32 gaps after which the coordinator's limit follows
+each server's p99, and several times the default 1 s limit. The load is 4 x the CPUs: at
+16 x the epoch took 94 s, too long for the suite (DH_TEST_BUSY_PER_CPU=16 runs it so). A
+larger epoch would only make the test slower; a shorter one would end before the limits
+were learned.
 """
+import json
 import os
 import subprocess
 import sys
@@ -27,12 +30,14 @@ import urllib.request
 
 import pytest
 
-import pydatasets
-from conftest import CLI, ROOT, torchrun_port
+from conftest import CLI, torchrun_port
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-BUSY_PER_CPU = 4
+# busy loops per CPU (DH_TEST_BUSY_PER_CPU=0: none, 16: the heavier load of the docs)
+BUSY_PER_CPU = int(os.environ.get("DH_TEST_BUSY_PER_CPU", "4"))
+SAMPLES, BATCH = 320, 8
+PIPELINE = '{"type": "synthetic", "cost": "sleep", "cpu_scale": 0.1, "bytes_scale": 0.01}'
 BUSY_MAX_S = 120  # a busy loop ends by itself after this, should this test be killed
 
 
@@ -98,45 +103,44 @@ def test_saturated_cpu_declares_no_server_dead(datahelix, tmp_path):
 
 
 def run_saturated_epoch(datahelix, tmp_path):
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, DH_PYTHON_EXE=sys.executable,
-               PYTHONPATH=os.pathsep.join([here, os.environ.get("DH_PYTHON_PATH") or
-                                           os.path.join(ROOT, "build", "python")]))
+    profiles, pipeline = tmp_path / "profiles.jsonl", tmp_path / "synthetic.json"
+    subprocess.run([CLI, "gen-profiles", "--mix", "kinetics-mixed", "--count", str(SAMPLES),
+                    "--seed", "7", "-o", str(profiles)], check=True, capture_output=True)
+    pipeline.write_text(PIPELINE)
     endpoint = f"tcp://127.0.0.1:{torchrun_port()}"
     ports = {k: tmp_path / f"{k}.port" for k in ("coordinator", "local", "sidecar")}
     metrics = ["--metrics-listen", "127.0.0.1:0", "--metrics-port-file"]
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ports}
-    # default liveness: neither --dead-after-ms nor --heartbeat-ms
-    procs = [subprocess.Popen([CLI, "coordinator", "--listen", endpoint] + metrics +
-                              [str(ports["coordinator"])], stderr=logs["coordinator"])]
-    dataset = ["--dataset", "pydatasets:make_liveness_clips"]
-    for key, role, node in (("local", "local", "n1"), ("sidecar", "remote", "n2")):
-        procs.append(subprocess.Popen(
-            [CLI, "server", "--coordinator", endpoint, "--role", role, "--node", node,
-             "--workers", "2", "--name", f"{node}-{key}"] + dataset + metrics +
-            [str(ports[key])], env=env, stderr=logs[key]))
-    busy = []
+    busy, procs = [], []
     try:
+        # saturated from before the servers start: their registration and the coordinator's
+        # first verdicts on them (before it has learned their jitter) happen under load too
+        busy.extend(saturate())
+        # default liveness: neither --dead-after-ms nor --heartbeat-ms
+        procs.append(subprocess.Popen([CLI, "coordinator", "--listen", endpoint] + metrics +
+                                      [str(ports["coordinator"])], stderr=logs["coordinator"]))
+        for key, role, node in (("local", "local", "n1"), ("sidecar", "remote", "n2")):
+            procs.append(subprocess.Popen(
+                [CLI, "server", "--coordinator", endpoint, "--role", role, "--node", node,
+                 "--workers", "2", "--name", f"{node}-{key}", "--pipeline", str(pipeline)] +
+                metrics + [str(ports[key])], stderr=logs[key]))
         port = {k: wait_for(lambda p=p: read_port(p), f"{k}'s metrics port file", procs)
                 for k, p in ports.items()}
         wait_for(lambda: value(scrape(port["coordinator"]),
                                "datahelix_coordinator_servers_alive") == 2,
                  "both DataServers registered", procs)
-
-        busy = saturate()
-        n = pydatasets.LIVENESS_SAMPLES
+        n = SAMPLES
         seen = []
         start = time.monotonic()
-        with datahelix.DataLoader(dataset=pydatasets.Clips(n=n, sleep_s=0.1), batch_size=4,
-                                  coordinator=endpoint, rank=0, world_size=1, node="n1",
-                                  timeout=60) as dl:
+        with datahelix.DataLoader(str(profiles), batch_size=BATCH, coordinator=endpoint,
+                                  rank=0, world_size=1, node="n1", timeout=60) as dl:
             for batch in dl:
-                seen.extend(int(x) for x in batch["label"])
+                seen.extend(batch["sample_ids"])
             client = dl.stats()
         epoch_s = time.monotonic() - start
         # the coordinator's book of the last batches, still under load
         coord = wait_for(lambda: (lambda c: c if value(
-            c, "datahelix_coordinator_delivered_total") >= n // 4 else None)(
+            c, "datahelix_coordinator_delivered_total") >= n // BATCH else None)(
                 scrape(port["coordinator"])), "the coordinator's reports", procs)
         for p in busy:
             p.kill()
@@ -155,8 +159,10 @@ def run_saturated_epoch(datahelix, tmp_path):
         for f in logs.values():
             f.close()
 
-    print(f"epoch of {n} samples under {len(busy)} busy loops: {epoch_s:.1f} s; heartbeat "
-          f"gaps (s, cumulative): {gap_buckets(coord)}")
+    print(f"epoch of {n} samples under {len(busy)} busy loops: {epoch_s:.1f} s; samples "
+          f"executed: local {value(local, 'datahelix_dataserver_samples_total'):.0f}, sidecar "
+          f"{value(sidecar, 'datahelix_dataserver_samples_total'):.0f}; heartbeat gaps (s, "
+          f"cumulative): {gap_buckets(coord)}")
     # (a) no server declared dead
     dead = value(coord, "datahelix_coordinator_servers_declared_dead_total")
     assert dead == 0, f"{dead:.0f} servers declared dead; heartbeat gaps {gap_buckets(coord)}"
@@ -169,5 +175,7 @@ def run_saturated_epoch(datahelix, tmp_path):
                 value(sidecar, "datahelix_dataserver_samples_total"))
     assert executed == n, f"{executed:.0f} samples executed for an epoch of {n}"
     # (c) the epoch completed with every sample, once
-    assert sorted(seen) == [i * 10 for i in range(n)]
+    ids = [json.loads(line)["id"] for line in profiles.read_text().splitlines() if line.strip()]
+    assert len(ids) == n and sorted(seen) == sorted(ids)
     assert client["samples"] == n and client["samples_failed"] == 0
+
