@@ -17,36 +17,25 @@ from .sources import _dataset_source, _pipeline_json, resolve_source
 
 
 # 0: the arena is sized by the C side (docs/runtime.md, "Prefetch in bytes"): what the
-# prefetch horizon needs, bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of
-# physical memory); its memfd is sparse, so it costs only what the batches in flight take.
+# prefetch horizon needs, bounded by the memory budget (_C.arena_budget_default():
+# DH_ARENA_BUDGET, else a quarter of physical memory or of the memory cgroup's limit); its
+# memfd is sparse, so it costs only what the batches in flight take.
 _DEFAULT_ARENA = 0
-
-
-def _arena_budget_bytes() -> int:
-    """The memory budget of an arena this process makes, as the C side reads it
-    (dh_arena_budget_default): DH_ARENA_BUDGET (bytes, K, M or G), else a quarter of
-    physical memory."""
-    text = os.environ.get("DH_ARENA_BUDGET", "").strip()
-    if text:
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-        digits = text[:-1] if scale > 1 else text
-        if digits.isdigit() and int(digits) > 0:
-            return int(digits) * scale
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
 def _set_arena_budget(arena_budget: Union[None, int, str]) -> None:
     """Sets the memory budget of the arenas this process makes (DH_ARENA_BUDGET, read by
-    the DataServer and the embedded client when arena_bytes is 0): bytes, or a string with
-    a K, M or G suffix (KiB, MiB, GiB). None leaves it as it is."""
+    the DataServer and the embedded client when arena_bytes is 0): bytes, or a byte count as
+    the C side parses it (_C.parse_bytes: digits with an optional K, M or G suffix). None
+    leaves it as it is."""
     if arena_budget is None:
         return
-    text = str(arena_budget).strip()
-    digits = text[:-1] if text[-1:].upper() in ("K", "M", "G") else text
-    if not digits.isdigit() or int(digits) <= 0:
+    if isinstance(arena_budget, bool) or not isinstance(arena_budget, (int, str)):
         raise InvalidArgumentError(
             f"arena_budget must be a byte count > 0 (e.g. 8 << 30, '8G', '512M'), "
             f"not {arena_budget!r}")
+    text = str(arena_budget)
+    _C.parse_bytes(text, "arena_budget")  # raises InvalidArgumentError naming it
     os.environ["DH_ARENA_BUDGET"] = text
 
 

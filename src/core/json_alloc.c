@@ -8,8 +8,10 @@
  * While a thread has a scratch block set, its jansson allocations are bump-allocated from it
  * (frees inside it are no-ops); a request too big for what is left falls back to dh_malloc.
  * Other threads are unaffected (the state is thread-local). */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -67,4 +69,16 @@ dh__json_scratch_t *dh__json_scratch_set(dh__json_scratch_t *scratch)
     dh__json_scratch_t *previous = json_scratch;
     json_scratch = scratch;
     return previous;
+}
+
+int dh__json_load_file(const char *path, json_t **root, json_error_t *jerr)
+{
+    dh__json_track_begin();
+    errno = 0;
+    *root = json_load_file(path, JSON_REJECT_DUPLICATES, jerr);
+    if (!*root && json_error_code(jerr) == json_error_cannot_open_file) {
+        int err = errno ? errno : EIO;
+        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+    }
+    return 0;
 }

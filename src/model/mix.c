@@ -223,14 +223,12 @@ out:
 
 static int mix_load_file(const char *path, dh_mix_t **out)
 {
-    dh__json_track_begin();
     json_error_t jerr;
-    errno = 0;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
-        int err = errno ? errno : EIO;
+    json_t *root;
+    int rc = dh__json_load_file(path, &root, &jerr);
+    if (rc) {
         *out = NULL;
-        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+        return rc;
     }
     return mix_from_json(root, &jerr, path, out);
 }

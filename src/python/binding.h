@@ -14,6 +14,8 @@
  *                          the client's fetcher thread, and PartTensor, the part feature_fn sees
  *   rebalance_spec.c       RebalanceSpec: a rebalance dict checked offline, its callbacks
  *                          called through the same trampolines
+ *   values.c               the values the C side owns, for python/datahelix: the arena budget,
+ *                          the byte-count parser, the profile row writer, the dtype table
  *
  * Every call that can block (creating a client, next(), closing) releases the GIL. Names
  * shared between these files are dh__py_* (docs/conventions.md, "Names"); nothing else
@@ -115,6 +117,11 @@ typedef struct dh__py_bridge {
     unsigned long errors;    /* callback failures so far */
 } dh__py_bridge_t;
 
+/* The keys of DataLoader(rebalance={...}) as a tuple (_C.REBALANCE_KEYS), or with
+ * `spec_only` those the binding's parse reads (_C.REBALANCE_SPEC_KEYS); NULL: an error is
+ * set. rebalance.c owns the list. */
+PyObject *dh__py_rebalance_keys(int spec_only);
+
 /* rebalance=None/False (off), True (the C defaults) or a dict (docs/python.md) ->
  * cfg->rebalance and the bridge behind its callbacks (*out, NULL when off; the caller's to
  * free). Returns 0 or -1 with an error set. */
@@ -162,5 +169,17 @@ extern PyTypeObject dh__py_coordinator_type;    /* servers.c */
 extern PyTypeObject dh__py_dataserver_type;     /* servers.c */
 extern PyTypeObject dh__py_part_tensor_type;    /* rebalance_callbacks.c */
 extern PyTypeObject dh__py_rebalance_spec_type; /* rebalance_spec.c */
+
+/* ---- the values the C side owns (values.c) ------------------------------------------- */
+
+/* arena_budget_default(), parse_bytes(text, what=), write_profiles(path, rows): entries of
+ * module.c's method table. */
+PyObject *dh__py_arena_budget_default(PyObject *m, PyObject *unused);
+PyObject *dh__py_parse_bytes(PyObject *m, PyObject *args, PyObject *kwargs);
+PyObject *dh__py_write_profiles(PyObject *m, PyObject *args);
+
+/* Adds the module's constants DTYPES, REBALANCE_KEYS and REBALANCE_SPEC_KEYS. Returns 0, or -1
+ * with an error set. */
+int dh__py_values_add(PyObject *m);
 
 #endif

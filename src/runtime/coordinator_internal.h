@@ -250,6 +250,10 @@ void dh__coord_check_liveness(dh_coordinator_t *c);
  * calls this, and the next decision refreshes its state. O(1). */
 void dh__coord_touch(dh_coordinator_t *c, int32_t idx);
 
+/* Takes request e's predicted work off server idx's queue (its executor reported it, or it
+ * never will: delivered first, or re-placed from a dead server), and touches the server. */
+void dh__coord_unqueue(dh_coordinator_t *c, int32_t idx, const entry_t *e);
+
 /* Replaces the link from node `from` to node `to` (c->links and the index). O(nodes). */
 void dh__coord_set_link(dh_coordinator_t *c, uint32_t from, uint32_t to, dh_link_t link);
 

@@ -191,15 +191,8 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
             target_dead = cl->node == s->node;
         }
         if (e->server == idx || (target_dead && e->server >= 0)) {
-            if (e->server >= 0 && e->server != idx && !e->executed) {
-                server_t *x = &c->servers[e->server];
-                if (x->queue_len)
-                    x->queue_len--;
-                x->queued_cpu_s -= e->pred_cpu_s;
-                if (x->queued_cpu_s < 0)
-                    x->queued_cpu_s = 0;
-                dh__coord_touch(c, e->server);
-            }
+            if (e->server >= 0 && e->server != idx && !e->executed)
+                dh__coord_unqueue(c, e->server, e);
             e->server = -1;
             e->executed = false;
             replaced++;
