@@ -19,6 +19,7 @@
 #include "datahelix/wire.h"
 #include "runtime/counters.h"
 #include "runtime/rt.h"
+#include "runtime/runtime_lib.h"
 
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
@@ -168,9 +169,8 @@ struct dh_client {
     uint64_t total;
 
     void *ctx;
-    dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL */
-    dh_coordinator_t *embedded_coord;
-    dh_dataserver_t *embedded_ds;
+    dh_wire_keys_t *keys;    /* CURVE (cfg.keys_dir), or NULL */
+    dh__cluster_t *embedded; /* no coordinator given: its own (runtime_lib.h), or NULL */
     dh_wire_socket_t *coord; /* sender thread after start */
     dh_wire_socket_t *data;  /* fetcher thread after start */
     int notice_fd;           /* fetcher thread after start; -1: none */
