@@ -87,13 +87,7 @@ static PyObject *Coordinator_stats(CoordinatorObject *self, PyObject *unused)
     }
     dh_coordinator_stats_t s;
     dh_coordinator_stats(self->coord, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "requests", (unsigned long long)s.requests,
-        "dispatches", (unsigned long long)s.dispatches, "redispatches",
-        (unsigned long long)s.redispatches, "completes", (unsigned long long)s.completes,
-        "delivered", (unsigned long long)s.delivered, "decisions", (unsigned long long)s.decisions,
-        "servers_alive", (unsigned long long)s.servers_alive, "clients",
-        (unsigned long long)s.clients, "sched_s", s.sched_s);
+    return dh__py_stats_dict(DH_METRICS_COORDINATOR, &s);
 }
 
 static PyMethodDef Coordinator_methods[] = {
@@ -210,18 +204,7 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
         return NULL;
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
-        (unsigned long long)s.tasks, "samples", (unsigned long long)s.samples, "sample_errors",
-        (unsigned long long)s.sample_errors, "delivered_local",
-        (unsigned long long)s.delivered_local, "delivered_forwarded",
-        (unsigned long long)s.delivered_forwarded, "forwarded", (unsigned long long)s.forwarded,
-        "bytes_forwarded", (unsigned long long)s.bytes_forwarded, "bytes_received",
-        (unsigned long long)s.bytes_received, "bytes_cross_node",
-        (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
-        "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
-        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent,
-        "output_waits", (unsigned long long)s.output_waits);
+    return dh__py_stats_dict(DH_METRICS_DATASERVER, &s);
 }
 
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)
