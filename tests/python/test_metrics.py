@@ -177,6 +177,9 @@ def run_cluster_and_check(datahelix, tmp_path):
             assert value(local_mid, "datahelix_dataserver_arena_allocations_live") > 0
             rest = list(it)
             client_stats = dl.stats()
+            # stats()'s keys are the client table's rows with a value (C's, in its order)
+            assert list(client_stats) == [key for key, kind, *_ in
+                                          datahelix._C.Client.metrics_table() if kind != "metric"]
             # the loader's own registry: rendered and served, and parsed the same way
             client_text = datahelix.metrics.render(client_stats, labels={"rank": "0"})
             client = {f.name: f for f in
@@ -303,6 +306,25 @@ def test_render_of_client_stats(datahelix):
     assert fams["datahelix_client_future_key"].samples[0].value == 7  # unknown: a gauge
     assert "note" not in text
     assert datahelix.metrics.render({}) == ""
+
+
+def test_the_client_table_and_writer_are_c_s(datahelix):
+    """METRICS is the C table's (src/runtime/stats_table.h); render() is the daemons' writer:
+    values in the fewest digits that read back, labels sorted, an unknown key a gauge with a
+    valid name, a bad label name a ValueError."""
+    table = datahelix._C.Client.metrics_table()
+    assert datahelix.metrics.METRICS == {key: (metric, kind, help_text)
+                                         for key, _, metric, kind, _, help_text in table if metric}
+    assert {"wait_s", "prefetch_now", "rebalance_s_p95", "rebalance_callback_errors",
+            "bytes_outstanding"} <= set(datahelix.metrics.METRICS)
+    text = datahelix.metrics.render({"wait_s": 0.1, "odd key-é": 2, "copy_bytes": False},
+                                    labels={"rank": 3, "job": "j"})
+    assert 'datahelix_client_wait_seconds_total{job="j",rank="3"} 0.1\n' in text
+    assert 'datahelix_client_odd_key___{job="j",rank="3"} 2\n' in text
+    assert 'datahelix_client_copy_bytes_total{job="j",rank="3"} 0\n' in text
+    prometheus_parser.text_string_to_metric_families(text)
+    with pytest.raises(ValueError):
+        datahelix.metrics.render({"batches": 1}, labels={"bad-label": "x"})
 
 
 def test_the_dashboard_and_the_docs_name_only_metrics_that_exist():
