@@ -68,6 +68,11 @@ static inline int dh__py_dict_set_steal(PyObject *d, const char *key, PyObject *
  * doubles as floats). A new reference, or NULL with an exception set. */
 PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats);
 
+/* The table of `of` as a tuple of (key, kind, metric, type, label, help) rows, kind one of
+ * counter, seconds, u64, f64, binding, metric; metric, type, label and help may be None
+ * (the metrics_table() static methods of Client, Coordinator and DataServer). */
+PyObject *dh__py_metrics_table(dh_metrics_of_t of);
+
 /* ---- tensor views (batch.c): Tensor's, and PartTensor's (rebalance_callbacks.c) ------- */
 
 /* The buffer protocol's shape, byte strides and format of tensor t (format: 2 chars, "" when

@@ -272,13 +272,11 @@ PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats)
     return d;
 }
 
-/* Client.metrics_table() -> ((key, kind, metric, type, label, help), ...): the client's
- * table (datahelix/metrics.h); metric, type, label and help may be None. */
-static PyObject *Client_metrics_table(PyObject *unused_cls, PyObject *unused)
+PyObject *dh__py_metrics_table(dh_metrics_of_t of)
 {
     static const char *const kinds[] = {"counter", "seconds", "u64", "f64", "binding", "metric"};
     size_t n;
-    const dh_metric_desc_t *t = dh_metrics_table(DH_METRICS_CLIENT, &n);
+    const dh_metric_desc_t *t = dh_metrics_table(of, &n);
     PyObject *out = PyTuple_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
         PyObject *row = Py_BuildValue("(sszzzz)", t[i].key, kinds[t[i].kind], t[i].metric,
@@ -289,6 +287,11 @@ static PyObject *Client_metrics_table(PyObject *unused_cls, PyObject *unused)
             PyTuple_SET_ITEM(out, (Py_ssize_t)i, row);
     }
     return out;
+}
+
+static PyObject *Client_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_CLIENT);
 }
 
 /* The row of the client's table named `key` with a metric, or NULL. */

@@ -90,9 +90,17 @@ static PyObject *Coordinator_stats(CoordinatorObject *self, PyObject *unused)
     return dh__py_stats_dict(DH_METRICS_COORDINATOR, &s);
 }
 
+static PyObject *Coordinator_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_COORDINATOR);
+}
+
 static PyMethodDef Coordinator_methods[] = {
     {"close", (PyCFunction)Coordinator_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)Coordinator_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)Coordinator_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the coordinator's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -238,9 +246,17 @@ static PyObject *DataServer_get_endpoint(DataServerObject *self, void *unused)
     return PyUnicode_FromString(dh_dataserver_endpoint(self->ds));
 }
 
+static PyObject *DataServer_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_DATASERVER);
+}
+
 static PyMethodDef DataServer_methods[] = {
     {"close", (PyCFunction)DataServer_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)DataServer_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)DataServer_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the DataServer's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {"arena_stats", (PyCFunction)DataServer_arena_stats, METH_NOARGS,
      "arena_stats() -> dict: slabs and allocations of its shared-memory arena"},
     {NULL, NULL, 0, NULL},

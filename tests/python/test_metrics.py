@@ -18,58 +18,15 @@ from conftest import CLI, ROOT, torchrun_port
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-COORDINATOR_METRICS = [
-    "datahelix_coordinator_decisions_total",
-    "datahelix_coordinator_deadline_misses_total",
-    "datahelix_coordinator_requests_total",
-    "datahelix_coordinator_dispatches_total",
-    "datahelix_coordinator_redispatches_total",
-    "datahelix_coordinator_completes_total",
-    "datahelix_coordinator_delivered_total",
-    "datahelix_coordinator_servers_alive",
-    "datahelix_coordinator_servers_declared_dead_total",
-    "datahelix_coordinator_client_registrations_total",
-    "datahelix_coordinator_rebalance_rounds_total",
-    "datahelix_coordinator_sched_seconds_total",
-    "datahelix_coordinator_book_requests",
-    "datahelix_coordinator_late_reports_requests",
-    "datahelix_coordinator_heartbeat_gap_seconds",
-    "datahelix_coordinator_cpu_actual_over_predicted_ratio",
-    "datahelix_coordinator_cpu_prediction_abs_error_seconds",
-    "datahelix_coordinator_ready_prediction_abs_error_seconds",
-    "datahelix_coordinator_server_alive",
-    "datahelix_coordinator_server_queue_depth",
-    "datahelix_coordinator_server_queued_work_seconds",
-    "datahelix_coordinator_server_speed_factor",
-    "datahelix_coordinator_server_silence_seconds",
-]
 
-DATASERVER_METRICS = [
-    "datahelix_dataserver_info",
-    "datahelix_dataserver_tasks_total",
-    "datahelix_dataserver_samples_total",
-    "datahelix_dataserver_sample_errors_total",
-    "datahelix_dataserver_batches_delivered_total",
-    "datahelix_dataserver_forwarded_batches_total",
-    "datahelix_dataserver_forwarded_bytes_total",
-    "datahelix_dataserver_cross_node_bytes_total",
-    "datahelix_dataserver_received_bytes_total",
-    "datahelix_dataserver_arena_waits_total",
-    "datahelix_dataserver_arena_spills_total",
-    "datahelix_dataserver_undeliverable_total",
-    "datahelix_dataserver_rebalance_sent_total",
-    "datahelix_dataserver_queue_depth",
-    "datahelix_dataserver_queued_work_seconds",
-    "datahelix_dataserver_workers",
-    "datahelix_dataserver_worker_busy_seconds_total",
-    "datahelix_dataserver_worker_busy_ratio",
-    "datahelix_dataserver_arena_size_bytes",
-    "datahelix_dataserver_arena_used_bytes",
-    "datahelix_dataserver_arena_slabs_used",
-    "datahelix_dataserver_arena_slabs",
-    "datahelix_dataserver_arena_allocations_live",
-    "datahelix_dataserver_cpu_actual_over_predicted_ratio",
-]
+def table_metrics(table):
+    """The families a daemon's table (src/runtime/stats_table.h, through _C) says it serves,
+    each once (the rows of one labelled family share it)."""
+    return list(dict.fromkeys(metric for _, _, metric, _, _, _ in table if metric))
+
+
+COORDINATOR_METRICS = table_metrics(datahelix._C.Coordinator.metrics_table())
+DATASERVER_METRICS = table_metrics(datahelix._C.DataServer.metrics_table())
 
 
 def wait_for(cond, what, procs=(), timeout=30.0):
