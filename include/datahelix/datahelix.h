@@ -15,6 +15,7 @@
 #include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/manifest.h"
+#include "datahelix/metrics.h"
 #include "datahelix/mix.h"
 #include "datahelix/pipeline.h"
 #include "datahelix/place.h"

@@ -6,7 +6,8 @@
  *                          table (error.h), the module-level functions, PyInit__C
  *   batch.c                Batch (dh_client_batch_t) and Tensor, one tensor of a batch: the
  *                          buffer protocol and __dlpack__ (CPU), zero-copy views of the arena
- *   client.c               Client (dh_client_t): next() -> Batch, stats(), plan(), close()
+ *   client.c               Client (dh_client_t): next() -> Batch, stats(), plan(), close();
+ *                          the stats dicts and a rank's metrics text, from the C tables
  *   servers.c              Coordinator and DataServer as threads of this process
  *   rebalance.c            tier 2's bridge: the rebalance= dict parsed into the C config and the
  *                          bridge that owns the callables; a callback failure raised by next()
@@ -32,6 +33,7 @@
 
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/metrics.h"
 
 /* ---- errors (module.c) ---------------------------------------------------------------- */
 
@@ -58,6 +60,18 @@ static inline int dh__py_dict_set_steal(PyObject *d, const char *key, PyObject *
     Py_DECREF(value);
     return rc;
 }
+
+/* ---- stats (client.c) ----------------------------------------------------------------- */
+
+/* A stats() dict from the table of `of` (datahelix/metrics.h) and its public stats struct
+ * `stats`: one key per row with a field, in the table's order (ints, seconds and other
+ * doubles as floats). A new reference, or NULL with an exception set. */
+PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats);
+
+/* The table of `of` as a tuple of (key, kind, metric, type, label, help) rows, kind one of
+ * counter, seconds, u64, f64, binding, metric; metric, type, label and help may be None
+ * (the metrics_table() static methods of Client, Coordinator and DataServer). */
+PyObject *dh__py_metrics_table(dh_metrics_of_t of);
 
 /* ---- tensor views (batch.c): Tensor's, and PartTensor's (rebalance_callbacks.c) ------- */
 

@@ -87,18 +87,20 @@ static PyObject *Coordinator_stats(CoordinatorObject *self, PyObject *unused)
     }
     dh_coordinator_stats_t s;
     dh_coordinator_stats(self->coord, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "requests", (unsigned long long)s.requests,
-        "dispatches", (unsigned long long)s.dispatches, "redispatches",
-        (unsigned long long)s.redispatches, "completes", (unsigned long long)s.completes,
-        "delivered", (unsigned long long)s.delivered, "decisions", (unsigned long long)s.decisions,
-        "servers_alive", (unsigned long long)s.servers_alive, "clients",
-        (unsigned long long)s.clients, "sched_s", s.sched_s);
+    return dh__py_stats_dict(DH_METRICS_COORDINATOR, &s);
+}
+
+static PyObject *Coordinator_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_COORDINATOR);
 }
 
 static PyMethodDef Coordinator_methods[] = {
     {"close", (PyCFunction)Coordinator_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)Coordinator_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)Coordinator_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the coordinator's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -210,18 +212,7 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
         return NULL;
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
-        (unsigned long long)s.tasks, "samples", (unsigned long long)s.samples, "sample_errors",
-        (unsigned long long)s.sample_errors, "delivered_local",
-        (unsigned long long)s.delivered_local, "delivered_forwarded",
-        (unsigned long long)s.delivered_forwarded, "forwarded", (unsigned long long)s.forwarded,
-        "bytes_forwarded", (unsigned long long)s.bytes_forwarded, "bytes_received",
-        (unsigned long long)s.bytes_received, "bytes_cross_node",
-        (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
-        "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
-        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent,
-        "output_waits", (unsigned long long)s.output_waits);
+    return dh__py_stats_dict(DH_METRICS_DATASERVER, &s);
 }
 
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)
@@ -255,9 +246,17 @@ static PyObject *DataServer_get_endpoint(DataServerObject *self, void *unused)
     return PyUnicode_FromString(dh_dataserver_endpoint(self->ds));
 }
 
+static PyObject *DataServer_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_DATASERVER);
+}
+
 static PyMethodDef DataServer_methods[] = {
     {"close", (PyCFunction)DataServer_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)DataServer_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)DataServer_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the DataServer's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {"arena_stats", (PyCFunction)DataServer_arena_stats, METH_NOARGS,
      "arena_stats() -> dict: slabs and allocations of its shared-memory arena"},
     {NULL, NULL, 0, NULL},

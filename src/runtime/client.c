@@ -127,8 +127,7 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     const dh__client_counters_t *in = &c->counters;
-    DH__CLIENT_COUNTERS(DH__COUNTER_READ)
-    out->wait_s = (double)dh__counter_get(&in->wait_ns) * 1e-9;
+    DH__CLIENT_STATS(DH__STAT_READ)
     pthread_mutex_lock((pthread_mutex_t *)&c->lock);
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
@@ -607,7 +606,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     uint64_t now = dh_clock_now_ns();
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
-    dh__count(&c->counters.wait_ns, now - entry);
+    dh__count(&c->counters.wait_s_ns, now - entry);
     uint64_t arrived_ns = 0;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].received_ns > arrived_ns)

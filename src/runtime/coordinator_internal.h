@@ -19,6 +19,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "runtime/counters.h"
+#include "runtime/stats_table.h"
 
 #define MAX_NODES 64
 #define NAME_CAP 128
@@ -79,23 +80,10 @@ typedef struct entry {
     double pred_c_cpu_s, pred_t_s, deadline_s, profile_cpu_s;
 } entry_t;
 
-/* The coordinator's counters (counters.h), named as in dh_coordinator_stats_t (servers_alive
- * is a gauge); sched_ns is its sched_s. */
-#define DH__COORD_COUNTERS(XX)                                                                     \
-    XX(requests)                                                                                   \
-    XX(dispatches)                                                                                 \
-    XX(redispatches)                                                                               \
-    XX(completes)                                                                                  \
-    XX(delivered)                                                                                  \
-    XX(decisions)                                                                                  \
-    XX(servers_alive)                                                                              \
-    XX(servers_dead_declared)                                                                      \
-    XX(clients)                                                                                    \
-    XX(rebalance_rounds)
-
+/* The coordinator's counters (counters.h): one per COUNTER or SECONDS row of its table
+ * (stats_table.h; servers_alive is a gauge; sched_s_ns: time deciding, refresh and decision). */
 typedef struct dh__coord_counters {
-    DH__COORD_COUNTERS(DH__COUNTER_FIELD)
-    dh__counter_t sched_ns; /* time deciding (refresh and decision), total */
+    DH__COORD_STATS(DH__STAT_COUNTER_FIELD)
 } dh__coord_counters_t;
 
 struct dh_coordinator {

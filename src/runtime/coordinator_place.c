@@ -281,7 +281,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
         rc = dh_place(&c->cfg.place, &snap, &req, &d);
     }
     dh__count(&c->counters.decisions, 1);
-    dh__count(&c->counters.sched_ns, refresh_ns + (dh_clock_now_ns() - t0));
+    dh__count(&c->counters.sched_s_ns, refresh_ns + (dh_clock_now_ns() - t0));
     dh__coord_metrics_decision(c, rc, &d);
     if (c->place_check)
         check_decision(c, &req, &d, rc);
