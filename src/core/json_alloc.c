@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "datahelix/alloc.h"
+#include "datahelix/error.h"
 #include "core/internal.h"
 
 static _Thread_local bool json_alloc_failed;
@@ -80,5 +81,17 @@ int dh__json_load_file(const char *path, json_t **root, json_error_t *jerr)
         int err = errno ? errno : EIO;
         return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
     }
+    return 0;
+}
+
+int dh__json_check(json_t *root, const json_error_t *jerr, const char *source)
+{
+    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
+        json_decref(root);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
+    }
+    if (!root)
+        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
+                             jerr->text, jerr->column);
     return 0;
 }

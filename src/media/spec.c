@@ -267,14 +267,10 @@ static int parse_root(json_t *root, const char *source, dh_pipeline_spec_t *out)
 static int finish(json_t *root, const json_error_t *jerr, const char *source,
                   dh_pipeline_spec_t *spec)
 {
-    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
-        json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
-    }
-    if (!root)
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
-                             jerr->text, jerr->column);
-    int rc = parse_root(root, source, spec);
+    int rc = dh__json_check(root, jerr, source);
+    if (rc)
+        return rc;
+    rc = parse_root(root, source, spec);
     json_decref(root);
     return rc;
 }

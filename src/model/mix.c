@@ -186,14 +186,9 @@ static int entry_parse(const char *path, size_t i, json_t *obj, dh_mix_entry_t *
 static int mix_from_json(json_t *root, const json_error_t *jerr, const char *source, dh_mix_t **out)
 {
     *out = NULL;
-    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
-        json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
-    }
-    if (!root)
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
-                             jerr->text, jerr->column);
-    int rc = 0;
+    int rc = dh__json_check(root, jerr, source);
+    if (rc)
+        return rc;
     dh_mix_t *mix = NULL;
     if (!json_is_array(root)) {
         rc = dh__set_error(DH_ESCHEMA,
