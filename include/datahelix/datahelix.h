@@ -7,6 +7,7 @@
 
 #include "datahelix/alloc.h"
 #include "datahelix/calibrate.h"
+#include "datahelix/cluster.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"

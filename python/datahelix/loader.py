@@ -376,15 +376,10 @@ class DataLoader:
         Python worker processes live as long as the loader."""
         if self._cluster is None:
             a = self._cluster_args
-            coord = _C.Coordinator("tcp://127.0.0.1:*", policy=a["policy"], **a["auth"])
-            try:
-                server = _C.DataServer(coord.endpoint, self._client_kwargs["node"],
-                                       workers=a["workers"], pipeline_json=pipeline_json,
-                                       arena_bytes=a["arena_bytes"], **a["auth"])
-            except BaseException:
-                coord.close()
-                raise
-            self._cluster = Cluster(coord, coord.endpoint, server)
+            self._cluster = Cluster(_C.Cluster(
+                listen="tcp://127.0.0.1:*", policy=a["policy"],
+                node=self._client_kwargs["node"], workers=a["workers"],
+                pipeline_json=pipeline_json, arena_bytes=a["arena_bytes"], **a["auth"]))
         return self._cluster
 
     def _close_client(self) -> None:

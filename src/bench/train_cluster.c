@@ -1,8 +1,8 @@
 /* train_cluster.c: the in-process cluster `bench` runs one system on (train_cluster.h): a
  * coordinator and the system's DataServers as threads of this process, over inproc://
  * endpoints of one ZeroMQ context, each local server with its arena sized for its ranks.
- * The runtime's starter (runtime/runtime_lib.h, cluster_start.c) makes, starts and stops them;
- * this file chooses the servers, their CPUs and arenas. */
+ * The runtime's starter (include/datahelix/cluster.h, src/runtime/cluster_start.c) makes, starts
+ * and stops them; this file chooses the servers, their CPUs and arenas. */
 #include "bench/train_cluster.h"
 
 #include <stdio.h>
@@ -23,7 +23,7 @@ static double link_Bps(const dh_bench_options_t *opt)
 
 void dh_bench_cluster_stop(dh_bench_cluster_t *c)
 {
-    dh__cluster_destroy(&c->cluster);
+    dh_cluster_destroy(&c->cluster);
     memset(c, 0, sizeof *c);
 }
 
@@ -77,7 +77,7 @@ static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint
 }
 
 /* Server i of the list: its role, node, name, workers and CPUs. */
-static void add_server(dh__cluster_server_t *servers, char (*names)[2][64], size_t i,
+static void add_server(dh_cluster_server_t *servers, char (*names)[2][64], size_t i,
                        dh_ds_role_t role, const char *node_fmt, const char *name_fmt,
                        uint32_t index, uint32_t workers, uint64_t cpus)
 {
@@ -106,7 +106,7 @@ int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
     int rc = bench_arena_bytes(opt, c->ranks_per_arena, c->arenas, &arena_bytes);
     if (rc)
         return rc;
-    dh__cluster_server_t *servers = dh_calloc(n ? n : 1, sizeof *servers);
+    dh_cluster_server_t *servers = dh_calloc(n ? n : 1, sizeof *servers);
     char(*names)[2][64] = dh_calloc(n ? n : 1, sizeof *names);
     if (!servers || !names) {
         rc = dh__set_error(DH_ENOMEM, "bench: out of memory for %zu DataServers", n);
@@ -149,21 +149,21 @@ int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
             opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
         c->cores += servers[i].workers;
     }
-    dh__cluster_config_t cc;
-    dh__cluster_config_default(&cc);
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
     cc.policy = sp->policy;
     cc.dead_after_ms = 10000; /* a loaded 2-core machine must not fake deaths */
     cc.pipeline_json = pipeline_json;
     cc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
     cc.servers = servers;
     cc.n_servers = n;
-    if ((rc = dh__cluster_new(&c->cluster, &cc)))
+    if ((rc = dh_cluster_new(&c->cluster, &cc)))
         goto done;
-    c->ctx = dh__cluster_zmq_ctx(c->cluster);
-    c->coord = dh__cluster_coordinator(c->cluster);
+    c->ctx = dh_cluster_zmq_ctx(c->cluster);
+    c->coord = dh_cluster_coordinator(c->cluster);
     /* every server registered before the first request */
-    if ((rc = dh__cluster_start(c->cluster)) ||
-        (rc = dh__cluster_wait_registered(c->cluster, NULL, 20000))) {
+    if ((rc = dh_cluster_start(c->cluster)) ||
+        (rc = dh_cluster_wait_registered(c->cluster, NULL, 20000))) {
         char why[512]; /* copied: the message is rewritten from the same buffer */
         snprintf(why, sizeof why, "%s", dh_last_error());
         rc = dh__set_error(rc, "bench: %s: %s", sp->name, why);

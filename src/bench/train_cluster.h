@@ -9,14 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "datahelix/cluster.h"
 #include "datahelix/runtime.h"
 #include "bench/experiment.h"
-#include "runtime/runtime_lib.h"
 
 #define DH_BENCH_MAX_SERVERS 256
 
 typedef struct dh_bench_cluster {
-    dh__cluster_t *cluster;   /* the coordinator and the servers (runtime_lib.h) */
+    dh_cluster_t *cluster;    /* the coordinator and the servers (include/datahelix/cluster.h) */
     void *ctx;                /* its ZeroMQ context, of every endpoint (borrowed) */
     dh_coordinator_t *coord;  /* its coordinator (borrowed) */
     uint32_t cores;           /* workers of every server */
@@ -33,7 +33,7 @@ int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
                            const dh_bench_system_t *sp, const char *pipeline_json);
 
 /* Stops every server at once, then destroys them, the coordinator and the context
- * (dh__cluster_destroy). Safe on a cluster whose start failed part-way. */
+ * (dh_cluster_destroy). Safe on a cluster whose start failed part-way. */
 void dh_bench_cluster_stop(dh_bench_cluster_t *c);
 
 #endif

@@ -12,12 +12,12 @@
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
+#include "datahelix/cluster.h"
 #include "datahelix/error.h"
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
 #include "datahelix/wire.h"
 #include "bench/transport_bench.h"
-#include "runtime/runtime_lib.h"
 
 #define SYNTH_NONE "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":1}"
 
@@ -39,19 +39,19 @@ static int write_profiles(const char *path, size_t count, uint64_t bytes)
 }
 
 typedef struct stack {
-    dh__cluster_t *cluster; /* its coordinator, the local DataServer, the sidecar */
+    dh_cluster_t *cluster; /* its coordinator, the local DataServer, the sidecar */
 } stack_t_;
 
 static void stack_stop(stack_t_ *s)
 {
-    dh__cluster_destroy(&s->cluster);
+    dh_cluster_destroy(&s->cluster);
 }
 
 /* keys_dir: CURVE on every tcp:// socket of the stack and the client (NULL: plaintext). */
 static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes, const char *keys_dir)
 {
     memset(s, 0, sizeof *s);
-    dh__cluster_server_t servers[2] = {
+    dh_cluster_server_t servers[2] = {
         /* delivery only when the sidecar executes */
         {.role = DH_DS_LOCAL,
          .node = "bench-node",
@@ -64,16 +64,16 @@ static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes, cons
          .workers = 2,
          .arena_bytes = arena_bytes},
     };
-    dh__cluster_config_t cc;
-    dh__cluster_config_default(&cc);
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
     cc.listen = "tcp://127.0.0.1:*";
     cc.policy = DH_POLICY_LEAST_REQUEST;
     cc.keys_dir = keys_dir;
     cc.pipeline_json = SYNTH_NONE;
     cc.servers = servers;
     cc.n_servers = with_remote ? 2 : 1;
-    int rc = dh__cluster_new(&s->cluster, &cc);
-    if (rc || (rc = dh__cluster_start(s->cluster)))
+    int rc = dh_cluster_new(&s->cluster, &cc);
+    if (rc || (rc = dh_cluster_start(s->cluster)))
         stack_stop(s);
     return rc;
 }
@@ -84,7 +84,7 @@ static int open_client(stack_t_ *s, const char *profiles, uint32_t prefetch, con
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     cfg.keys_dir = keys_dir;
-    cfg.coordinator = dh__cluster_endpoint(s->cluster);
+    cfg.coordinator = dh_cluster_endpoint(s->cluster);
     cfg.profiles = profiles;
     cfg.node = "bench-node";
     cfg.batch = 1;

@@ -8,7 +8,9 @@
  *                          buffer protocol and __dlpack__ (CPU), zero-copy views of the arena
  *   client.c               Client (dh_client_t): next() -> Batch, stats(), plan(), close();
  *                          the stats dicts and a rank's metrics text, from the C tables
- *   servers.c              Coordinator and DataServer as threads of this process
+ *   cluster.c              Cluster (dh_cluster_t): a coordinator and/or a DataServer started
+ *                          and stopped as one in-process cluster (start_cluster, torchrun)
+ *   servers.c              Coordinator and DataServer, each alone, as threads of this process
  *   rebalance.c            tier 2's bridge: the rebalance= dict parsed into the C config and the
  *                          bridge that owns the callables; a callback failure raised by next()
  *   rebalance_callbacks.c  the C trampolines that call feature_fn, sort_fn and exchange_fn on
@@ -34,6 +36,7 @@
 #include "datahelix/client.h"
 #include "datahelix/error.h"
 #include "datahelix/metrics.h"
+#include "datahelix/shm.h"
 
 /* ---- errors (module.c) ---------------------------------------------------------------- */
 
@@ -72,6 +75,10 @@ PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats);
  * counter, seconds, u64, f64, binding, metric; metric, type, label and help may be None
  * (the metrics_table() static methods of Client, Coordinator and DataServer). */
 PyObject *dh__py_metrics_table(dh_metrics_of_t of);
+
+/* A DataServer's arena counters as a dict (servers.c; DataServer and Cluster). New
+ * reference, or NULL with an exception set. */
+PyObject *dh__py_arena_stats_dict(const dh_shm_arena_stats_t *s);
 
 /* ---- tensor views (batch.c): Tensor's, and PartTensor's (rebalance_callbacks.c) ------- */
 
@@ -179,6 +186,7 @@ extern const double dh__py_feature_unused;
 extern PyTypeObject dh__py_batch_type;          /* batch.c */
 extern PyTypeObject dh__py_tensor_type;         /* batch.c */
 extern PyTypeObject dh__py_client_type;         /* client.c */
+extern PyTypeObject dh__py_cluster_type;        /* cluster.c */
 extern PyTypeObject dh__py_coordinator_type;    /* servers.c */
 extern PyTypeObject dh__py_dataserver_type;     /* servers.c */
 extern PyTypeObject dh__py_part_tensor_type;    /* rebalance_callbacks.c */

@@ -308,18 +308,18 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__C(void);
 PyMODINIT_FUNC PyInit__C(void)
 {
-    PyTypeObject *types[] = {&dh__py_batch_type,         &dh__py_tensor_type,
-                             &dh__py_client_type,        &dh__py_coordinator_type,
-                             &dh__py_dataserver_type,    &dh__py_part_tensor_type,
-                             &dh__py_rebalance_spec_type};
+    PyTypeObject *types[] = {&dh__py_batch_type,          &dh__py_tensor_type,
+                             &dh__py_client_type,         &dh__py_coordinator_type,
+                             &dh__py_dataserver_type,     &dh__py_part_tensor_type,
+                             &dh__py_rebalance_spec_type, &dh__py_cluster_type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    const char *names[] = {"Batch",      "Tensor",     "Client",       "Coordinator",
-                           "DataServer", "PartTensor", "RebalanceSpec"};
+    const char *names[] = {"Batch",      "Tensor",     "Client",        "Coordinator",
+                           "DataServer", "PartTensor", "RebalanceSpec", "Cluster"};
     _Static_assert(sizeof names / sizeof names[0] == sizeof types / sizeof types[0],
                    "a name per type");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {

@@ -1,6 +1,7 @@
 /* servers.c: Coordinator and DataServer, dh_coordinator_t and dh_dataserver_t run as threads
- * of this process (for a node's shared DataServer under torchrun, and for tests): start on
- * __init__, stop on close() or when freed, their counters as dicts.
+ * of this process one at a time (for tests and programs that hold one part; start_cluster and
+ * the torchrun job use cluster.c's Cluster): start on __init__, stop on close() or when freed,
+ * their counters as dicts.
  */
 #include "binding.h"
 
@@ -215,6 +216,17 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
     return dh__py_stats_dict(DH_METRICS_DATASERVER, &s);
 }
 
+PyObject *dh__py_arena_stats_dict(const dh_shm_arena_stats_t *s)
+{
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes", (unsigned long long)s->size_bytes,
+        "slab_size", (unsigned long long)s->slab_size, "slabs_total",
+        (unsigned long long)s->slabs_total, "slabs_used", (unsigned long long)s->slabs_used,
+        "slabs_reclaimable", (unsigned long long)s->slabs_reclaimable, "allocations_live",
+        (unsigned long long)s->allocations_live, "allocations_reclaimable",
+        (unsigned long long)s->allocations_reclaimable);
+}
+
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)
 {
     if (ds_check(self) < 0)
@@ -223,13 +235,7 @@ static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused
     int rc = dh_dataserver_arena_stats(self->ds, &s);
     if (rc < 0)
         return dh__py_raise_dh(rc, "arena_stats");
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes", (unsigned long long)s.size_bytes,
-        "slab_size", (unsigned long long)s.slab_size, "slabs_total",
-        (unsigned long long)s.slabs_total, "slabs_used", (unsigned long long)s.slabs_used,
-        "slabs_reclaimable", (unsigned long long)s.slabs_reclaimable, "allocations_live",
-        (unsigned long long)s.allocations_live, "allocations_reclaimable",
-        (unsigned long long)s.allocations_reclaimable);
+    return dh__py_arena_stats_dict(&s);
 }
 
 static PyObject *DataServer_get_name(DataServerObject *self, void *unused)

@@ -248,8 +248,8 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
 {
     static atomic_uint counter;
     unsigned n = atomic_fetch_add(&counter, 1);
-    dh__cluster_config_t cc;
-    dh__cluster_config_default(&cc);
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
     cc.zmq_ctx = c->ctx;
     if (cfg->policy && dh_policy_from_name(cfg->policy, &cc.policy) != 0)
         return dh__set_error(DH_EINVAL, "client: unknown placement policy '%s'", cfg->policy);
@@ -257,7 +257,7 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
     cc.pipeline_json = cfg->pipeline_json;
     char name[NAME_CAP + 32];
     snprintf(name, sizeof name, "%.100s-embedded-%u", c->node, n);
-    dh__cluster_server_t server = {
+    dh_cluster_server_t server = {
         .role = DH_DS_LOCAL,
         .node = c->node,
         .name = name,
@@ -269,9 +269,9 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
     cc.servers = &server;
     cc.n_servers = 1;
     /* no wait for its HELLO: the client's own HELLO waits until the coordinator names it */
-    if ((rc = dh__cluster_new(&c->embedded, &cc)) || (rc = dh__cluster_start(c->embedded)))
+    if ((rc = dh_cluster_new(&c->embedded, &cc)) || (rc = dh_cluster_start(c->embedded)))
         return rc;
-    snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", dh__cluster_endpoint(c->embedded));
+    snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", dh_cluster_endpoint(c->embedded));
     if (!c->cfg.out_bytes_scale) { /* its pipeline says how big the outputs are */
         dh__rt_pipeline_t p;
         if (dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_path, &p) == 0)
@@ -730,7 +730,7 @@ void dh_client_destroy(dh_client_t **pc)
         close(c->notice_fd);
     for (size_t i = 0; i < c->n_arenas; i++)
         dh__client_arena_ref_drop(c->arenas[i]);
-    dh__cluster_destroy(&c->embedded);
+    dh_cluster_destroy(&c->embedded);
     dh_wire_keys_destroy(&c->keys);
     if (c->ctx && !c->cfg.zmq_ctx)
         zmq_ctx_term(c->ctx);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "datahelix/client.h"
+#include "datahelix/cluster.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
@@ -19,7 +20,6 @@
 #include "datahelix/wire.h"
 #include "runtime/counters.h"
 #include "runtime/rt.h"
-#include "runtime/runtime_lib.h"
 #include "runtime/stats_table.h"
 
 #define NAME_CAP 128
@@ -150,8 +150,9 @@ struct dh_client {
     uint64_t total;
 
     void *ctx;
-    dh_wire_keys_t *keys;    /* CURVE (cfg.keys_dir), or NULL */
-    dh__cluster_t *embedded; /* no coordinator given: its own (runtime_lib.h), or NULL */
+    dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL */
+    dh_cluster_t
+        *embedded; /* no coordinator given: its own (include/datahelix/cluster.h), or NULL */
     dh_wire_socket_t *coord; /* sender thread after start */
     dh_wire_socket_t *data;  /* fetcher thread after start */
     int notice_fd;           /* fetcher thread after start; -1: none */

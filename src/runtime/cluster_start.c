@@ -1,10 +1,10 @@
-/* cluster_start.c: the in-process cluster (runtime_lib.h; docs/runtime.md, "In-process clusters"):
- * a coordinator (or an existing one joined) and a list of DataServers as threads of this process,
- * sharing one ZeroMQ context, made in one call, started coordinator first, and taken apart in the
- * one safe order (every server asked to stop before any is destroyed). What differs between its
- * users (the embedded client, `bench`, `transport-bench`) is only configuration: endpoints, policy,
- * the servers, their arenas (each caller sizes them). Threads: none of its own; the caller's thread
- * makes, starts, waits and destroys.
+/* cluster_start.c: the in-process cluster (include/datahelix/cluster.h; docs/runtime.md,
+ * "In-process clusters"): a coordinator (or an existing one joined) and a list of DataServers as
+ * threads of this process, sharing one ZeroMQ context, made in one call, started coordinator first,
+ * and taken apart in the one safe order (every server asked to stop before any is destroyed). What
+ * differs between its users (the embedded client, `bench`, `transport-bench`, Python's
+ * `_C.Cluster`) is only configuration: endpoints, policy, the servers, their arenas (each caller
+ * sizes them). Threads: none of its own; the caller's thread makes, starts, waits and destroys.
  */
 #include <assert.h>
 #include <math.h>
@@ -18,13 +18,13 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
+#include "datahelix/cluster.h"
 #include "datahelix/error.h"
 #include "runtime/coordinator_internal.h"
-#include "runtime/runtime_lib.h"
 
 #define ENDPOINT_MAX 256
 
-struct dh__cluster {
+struct dh_cluster {
     void *ctx;
     bool own_ctx;
     dh_coordinator_t *coord; /* NULL: joined */
@@ -33,12 +33,18 @@ struct dh__cluster {
     size_t n_servers;
 };
 
-void dh__cluster_config_default(dh__cluster_config_t *cfg)
+void dh_cluster_config_default(dh_cluster_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     dh_place_config_t place;
     dh_place_config_default(&place);
     cfg->policy = place.policy;
+}
+
+void dh_cluster_server_default(dh_cluster_server_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->role = DH_DS_LOCAL;
 }
 
 /* A fresh inproc:// endpoint: unique in this process, whatever the context. */
@@ -49,7 +55,7 @@ static void unique_inproc(char *buf, size_t cap, const char *what)
              atomic_fetch_add(&counter, 1));
 }
 
-static int new_coordinator(dh__cluster_t *c, const dh__cluster_config_t *cfg)
+static int new_coordinator(dh_cluster_t *c, const dh_cluster_config_t *cfg)
 {
     if (cfg->join && cfg->join[0]) {
         if (strlen(cfg->join) >= sizeof c->endpoint)
@@ -75,12 +81,16 @@ static int new_coordinator(dh__cluster_t *c, const dh__cluster_config_t *cfg)
     int rc = dh_coordinator_new(&c->coord, &cc);
     if (rc)
         return rc;
-    snprintf(c->endpoint, sizeof c->endpoint, "%s", dh_coordinator_endpoint(c->coord));
+    const char *ep =
+        cfg->advertise && cfg->advertise[0] ? cfg->advertise : dh_coordinator_endpoint(c->coord);
+    if (strlen(ep) >= sizeof c->endpoint)
+        return dh__set_error(DH_EINVAL, "cluster: coordinator endpoint too long: %.64s...", ep);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", ep);
     return 0;
 }
 
-static int new_server(dh__cluster_t *c, const dh__cluster_config_t *cfg,
-                      const dh__cluster_server_t *sp)
+static int new_server(dh_cluster_t *c, const dh_cluster_config_t *cfg,
+                      const dh_cluster_server_t *sp)
 {
     if (!sp->node || !sp->node[0])
         return dh__set_error(DH_EINVAL, "cluster: DataServer %zu has no node", c->n_servers);
@@ -94,6 +104,8 @@ static int new_server(dh__cluster_t *c, const dh__cluster_config_t *cfg,
     dc.worker_cpus = sp->worker_cpus;
     dc.arena_bytes = sp->arena_bytes;
     dc.emulate_link_Bps = sp->emulate_link_Bps;
+    dc.data_advertise = sp->data_advertise;
+    dc.shm_allow_uids = sp->shm_allow_uids;
     dc.pipeline_json = cfg->pipeline_json;
     dc.pipeline_path = cfg->pipeline_path;
     dc.keys_dir = cfg->keys_dir;
@@ -113,11 +125,11 @@ static int new_server(dh__cluster_t *c, const dh__cluster_config_t *cfg,
     return 0;
 }
 
-int dh__cluster_new(dh__cluster_t **out, const dh__cluster_config_t *cfg)
+int dh_cluster_new(dh_cluster_t **out, const dh_cluster_config_t *cfg)
 {
     assert(out && cfg && (cfg->servers || cfg->n_servers == 0));
     *out = NULL;
-    dh__cluster_t *c = dh_calloc(1, sizeof *c);
+    dh_cluster_t *c = dh_calloc(1, sizeof *c);
     if (!c)
         return dh__set_error(DH_ENOMEM, "cluster: out of memory");
     int rc = 0;
@@ -141,11 +153,11 @@ int dh__cluster_new(dh__cluster_t **out, const dh__cluster_config_t *cfg)
     *out = c;
     return 0;
 fail:
-    dh__cluster_destroy(&c);
+    dh_cluster_destroy(&c);
     return rc;
 }
 
-int dh__cluster_start(dh__cluster_t *c)
+int dh_cluster_start(dh_cluster_t *c)
 {
     int rc = c->coord ? dh_coordinator_start(c->coord) : 0;
     for (size_t i = 0; rc == 0 && i < c->n_servers; i++)
@@ -154,7 +166,7 @@ int dh__cluster_start(dh__cluster_t *c)
 }
 
 /* The servers `coordinator` has not taken a HELLO from, named into buf; their count. */
-static size_t unregistered(const dh__cluster_t *c, const dh_coordinator_t *coordinator, char *buf,
+static size_t unregistered(const dh_cluster_t *c, const dh_coordinator_t *coordinator, char *buf,
                            size_t cap)
 {
     size_t missing = 0, used = 0;
@@ -173,8 +185,8 @@ static size_t unregistered(const dh__cluster_t *c, const dh_coordinator_t *coord
     return missing;
 }
 
-int dh__cluster_wait_registered(const dh__cluster_t *c, const dh_coordinator_t *coordinator,
-                                uint32_t timeout_ms)
+int dh_cluster_wait_registered(const dh_cluster_t *c, const dh_coordinator_t *coordinator,
+                               uint32_t timeout_ms)
 {
     if (!coordinator)
         coordinator = c->coord;
@@ -195,35 +207,35 @@ int dh__cluster_wait_registered(const dh__cluster_t *c, const dh_coordinator_t *
     }
 }
 
-const char *dh__cluster_endpoint(const dh__cluster_t *c)
+const char *dh_cluster_endpoint(const dh_cluster_t *c)
 {
     return c->endpoint;
 }
 
-dh_coordinator_t *dh__cluster_coordinator(const dh__cluster_t *c)
+dh_coordinator_t *dh_cluster_coordinator(const dh_cluster_t *c)
 {
     return c->coord;
 }
 
-void *dh__cluster_zmq_ctx(const dh__cluster_t *c)
+void *dh_cluster_zmq_ctx(const dh_cluster_t *c)
 {
     return c->ctx;
 }
 
-size_t dh__cluster_count(const dh__cluster_t *c)
+size_t dh_cluster_count(const dh_cluster_t *c)
 {
     return c->n_servers;
 }
 
-dh_dataserver_t *dh__cluster_server(const dh__cluster_t *c, size_t i)
+dh_dataserver_t *dh_cluster_server(const dh_cluster_t *c, size_t i)
 {
     assert(i < c->n_servers);
     return c->servers[i];
 }
 
-void dh__cluster_destroy(dh__cluster_t **pc)
+void dh_cluster_destroy(dh_cluster_t **pc)
 {
-    dh__cluster_t *c = pc ? *pc : NULL;
+    dh_cluster_t *c = pc ? *pc : NULL;
     if (!c)
         return;
     /* every server stopping at once: none waits to forward to one already gone */
