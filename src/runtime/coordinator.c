@@ -771,6 +771,20 @@ static void on_goodbye(dh_coordinator_t *c, const char *peer)
     }
     drop_late(c, -1, idx);
     dh_log_info("coordinator: client '%s' left (%zu requests dropped)", peer, dropped);
+    /* Forgotten, so that a long-lived coordinator's table does not grow with every client
+     * that ever came (a DataLoader opens one per epoch): the last client takes its slot,
+     * and its requests follow it. None of idx's is left in the book or the late list. */
+    int32_t last = (int32_t)c->n_clients - 1;
+    if (idx != last) {
+        c->clients[idx] = c->clients[last];
+        for (size_t i = 0; i < c->n_book; i++)
+            if (c->book[i].client == last)
+                c->book[i].client = idx;
+        for (size_t i = 0; i < c->n_late; i++)
+            if (c->late[i].client == last)
+                c->late[i].client = idx;
+    }
+    c->n_clients--;
 }
 
 /* Anchors the speed factors at their median over the live executing servers, the model
