@@ -49,11 +49,13 @@ worker process was replaced; every process stops cleanly on SIGTERM and none is 
     python tests/soak/memsoak.py --seconds 1800 --json out/memsoak.json    (make soak)
 
 Exit status 0 when all holds; a JSON report (per process: pid and per-epoch samples) with
---json."""
+--json. The work folder (the data set, every process's log) is removed after a run that
+passed (--keep keeps it) and kept after one that failed."""
 import argparse
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,6 +155,20 @@ def wait_registered(coord, names, timeout=30):
     raise RuntimeError(f"{names} did not register with {coord.name}: {open(log).read()}")
 
 
+def trim():
+    """malloc_trim(0) in the trainer before it is measured: glibc keeps freed memory in its
+    arenas (one per thread that allocates: the client's fetcher, torch's), so the trainer's
+    RSS otherwise jumps by ~10 MiB steps between 150 and 200 MiB from one epoch to the next
+    depending on which arena's top was free, which no window of a short run smooths out.
+    After the trim its RSS is what it holds. (The DataServers and coordinators are measured
+    as they are: C processes whose swings are a few MiB.)"""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def touch(batch):
     """The trainer's 'compute': a reduction over every tensor of the batch."""
     total = 0.0
@@ -166,6 +182,93 @@ def mib(kib):
     return "-" if kib is None else f"{kib / 1024:.1f}"
 
 
+def run(args, datahelix, memsoak_data, procs, servers, loaders, tracked, samples, failures,
+        work, video_dir, bad_clip, ep_video, ep_py, t0):
+    """Starts the processes and runs the epochs, measuring after each."""
+    coord_v, coord_p = procs[0], procs[3]
+    coord_v.start()
+    coord_p.start()
+    time.sleep(0.3)  # the listening sockets (servers retry regardless)
+    for s in servers:
+        s.start()
+    wait_registered(coord_v, ["video-local", "video-sidecar"])
+    wait_registered(coord_p, ["py-local", "py-sidecar"])
+    common = dict(coordinator=None, rank=0, world_size=1, node="n1", timeout=120,
+                  on_error="skip", seed=args.seed, log_level="warn")
+    lv = datahelix.DataLoader(video_dir, batch_size=VIDEO_BATCH,
+                              **dict(common, coordinator=ep_video))
+    loaders.append(lv)
+    ds = memsoak_data.Frames()
+    lp = datahelix.DataLoader(dataset=ds, batch_size=PY_BATCH,
+                              **dict(common, coordinator=ep_py))
+    loaders.append(lp)
+    py_failing = {i for i in range(len(ds)) if i % memsoak_data.FAIL_EVERY == 5}
+    print(f"memsoak: set up in {time.monotonic() - t0:.1f} s (work {work}); "
+          f"{len(lv)} video batches of {VIDEO_BATCH} and {len(lp)} Python-dataset "
+          f"batches of {PY_BATCH} an epoch; each cell: RSS/PSS MiB after the epoch",
+          flush=True)
+    tracked.update({p.name: p.p.pid for p in procs})
+    header = None
+    run_start = time.monotonic()
+    epoch = 0
+    while epoch < args.min_epochs or time.monotonic() - run_start < args.seconds:
+        epoch += 1
+        e0 = time.monotonic()
+        its = {"video": iter(lv), "py": iter(lp)}
+        got = {"video": 0, "py": 0}
+        errors = {"video": set(), "py": set()}
+        while its:
+            for kind in list(its):
+                try:
+                    b = next(its[kind])
+                except StopIteration:
+                    del its[kind]
+                    continue
+                got[kind] += 1
+                touch(b)
+                for sid, err in zip(b["sample_ids"], b["errors"]):
+                    if err:
+                        errors[kind].add(sid)
+                del b
+        if got["video"] != len(lv) or got["py"] != len(lp):
+            failures.append(f"epoch {epoch}: {got} batches, not video {len(lv)} / "
+                            f"py {len(lp)}")
+        if errors["video"] - {bad_clip}:
+            failures.append(f"epoch {epoch}: video samples failed that are sound: "
+                            f"{sorted(errors['video'] - {bad_clip})}")
+        wrong = {e for e in errors["py"] if int(e) not in py_failing}
+        if wrong:
+            failures.append(f"epoch {epoch}: Python samples failed that are sound: "
+                            f"{sorted(wrong)}")
+        gc.collect()
+        trim()
+        for s in servers:  # the DataServers' children: their Python worker processes
+            for k, pid in enumerate(children(s.p.pid)):
+                name = f"{s.name}/w{k}"
+                if name in tracked and tracked[name] != pid:
+                    failures.append(f"epoch {epoch}: {name} is a new process (pid "
+                                    f"{tracked[name]} -> {pid})")
+                tracked[name] = pid
+        row = {}
+        for name, pid in tracked.items():
+            m = memory(pid)
+            if m is None:
+                failures.append(f"epoch {epoch}: {name} (pid {pid}) is gone")
+                continue
+            samples.setdefault(name, []).append((epoch, m))
+            row[name] = m
+        if header is None:
+            header = list(tracked)
+            print("epoch     s  " + "  ".join(f"{n:>15}" for n in header), flush=True)
+            print("              " + "  ".join(f"{'pid ' + str(tracked[n]):>15}"
+                                               for n in header), flush=True)
+        print(f"{epoch:5d} {time.monotonic() - e0:5.1f}  " +
+              "  ".join(f"{mib(row[n]['rss']) + '/' + mib(row[n]['pss']):>15}"
+                        if n in row else f"{'?':>15}" for n in header), flush=True)
+        if failures:
+            break
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=45,
@@ -175,10 +278,14 @@ def main():
                     help="epochs left out of the check: growth is measured from the end of "
                          "this epoch to the end of the last")
     ap.add_argument("--bound-mib", type=float, default=16.0,
-                    help="the most RSS a process may gain after the warm-up")
+                    help="the most private RSS (VmRSS less RssShmem) a process may gain "
+                         "after the warm-up (the floors of the first and the last epochs)")
     ap.add_argument("--clips", type=int, default=48)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work folder (data set, logs) after a run that passed; "
+                         "one that failed keeps it always")
     args = ap.parse_args()
     if args.min_epochs < args.warmup + 6:
         ap.error("--min-epochs must be at least --warmup + 6 (two windows of 3 epochs)")
@@ -216,87 +323,12 @@ def main():
     loaders = []
     tracked = {"trainer": os.getpid()}
     samples = {}  # name -> [(epoch, mem dict)]
-    epoch = 0
     try:
-        coord_v.start()
-        coord_p.start()
-        time.sleep(0.3)  # the listening sockets (servers retry regardless)
-        for s in servers:
-            s.start()
-        wait_registered(coord_v, ["video-local", "video-sidecar"])
-        wait_registered(coord_p, ["py-local", "py-sidecar"])
-        common = dict(coordinator=None, rank=0, world_size=1, node="n1", timeout=120,
-                      on_error="skip", seed=args.seed, log_level="warn")
-        lv = datahelix.DataLoader(video_dir, batch_size=VIDEO_BATCH,
-                                  **dict(common, coordinator=ep_video))
-        loaders.append(lv)
-        ds = memsoak_data.Frames()
-        lp = datahelix.DataLoader(dataset=ds, batch_size=PY_BATCH,
-                                  **dict(common, coordinator=ep_py))
-        loaders.append(lp)
-        py_failing = {i for i in range(len(ds)) if i % memsoak_data.FAIL_EVERY == 5}
-        print(f"memsoak: set up in {time.monotonic() - t0:.1f} s (work {work}); "
-              f"{len(lv)} video batches of {VIDEO_BATCH} and {len(lp)} Python-dataset "
-              f"batches of {PY_BATCH} an epoch; each cell: RSS/PSS MiB after the epoch",
-              flush=True)
-        tracked.update({p.name: p.p.pid for p in procs})
-        header = None
-        run_start = time.monotonic()
-        while epoch < args.min_epochs or time.monotonic() - run_start < args.seconds:
-            epoch += 1
-            e0 = time.monotonic()
-            its = {"video": iter(lv), "py": iter(lp)}
-            got = {"video": 0, "py": 0}
-            errors = {"video": set(), "py": set()}
-            while its:
-                for kind in list(its):
-                    try:
-                        b = next(its[kind])
-                    except StopIteration:
-                        del its[kind]
-                        continue
-                    got[kind] += 1
-                    touch(b)
-                    for sid, err in zip(b["sample_ids"], b["errors"]):
-                        if err:
-                            errors[kind].add(sid)
-                    del b
-            if got["video"] != len(lv) or got["py"] != len(lp):
-                failures.append(f"epoch {epoch}: {got} batches, not video {len(lv)} / "
-                                f"py {len(lp)}")
-            if errors["video"] - {bad_clip}:
-                failures.append(f"epoch {epoch}: video samples failed that are sound: "
-                                f"{sorted(errors['video'] - {bad_clip})}")
-            wrong = {e for e in errors["py"] if int(e) not in py_failing}
-            if wrong:
-                failures.append(f"epoch {epoch}: Python samples failed that are sound: "
-                                f"{sorted(wrong)}")
-            gc.collect()
-            for s in servers:  # the DataServers' children: their Python worker processes
-                for k, pid in enumerate(children(s.p.pid)):
-                    name = f"{s.name}/w{k}"
-                    if name in tracked and tracked[name] != pid:
-                        failures.append(f"epoch {epoch}: {name} is a new process (pid "
-                                        f"{tracked[name]} -> {pid})")
-                    tracked[name] = pid
-            row = {}
-            for name, pid in tracked.items():
-                m = memory(pid)
-                if m is None:
-                    failures.append(f"epoch {epoch}: {name} (pid {pid}) is gone")
-                    continue
-                samples.setdefault(name, []).append((epoch, m))
-                row[name] = m
-            if header is None:
-                header = list(tracked)
-                print("epoch     s  " + "  ".join(f"{n:>15}" for n in header), flush=True)
-                print("              " + "  ".join(f"{'pid ' + str(tracked[n]):>15}"
-                                                   for n in header), flush=True)
-            print(f"{epoch:5d} {time.monotonic() - e0:5.1f}  " +
-                  "  ".join(f"{mib(row[n]['rss']) + '/' + mib(row[n]['pss']):>15}"
-                            if n in row else f"{'?':>15}" for n in header), flush=True)
-            if failures:
-                break
+        run(args, datahelix, memsoak_data, procs, servers, loaders, tracked, samples, failures,
+            work, video_dir, bad_clip, ep_video, ep_py, t0)
+    except Exception as e:  # a hang or an error: recorded with what was measured so far
+        failures.append(f"after epoch {len(samples.get('trainer', []))}: "
+                        f"{type(e).__name__}: {e}")
     finally:
         for dl in loaders:
             dl.close()
@@ -313,6 +345,7 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill9()
                 failures.append(f"{p.name}: did not stop on SIGTERM")
+    epoch = max((e for rows in samples.values() for e, _ in rows), default=0)
     left = [n for n, pid in tracked.items() if n != "trainer" and memory(pid) is not None]
     if left:
         failures.append(f"processes left: {left}")
@@ -377,6 +410,8 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if not failures and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0
 
 
