@@ -21,8 +21,8 @@ probe`, one clip truncated after probing (its decode fails: the error path every
 the Python Dataset (tests/soak/memsoak_data.py) returns arrays of varying lengths, a str and
 an int, and raises for every 37th index. Both loaders run with on_error="skip".
 
-Measured per process after each epoch (both loaders' passes done, gc.collect() in the
-trainer first): VmRSS, RssAnon and RssShmem (/proc/PID/status) and Pss (/proc/PID/
+Measured per process after each epoch (both loaders' passes done, gc.collect() and
+malloc_trim(0) in the trainer first, see trim()): VmRSS, RssAnon and RssShmem (/proc/PID/status) and Pss (/proc/PID/
 smaps_rollup). A table row per epoch goes to standard output as the run goes.
 
 The check, per process: the growth of its private RSS (VmRSS less RssShmem) from the
@@ -31,21 +31,21 @@ first epochs after the warm-up to the last epochs is below --bound-mib (16 MiB).
 imports torch's lazy modules and learns costs, and epoch 2 still grows a little. The
 comparison is of floors, the least private RSS over a window of epochs (a tenth of the
 epochs after the warm-up, at least 3) at each end, not of two single samples: a steady
-process moves by up to ~20 MiB from one epoch to the next (the trainer: glibc's free lists
-and torch's allocations as batches come and go) and back, while a leak raises the floor. The
+DataServer moves by 3-10 MiB from one epoch to the next (glibc's free lists, a decoder's
+mmapped frames) and back, while a leak raises the floor. The
 arenas' shared pages (RssShmem) are left out of that growth because they are bounded by
 construction: a DataServer's arena (--arena-mb 64) is first touched page by page as its
 allocator reaches new offsets, which goes on for hundreds of epochs, so its RSS rises
 towards the arena's size without any leak; instead every process's RssShmem must stay within
 the two arenas it can map plus 16 MiB (SHMEM_BOUND_MIB). 16 MiB is several times that
-noise, and a leak of 16 MiB over the 30-minute form's ~40,000 batches is ~400 bytes a batch
-(over the short form's ~1,000 batches, 16 KiB a batch: a lost batch buffer or per-epoch
+noise, and a leak of 16 MiB over the 30-minute form's ~50,000 batches is ~330 bytes a batch
+(over the short form's ~700 batches, ~23 KiB a batch: a lost batch buffer or per-epoch
 client state shows). The table and the report give RSS and PSS as measured (the
 arenas included), and RSS from the end of the warm-up to the last epoch. Also checked:
 every epoch yields every batch of both loaders and only the planted samples fail; no Python
 worker process was replaced; every process stops cleanly on SIGTERM and none is left.
 
-    python tests/soak/memsoak.py --seconds 45                  (make test: tests/soak/test_soak.py)
+    python tests/soak/memsoak.py --seconds 40                  (make test: tests/soak/test_soak.py)
     python tests/soak/memsoak.py --seconds 1800 --json out/memsoak.json    (make soak)
 
 Exit status 0 when all holds; a JSON report (per process: pid and per-epoch samples) with
@@ -271,7 +271,7 @@ def run(args, datahelix, memsoak_data, procs, servers, loaders, tracked, samples
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=45,
+    ap.add_argument("--seconds", type=float, default=40,
                     help="run epochs until this much time has passed (at least --min-epochs)")
     ap.add_argument("--min-epochs", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2,
