@@ -377,10 +377,23 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
         dh__wire_hostname(c->node, sizeof c->node);
-    if (cfg->client_id && cfg->client_id[0])
+    if (cfg->client_id && cfg->client_id[0]) {
         snprintf(c->id, sizeof c->id, "%s", cfg->client_id);
-    else
-        snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d", c->node, cfg->rank, (int)getpid());
+    } else {
+        /* Unique per client, not only per process: a DataLoader opens a client per epoch,
+         * and a DataServer remembers a name that said GOODBYE (it drops that name's late
+         * batches), so a new client under its predecessor's name could have a batch that
+         * came before its own HELLO dropped as the old one's, and wait for it forever
+         * (found by tests/soak/memsoak.py). The first client of a process keeps the plain
+         * name. */
+        static atomic_uint opened;
+        unsigned n = atomic_fetch_add(&opened, 1);
+        if (n == 0)
+            snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d", c->node, cfg->rank, (int)getpid());
+        else
+            snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d.%u", c->node, cfg->rank, (int)getpid(),
+                     n);
+    }
     c->cfg.node = c->node;
     c->cfg.client_id = c->id;
     c->cfg.coordinator = NULL;
