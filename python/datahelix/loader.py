@@ -545,12 +545,13 @@ class DataLoader:
         if keep is None:  # what the new loader's batch_size keeps (both only when w1 == w2)
             keep = "rank_batch" if b2 == b1 else "global_batch" if w2 * b2 == g1 else None
             if keep is None:
-                need = (f"batch_size {g1 // w2} to keep the global batch {g1}" if g1 % w2 == 0
-                        else f"a global batch of {g1} does not split over world size {w2}")
+                need = (f", or batch_size {g1 // w2} to keep the global batch {g1}"
+                        if g1 % w2 == 0 else f" (the global batch {g1} does not split over "
+                        f"world size {w2})")
                 raise InvalidArgumentError(
                     f"state_dict: saved at world size {w1} x batch_size {b1}, this loader has "
                     f"world size {w2} x batch_size {b2}: use batch_size {b1} to keep the "
-                    f"per-rank batch, or {need}")
+                    f"per-rank batch{need}")
         elif keep not in self.KEEP:
             raise InvalidArgumentError(f"keep must be one of {list(self.KEEP)} or None, "
                                        f"not {keep!r}")
