@@ -40,7 +40,8 @@ long dh_test_each_allocation_failure(int (*body)(void *ctx), void *ctx);
  * dh_fault_enabled()): runs body(ctx) with the site's hit 0 of the run failing, then hit 1,
  * 2, ..., until a run hits the site no further than the hit that was to fail (it completed).
  * Each run that failed must return a negative code with a message (dh_last_error) containing
- * `what`; every run must give back what it took: allocations (dh_alloc_live) and open fds
+ * `what` (NULL `what`: a fault the code recovers from, every run must return 0); every run
+ * must give back what it took: allocations (dh_alloc_live) and open fds
  * (/proc/self/fd) are counted before and after. The complete run must return 0 (so the same
  * objects work once the fault is gone, where body reuses them). Disarms every site before
  * returning. Returns the site's hits in the complete run, asserted >= 1. */

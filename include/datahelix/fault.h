@@ -41,7 +41,11 @@ typedef enum {
                                   * file system read error) */
     DH_FAULT_MEDIA_DECODE = 16,  /* avcodec_send_packet refuses a packet (AVERROR_INVALIDDATA) */
     DH_FAULT_MANIFEST_READ = 17, /* reading a line of a manifest file fails (EIO) */
-    DH_FAULT_SITE_COUNT = 18,
+    DH_FAULT_PY_SPAWN = 18,      /* posix_spawnp of a Python worker process fails (EAGAIN, as
+                                  * at RLIMIT_NPROC) */
+    DH_FAULT_PY_SEND = 19,       /* sendmsg to a Python worker process fails (EPIPE: it died) */
+    DH_FAULT_PY_RECV = 20,       /* recv from a Python worker process fails (ECONNRESET: it died) */
+    DH_FAULT_SITE_COUNT = 21,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
