@@ -193,8 +193,14 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
         return 0;
     const char *source = json ? "pipeline spec" : path;
     dh__json_use_allocator();
+    dh__json_track_begin();
     json_error_t jerr;
     json_t *root = json ? json_loads(json, 0, &jerr) : json_load_file(path, 0, &jerr);
+    /* jansson reports its own out-of-memory as a syntax error, or not at all */
+    if (dh__json_track_failed() || (!root && json_error_code(&jerr) == json_error_out_of_memory)) {
+        json_decref(root);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
+    }
     if (!root) {
         if (path && !json && access(path, R_OK) != 0)
             return dh__set_error(-errno, "%s: cannot read the pipeline spec: %s", path,
@@ -227,7 +233,8 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
     }
     json_object_del(root, "type");
     char *text = json_dumps(root, JSON_COMPACT);
-    if (!text) {
+    if (!text || dh__json_track_failed()) { /* a failed allocation can leave text cut short */
+        dh_free(text);
         rc = dh__set_error(DH_ENOMEM, "out of memory for the pipeline spec");
         goto done;
     }
