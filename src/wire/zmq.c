@@ -605,6 +605,10 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
     size_t cap = 4;
     zmq_msg_t *frames = dh_calloc(cap, sizeof *frames);
     if (!frames) {
+        if (s->type == ZMQ_ROUTER && zmq_msg_size(&first) <= sizeof out->routing_id) {
+            out->routing_id_size = zmq_msg_size(&first); /* who sent it, to answer */
+            memcpy(out->routing_id, zmq_msg_data(&first), out->routing_id_size);
+        }
         zmq_msg_close(&first);
         drain(s->sock);
         return dh__set_error(DH_ENOMEM, "recv on %s: out of memory", endpoint_of(s));
@@ -687,7 +691,12 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
     }
     if (rc) {
         rc = recv_error(s, peer, rc);
+        uint8_t id[sizeof out->routing_id];
+        size_t id_size = out->routing_id_size;
+        memcpy(id, out->routing_id, id_size);
         dh_wire_received_release(out);
+        memcpy(out->routing_id, id, id_size); /* who sent it, to answer */
+        out->routing_id_size = id_size;
     }
     return rc;
 }
