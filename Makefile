@@ -30,7 +30,7 @@ TSAN_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DDH_SANITIZE=thread
 FUZZ_FLAGS := -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDH_FUZZ=ON \
               -DDH_SANITIZE=address,undefined -DDH_BUILD_TESTS=OFF -DDH_PYTHON=OFF
 
-.PHONY: all deps build test test-unit test-python test-asan test-tsan fuzz-build test-fuzz fuzz mutate soak demo bench-peers bench-peers-data-bound bench-python sim-validate format format-check clean help
+.PHONY: all deps build test test-unit test-python test-asan test-tsan fuzz-build test-fuzz fuzz mutate soak soak-chaos soak-memory demo bench-peers bench-peers-data-bound bench-python sim-validate format format-check clean help
 
 all: build
 
@@ -44,7 +44,8 @@ help:
 	@echo "make demo       deps + build + the demo: planning, placement, decode, the data plane as processes, native vs pool vs helix (real decode and emulated paper scale)"
 	@echo "make bench-peers  torch DataLoader vs Ray actor pool vs datahelix.DataLoader (bench/peers)"
 	@echo "make bench-peers-data-bound  the same with compute small enough that decode dominates"
-	@echo "make soak       the chaos soak for SOAK_SECONDS (1800): kill -9, SIGSTOP and restarts during a 4-rank run"
+	@echo "make soak       the chaos soak for SOAK_SECONDS (1800): kill -9, SIGSTOP and restarts during a 4-rank run;"
+	@echo "                then the memory soak for SOAK_MEMORY_SECONDS (1800): every process's RSS per epoch (soak-chaos, soak-memory: one)"
 	@echo "make bench-python  a Python Dataset: bench --python-dataset, and datahelix vs torch DataLoader overhead"
 	@echo "make sim-validate  bench --emulate against simulate at the paper layout, same seed (docs/simulator.md)"
 	@echo "make format     clang-format the C sources in place (format-check: only report)"
@@ -140,11 +141,25 @@ test-python: build $(VENV_PY)
 	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
 	    $(VENV_PY) -m pytest -q -rs -p no:cacheprovider tests/netns tests/soak
 
-# The chaos soak for SOAK_SECONDS (30 minutes; `make test` runs 2 of them): tests/soak/soak.py
+# The soaks, one after the other: the chaos soak for SOAK_SECONDS (30 minutes; `make test`
+# runs 2 of them): tests/soak/soak.py; then the memory soak for SOAK_MEMORY_SECONDS (30
+# minutes; `make test` runs 40 s of it): tests/soak/memsoak.py, every process's RSS and PSS
+# per epoch, growth after the warm-up bounded (docs/operations.md, "Memory over time").
+# soak-chaos and soak-memory run one of them.
 SOAK_SECONDS ?= 1800
+SOAK_MEMORY_SECONDS ?= 1800
+SOAK_ENV = OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python
 soak: build $(VENV_PY)
-	OMP_NUM_THREADS=1 DH_CLI=$(abspath $(CLI)) DH_PYTHON_PATH=$(abspath $(BUILD))/python \
-	    $(VENV_PY) tests/soak/soak.py --seconds $(SOAK_SECONDS) --json out/soak.json
+	$(SOAK_ENV) $(VENV_PY) tests/soak/soak.py --seconds $(SOAK_SECONDS) --json out/soak.json
+	$(SOAK_ENV) $(VENV_PY) tests/soak/memsoak.py --seconds $(SOAK_MEMORY_SECONDS) \
+	    --json out/memsoak.json
+
+soak-chaos: build $(VENV_PY)
+	$(SOAK_ENV) $(VENV_PY) tests/soak/soak.py --seconds $(SOAK_SECONDS) --json out/soak.json
+
+soak-memory: build $(VENV_PY)
+	$(SOAK_ENV) $(VENV_PY) tests/soak/memsoak.py --seconds $(SOAK_MEMORY_SECONDS) \
+	    --json out/memsoak.json
 
 # The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
 # in a scratch copy (build-mutate/; the working tree is never edited); fails under the

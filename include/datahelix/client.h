@@ -161,7 +161,8 @@ typedef struct dh_client_config {
     const char *coordinator;  /* endpoint; NULL or "" = embedded mode */
     const char *profiles;     /* profile JSONL (probe or gen-profiles output); required */
     const char *node;         /* this rank's node (its local DataServer's); NULL = hostname */
-    const char *client_id;    /* NULL = "<node>-rank<R>-<pid>" */
+    const char *client_id;    /* NULL = "<node>-rank<R>-<pid>", ".<N>" added for the
+                               * process's N-th client after its first (docs/runtime.md) */
     uint32_t rank, ranks;     /* rank < ranks */
     uint32_t batch;           /* samples per rank per step (> 0) */
     uint32_t fanout;          /* requests per batch (microbatches), 1..batch (1) */

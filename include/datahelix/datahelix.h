@@ -7,6 +7,7 @@
 
 #include "datahelix/alloc.h"
 #include "datahelix/calibrate.h"
+#include "datahelix/cluster.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/cost.h"
@@ -15,6 +16,7 @@
 #include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/manifest.h"
+#include "datahelix/metrics.h"
 #include "datahelix/mix.h"
 #include "datahelix/pipeline.h"
 #include "datahelix/place.h"

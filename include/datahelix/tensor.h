@@ -61,6 +61,10 @@ DH_EXTERN size_t dh_dtype_size(unsigned dtype);
 /* "uint8", "float32", ...; "dtype?" for a value not in the table. Static storage. */
 DH_EXTERN const char *dh_dtype_name(unsigned dtype);
 
+/* The dtype named `name` ("uint8", "float32", ...: dh_dtype_name's names), or -1 for a name
+ * not in the table (or NULL). Thread-safe. */
+DH_EXTERN int dh_dtype_from_name(const char *name);
+
 /* The DLPack type of a dtype: returns 1 and fills *code (kDL*) and *bits, or 0 for a value
  * not in the table. Lanes are always 1. */
 DH_EXTERN int dh_dtype_dlpack(unsigned dtype, uint8_t *code, uint8_t *bits);

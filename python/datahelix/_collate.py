@@ -20,8 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-DTYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
-          "float32", "float64", "bool"}
+from . import _C
+
+# The dtypes a Python dataset's arrays may have: those of the C table (DH_DTYPE_MAP, as
+# _C.DTYPES) that numpy has, i.e. that have a buffer-protocol format (not bfloat16).
+DTYPES = frozenset(name for name, (_code, _size, fmt) in _C.DTYPES.items() if fmt)
 
 # The loader's own metadata: always at batch["__datahelix__"][name], and at batch[name] too
 # unless the dataset has a key of that name (the dataset's key wins there; docs/python.md).

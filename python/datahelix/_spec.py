@@ -4,9 +4,10 @@ from typing import Any, Sequence, Tuple
 
 
 class ArraySpec:
-    """An array a sample will have: its shape and dtype (a numpy dtype name: uint8 ... float64,
-    bool). ``sample_spec(i)`` returns a dict with one of these for each array, the sample's
-    other values (str, int, float, ...) as themselves; ``load_into(i, arrays)`` then fills
+    """An array a sample will have: its shape and dtype (a numpy dtype name: one of
+    ``datahelix._collate.DTYPES``, the C table's dtypes that numpy has). ``sample_spec(i)``
+    returns a dict with one of these for each array, the sample's other values (str, int,
+    float, ...) as themselves; ``load_into(i, arrays)`` then fills
     ``arrays[name]`` (numpy views of the batch's shared-memory slab, of exactly that shape)."""
 
     __slots__ = ("shape", "dtype")

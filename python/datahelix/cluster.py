@@ -17,36 +17,25 @@ from .sources import _dataset_source, _pipeline_json, resolve_source
 
 
 # 0: the arena is sized by the C side (docs/runtime.md, "Prefetch in bytes"): what the
-# prefetch horizon needs, bounded by the memory budget (DH_ARENA_BUDGET, else a quarter of
-# physical memory); its memfd is sparse, so it costs only what the batches in flight take.
+# prefetch horizon needs, bounded by the memory budget (_C.arena_budget_default():
+# DH_ARENA_BUDGET, else a quarter of physical memory or of the memory cgroup's limit); its
+# memfd is sparse, so it costs only what the batches in flight take.
 _DEFAULT_ARENA = 0
-
-
-def _arena_budget_bytes() -> int:
-    """The memory budget of an arena this process makes, as the C side reads it
-    (dh_arena_budget_default): DH_ARENA_BUDGET (bytes, K, M or G), else a quarter of
-    physical memory."""
-    text = os.environ.get("DH_ARENA_BUDGET", "").strip()
-    if text:
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-        digits = text[:-1] if scale > 1 else text
-        if digits.isdigit() and int(digits) > 0:
-            return int(digits) * scale
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
 def _set_arena_budget(arena_budget: Union[None, int, str]) -> None:
     """Sets the memory budget of the arenas this process makes (DH_ARENA_BUDGET, read by
-    the DataServer and the embedded client when arena_bytes is 0): bytes, or a string with
-    a K, M or G suffix (KiB, MiB, GiB). None leaves it as it is."""
+    the DataServer and the embedded client when arena_bytes is 0): bytes, or a byte count as
+    the C side parses it (_C.parse_bytes: digits with an optional K, M or G suffix). None
+    leaves it as it is."""
     if arena_budget is None:
         return
-    text = str(arena_budget).strip()
-    digits = text[:-1] if text[-1:].upper() in ("K", "M", "G") else text
-    if not digits.isdigit() or int(digits) <= 0:
+    if isinstance(arena_budget, bool) or not isinstance(arena_budget, (int, str)):
         raise InvalidArgumentError(
             f"arena_budget must be a byte count > 0 (e.g. 8 << 30, '8G', '512M'), "
             f"not {arena_budget!r}")
+    text = str(arena_budget)
+    _C.parse_bytes(text, "arena_budget")  # raises InvalidArgumentError naming it
     os.environ["DH_ARENA_BUDGET"] = text
 
 
@@ -54,19 +43,62 @@ def _set_arena_budget(arena_budget: Union[None, int, str]) -> None:
 COORDINATOR_PORT_OFFSET = 17
 
 
+class _CoordinatorPart:
+    """``Cluster.coordinator``: the cluster's coordinator (``stats()``, ``endpoint``)."""
+
+    def __init__(self, core: "_C.Cluster"):
+        self._core = core
+
+    @property
+    def endpoint(self) -> Optional[str]:
+        return self._core.endpoint
+
+    def stats(self) -> Dict[str, Any]:
+        return self._core.coordinator_stats()
+
+    metrics_table = staticmethod(_C.Coordinator.metrics_table)
+
+
+class _ServerPart:
+    """``Cluster.server``: the cluster's DataServer (``stats()``, ``arena_stats()``,
+    ``name``, ``endpoint``: its data endpoint)."""
+
+    def __init__(self, core: "_C.Cluster"):
+        self._core = core
+
+    @property
+    def name(self) -> str:
+        return self._core.server_name
+
+    @property
+    def endpoint(self) -> str:
+        return self._core.server_endpoint
+
+    def stats(self) -> Dict[str, Any]:
+        return self._core.server_stats()
+
+    def arena_stats(self) -> Dict[str, int]:
+        return self._core.server_arena_stats()
+
+    metrics_table = staticmethod(_C.DataServer.metrics_table)
+
+
 class Cluster:
     """A coordinator and/or a local DataServer running as threads of this process.
 
     What ``start_cluster`` returns, and what a torchrun job's rank 0 (the coordinator) and
-    each node's local rank 0 (its node's DataServer) start for the others to share.
-    ``endpoint`` is the coordinator's; ``close()`` stops both (also at exit).
+    each node's local rank 0 (its node's DataServer) start for the others to share: one
+    ``_C.Cluster`` (the C library's in-process cluster, include/datahelix/cluster.h), or none
+    for a rank that only connects. ``endpoint`` is the coordinator's; ``coordinator`` and
+    ``server`` are its parts (None when it runs none); ``close()`` stops both (also at exit).
     """
 
-    def __init__(self, coordinator: Optional["_C.Coordinator"], endpoint: str,
-                 server: Optional["_C.DataServer"], scratch_dir: Optional[str] = None):
-        self.coordinator = coordinator
-        self.endpoint = endpoint
-        self.server = server
+    def __init__(self, core: Optional["_C.Cluster"], endpoint: Optional[str] = None,
+                 scratch_dir: Optional[str] = None):
+        self._core = core
+        self.endpoint = endpoint if endpoint is not None else core.endpoint if core else None
+        self.coordinator = _CoordinatorPart(core) if core and core.has_coordinator else None
+        self.server = _ServerPart(core) if core and core.has_server else None
         self._scratch_dir = scratch_dir  # a Python dataset's pickle (removed at close)
 
     def arena_stats(self) -> Dict[str, int]:
@@ -84,12 +116,11 @@ class Cluster:
         return out
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.coordinator is not None:
-            self.coordinator.close()
-            self.coordinator = None
+        self.coordinator = None
+        self.server = None
+        if self._core is not None:
+            self._core.close()  # every server stopped, then the coordinator
+            self._core = None
         if self._scratch_dir:
             import shutil
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
@@ -167,20 +198,18 @@ def start_cluster(source: Union[str, os.PathLike, None] = None, *, workers: Opti
                                    worker_init_fn=worker_init_fn, sample_timeout=sample_timeout)
     if source is not None:
         resolve_source(source)
-    coord = None
-    if coordinator is None:
-        coord = _C.Coordinator(listen, policy=policy, **auth)
-        coordinator = coord.endpoint
     try:
-        server = _C.DataServer(coordinator, _node_name(node),
-                               workers=workers or os.cpu_count() or 1,
-                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
-                               **auth)
+        core = _C.Cluster(listen=listen if coordinator is None else None, join=coordinator,
+                          policy=policy, node=_node_name(node),
+                          workers=workers or os.cpu_count() or 1,
+                          pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
+                          **auth)
     except BaseException:
-        if coord is not None:
-            coord.close()
+        if scratch:
+            import shutil
+            shutil.rmtree(scratch, ignore_errors=True)
         raise
-    cluster = Cluster(coord, coordinator, server, scratch)
+    cluster = Cluster(core, scratch_dir=scratch)
     with _clusters_lock:
         _clusters.append(cluster)
     return cluster
@@ -255,13 +284,12 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         local_rank = rank
     if endpoint in _job_clusters:
         return endpoint
-    coord = None
+    bind = None
     if rank == 0 and not os.environ.get("DATAHELIX_COORDINATOR"):
         # a loopback master binds loopback; any other binds every interface
         bind = endpoint if addr.startswith("127.") or not endpoint.startswith(f"tcp://{addr}:") \
             else endpoint.replace(f"tcp://{addr}:", "tcp://0.0.0.0:")
-        coord = _C.Coordinator(bind, policy=policy, **(auth or {}))
-    server = None
+    server: Dict[str, Any] = {}
     if local_rank == 0:
         # several nodes (a coordinator off loopback): the data socket binds every interface
         # and the DataServer advertises its address on the route to the coordinator
@@ -269,13 +297,19 @@ def _torchrun_coordinator(rank: int, workers: Optional[int], pipeline: Any, aren
         # other nodes reach it; one node on loopback stays on loopback
         host = endpoint[len("tcp://"):].rpartition(":")[0] if endpoint.startswith("tcp://") else ""
         multi = bool(host) and not host.startswith("127.") and host != "localhost"
-        server = _C.DataServer(endpoint, _node_name(None),
-                               workers=workers or os.cpu_count() or 1,
-                               pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
-                               data_listen="tcp://0.0.0.0:*" if multi else None,
-                               data_advertise=os.environ.get("DATAHELIX_ADVERTISE") or None,
-                               **(auth or {}))
-    cluster = Cluster(coord, endpoint, server)
+        server = dict(node=_node_name(None), workers=workers or os.cpu_count() or 1,
+                      pipeline_json=_pipeline_json(pipeline), arena_bytes=arena_bytes,
+                      data_listen="tcp://0.0.0.0:*" if multi else None,
+                      data_advertise=os.environ.get("DATAHELIX_ADVERTISE") or None)
+    core = None
+    if bind is not None or server:
+        # rank 0: the coordinator on `bind` (the servers and clients connect to `endpoint`),
+        # with this node's DataServer when it is also local rank 0; another node's local
+        # rank 0: a DataServer joining `endpoint`
+        where = dict(listen=bind, advertise=endpoint) if bind is not None else \
+            dict(listen=None, join=endpoint)
+        core = _C.Cluster(policy=policy, **where, **server, **(auth or {}))
+    cluster = Cluster(core, endpoint)
     _job_clusters[endpoint] = cluster
     with _clusters_lock:
         _clusters.append(cluster)

@@ -12,7 +12,7 @@ from ._C import DataHelixError, InvalidArgumentError
 from ._meta import join_meta, load_manifest_meta, warn_if_profiles_dropped
 from ._torch_args import (_pin_memory_arg, _prefetch_of, _refuse_torch_only, _seed_arg,
                           _source_or_dataset, _workers_arg)
-from .cluster import (_DEFAULT_ARENA, Cluster, _arena_budget_bytes, _env_int, _keys,
+from .cluster import (_DEFAULT_ARENA, Cluster, _env_int, _keys,
                       _node_name, _rebalance_loaders, _set_arena_budget, _set_log_level,
                       _torchrun_coordinator)
 from .rebalance import _rebalance_config
@@ -131,8 +131,8 @@ class DataLoader:
             what the prefetch horizon needs, bounded by ``arena_budget``. Each rank's
             requests keep to its share of its node's arena (docs/runtime.md).
         arena_budget: the memory an arena this process makes may take: bytes, or a string
-            such as "8G" or "512M" (default: DH_ARENA_BUDGET, else a quarter of physical
-            memory). Sets DH_ARENA_BUDGET for this process. A budget that cannot hold one
+            such as "8G" or "512M" (``_C.parse_bytes``; default: DH_ARENA_BUDGET, else a
+            quarter of physical memory or of the memory cgroup's limit). Sets DH_ARENA_BUDGET for this process. A budget that cannot hold one
             step fails with a message naming the numbers.
         node: this rank's node name (default: DATAHELIX_NODE, else the host name).
         connect_timeout: seconds to wait for the coordinator and the local DataServer. An
@@ -271,7 +271,7 @@ class DataLoader:
                     getattr(dataset, "estimate_cost", None) is None:
                 # no sizes to size the embedded arena by: the budget (a sparse memfd costs
                 # only what the batches in flight take; the byte cap learns the real sizes)
-                arena_bytes = _arena_budget_bytes()
+                arena_bytes = _C.arena_budget_default()
         elif collate_fn is not None or worker_init_fn is not None or costs is not None:
             raise InvalidArgumentError(
                 "collate_fn, worker_init_fn and costs are for a Python dataset (dataset=)")
@@ -376,15 +376,10 @@ class DataLoader:
         Python worker processes live as long as the loader."""
         if self._cluster is None:
             a = self._cluster_args
-            coord = _C.Coordinator("tcp://127.0.0.1:*", policy=a["policy"], **a["auth"])
-            try:
-                server = _C.DataServer(coord.endpoint, self._client_kwargs["node"],
-                                       workers=a["workers"], pipeline_json=pipeline_json,
-                                       arena_bytes=a["arena_bytes"], **a["auth"])
-            except BaseException:
-                coord.close()
-                raise
-            self._cluster = Cluster(coord, coord.endpoint, server)
+            self._cluster = Cluster(_C.Cluster(
+                listen="tcp://127.0.0.1:*", policy=a["policy"],
+                node=self._client_kwargs["node"], workers=a["workers"],
+                pipeline_json=pipeline_json, arena_bytes=a["arena_bytes"], **a["auth"]))
         return self._cluster
 
     def _close_client(self) -> None:

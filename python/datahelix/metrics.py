@@ -10,127 +10,40 @@ Prometheus' text exposition format (0.0.4) and, optionally, serves them::
     ...
     server.close()
 
-Every number is the client's own counter (``dh_client_stats``), renamed with its unit:
-``wait_s`` is ``datahelix_client_wait_seconds_total``, ``bytes_delivered`` is
-``datahelix_client_delivered_bytes_total``, and so on (``METRICS`` lists them). A key that
-``stats()`` gains later and this table does not know is rendered as a gauge named after it,
-so nothing is silently dropped.
+Every number is the client's own (``dh_client_stats``), named with its unit in the client's
+table of stats and metrics, which lives in C (src/runtime/stats_table.h) with the
+coordinator's and the DataServer's: ``wait_s`` is ``datahelix_client_wait_seconds_total``,
+``bytes_delivered`` is ``datahelix_client_delivered_bytes_total``, and so on (``METRICS``, built
+from that table at import, lists them). The text is rendered by the daemons' own Prometheus
+writer (``_C.Client.render_metrics``). A key that ``stats()`` gains and the table does not know
+is rendered as a gauge named after it (``datahelix_client_<key>``, characters outside
+``[A-Za-z0-9_]`` as ``_``), so nothing is silently dropped.
 """
 from __future__ import annotations
 
-import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+from . import _C
 
 __all__ = ["METRICS", "CONTENT_TYPE", "render", "serve_metrics", "MetricsServer"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: stats() key -> (metric name, type, help)
+#: stats() key -> (metric name, type, help), from the client's table in C
 METRICS: Dict[str, Tuple[str, str, str]] = {
-    "batches": ("datahelix_client_batches_total", "counter", "Batches next() returned."),
-    "samples": ("datahelix_client_samples_total", "counter", "Samples in those batches."),
-    "samples_failed": ("datahelix_client_samples_failed_total", "counter",
-                       "Samples that came flagged failed (on_error=skip)."),
-    "requests_sent": ("datahelix_client_requests_sent_total", "counter",
-                      "REQUESTs sent to the coordinator."),
-    "deliveries": ("datahelix_client_deliveries_total", "counter", "DELIVERs filed."),
-    "duplicates_dropped": ("datahelix_client_duplicates_dropped_total", "counter",
-                           "DELIVERs dropped as duplicates (a request executed twice after a "
-                           "fault)."),
-    "bytes_delivered": ("datahelix_client_delivered_bytes_total", "counter",
-                        "Tensor bytes of delivered batches."),
-    "copied_tensors": ("datahelix_client_copied_tensors_total", "counter",
-                       "Tensors that came by copy, not in the arena (a full arena)."),
-    "copy_bytes": ("datahelix_client_copy_bytes_total", "counter",
-                   "Bytes the fanout join copied."),
-    "notices": ("datahelix_client_notices_total", "counter",
-                "Deliveries that came on the local notice channel."),
-    "wait_s": ("datahelix_client_wait_seconds_total", "counter",
-               "Seconds next() blocked waiting for a batch (the training loop's stall)."),
-    "s_per_token": ("datahelix_client_compute_seconds_per_token", "gauge",
-                    "Learned compute seconds per token of the training step (0 before data)."),
-    "steps_total": ("datahelix_client_planned_steps", "gauge",
-                    "Batches this client will deliver in the pass."),
-    "prefetch_now": ("datahelix_client_prefetch_batches", "gauge",
-                     "The prefetch horizon now, in batches."),
-    "rebalance_rounds": ("datahelix_client_rebalance_rounds_total", "counter",
-                         "Tier-2 rounds this rank took part in."),
-    "rebalance_applied": ("datahelix_client_rebalance_applied_total", "counter",
-                          "Tier-2 rounds that moved parts."),
-    "rebalance_kept_by_gate": ("datahelix_client_rebalance_kept_by_gate_total", "counter",
-                               "Tier-2 rounds the cost gate kept as they were."),
-    "rebalance_moved_parts": ("datahelix_client_rebalance_moved_parts_total", "counter",
-                              "Parts this rank received by tier 2."),
-    "rebalance_moved_samples": ("datahelix_client_rebalance_moved_samples_total", "counter",
-                                "Samples this rank received by tier 2."),
-    "rebalance_bytes": ("datahelix_client_rebalance_bytes_total", "counter",
-                        "Bytes of the parts received by tier 2."),
-    "rebalance_bytes_remote": ("datahelix_client_rebalance_remote_bytes_total", "counter",
-                               "Of those, bytes forwarded from other nodes."),
-    "rebalance_exchanges": ("datahelix_client_rebalance_exchanges_total", "counter",
-                            "Tier-2 rounds whose bytes came through exchange_fn."),
-    "rebalance_transfer_s_total": ("datahelix_client_rebalance_transfer_seconds_total",
-                                   "counter", "Seconds those exchanges took."),
-    "rebalance_callback_errors": ("datahelix_client_rebalance_callback_errors_total", "counter",
-                                  "feature_fn / sort_fn calls that raised or answered badly."),
-    "rebalance_s_p95": ("datahelix_client_rebalance_decision_p95_seconds", "gauge",
-                        "p95 of a round's last part materialized to its decision applied."),
-    "rebalance_s_max": ("datahelix_client_rebalance_decision_max_seconds", "gauge",
-                        "The most of the same."),
-    "rebalance_final_s_p95": ("datahelix_client_rebalance_final_p95_seconds", "gauge",
-                              "p95 of a round's last part materialized to its batches final."),
-    "rebalance_transfer_s_p95": ("datahelix_client_rebalance_transfer_p95_seconds", "gauge",
-                                 "p95 of the exchanges' transfer time."),
-}
+    key: (metric, kind, help_text)
+    for key, _, metric, kind, _, help_text in _C.Client.metrics_table() if metric}
 
 StatsSource = Union[Callable[[], Mapping[str, Any]], Any]
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if float(v).is_integer() and abs(v) < 2**53:
-        return str(int(v))
-    return repr(float(v))
-
-
-def _generic_name(key: str) -> str:
-    safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in key)
-    return "datahelix_client_" + safe
 
 
 def render(stats: Mapping[str, Any], labels: Optional[Mapping[str, str]] = None) -> str:
     """``stats`` (a ``DataLoader.stats()`` dict) in the text exposition format 0.0.4: a HELP
     and a TYPE line and one sample per number, each with ``labels`` (e.g. ``{"rank": "0"}``).
     Non-numeric values are skipped; booleans count as 0 or 1."""
-    label_text = ""
-    if labels:
-        label_text = "{" + ",".join(f'{k}="{_escape_label(str(v))}"'
-                                    for k, v in sorted(labels.items())) + "}"
-    lines = []
-    for key, value in stats.items():
-        if isinstance(value, bool):
-            value = int(value)
-        if not isinstance(value, (int, float)):
-            continue
-        name, kind, help_text = METRICS.get(
-            key, (_generic_name(key), "gauge", f"DataLoader.stats()['{key}']."))
-        lines.append(f"# HELP {name} {_escape_help(help_text)}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{label_text} {_value(float(value))}")
-    return "\n".join(lines) + ("\n" if lines else "")
+    return _C.Client.render_metrics(stats, labels)
 
 
 def _stats_of(source: StatsSource) -> Mapping[str, Any]:

@@ -10,15 +10,15 @@ from ._C import InvalidArgumentError
 from ._exchange import _all_to_all_exchange, _refuse_side_door
 
 
-# The keys of DataLoader(rebalance={...}) (docs/rebalancing.md): the paper's shape
-# (feature_fn, sort_fn, client_ranks, buffer_size, args), "groups" as the C API names
-# client_ranks, and the knobs of dh_rebalance_config_t besides; "process_group" (a
-# torch.distributed group that carries cross-node moves in one all_to_all per round) or
-# "exchange_fn" (any collective of the same shape), refused with CURVE keys unless
-# "allow_unencrypted_exchange" is True (_exchange.py; docs/security.md).
-REBALANCE_KEYS = ("feature_fn", "sort_fn", "client_ranks", "groups", "buffer_size", "min_gain",
-                  "args", "n_features", "move_s_per_B", "round_timeout_ms", "late_ms",
-                  "fanout", "process_group", "exchange_fn", "allow_unencrypted_exchange")
+# The keys of DataLoader(rebalance={...}) (docs/rebalancing.md), one list owned by the C
+# binding (src/python/rebalance.c): the paper's shape (feature_fn, sort_fn, client_ranks,
+# buffer_size, args), "groups" as the C API names client_ranks, and the knobs of
+# dh_rebalance_config_t besides; "process_group" (a torch.distributed group that carries
+# cross-node moves in one all_to_all per round) or "exchange_fn" (any collective of the same
+# shape), refused with CURVE keys unless "allow_unencrypted_exchange" is True (_exchange.py;
+# docs/security.md). Those the binding's parse reads are _C.REBALANCE_SPEC_KEYS; the others
+# (client_ranks, fanout, process_group, allow_unencrypted_exchange) are turned into them here.
+REBALANCE_KEYS = _C.REBALANCE_KEYS
 
 
 def _part_view(tensor: Any) -> Any:
@@ -63,8 +63,7 @@ def _rebalance_config(rebalance: Union[None, bool, Dict[str, Any]], batch_size: 
             f"rebalance: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
             f"(allowed: {', '.join(REBALANCE_KEYS)})")
     _refuse_side_door(rebalance, keys_dir)
-    spec = {k: v for k, v in rebalance.items()
-            if k not in ("client_ranks", "fanout", "process_group", "allow_unencrypted_exchange")}
+    spec = {k: v for k, v in rebalance.items() if k in _C.REBALANCE_SPEC_KEYS}
     if rebalance.get("process_group") is not None:
         if rebalance.get("exchange_fn") is not None:
             raise InvalidArgumentError(

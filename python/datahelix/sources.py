@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _C
 from ._C import InvalidArgumentError, NotFoundError, ParseError
@@ -95,7 +95,8 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
         for k in default:
             default[k] = sum(v[k] for v in learned.values()) / len(learned)
     estimate = getattr(dataset, "estimate_cost", None)
-    with open(os.path.join(directory, "profiles.jsonl"), "w", encoding="utf-8") as f:
+
+    def rows() -> Iterator[Dict[str, Any]]:
         for i in range(n):
             cost = dict(default)
             if estimate is not None:
@@ -107,11 +108,13 @@ def _dataset_source(dataset: Any, directory: str, *, seed: int,
                 cost.update({k: given[k] for k in ("cpu_s", "tokens", "out_bytes") if k in given})
             elif str(i) in learned:
                 cost.update(learned[str(i)])
-            f.write(json.dumps({
-                "id": str(i), "uri": f"index:{i}", "profile_key": "python", "frames": 1,
-                "height": 1, "width": 1, "tokens_est": max(0, int(round(cost["tokens"]))),
-                "cpu_s_est": max(0.0, float(cost["cpu_s"])), "in_bytes": 0,
-                "out_bytes": max(0, int(cost["out_bytes"]))}, separators=(",", ":")) + "\n")
+            yield {"id": str(i), "uri": f"index:{i}", "profile_key": "python", "frames": 1,
+                   "height": 1, "width": 1, "tokens_est": max(0, int(round(cost["tokens"]))),
+                   "cpu_s_est": max(0.0, float(cost["cpu_s"])), "in_bytes": 0,
+                   "out_bytes": max(0, int(cost["out_bytes"]))}
+
+    # the C writer (dh_profile_row_write): profiles.jsonl has one writer
+    _C.write_profiles(os.path.join(directory, "profiles.jsonl"), rows())
     blob = _pickle_bundle({"dataset": dataset, "collate_fn": collate_fn,
                            "worker_init_fn": worker_init_fn}, f"dataset {type(dataset).__name__}")
     pkl = os.path.join(directory, "dataset.pkl")
@@ -290,7 +293,8 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
         counts[i] += 1
     rng = random.Random(seed)
     os.makedirs(out, exist_ok=True)
-    profiles, manifest = [], []
+    profiles: List[Dict[str, Any]] = []
+    manifest: List[str] = []
     for (name, _, rows, (captions, meta)), count in zip(loaded, counts):
         picks = [(i, copy) for copy in range(count // len(rows)) for i in range(len(rows))]
         picks += [(i, count // len(rows)) for i in sorted(rng.sample(range(len(rows)),
@@ -299,16 +303,18 @@ def blend(sources: Sequence[Tuple[Union[str, os.PathLike], float]],
             row = dict(rows[i])
             source_id = str(row["id"])
             row["id"] = f"{name}/{source_id}" + (f"#{copy}" if copy else "")
-            profiles.append(json.dumps(row, ensure_ascii=False) + "\n")
+            profiles.append(row)
             line = {"id": row["id"], "path": row["uri"], "caption": captions.get(source_id, "")}
             if meta.raw(source_id):
                 line["meta"] = meta.raw(source_id)
             manifest.append(json.dumps(line, ensure_ascii=False) + "\n")
-    for file, lines in (("profiles.jsonl", profiles), ("manifest.jsonl", manifest)):
-        partial = os.path.join(out, file + ".part")
-        with open(partial, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-        os.replace(partial, os.path.join(out, file))
+    partial = os.path.join(out, "profiles.jsonl.part")
+    _C.write_profiles(partial, profiles)  # the C writer: profiles.jsonl has one writer
+    os.replace(partial, os.path.join(out, "profiles.jsonl"))
+    partial = os.path.join(out, "manifest.jsonl.part")
+    with open(partial, "w", encoding="utf-8") as f:
+        f.writelines(manifest)
+    os.replace(partial, os.path.join(out, "manifest.jsonl"))
     return os.fspath(out)
 
 

@@ -391,9 +391,9 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
         res->prefetch_reached = now > res->prefetch_reached ? now : res->prefetch_reached;
     }
     /* transfers: what crossed nodes, what was copied (joins, pool's copies) */
-    for (size_t i = 0; i < cl.n_servers; i++) {
+    for (size_t i = 0; i < dh_cluster_count(cl.cluster); i++) {
         dh_dataserver_stats_t ds;
-        dh_dataserver_stats(cl.servers[i], &ds);
+        dh_dataserver_stats(dh_cluster_server(cl.cluster, i), &ds);
         res->cross_node_bytes += emulated(opt, (double)ds.bytes_cross_node);
     }
     for (uint32_t r = 0; r < opt->ranks; r++) {

@@ -1,16 +1,16 @@
 /* train_cluster.c: the in-process cluster `bench` runs one system on (train_cluster.h): a
  * coordinator and the system's DataServers as threads of this process, over inproc://
- * endpoints of one ZeroMQ context, each local server with its arena sized for its ranks. */
+ * endpoints of one ZeroMQ context, each local server with its arena sized for its ranks.
+ * The runtime's starter (include/datahelix/cluster.h, src/runtime/cluster_start.c) makes, starts
+ * and stops them; this file chooses the servers, their CPUs and arenas. */
 #include "bench/train_cluster.h"
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "core/internal.h"
-#include "datahelix/clock.h"
+#include "datahelix/alloc.h"
 #include "datahelix/deadline.h"
 #include "datahelix/error.h"
 #include "datahelix/profile.h"
@@ -21,22 +21,9 @@ static double link_Bps(const dh_bench_options_t *opt)
     return opt->link_gbps * 1e9 / 8;
 }
 
-static void sleep_for(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
 void dh_bench_cluster_stop(dh_bench_cluster_t *c)
 {
-    /* every server stopping at once: none waits to forward to one already gone */
-    for (size_t i = 0; i < c->n_servers; i++)
-        dh_dataserver_stop(c->servers[i]);
-    for (size_t i = 0; i < c->n_servers; i++)
-        dh_dataserver_destroy(&c->servers[i]);
-    dh_coordinator_destroy(&c->coord);
-    if (c->ctx)
-        zmq_ctx_term(c->ctx);
+    dh_cluster_destroy(&c->cluster);
     memset(c, 0, sizeof *c);
 }
 
@@ -89,67 +76,42 @@ static int bench_arena_bytes(const dh_bench_options_t *opt, uint32_t ranks, uint
     return 0;
 }
 
-static int add_server(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
-                      const char *pipeline_json, dh_ds_role_t role, const char *node,
-                      const char *name, uint32_t workers, uint64_t cpus)
+/* Server i of the list: its role, node, name, workers and CPUs. */
+static void add_server(dh_cluster_server_t *servers, char (*names)[2][64], size_t i,
+                       dh_ds_role_t role, const char *node_fmt, const char *name_fmt,
+                       uint32_t index, uint32_t workers, uint64_t cpus)
 {
-    if (c->n_servers == DH_BENCH_MAX_SERVERS)
-        return dh__set_error(DH_EINVAL, "bench: more than %d DataServers", DH_BENCH_MAX_SERVERS);
-    static unsigned counter;
-    char data_ep[96];
-    snprintf(data_ep, sizeof data_ep, "inproc://bench-data-%d-%u", (int)getpid(), counter++);
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = dh_coordinator_endpoint(c->coord);
-    dc.role = role;
-    dc.node = node;
-    dc.name = name;
-    dc.workers = workers;
-    dc.pipeline_json = pipeline_json;
-    dc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
-    /* the ranks a local server delivers to (a rank-local loader's server: one), as the
-     * clients' local_ranks */
-    int rc = bench_arena_bytes(opt, c->ranks_per_arena, c->arenas, &dc.arena_bytes);
-    if (rc)
-        return rc;
-    dc.data_listen = data_ep;
-    dc.zmq_ctx = c->ctx;
-    dc.worker_cpus = cpus;
-    /* the one transfer cost: a link to another node carries link_Bps emulated bytes per
-     * second (time-scaled like every emulated duration) */
-    dc.emulate_link_Bps =
-        opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
-    rc = dh_dataserver_new(&c->servers[c->n_servers], &dc);
-    if (rc)
-        return rc;
-    c->n_servers++;
-    c->cores += workers;
-    return dh_dataserver_start(c->servers[c->n_servers - 1]);
+    snprintf(names[i][0], sizeof names[i][0], node_fmt, index);
+    snprintf(names[i][1], sizeof names[i][1], name_fmt, index);
+    servers[i].role = role;
+    servers[i].node = names[i][0];
+    servers[i].name = names[i][1];
+    servers[i].workers = workers;
+    servers[i].worker_cpus = cpus;
 }
 
 int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
                            const dh_bench_system_t *sp, const char *pipeline_json)
 {
     memset(c, 0, sizeof *c);
-    c->ctx = zmq_ctx_new();
-    if (!c->ctx)
-        return dh__set_error(DH_ENOMEM, "zmq_ctx_new failed");
-    static unsigned counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://bench-coordinator-%d-%u", (int)getpid(), counter++);
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
-    cc.listen = ep;
-    cc.zmq_ctx = c->ctx;
-    cc.place.policy = sp->policy;
-    cc.dead_after_ms = 10000; /* a loaded 2-core machine must not fake deaths */
-    int rc = dh_coordinator_new(&c->coord, &cc);
-    if (rc || (rc = dh_coordinator_start(c->coord)))
-        return rc;
-    char node[64], name[64];
     c->arenas = sp->rank_local ? opt->ranks : opt->local_servers;
     c->ranks_per_arena =
         sp->rank_local ? 1 : (opt->ranks + opt->local_servers - 1) / opt->local_servers;
+    size_t n = sp->rank_local ? opt->ranks : (size_t)opt->local_servers + opt->remote_servers;
+    if (n > DH_BENCH_MAX_SERVERS)
+        return dh__set_error(DH_EINVAL, "bench: more than %d DataServers", DH_BENCH_MAX_SERVERS);
+    /* the ranks a local server delivers to (a rank-local loader's server: one), as the
+     * clients' local_ranks */
+    uint64_t arena_bytes = 0;
+    int rc = bench_arena_bytes(opt, c->ranks_per_arena, c->arenas, &arena_bytes);
+    if (rc)
+        return rc;
+    dh_cluster_server_t *servers = dh_calloc(n ? n : 1, sizeof *servers);
+    char(*names)[2][64] = dh_calloc(n ? n : 1, sizeof *names);
+    if (!servers || !names) {
+        rc = dh__set_error(DH_ENOMEM, "bench: out of memory for %zu DataServers", n);
+        goto done;
+    }
     if (sp->rank_local) {
         uint32_t total = sp->cores           ? sp->cores
                          : opt->native_cores ? opt->native_cores
@@ -161,8 +123,6 @@ int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         uint32_t ncpu = online > 0 ? (uint32_t)online : 1;
         for (uint32_t r = 0; r < opt->ranks; r++) {
-            snprintf(node, sizeof node, "node-%u", r);
-            snprintf(name, sizeof name, "local-%u", r);
             uint64_t cpus = 0;
             if (opt->dataset && ncpu <= 64) {
                 uint32_t lo = r * ncpu / opt->ranks, hi = (r + 1) * ncpu / opt->ranks;
@@ -171,36 +131,45 @@ int dh_bench_cluster_start(dh_bench_cluster_t *c, const dh_bench_options_t *opt,
                 for (uint32_t i = lo; i < hi; i++)
                     cpus |= 1ull << i;
             }
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name, per, cpus)))
-                return rc;
+            add_server(servers, names, r, DH_DS_LOCAL, "node-%u", "local-%u", r, per, cpus);
         }
     } else {
-        for (uint32_t i = 0; i < opt->local_servers; i++) {
-            snprintf(node, sizeof node, "node-%u", i);
-            snprintf(name, sizeof name, "local-%u", i);
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_LOCAL, node, name,
-                                 opt->cores_per_server, 0)))
-                return rc;
-        }
-        for (uint32_t i = 0; i < opt->remote_servers; i++) {
-            snprintf(node, sizeof node, "spare-%u", i);
-            snprintf(name, sizeof name, "remote-%u", i);
-            if ((rc = add_server(c, opt, pipeline_json, DH_DS_REMOTE, node, name,
-                                 opt->cores_per_server, 0)))
-                return rc;
-        }
+        for (uint32_t i = 0; i < opt->local_servers; i++)
+            add_server(servers, names, i, DH_DS_LOCAL, "node-%u", "local-%u", i,
+                       opt->cores_per_server, 0);
+        for (uint32_t i = 0; i < opt->remote_servers; i++)
+            add_server(servers, names, opt->local_servers + i, DH_DS_REMOTE, "spare-%u",
+                       "remote-%u", i, opt->cores_per_server, 0);
     }
+    for (size_t i = 0; i < n; i++) {
+        servers[i].arena_bytes = arena_bytes;
+        /* the one transfer cost: a link to another node carries link_Bps emulated bytes per
+         * second (time-scaled like every emulated duration) */
+        servers[i].emulate_link_Bps =
+            opt->link_gbps > 0 ? link_Bps(opt) / (opt->dataset ? 1 : opt->time_scale) : 0;
+        c->cores += servers[i].workers;
+    }
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
+    cc.policy = sp->policy;
+    cc.dead_after_ms = 10000; /* a loaded 2-core machine must not fake deaths */
+    cc.pipeline_json = pipeline_json;
+    cc.pipeline_path = pipeline_json ? NULL : opt->pipeline;
+    cc.servers = servers;
+    cc.n_servers = n;
+    if ((rc = dh_cluster_new(&c->cluster, &cc)))
+        goto done;
+    c->ctx = dh_cluster_zmq_ctx(c->cluster);
+    c->coord = dh_cluster_coordinator(c->cluster);
     /* every server registered before the first request */
-    uint64_t t0 = dh_clock_now_ns();
-    for (;;) {
-        dh_coordinator_stats_t st;
-        dh_coordinator_stats(c->coord, &st);
-        if (st.servers_alive >= c->n_servers)
-            return 0;
-        if (dh_clock_elapsed_s(t0, dh_clock_now_ns()) > 20)
-            return dh__set_error(DH_EAGAIN,
-                                 "bench: %s: only %llu of %zu DataServers registered in 20 s",
-                                 sp->name, (unsigned long long)st.servers_alive, c->n_servers);
-        sleep_for(0.005);
+    if ((rc = dh_cluster_start(c->cluster)) ||
+        (rc = dh_cluster_wait_registered(c->cluster, NULL, 20000))) {
+        char why[512]; /* copied: the message is rewritten from the same buffer */
+        snprintf(why, sizeof why, "%s", dh_last_error());
+        rc = dh__set_error(rc, "bench: %s: %s", sp->name, why);
     }
+done:
+    dh_free(servers);
+    dh_free(names);
+    return rc;
 }

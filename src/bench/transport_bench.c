@@ -7,12 +7,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
+#include "datahelix/cluster.h"
 #include "datahelix/error.h"
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
@@ -39,60 +39,42 @@ static int write_profiles(const char *path, size_t count, uint64_t bytes)
 }
 
 typedef struct stack {
-    void *ctx;
-    dh_coordinator_t *coord;
-    dh_dataserver_t *local, *remote;
+    dh_cluster_t *cluster; /* its coordinator, the local DataServer, the sidecar */
 } stack_t_;
 
 static void stack_stop(stack_t_ *s)
 {
-    dh_dataserver_destroy(&s->remote);
-    dh_dataserver_destroy(&s->local);
-    dh_coordinator_destroy(&s->coord);
-    if (s->ctx)
-        zmq_ctx_term(s->ctx);
-    memset(s, 0, sizeof *s);
+    dh_cluster_destroy(&s->cluster);
 }
 
 /* keys_dir: CURVE on every tcp:// socket of the stack and the client (NULL: plaintext). */
 static int stack_start(stack_t_ *s, bool with_remote, uint64_t arena_bytes, const char *keys_dir)
 {
     memset(s, 0, sizeof *s);
-    s->ctx = zmq_ctx_new();
-    if (!s->ctx)
-        return dh__set_error(DH_ENOMEM, "zmq_ctx_new failed");
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
+    dh_cluster_server_t servers[2] = {
+        /* delivery only when the sidecar executes */
+        {.role = DH_DS_LOCAL,
+         .node = "bench-node",
+         .name = "bench-local",
+         .workers = with_remote ? 0 : 1,
+         .arena_bytes = arena_bytes},
+        {.role = DH_DS_REMOTE,
+         .node = "bench-sidecar",
+         .name = "bench-remote",
+         .workers = 2,
+         .arena_bytes = arena_bytes},
+    };
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
     cc.listen = "tcp://127.0.0.1:*";
-    cc.zmq_ctx = s->ctx;
-    cc.place.policy = DH_POLICY_LEAST_REQUEST;
+    cc.policy = DH_POLICY_LEAST_REQUEST;
     cc.keys_dir = keys_dir;
-    int rc = dh_coordinator_new(&s->coord, &cc);
-    if (rc || (rc = dh_coordinator_start(s->coord)))
-        goto fail;
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = dh_coordinator_endpoint(s->coord);
-    dc.node = "bench-node";
-    dc.name = "bench-local";
-    dc.workers = with_remote ? 0 : 1;
-    dc.pipeline_json = SYNTH_NONE;
-    dc.arena_bytes = arena_bytes;
-    dc.zmq_ctx = s->ctx;
-    dc.keys_dir = keys_dir;
-    if ((rc = dh_dataserver_new(&s->local, &dc)) || (rc = dh_dataserver_start(s->local)))
-        goto fail;
-    if (with_remote) {
-        dc.role = DH_DS_REMOTE;
-        dc.node = "bench-sidecar";
-        dc.name = "bench-remote";
-        dc.workers = 2;
-        if ((rc = dh_dataserver_new(&s->remote, &dc)) || (rc = dh_dataserver_start(s->remote)))
-            goto fail;
-    }
-    return 0;
-fail:
-    stack_stop(s);
+    cc.pipeline_json = SYNTH_NONE;
+    cc.servers = servers;
+    cc.n_servers = with_remote ? 2 : 1;
+    int rc = dh_cluster_new(&s->cluster, &cc);
+    if (rc || (rc = dh_cluster_start(s->cluster)))
+        stack_stop(s);
     return rc;
 }
 
@@ -102,7 +84,7 @@ static int open_client(stack_t_ *s, const char *profiles, uint32_t prefetch, con
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     cfg.keys_dir = keys_dir;
-    cfg.coordinator = dh_coordinator_endpoint(s->coord);
+    cfg.coordinator = dh_cluster_endpoint(s->cluster);
     cfg.profiles = profiles;
     cfg.node = "bench-node";
     cfg.batch = 1;

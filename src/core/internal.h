@@ -25,6 +25,21 @@ void dh__json_track_begin(void);
 /* True if a jansson allocation failed on this thread since dh__json_track_begin(). */
 bool dh__json_track_failed(void);
 
+struct json_t;
+struct json_error_t;
+
+/* Starts tracking (dh__json_track_begin) and loads the JSON file at `path`, duplicate keys
+ * refused. A file that cannot be opened: -errno, with a message "PATH: cannot open: ...".
+ * Otherwise 0 and *root the document (the caller's, json_decref), or NULL with the parse
+ * error in *jerr for the caller to report in its own words. */
+int dh__json_load_file(const char *path, struct json_t **root, struct json_error_t *jerr);
+
+/* jansson's result of parsing `source` (a path or the caller's name for the text), checked:
+ * an allocation failure since dh__json_track_begin() is DH_ENOMEM (root released), no root
+ * is DH_EPARSE naming source, line, column and jansson's text; else 0 (root still the
+ * caller's). */
+int dh__json_check(struct json_t *root, const struct json_error_t *jerr, const char *source);
+
 typedef struct dh__json_scratch {
     char *block;
     size_t cap, used; /* the owner resets used to 0 when all objects from it are released */

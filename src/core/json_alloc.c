@@ -8,12 +8,15 @@
  * While a thread has a scratch block set, its jansson allocations are bump-allocated from it
  * (frees inside it are no-ops); a request too big for what is left falls back to dh_malloc.
  * Other threads are unaffected (the state is thread-local). */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include <jansson.h>
 
 #include "datahelix/alloc.h"
+#include "datahelix/error.h"
 #include "core/internal.h"
 
 static _Thread_local bool json_alloc_failed;
@@ -67,4 +70,28 @@ dh__json_scratch_t *dh__json_scratch_set(dh__json_scratch_t *scratch)
     dh__json_scratch_t *previous = json_scratch;
     json_scratch = scratch;
     return previous;
+}
+
+int dh__json_load_file(const char *path, json_t **root, json_error_t *jerr)
+{
+    dh__json_track_begin();
+    errno = 0;
+    *root = json_load_file(path, JSON_REJECT_DUPLICATES, jerr);
+    if (!*root && json_error_code(jerr) == json_error_cannot_open_file) {
+        int err = errno ? errno : EIO;
+        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+    }
+    return 0;
+}
+
+int dh__json_check(json_t *root, const json_error_t *jerr, const char *source)
+{
+    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
+        json_decref(root);
+        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
+    }
+    if (!root)
+        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
+                             jerr->text, jerr->column);
+    return 0;
 }

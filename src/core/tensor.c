@@ -35,6 +35,18 @@ const char *dh_dtype_name(unsigned dtype)
     }
 }
 
+int dh_dtype_from_name(const char *name)
+{
+    if (!name)
+        return -1;
+#define DH__DTYPE_FROM_NAME(name_, code, str, size, dl_code, dl_bits, fmt)                         \
+    if (strcmp(name, str) == 0)                                                                    \
+        return code;
+    DH_DTYPE_MAP(DH__DTYPE_FROM_NAME)
+#undef DH__DTYPE_FROM_NAME
+    return -1;
+}
+
 int dh_dtype_dlpack(unsigned dtype, uint8_t *code_out, uint8_t *bits_out)
 {
     switch (dtype) {

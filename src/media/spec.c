@@ -24,8 +24,8 @@
 
 static const char *const sampling_names[] = {"uniform", "random-window", "fps"};
 static const char *const resize_names[] = {"short-side+center-crop", "fixed", "native"};
-/* The dtypes a spec may ask for (a subset of DH_DTYPE_MAP), in the order of their names. */
-static const char *const dtype_names[] = {"uint8", "float32"};
+/* The dtypes a spec may ask for (a subset of DH_DTYPE_MAP: what the decode pipeline writes);
+ * their names are the table's (dh_dtype_name). */
 static const dh_dtype_t spec_dtypes[] = {DH_DTYPE_UINT8, DH_DTYPE_FLOAT32};
 static const char *const layout_names[] = {"TCHW", "THWC"};
 
@@ -205,6 +205,9 @@ static int parse_field(const char *source, const char *key, json_t *v, dh_pipeli
     ENUM_FIELD(sampling, sampling_names)
     ENUM_FIELD(resize, resize_names)
     if (strcmp(key, "dtype") == 0) {
+        const char *dtype_names[DH_ARRAY_LEN(spec_dtypes)];
+        for (size_t d = 0; d < DH_ARRAY_LEN(spec_dtypes); d++)
+            dtype_names[d] = dh_dtype_name(spec_dtypes[d]);
         if ((rc = get_enum(v, source, key, dtype_names, DH_ARRAY_LEN(dtype_names), &e)) == 0)
             s->dtype = spec_dtypes[e];
         return rc;
@@ -264,14 +267,10 @@ static int parse_root(json_t *root, const char *source, dh_pipeline_spec_t *out)
 static int finish(json_t *root, const json_error_t *jerr, const char *source,
                   dh_pipeline_spec_t *spec)
 {
-    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
-        json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
-    }
-    if (!root)
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
-                             jerr->text, jerr->column);
-    int rc = parse_root(root, source, spec);
+    int rc = dh__json_check(root, jerr, source);
+    if (rc)
+        return rc;
+    rc = parse_root(root, source, spec);
     json_decref(root);
     return rc;
 }
@@ -289,15 +288,10 @@ int dh_pipeline_spec_parse(const char *json, size_t len, const char *source,
 
 int dh_pipeline_spec_load(const char *path, dh_pipeline_spec_t *spec)
 {
-    dh__json_track_begin();
     json_error_t jerr;
-    errno = 0;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
-        int err = errno ? errno : EIO;
-        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
-    }
-    return finish(root, &jerr, path, spec);
+    json_t *root;
+    int rc = dh__json_load_file(path, &root, &jerr);
+    return rc ? rc : finish(root, &jerr, path, spec);
 }
 
 char *dh_pipeline_spec_to_json(const dh_pipeline_spec_t *s)

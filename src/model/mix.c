@@ -186,14 +186,9 @@ static int entry_parse(const char *path, size_t i, json_t *obj, dh_mix_entry_t *
 static int mix_from_json(json_t *root, const json_error_t *jerr, const char *source, dh_mix_t **out)
 {
     *out = NULL;
-    if (dh__json_track_failed() || (!root && json_error_code(jerr) == json_error_out_of_memory)) {
-        json_decref(root);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", source);
-    }
-    if (!root)
-        return dh__set_error(DH_EPARSE, "%s:%d: not JSON: %s at column %d", source, jerr->line,
-                             jerr->text, jerr->column);
-    int rc = 0;
+    int rc = dh__json_check(root, jerr, source);
+    if (rc)
+        return rc;
     dh_mix_t *mix = NULL;
     if (!json_is_array(root)) {
         rc = dh__set_error(DH_ESCHEMA,
@@ -223,14 +218,12 @@ out:
 
 static int mix_load_file(const char *path, dh_mix_t **out)
 {
-    dh__json_track_begin();
     json_error_t jerr;
-    errno = 0;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
-        int err = errno ? errno : EIO;
+    json_t *root;
+    int rc = dh__json_load_file(path, &root, &jerr);
+    if (rc) {
         *out = NULL;
-        return dh__set_error(-err, "%s: cannot open: %s", path, strerror(err));
+        return rc;
     }
     return mix_from_json(root, &jerr, path, out);
 }

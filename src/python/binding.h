@@ -6,14 +6,19 @@
  *                          table (error.h), the module-level functions, PyInit__C
  *   batch.c                Batch (dh_client_batch_t) and Tensor, one tensor of a batch: the
  *                          buffer protocol and __dlpack__ (CPU), zero-copy views of the arena
- *   client.c               Client (dh_client_t): next() -> Batch, stats(), plan(), close()
- *   servers.c              Coordinator and DataServer as threads of this process
+ *   client.c               Client (dh_client_t): next() -> Batch, stats(), plan(), close();
+ *                          the stats dicts and a rank's metrics text, from the C tables
+ *   cluster.c              Cluster (dh_cluster_t): a coordinator and/or a DataServer started
+ *                          and stopped as one in-process cluster (start_cluster, torchrun)
+ *   servers.c              Coordinator and DataServer, each alone, as threads of this process
  *   rebalance.c            tier 2's bridge: the rebalance= dict parsed into the C config and the
  *                          bridge that owns the callables; a callback failure raised by next()
  *   rebalance_callbacks.c  the C trampolines that call feature_fn, sort_fn and exchange_fn on
  *                          the client's fetcher thread, and PartTensor, the part feature_fn sees
  *   rebalance_spec.c       RebalanceSpec: a rebalance dict checked offline, its callbacks
  *                          called through the same trampolines
+ *   values.c               the values the C side owns, for python/datahelix: the arena budget,
+ *                          the byte-count parser, the profile row writer, the dtype table
  *
  * Every call that can block (creating a client, next(), closing) releases the GIL. Names
  * shared between these files are dh__py_* (docs/conventions.md, "Names"); nothing else
@@ -30,6 +35,8 @@
 
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/metrics.h"
+#include "datahelix/shm.h"
 
 /* ---- errors (module.c) ---------------------------------------------------------------- */
 
@@ -56,6 +63,22 @@ static inline int dh__py_dict_set_steal(PyObject *d, const char *key, PyObject *
     Py_DECREF(value);
     return rc;
 }
+
+/* ---- stats (client.c) ----------------------------------------------------------------- */
+
+/* A stats() dict from the table of `of` (datahelix/metrics.h) and its public stats struct
+ * `stats`: one key per row with a field, in the table's order (ints, seconds and other
+ * doubles as floats). A new reference, or NULL with an exception set. */
+PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats);
+
+/* The table of `of` as a tuple of (key, kind, metric, type, label, help) rows, kind one of
+ * counter, seconds, u64, f64, binding, metric; metric, type, label and help may be None
+ * (the metrics_table() static methods of Client, Coordinator and DataServer). */
+PyObject *dh__py_metrics_table(dh_metrics_of_t of);
+
+/* A DataServer's arena counters as a dict (servers.c; DataServer and Cluster). New
+ * reference, or NULL with an exception set. */
+PyObject *dh__py_arena_stats_dict(const dh_shm_arena_stats_t *s);
 
 /* ---- tensor views (batch.c): Tensor's, and PartTensor's (rebalance_callbacks.c) ------- */
 
@@ -115,6 +138,11 @@ typedef struct dh__py_bridge {
     unsigned long errors;    /* callback failures so far */
 } dh__py_bridge_t;
 
+/* The keys of DataLoader(rebalance={...}) as a tuple (_C.REBALANCE_KEYS), or with
+ * `spec_only` those the binding's parse reads (_C.REBALANCE_SPEC_KEYS); NULL: an error is
+ * set. rebalance.c owns the list. */
+PyObject *dh__py_rebalance_keys(int spec_only);
+
 /* rebalance=None/False (off), True (the C defaults) or a dict (docs/python.md) ->
  * cfg->rebalance and the bridge behind its callbacks (*out, NULL when off; the caller's to
  * free). Returns 0 or -1 with an error set. */
@@ -158,9 +186,22 @@ extern const double dh__py_feature_unused;
 extern PyTypeObject dh__py_batch_type;          /* batch.c */
 extern PyTypeObject dh__py_tensor_type;         /* batch.c */
 extern PyTypeObject dh__py_client_type;         /* client.c */
+extern PyTypeObject dh__py_cluster_type;        /* cluster.c */
 extern PyTypeObject dh__py_coordinator_type;    /* servers.c */
 extern PyTypeObject dh__py_dataserver_type;     /* servers.c */
 extern PyTypeObject dh__py_part_tensor_type;    /* rebalance_callbacks.c */
 extern PyTypeObject dh__py_rebalance_spec_type; /* rebalance_spec.c */
+
+/* ---- the values the C side owns (values.c) ------------------------------------------- */
+
+/* arena_budget_default(), parse_bytes(text, what=), write_profiles(path, rows): entries of
+ * module.c's method table. */
+PyObject *dh__py_arena_budget_default(PyObject *m, PyObject *unused);
+PyObject *dh__py_parse_bytes(PyObject *m, PyObject *args, PyObject *kwargs);
+PyObject *dh__py_write_profiles(PyObject *m, PyObject *args);
+
+/* Adds the module's constants DTYPES, REBALANCE_KEYS and REBALANCE_SPEC_KEYS. Returns 0, or -1
+ * with an error set. */
+int dh__py_values_add(PyObject *m);
 
 #endif

@@ -1,7 +1,8 @@
 /* client.c: Client, one rank of the data plane (dh_client_t): next() -> Batch (batch.c; None
- * at the end), stats(), plan(), close(). Every call that can block (creating the client,
- * next(), closing) releases the GIL; a client's calls are serialised by its own mutex, since
- * the C client belongs to one thread at a time while Python may call it from several. With
+ * at the end), stats(), plan(), close(); the stats dicts of the three tables (datahelix/metrics.h)
+ * and a rank's metrics text rendered by the daemons' writer. Every call that can block (creating
+ * the client, next(), closing) releases the GIL; a client's calls are serialised by its own mutex,
+ * since the C client belongs to one thread at a time while Python may call it from several. With
  * rebalance=, the client owns tier 2's bridge (rebalance.c) and frees it after its threads.
  */
 #include "binding.h"
@@ -9,6 +10,8 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+
+#include "datahelix/alloc.h"
 
 typedef struct {
     PyObject_HEAD dh_client_t *client;
@@ -232,51 +235,190 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
      * state while it waits for the GIL */
     Py_BEGIN_ALLOW_THREADS dh_client_stats(self->client, &s);
     Py_END_ALLOW_THREADS pthread_mutex_unlock(&self->lock);
-    PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}", "batches",
-        (unsigned long long)s.batches, "samples", (unsigned long long)s.samples, "samples_failed",
-        (unsigned long long)s.samples_failed, "requests_sent", (unsigned long long)s.requests_sent,
-        "deliveries", (unsigned long long)s.deliveries, "duplicates_dropped",
-        (unsigned long long)s.duplicates_dropped, "bytes_delivered",
-        (unsigned long long)s.bytes_delivered, "copied_tensors",
-        (unsigned long long)s.copied_tensors, "copy_bytes", (unsigned long long)s.copy_bytes,
-        "notices", (unsigned long long)s.notices, "wait_s", s.wait_s, "s_per_token", s.s_per_token,
-        "steps_total", (unsigned long long)s.steps_total, "prefetch_now",
-        (unsigned long long)s.prefetch_now);
-    /* tier 2 (zero when rebalance is off); rebalance_callback_errors: the Python feature_fn
-     * and sort_fn calls that raised or returned a bad answer */
-    if (!d ||
-        dh__py_dict_set_steal(d, "rebalance_rounds",
-                              PyLong_FromUnsignedLongLong(s.rebalance_rounds)) ||
-        dh__py_dict_set_steal(d, "rebalance_applied",
-                              PyLong_FromUnsignedLongLong(s.rebalance_applied)) ||
-        dh__py_dict_set_steal(d, "rebalance_kept_by_gate",
-                              PyLong_FromUnsignedLongLong(s.rebalance_kept_by_gate)) ||
-        dh__py_dict_set_steal(d, "rebalance_moved_parts",
-                              PyLong_FromUnsignedLongLong(s.rebalance_moved_parts)) ||
-        dh__py_dict_set_steal(d, "rebalance_moved_samples",
-                              PyLong_FromUnsignedLongLong(s.rebalance_moved_samples)) ||
-        dh__py_dict_set_steal(d, "rebalance_bytes",
-                              PyLong_FromUnsignedLongLong(s.rebalance_bytes)) ||
-        dh__py_dict_set_steal(d, "rebalance_bytes_remote",
-                              PyLong_FromUnsignedLongLong(s.rebalance_bytes_remote)) ||
-        dh__py_dict_set_steal(d, "rebalance_s_p95", PyFloat_FromDouble(s.rebalance_s_p95)) ||
-        dh__py_dict_set_steal(d, "rebalance_s_max", PyFloat_FromDouble(s.rebalance_s_max)) ||
-        dh__py_dict_set_steal(d, "rebalance_final_s_p95",
-                              PyFloat_FromDouble(s.rebalance_final_s_p95)) ||
-        dh__py_dict_set_steal(d, "rebalance_exchanges",
-                              PyLong_FromUnsignedLongLong(s.rebalance_exchanges)) ||
-        dh__py_dict_set_steal(d, "rebalance_transfer_s_p95",
-                              PyFloat_FromDouble(s.rebalance_transfer_s_p95)) ||
-        dh__py_dict_set_steal(d, "rebalance_transfer_s_total",
-                              PyFloat_FromDouble(s.rebalance_transfer_s_total)) ||
-        dh__py_dict_set_steal(
-            d, "rebalance_callback_errors",
-            PyLong_FromUnsignedLong(self->rebalance ? self->rebalance->errors : 0))) {
-        Py_XDECREF(d);
+    /* rebalance_callback_errors (the table's BINDING row): the Python feature_fn and
+     * sort_fn calls that raised or returned a bad answer */
+    PyObject *d = dh__py_stats_dict(DH_METRICS_CLIENT, &s);
+    if (d && dh__py_dict_set_steal(
+                 d, "rebalance_callback_errors",
+                 PyLong_FromUnsignedLong(self->rebalance ? self->rebalance->errors : 0))) {
+        Py_DECREF(d);
         return NULL;
     }
     return d;
+}
+
+PyObject *dh__py_stats_dict(dh_metrics_of_t of, const void *stats)
+{
+    size_t n;
+    const dh_metric_desc_t *t = dh_metrics_table(of, &n);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        const char *at = (const char *)stats + t[i].offset;
+        uint64_t u;
+        double f;
+        PyObject *v = NULL;
+        if (t[i].kind == DH_STAT_COUNTER || t[i].kind == DH_STAT_U64) {
+            memcpy(&u, at, sizeof u);
+            v = PyLong_FromUnsignedLongLong(u);
+        } else if (t[i].kind == DH_STAT_SECONDS || t[i].kind == DH_STAT_F64) {
+            memcpy(&f, at, sizeof f);
+            v = PyFloat_FromDouble(f);
+        } else {
+            continue; /* BINDING (the caller's), METRIC: no field */
+        }
+        if (dh__py_dict_set_steal(d, t[i].key, v))
+            Py_CLEAR(d);
+    }
+    return d;
+}
+
+PyObject *dh__py_metrics_table(dh_metrics_of_t of)
+{
+    static const char *const kinds[] = {"counter", "seconds", "u64", "f64", "binding", "metric"};
+    size_t n;
+    const dh_metric_desc_t *t = dh_metrics_table(of, &n);
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *row = Py_BuildValue("(sszzzz)", t[i].key, kinds[t[i].kind], t[i].metric,
+                                      t[i].type, t[i].label, t[i].help);
+        if (!row)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, (Py_ssize_t)i, row);
+    }
+    return out;
+}
+
+static PyObject *Client_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_CLIENT);
+}
+
+/* The row of the client's table named `key` with a metric, or NULL. */
+static const dh_metric_desc_t *client_row(const char *key)
+{
+    size_t n;
+    const dh_metric_desc_t *t = dh_metrics_table(DH_METRICS_CLIENT, &n);
+    for (size_t i = 0; i < n; i++)
+        if (t[i].metric && strcmp(t[i].key, key) == 0)
+            return &t[i];
+    return NULL;
+}
+
+/* The str() of each of `objs` (a sequence) kept in `keep`, its UTF-8 in out[]. 0 or -1. */
+static int utf8_of(PyObject *objs, Py_ssize_t n, PyObject *keep, const char **out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyObject_Str(PySequence_Fast_GET_ITEM(objs, i));
+        if (!s || PyList_Append(keep, s) < 0 || !(out[i] = PyUnicode_AsUTF8(s))) {
+            Py_XDECREF(s);
+            return -1;
+        }
+        Py_DECREF(s);
+    }
+    return 0;
+}
+
+/* Client.render_metrics(stats, labels=None) -> str: a stats() dict in Prometheus' text
+ * format through the daemons' writer (dh_metrics_text): per number (booleans as 0 or 1,
+ * other values skipped) its table row's name, type and HELP; a key the table does not know
+ * is a gauge datahelix_client_<key> (characters outside [A-Za-z0-9_] as _). Every sample
+ * carries `labels`, sorted by name. */
+static PyObject *Client_render_metrics(PyObject *unused_cls, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stats", "labels", NULL};
+    PyObject *stats, *labels = Py_None, *items = NULL, *label_items = NULL, *out = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", kwlist, &stats, &labels))
+        return NULL;
+    PyObject *keep = PyList_New(0);
+    Py_ssize_t n = 0, n_labels = 0;
+    dh_metric_value_t *v = NULL;
+    const char **names = NULL;
+    if (!keep || !(items = PyMapping_Items(stats)))
+        goto done;
+    n = PyList_GET_SIZE(items);
+    if (labels != Py_None) {
+        if (!(label_items = PyMapping_Items(labels)) || PyList_Sort(label_items) < 0)
+            goto done;
+        n_labels = PyList_GET_SIZE(label_items);
+    }
+    v = PyMem_Calloc((size_t)n + 1, sizeof *v);
+    names = PyMem_Calloc(2 * (size_t)n_labels + 1, sizeof *names);
+    if (!v || !names) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_labels; i++) {
+        PyObject *kv = PySequence_Fast(PyList_GET_ITEM(label_items, i), "labels: not a pair");
+        int rc = kv && PySequence_Fast_GET_SIZE(kv) == 2 ? 0 : -1;
+        const char *pair[2];
+        if (rc == 0)
+            rc = utf8_of(kv, 2, keep, pair);
+        Py_XDECREF(kv);
+        if (rc < 0)
+            goto done;
+        names[i] = pair[0];
+        names[n_labels + i] = pair[1];
+    }
+    size_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *kv = PySequence_Fast(PyList_GET_ITEM(items, i), "stats: not a pair");
+        if (!kv)
+            goto done;
+        PyObject *value = PySequence_Fast_GET_ITEM(kv, 1);
+        const char *key;
+        if (!(PyLong_Check(value) || PyFloat_Check(value))) {
+            Py_DECREF(kv);
+            continue; /* not a number */
+        }
+        double x = PyFloat_AsDouble(value); /* an int too; a bool is one */
+        int rc = x == -1.0 && PyErr_Occurred() ? -1 : utf8_of(kv, 1, keep, &key);
+        Py_DECREF(kv);
+        if (rc < 0)
+            goto done;
+        const dh_metric_desc_t *row = client_row(key);
+        dh_metric_value_t *e = &v[count++];
+        e->value = x;
+        if (row) {
+            e->name = row->metric;
+            e->help = row->help;
+            e->type = row->type;
+            continue;
+        }
+        /* a new bytes object is ours to write until shared: the name made valid in place */
+        PyObject *name = PyBytes_FromFormat("datahelix_client_%s", key);
+        PyObject *help = PyUnicode_FromFormat("DataLoader.stats()['%s'].", key);
+        if (!name || !help || PyList_Append(keep, name) < 0 || PyList_Append(keep, help) < 0) {
+            Py_XDECREF(name);
+            Py_XDECREF(help);
+            goto done;
+        }
+        Py_DECREF(name);
+        Py_DECREF(help);
+        for (char *c = PyBytes_AS_STRING(name); *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                  (*c >= '0' && *c <= '9') || *c == '_'))
+                *c = '_';
+        e->name = PyBytes_AS_STRING(name);
+        e->help = PyUnicode_AsUTF8(help);
+        e->type = "gauge";
+    }
+    size_t len;
+    char *text;
+    int rc = dh_metrics_text(v, count, names, names + n_labels, (size_t)n_labels, &text, &len);
+    if (rc) {
+        dh__py_raise_dh(rc, "render_metrics");
+        goto done;
+    }
+    out = PyUnicode_FromStringAndSize(text, (Py_ssize_t)len);
+    dh_free(text);
+done:
+    PyMem_Free(v);
+    PyMem_Free(names);
+    Py_XDECREF(items);
+    Py_XDECREF(label_items);
+    Py_XDECREF(keep);
+    return out;
 }
 
 /* plan(step, rank) -> the profile rows rank `rank` gets at global step `step`. */
@@ -328,6 +470,12 @@ static PyObject *Client_get_coordinator(ClientObject *self, void *unused)
 static PyMethodDef Client_methods[] = {
     {"next", (PyCFunction)Client_next, METH_NOARGS, "next() -> Batch, or None after the last one"},
     {"stats", (PyCFunction)Client_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)Client_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the client's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
+    {"render_metrics", (PyCFunction)(void (*)(void))Client_render_metrics,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "render_metrics(stats, labels=None) -> str: a stats() dict in Prometheus' text format"},
     {"plan", (PyCFunction)Client_plan, METH_VARARGS,
      "plan(step, rank) -> profile rows that rank gets at that step"},
     {"close", (PyCFunction)Client_close, METH_NOARGS,

@@ -1,7 +1,8 @@
 /* module.c: the module datahelix._C itself: its exception classes, DataHelixError and one
  * subclass per entry of the C error table (error.h), which every file raises through
- * dh__py_raise_code; the module-level functions (plan, epoch_seed, set_log_level and the
- * tests' hooks); and PyInit__C, which readies the types the other files define and adds them.
+ * dh__py_raise_code; the module-level functions (plan, epoch_seed, set_log_level, the tests'
+ * hooks, and values.c's); and PyInit__C, which readies the types the other files define and
+ * adds them, with values.c's constants.
  * The map of the extension's files is binding.h's first comment (docs/python.md).
  */
 #include "binding.h"
@@ -278,6 +279,21 @@ static PyMethodDef module_methods[] = {
     {"epoch_seed", mod_epoch_seed, METH_VARARGS,
      "epoch_seed(seed, epoch) -> the base seed of a pass over that epoch (its Python "
      "workers seed from it)"},
+    /* values.c: the values the C side owns */
+    {"arena_budget_default", dh__py_arena_budget_default, METH_NOARGS,
+     "arena_budget_default($module, /)\n--\n\nThe memory budget in bytes of an arena this process "
+     "makes "
+     "(dh_arena_budget_default): DH_ARENA_BUDGET when set and valid, else a quarter of physical "
+     "memory or of the memory cgroup's limit, whichever is lower"},
+    {"parse_bytes", (PyCFunction)(void (*)(void))dh__py_parse_bytes, METH_VARARGS | METH_KEYWORDS,
+     "parse_bytes($module, /, text, what='size')\n--\n\nA byte count as the C side and the CLI "
+     "parse it "
+     "(dh_arena_parse_bytes): digits with an optional K, M or G suffix (KiB, MiB, GiB, either "
+     "case), > 0; anything else raises InvalidArgumentError naming `what`"},
+    {"write_profiles", dh__py_write_profiles, METH_VARARGS,
+     "write_profiles($module, path, rows, /)\n--\n\nWrites each dict of `rows` as one "
+     "profiles.jsonl line to path by the C writer (dh_profile_row_write), fields it does "
+     "not know verbatim; returns the number of rows. A bad row raises SchemaError"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -292,18 +308,18 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__C(void);
 PyMODINIT_FUNC PyInit__C(void)
 {
-    PyTypeObject *types[] = {&dh__py_batch_type,         &dh__py_tensor_type,
-                             &dh__py_client_type,        &dh__py_coordinator_type,
-                             &dh__py_dataserver_type,    &dh__py_part_tensor_type,
-                             &dh__py_rebalance_spec_type};
+    PyTypeObject *types[] = {&dh__py_batch_type,          &dh__py_tensor_type,
+                             &dh__py_client_type,         &dh__py_coordinator_type,
+                             &dh__py_dataserver_type,     &dh__py_part_tensor_type,
+                             &dh__py_rebalance_spec_type, &dh__py_cluster_type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    const char *names[] = {"Batch",      "Tensor",     "Client",       "Coordinator",
-                           "DataServer", "PartTensor", "RebalanceSpec"};
+    const char *names[] = {"Batch",      "Tensor",     "Client",        "Coordinator",
+                           "DataServer", "PartTensor", "RebalanceSpec", "Cluster"};
     _Static_assert(sizeof names / sizeof names[0] == sizeof types / sizeof types[0],
                    "a name per type");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -311,6 +327,8 @@ PyMODINIT_FUNC PyInit__C(void)
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0)
             goto fail;
     }
+    if (dh__py_values_add(m) < 0)
+        goto fail;
     g_base_error = PyErr_NewExceptionWithDoc("datahelix.DataHelixError",
                                              "Base class of every DataHelix error. Attributes: "
                                              "code (the C code), name ('DH_EIO').",

@@ -248,15 +248,74 @@ fail:
     return -1;
 }
 
+/* ---- the rebalance= dict's keys ------------------------------------------------------ */
+
+/* Every key of DataLoader(rebalance={...}), the one list (_C.REBALANCE_KEYS, the order of
+ * docs/rebalancing.md). `spec`: the binding's parse below reads it; the others are the
+ * DataLoader's (python/datahelix/rebalance.py turns client_ranks into groups, fanout into the
+ * loader's fanout, process_group into an exchange_fn, and allow_unencrypted_exchange lets an
+ * exchange run without CURVE) and never reach the parse (_C.REBALANCE_SPEC_KEYS: the spec
+ * ones). */
+static const struct {
+    const char *name;
+    int spec;
+} rebalance_keys[] = {
+    {"feature_fn", 1},
+    {"sort_fn", 1},
+    {"client_ranks", 0},
+    {"groups", 1},
+    {"buffer_size", 1},
+    {"min_gain", 1},
+    {"args", 1},
+    {"n_features", 1},
+    {"move_s_per_B", 1},
+    {"round_timeout_ms", 1},
+    {"late_ms", 1},
+    {"fanout", 0},
+    {"process_group", 0},
+    {"exchange_fn", 1},
+    {"allow_unencrypted_exchange", 0},
+};
+
+PyObject *dh__py_rebalance_keys(int spec_only)
+{
+    PyObject *list = PyList_New(0);
+    for (size_t k = 0; list && k < sizeof rebalance_keys / sizeof rebalance_keys[0]; k++) {
+        if (spec_only && !rebalance_keys[k].spec)
+            continue;
+        PyObject *name = PyUnicode_FromString(rebalance_keys[k].name);
+        if (!name || PyList_Append(list, name) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(name);
+    }
+    PyObject *tuple = list ? PyList_AsTuple(list) : NULL;
+    Py_XDECREF(list);
+    return tuple;
+}
+
+/* The spec keys, sorted and comma-separated, for the unknown-key message (a new str). */
+static PyObject *spec_keys_text(void)
+{
+    PyObject *keys = dh__py_rebalance_keys(1);
+    PyObject *list = keys ? PySequence_List(keys) : NULL;
+    Py_XDECREF(keys);
+    if (!list || PyList_Sort(list) < 0) {
+        Py_XDECREF(list);
+        return NULL;
+    }
+    PyObject *sep = PyUnicode_FromString(", ");
+    PyObject *text = sep ? PyUnicode_Join(sep, list) : NULL;
+    Py_XDECREF(sep);
+    Py_DECREF(list);
+    return text;
+}
+
 /* rebalance=None/False (off), True (the C defaults) or a dict (docs/python.md) -> cfg->rebalance
  * and the bridge behind its callbacks (*out, NULL when off). Returns 0 or -1 with an error
  * set. */
 int dh__py_rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t *cfg,
                            dh__py_bridge_t **out)
 {
-    static const char *const keys[] = {
-        "feature_fn", "sort_fn",          "groups",  "buffer_size", "min_gain",   "move_s_per_B",
-        "n_features", "round_timeout_ms", "late_ms", "args",        "exchange_fn"};
     *out = NULL;
     if (!spec || spec == Py_None || spec == Py_False)
         return 0;
@@ -273,14 +332,15 @@ int dh__py_rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
     Py_ssize_t pos = 0;
     while (PyDict_Next(spec, &pos, &key, &value)) {
         int known = 0;
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
-            known = PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, keys[k]) == 0;
+        for (size_t k = 0; k < sizeof rebalance_keys / sizeof rebalance_keys[0] && !known; k++)
+            known = rebalance_keys[k].spec && PyUnicode_Check(key) &&
+                    PyUnicode_CompareWithASCIIString(key, rebalance_keys[k].name) == 0;
         if (!known) {
-            dh__py_raise_inval(
-                "rebalance: unknown key %R (allowed: args, buffer_size, exchange_fn, "
-                "feature_fn, groups, late_ms, min_gain, move_s_per_B, n_features, "
-                "round_timeout_ms, sort_fn)",
-                key);
+            PyObject *allowed = spec_keys_text();
+            if (allowed) {
+                dh__py_raise_inval("rebalance: unknown key %R (allowed: %U)", key, allowed);
+                Py_DECREF(allowed);
+            }
             return -1;
         }
     }

@@ -1,6 +1,7 @@
 /* servers.c: Coordinator and DataServer, dh_coordinator_t and dh_dataserver_t run as threads
- * of this process (for a node's shared DataServer under torchrun, and for tests): start on
- * __init__, stop on close() or when freed, their counters as dicts.
+ * of this process one at a time (for tests and programs that hold one part; start_cluster and
+ * the torchrun job use cluster.c's Cluster): start on __init__, stop on close() or when freed,
+ * their counters as dicts.
  */
 #include "binding.h"
 
@@ -87,18 +88,20 @@ static PyObject *Coordinator_stats(CoordinatorObject *self, PyObject *unused)
     }
     dh_coordinator_stats_t s;
     dh_coordinator_stats(self->coord, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "requests", (unsigned long long)s.requests,
-        "dispatches", (unsigned long long)s.dispatches, "redispatches",
-        (unsigned long long)s.redispatches, "completes", (unsigned long long)s.completes,
-        "delivered", (unsigned long long)s.delivered, "decisions", (unsigned long long)s.decisions,
-        "servers_alive", (unsigned long long)s.servers_alive, "clients",
-        (unsigned long long)s.clients, "sched_s", s.sched_s);
+    return dh__py_stats_dict(DH_METRICS_COORDINATOR, &s);
+}
+
+static PyObject *Coordinator_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_COORDINATOR);
 }
 
 static PyMethodDef Coordinator_methods[] = {
     {"close", (PyCFunction)Coordinator_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)Coordinator_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)Coordinator_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the coordinator's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -210,18 +213,18 @@ static PyObject *DataServer_stats(DataServerObject *self, PyObject *unused)
         return NULL;
     dh_dataserver_stats_t s;
     dh_dataserver_stats(self->ds, &s);
+    return dh__py_stats_dict(DH_METRICS_DATASERVER, &s);
+}
+
+PyObject *dh__py_arena_stats_dict(const dh_shm_arena_stats_t *s)
+{
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "tasks",
-        (unsigned long long)s.tasks, "samples", (unsigned long long)s.samples, "sample_errors",
-        (unsigned long long)s.sample_errors, "delivered_local",
-        (unsigned long long)s.delivered_local, "delivered_forwarded",
-        (unsigned long long)s.delivered_forwarded, "forwarded", (unsigned long long)s.forwarded,
-        "bytes_forwarded", (unsigned long long)s.bytes_forwarded, "bytes_received",
-        (unsigned long long)s.bytes_received, "bytes_cross_node",
-        (unsigned long long)s.bytes_cross_node, "arena_waits", (unsigned long long)s.arena_waits,
-        "undeliverable", (unsigned long long)s.undeliverable, "arena_spills",
-        (unsigned long long)s.arena_spills, "rebalance_sent", (unsigned long long)s.rebalance_sent,
-        "output_waits", (unsigned long long)s.output_waits);
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes", (unsigned long long)s->size_bytes,
+        "slab_size", (unsigned long long)s->slab_size, "slabs_total",
+        (unsigned long long)s->slabs_total, "slabs_used", (unsigned long long)s->slabs_used,
+        "slabs_reclaimable", (unsigned long long)s->slabs_reclaimable, "allocations_live",
+        (unsigned long long)s->allocations_live, "allocations_reclaimable",
+        (unsigned long long)s->allocations_reclaimable);
 }
 
 static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused)
@@ -232,13 +235,7 @@ static PyObject *DataServer_arena_stats(DataServerObject *self, PyObject *unused
     int rc = dh_dataserver_arena_stats(self->ds, &s);
     if (rc < 0)
         return dh__py_raise_dh(rc, "arena_stats");
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size_bytes", (unsigned long long)s.size_bytes,
-        "slab_size", (unsigned long long)s.slab_size, "slabs_total",
-        (unsigned long long)s.slabs_total, "slabs_used", (unsigned long long)s.slabs_used,
-        "slabs_reclaimable", (unsigned long long)s.slabs_reclaimable, "allocations_live",
-        (unsigned long long)s.allocations_live, "allocations_reclaimable",
-        (unsigned long long)s.allocations_reclaimable);
+    return dh__py_arena_stats_dict(&s);
 }
 
 static PyObject *DataServer_get_name(DataServerObject *self, void *unused)
@@ -255,9 +252,17 @@ static PyObject *DataServer_get_endpoint(DataServerObject *self, void *unused)
     return PyUnicode_FromString(dh_dataserver_endpoint(self->ds));
 }
 
+static PyObject *DataServer_metrics_table(PyObject *unused_cls, PyObject *unused)
+{
+    return dh__py_metrics_table(DH_METRICS_DATASERVER);
+}
+
 static PyMethodDef DataServer_methods[] = {
     {"close", (PyCFunction)DataServer_close, METH_NOARGS, "stop and free"},
     {"stats", (PyCFunction)DataServer_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"metrics_table", (PyCFunction)DataServer_metrics_table, METH_NOARGS | METH_STATIC,
+     "metrics_table() -> the DataServer's stats and metrics table: (key, kind, metric, type, "
+     "label, help) rows"},
     {"arena_stats", (PyCFunction)DataServer_arena_stats, METH_NOARGS,
      "arena_stats() -> dict: slabs and allocations of its shared-memory arena"},
     {NULL, NULL, 0, NULL},

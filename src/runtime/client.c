@@ -127,8 +127,7 @@ void dh_client_stats(const dh_client_t *c, dh_client_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     const dh__client_counters_t *in = &c->counters;
-    DH__CLIENT_COUNTERS(DH__COUNTER_READ)
-    out->wait_s = (double)dh__counter_get(&in->wait_ns) * 1e-9;
+    DH__CLIENT_STATS(DH__STAT_READ)
     pthread_mutex_lock((pthread_mutex_t *)&c->lock);
     out->s_per_token = c->s_per_token;
     out->steps_total = c->total;
@@ -249,38 +248,30 @@ static int start_embedded(dh_client_t *c, const dh_client_config_t *cfg)
 {
     static atomic_uint counter;
     unsigned n = atomic_fetch_add(&counter, 1);
-    char coord_ep[128], data_ep[128];
-    snprintf(coord_ep, sizeof coord_ep, "inproc://datahelix-coordinator-%u", n);
-    snprintf(data_ep, sizeof data_ep, "inproc://datahelix-data-%u", n);
-    dh_coordinator_config_t cc;
-    dh_coordinator_config_default(&cc);
-    cc.listen = coord_ep;
+    dh_cluster_config_t cc;
+    dh_cluster_config_default(&cc);
     cc.zmq_ctx = c->ctx;
-    if (cfg->policy && dh_policy_from_name(cfg->policy, &cc.place.policy) != 0)
+    if (cfg->policy && dh_policy_from_name(cfg->policy, &cc.policy) != 0)
         return dh__set_error(DH_EINVAL, "client: unknown placement policy '%s'", cfg->policy);
-    int rc = dh_coordinator_new(&c->embedded_coord, &cc);
-    if (rc)
-        return rc;
-    snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", coord_ep);
-    dh_dataserver_config_t dc;
-    dh_dataserver_config_default(&dc);
-    dc.coordinator = coord_ep;
-    dc.node = c->node;
-    dc.workers = c->cfg.workers ? c->cfg.workers : 2;
-    dc.pipeline_path = cfg->pipeline_path;
-    dc.pipeline_json = cfg->pipeline_json;
-    if ((rc = embedded_arena_bytes(c, &dc.arena_bytes)))
-        return rc;
-    dc.data_listen = data_ep;
-    dc.zmq_ctx = c->ctx;
+    cc.pipeline_path = cfg->pipeline_path;
+    cc.pipeline_json = cfg->pipeline_json;
     char name[NAME_CAP + 32];
     snprintf(name, sizeof name, "%.100s-embedded-%u", c->node, n);
-    dc.name = name;
-    if ((rc = dh_dataserver_new(&c->embedded_ds, &dc)))
+    dh_cluster_server_t server = {
+        .role = DH_DS_LOCAL,
+        .node = c->node,
+        .name = name,
+        .workers = c->cfg.workers ? c->cfg.workers : 2,
+    };
+    int rc = embedded_arena_bytes(c, &server.arena_bytes);
+    if (rc)
         return rc;
-    if ((rc = dh_coordinator_start(c->embedded_coord)) ||
-        (rc = dh_dataserver_start(c->embedded_ds)))
+    cc.servers = &server;
+    cc.n_servers = 1;
+    /* no wait for its HELLO: the client's own HELLO waits until the coordinator names it */
+    if ((rc = dh_cluster_new(&c->embedded, &cc)) || (rc = dh_cluster_start(c->embedded)))
         return rc;
+    snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", dh_cluster_endpoint(c->embedded));
     if (!c->cfg.out_bytes_scale) { /* its pipeline says how big the outputs are */
         dh__rt_pipeline_t p;
         if (dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_path, &p) == 0)
@@ -386,10 +377,23 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         snprintf(c->node, sizeof c->node, "%s", cfg->node);
     else
         dh__wire_hostname(c->node, sizeof c->node);
-    if (cfg->client_id && cfg->client_id[0])
+    if (cfg->client_id && cfg->client_id[0]) {
         snprintf(c->id, sizeof c->id, "%s", cfg->client_id);
-    else
-        snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d", c->node, cfg->rank, (int)getpid());
+    } else {
+        /* Unique per client, not only per process: a DataLoader opens a client per epoch,
+         * and a DataServer remembers a name that said GOODBYE (it drops that name's late
+         * batches), so a new client under its predecessor's name could have a batch that
+         * came before its own HELLO dropped as the old one's, and wait for it forever
+         * (found by tests/soak/memsoak.py). The first client of a process keeps the plain
+         * name. */
+        static atomic_uint opened;
+        unsigned n = atomic_fetch_add(&opened, 1);
+        if (n == 0)
+            snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d", c->node, cfg->rank, (int)getpid());
+        else
+            snprintf(c->id, sizeof c->id, "%.96s-rank%u-%d.%u", c->node, cfg->rank, (int)getpid(),
+                     n);
+    }
     c->cfg.node = c->node;
     c->cfg.client_id = c->id;
     c->cfg.coordinator = NULL;
@@ -615,7 +619,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     uint64_t now = dh_clock_now_ns();
     c->last_return_ns = now;
     double waited = dh_clock_elapsed_s(entry, now);
-    dh__count(&c->counters.wait_ns, now - entry);
+    dh__count(&c->counters.wait_s_ns, now - entry);
     uint64_t arrived_ns = 0;
     for (uint32_t p = 0; p < parts; p++)
         if (taken[p].received_ns > arrived_ns)
@@ -739,8 +743,7 @@ void dh_client_destroy(dh_client_t **pc)
         close(c->notice_fd);
     for (size_t i = 0; i < c->n_arenas; i++)
         dh__client_arena_ref_drop(c->arenas[i]);
-    dh_dataserver_destroy(&c->embedded_ds);
-    dh_coordinator_destroy(&c->embedded_coord);
+    dh_cluster_destroy(&c->embedded);
     dh_wire_keys_destroy(&c->keys);
     if (c->ctx && !c->cfg.zmq_ctx)
         zmq_ctx_term(c->ctx);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "datahelix/client.h"
+#include "datahelix/cluster.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/sampler.h"
@@ -19,35 +20,16 @@
 #include "datahelix/wire.h"
 #include "runtime/counters.h"
 #include "runtime/rt.h"
+#include "runtime/stats_table.h"
 
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
 #define MAX_ARENAS 8
 
-/* The client's counters (counters.h), named as in dh_client_stats_t; wait_ns is its wait_s. */
-#define DH__CLIENT_COUNTERS(XX)                                                                    \
-    XX(batches)                                                                                    \
-    XX(samples)                                                                                    \
-    XX(samples_failed)                                                                             \
-    XX(requests_sent)                                                                              \
-    XX(deliveries)                                                                                 \
-    XX(duplicates_dropped)                                                                         \
-    XX(bytes_delivered)                                                                            \
-    XX(copied_tensors)                                                                             \
-    XX(copy_bytes)                                                                                 \
-    XX(notices)                                                                                    \
-    XX(rebalance_rounds)                                                                           \
-    XX(rebalance_applied)                                                                          \
-    XX(rebalance_kept_by_gate)                                                                     \
-    XX(rebalance_moved_parts)                                                                      \
-    XX(rebalance_moved_samples)                                                                    \
-    XX(rebalance_bytes)                                                                            \
-    XX(rebalance_bytes_remote)                                                                     \
-    XX(rebalance_exchanges)
-
+/* The client's counters (counters.h): one per COUNTER or SECONDS row of its table
+ * (stats_table.h; wait_s_ns is wait_s). */
 typedef struct dh__client_counters {
-    DH__CLIENT_COUNTERS(DH__COUNTER_FIELD)
-    dh__counter_t wait_ns; /* time next() blocked */
+    DH__CLIENT_STATS(DH__STAT_COUNTER_FIELD)
 } dh__client_counters_t;
 
 typedef struct arena_ref {
@@ -169,8 +151,8 @@ struct dh_client {
 
     void *ctx;
     dh_wire_keys_t *keys; /* CURVE (cfg.keys_dir), or NULL */
-    dh_coordinator_t *embedded_coord;
-    dh_dataserver_t *embedded_ds;
+    dh_cluster_t
+        *embedded; /* no coordinator given: its own (include/datahelix/cluster.h), or NULL */
     dh_wire_socket_t *coord; /* sender thread after start */
     dh_wire_socket_t *data;  /* fetcher thread after start */
     int notice_fd;           /* fetcher thread after start; -1: none */

@@ -148,8 +148,7 @@ void dh_coordinator_stats(const dh_coordinator_t *c, dh_coordinator_stats_t *out
 {
     memset(out, 0, sizeof *out);
     const dh__coord_counters_t *in = &c->counters;
-    DH__COORD_COUNTERS(DH__COUNTER_READ)
-    out->sched_s = (double)dh__counter_get(&in->sched_ns) * 1e-9;
+    DH__COORD_STATS(DH__STAT_READ)
 }
 
 int dh__coord_send_to(dh_coordinator_t *c, const char *peer, const dh_msg_t *msg)

@@ -139,25 +139,13 @@ void dh__coord_on_complete(dh_coordinator_t *c, const char *peer, const dh_msg_c
     bool from_executor = s && e->server == si && !e->executed;
     if (from_executor) {
         e->executed = true;
-        if (s->queue_len)
-            s->queue_len--;
-        s->queued_cpu_s -= e->pred_cpu_s;
-        if (s->queued_cpu_s < 0)
-            s->queued_cpu_s = 0;
-        dh__coord_touch(c, si);
+        dh__coord_unqueue(c, si, e);
         dh__coord_learn(c, si, e, m);
     }
     if (m->delivered) {
         bool unreported = e->server >= 0 && !e->executed;
-        if (unreported) {
-            server_t *x = &c->servers[e->server];
-            if (x->queue_len)
-                x->queue_len--;
-            x->queued_cpu_s -= e->pred_cpu_s;
-            if (x->queued_cpu_s < 0)
-                x->queued_cpu_s = 0;
-            dh__coord_touch(c, e->server);
-        }
+        if (unreported)
+            dh__coord_unqueue(c, e->server, e);
         /* delivered before its executor reported (another peer's pipe read first): keep it
          * for the report, which carries the measurements */
         if (unreported && e->server != si && c->servers[e->server].alive)

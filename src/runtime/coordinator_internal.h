@@ -19,6 +19,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "runtime/counters.h"
+#include "runtime/stats_table.h"
 
 #define MAX_NODES 64
 #define NAME_CAP 128
@@ -79,23 +80,10 @@ typedef struct entry {
     double pred_c_cpu_s, pred_t_s, deadline_s, profile_cpu_s;
 } entry_t;
 
-/* The coordinator's counters (counters.h), named as in dh_coordinator_stats_t (servers_alive
- * is a gauge); sched_ns is its sched_s. */
-#define DH__COORD_COUNTERS(XX)                                                                     \
-    XX(requests)                                                                                   \
-    XX(dispatches)                                                                                 \
-    XX(redispatches)                                                                               \
-    XX(completes)                                                                                  \
-    XX(delivered)                                                                                  \
-    XX(decisions)                                                                                  \
-    XX(servers_alive)                                                                              \
-    XX(servers_dead_declared)                                                                      \
-    XX(clients)                                                                                    \
-    XX(rebalance_rounds)
-
+/* The coordinator's counters (counters.h): one per COUNTER or SECONDS row of its table
+ * (stats_table.h; servers_alive is a gauge; sched_s_ns: time deciding, refresh and decision). */
 typedef struct dh__coord_counters {
-    DH__COORD_COUNTERS(DH__COUNTER_FIELD)
-    dh__counter_t sched_ns; /* time deciding (refresh and decision), total */
+    DH__COORD_STATS(DH__STAT_COUNTER_FIELD)
 } dh__coord_counters_t;
 
 struct dh_coordinator {
@@ -249,6 +237,10 @@ void dh__coord_check_liveness(dh_coordinator_t *c);
  * workers, queue_len, queued_cpu_s, speed, storage_s_per_B): every site that changes one
  * calls this, and the next decision refreshes its state. O(1). */
 void dh__coord_touch(dh_coordinator_t *c, int32_t idx);
+
+/* Takes request e's predicted work off server idx's queue (its executor reported it, or it
+ * never will: delivered first, or re-placed from a dead server), and touches the server. */
+void dh__coord_unqueue(dh_coordinator_t *c, int32_t idx, const entry_t *e);
 
 /* Replaces the link from node `from` to node `to` (c->links and the index). O(nodes). */
 void dh__coord_set_link(dh_coordinator_t *c, uint32_t from, uint32_t to, dh_link_t link);

@@ -8,9 +8,14 @@
  *     out: if that process dies, the coordinator dies with it; it leaves by GOODBYE;
  *   - any other server's limit is the configured dead_after_ms or LIMIT_P99_FACTOR x the p99
  *     of its last GAP_RING heartbeat gaps, whichever is larger, capped at LIMIT_CAP_FACTOR x
- *     dead_after_ms so a killed process is still found within a bounded time. Gaps longer
- *     than the limit at the time (a stopped process, declared dead, that came back) are not
- *     learned, so one long stop does not stretch the next verdict.
+ *     dead_after_ms so a killed process is still found within a bounded time. The limit
+ *     rises at once, from a server's first gap on, when LIMIT_P99_FACTOR x a gap is past it
+ *     (a heartbeat sender starved by a saturated CPU is late by more than a second, where
+ *     the configured limit is 1 s: waiting for LIMIT_MIN_GAPS gaps first declared such a
+ *     server dead in its first seconds); it comes down with the p99, every LIMIT_EVERY
+ *     heartbeats once LIMIT_MIN_GAPS were seen. Gaps longer than the limit at the time (a
+ *     stopped process, declared dead, that came back) are not learned, so one long stop
+ *     does not stretch the next verdict.
  * Cost: a sort of GAP_RING floats every LIMIT_EVERY heartbeats of a server.
  */
 #include <stdio.h>
@@ -52,6 +57,13 @@ void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now)
         return;
     s->gap_ms[s->n_gaps % GAP_RING] = (float)gap_ms;
     s->n_gaps++;
+    double cap = (double)LIMIT_CAP_FACTOR * c->cfg.dead_after_ms;
+    /* Up at once: a gap whose LIMIT_P99_FACTOR multiple is past the limit raises it now, from
+     * the first gap on, so a load that starts (or grows) while a server runs is followed
+     * before the next gap can be longer still; down only with the p99, below. */
+    double now_want = LIMIT_P99_FACTOR * gap_ms;
+    if (now_want > s->limit_ms)
+        s->limit_ms = (uint32_t)(now_want < cap ? now_want : cap);
     if (s->n_gaps < LIMIT_MIN_GAPS || s->n_gaps % LIMIT_EVERY)
         return;
     float sorted[GAP_RING];
@@ -61,7 +73,6 @@ void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now)
     qsort(sorted, n, sizeof sorted[0], by_value);
     double p99 = sorted[(size_t)(0.99 * (double)(n - 1))];
     double want = LIMIT_P99_FACTOR * p99;
-    double cap = (double)LIMIT_CAP_FACTOR * c->cfg.dead_after_ms;
     s->limit_ms = (uint32_t)(want < cap ? want : cap);
 }
 

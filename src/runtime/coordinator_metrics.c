@@ -1,7 +1,8 @@
 /* coordinator_metrics.c: the coordinator's Prometheus metrics, served on `--metrics-listen`
  * (runtime/metrics.h; every metric and its meaning: docs/operations.md, "Metrics").
  *
- * Three sources, none invented here:
+ * Every metric is a row of the coordinator's table (stats_table.h: its name, type and HELP,
+ * and the stats field it mirrors). Three sources, none invented here:
  *   - the counters of counters.h (requests, dispatches, dead servers, rebalance rounds, ...),
  *     atomics, copied by the registry's collect callback on the scraping thread, so a scrape
  *     sees them as of that moment;
@@ -37,13 +38,11 @@ typedef struct server_series {
 struct dh__coord_metrics {
     dh__metrics_t *reg;
     dh__metrics_http_t *http;
+    /* by row of DH__COORD_STATS (stats_table.h): the counters' series are mirrored from
+     * c->counters by collect(), the others written here */
+    dh__metric_t *family[DH__COORD_ROWS];
+    dh__series_t *series[DH__COORD_ROWS];
     dh__series_t *decisions[N_REASONS];
-    dh__series_t *misses, *heartbeat_gap, *cpu_ratio, *cpu_abs_error, *ready_abs_error;
-    dh__series_t *book, *late;
-    /* mirrored from c->counters by collect() */
-    dh__series_t *requests, *dispatches, *redispatches, *completes, *delivered, *servers_alive,
-        *servers_dead, *client_hellos, *rebalance_rounds, *sched_s;
-    dh__metric_t *f_alive, *f_depth, *f_work, *f_speed, *f_silence;
     server_series_t *servers; /* by server index */
     size_t n_servers;
 };
@@ -53,111 +52,35 @@ static const double error_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
                                       0.25,  0.5,    1,     2.5,  5,     10};
 static const double gap_bounds[] = {0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5};
 #define NB(a) (sizeof(a) / sizeof((a)[0]))
+#define SERIES(m, key) ((m)->series[DH__COORD_ROW_##key])
+#define FAMILY(m, key) ((m)->family[DH__COORD_ROW_##key])
+
+/* The histograms' buckets, by row. */
+static const double *bounds(size_t row, size_t *n)
+{
+    const double *b = row == DH__COORD_ROW_heartbeat_gap ? gap_bounds
+                      : row == DH__COORD_ROW_cpu_ratio   ? ratio_bounds
+                                                         : error_bounds;
+    *n = b == gap_bounds ? NB(gap_bounds) : b == ratio_bounds ? NB(ratio_bounds) : NB(error_bounds);
+    return b;
+}
 
 /* The registry's collect callback (the scraping thread): the atomic counters. */
 static void collect(void *arg)
 {
     const dh_coordinator_t *c = arg;
-    struct dh__coord_metrics *m = c->metrics;
     dh_coordinator_stats_t st;
     dh_coordinator_stats(c, &st);
-    dh__series_set(m->requests, (double)st.requests);
-    dh__series_set(m->dispatches, (double)st.dispatches);
-    dh__series_set(m->redispatches, (double)st.redispatches);
-    dh__series_set(m->completes, (double)st.completes);
-    dh__series_set(m->delivered, (double)st.delivered);
-    dh__series_set(m->servers_alive, (double)st.servers_alive);
-    dh__series_set(m->servers_dead, (double)st.servers_dead_declared);
-    dh__series_set(m->client_hellos, (double)st.clients);
-    dh__series_set(m->rebalance_rounds, (double)st.rebalance_rounds);
-    dh__series_set(m->sched_s, st.sched_s);
+    dh__stats_metrics_mirror(DH_METRICS_COORDINATOR, &st, c->metrics->series);
 }
 
 static int build(struct dh__coord_metrics *m)
 {
-    dh__metrics_t *r = m->reg;
-    dh__metric_t *dec = dh__metrics_add(
-        r, "datahelix_coordinator_decisions_total",
-        "Placement decisions by the rule that chose the server (dh_place_reason_name; "
-        "no_candidate: none could take it now, tried again later).",
-        DH__METRIC_COUNTER, "rule", NULL, 0);
-    if (!dec)
-        return DH_ENOMEM;
-    for (int i = 0; i < N_REASONS; i++) /* every rule listed from the start, at 0 */
-        if (!(m->decisions[i] = dh__metric_series(dec, dh_place_reason_name(i))))
-            return DH_ENOMEM;
-    m->misses = DH__COUNTER("datahelix_coordinator_deadline_misses_total",
-                            "Decisions whose chosen server's predicted ready time T was past the "
-                            "request's deadline (a predicted miss).");
-    m->requests = DH__COUNTER("datahelix_coordinator_requests_total", "REQUESTs received.");
-    m->dispatches = DH__COUNTER("datahelix_coordinator_dispatches_total", "DISPATCHes sent.");
-    m->redispatches = DH__COUNTER("datahelix_coordinator_redispatches_total",
-                                  "Requests placed again because their server was declared dead.");
-    m->completes = DH__COUNTER("datahelix_coordinator_completes_total",
-                               "COMPLETE reports received (executors' and deliverers').");
-    m->delivered = DH__COUNTER("datahelix_coordinator_delivered_total",
-                               "Requests delivered to their rank (ended in the book).");
-    m->servers_alive = DH__GAUGE("datahelix_coordinator_servers_alive", "DataServers alive now.");
-    m->servers_dead =
-        DH__COUNTER("datahelix_coordinator_servers_declared_dead_total",
-                    "DataServers declared dead: silent past --dead-after-ms, or gone (GOODBYE, a "
-                    "broken connection).");
-    m->client_hellos = DH__COUNTER("datahelix_coordinator_client_registrations_total",
-                                   "Clients (ranks) registered, a re-registration counted again.");
-    m->rebalance_rounds =
-        DH__COUNTER("datahelix_coordinator_rebalance_rounds_total",
-                    "Tier-2 rebalance rounds gathered and sent to their members.");
-    m->sched_s = DH__COUNTER("datahelix_coordinator_sched_seconds_total",
-                             "Seconds spent in the placement rule (dh_place).");
-    m->book = DH__GAUGE("datahelix_coordinator_book_requests",
-                        "Requests in the book: received and not yet delivered.");
-    m->late = DH__GAUGE("datahelix_coordinator_late_reports_requests",
-                        "Delivered requests waiting for their executor's report (at most 1024).");
-    m->heartbeat_gap =
-        dh__metrics_one(r, "datahelix_coordinator_heartbeat_gap_seconds",
-                        "Seconds between a DataServer's heartbeat and its previous message "
-                        "(nominally the heartbeat period, 0.1 s by default; longer gaps are "
-                        "missed heartbeats).",
-                        DH__METRIC_HISTOGRAM, gap_bounds, NB(gap_bounds));
-    m->cpu_ratio = dh__metrics_one(
-        r, "datahelix_coordinator_cpu_actual_over_predicted_ratio",
-        "Per executed request: measured CPU seconds / predicted C_cpu (the cost model's "
-        "prediction x the server's speed factor at placement).",
-        DH__METRIC_HISTOGRAM, ratio_bounds, NB(ratio_bounds));
-    m->cpu_abs_error =
-        dh__metrics_one(r, "datahelix_coordinator_cpu_prediction_abs_error_seconds",
-                        "Per executed request: |measured CPU seconds - predicted C_cpu|.",
-                        DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
-    m->ready_abs_error =
-        dh__metrics_one(r, "datahelix_coordinator_ready_prediction_abs_error_seconds",
-                        "Per executed request: |actual - predicted ready time T| (DISPATCH to the "
-                        "executor's COMPLETE).",
-                        DH__METRIC_HISTOGRAM, error_bounds, NB(error_bounds));
-    m->f_alive = dh__metrics_add(r, "datahelix_coordinator_server_alive",
-                                 "1 while the DataServer is alive, 0 once declared dead.",
-                                 DH__METRIC_GAUGE, "server", NULL, 0);
-    m->f_depth = dh__metrics_add(
-        r, "datahelix_coordinator_server_queue_depth",
-        "Requests the coordinator's book holds for the server: dispatched, not yet executed "
-        "(corrected by its heartbeats).",
-        DH__METRIC_GAUGE, "server", NULL, 0);
-    m->f_work =
-        dh__metrics_add(r, "datahelix_coordinator_server_queued_work_seconds",
-                        "Predicted CPU seconds (speed 1) of the requests in the server's queue.",
-                        DH__METRIC_GAUGE, "server", NULL, 0);
-    m->f_speed = dh__metrics_add(r, "datahelix_coordinator_server_speed_factor",
-                                 "The server's learned speed factor (measured / predicted CPU).",
-                                 DH__METRIC_GAUGE, "server", NULL, 0);
-    m->f_silence = dh__metrics_add(r, "datahelix_coordinator_server_silence_seconds",
-                                   "Seconds since the server's last message.", DH__METRIC_GAUGE,
-                                   "server", NULL, 0);
-    if (!m->misses || !m->requests || !m->dispatches || !m->redispatches || !m->completes ||
-        !m->delivered || !m->servers_alive || !m->servers_dead || !m->client_hellos ||
-        !m->rebalance_rounds || !m->sched_s || !m->book || !m->late || !m->heartbeat_gap ||
-        !m->cpu_ratio || !m->cpu_abs_error || !m->ready_abs_error || !m->f_alive || !m->f_depth ||
-        !m->f_work || !m->f_speed || !m->f_silence)
-        return DH_ENOMEM;
-    return 0;
+    int rc = dh__stats_metrics_build(m->reg, DH_METRICS_COORDINATOR, bounds, m->family, m->series);
+    for (int i = 0; rc == 0 && i < N_REASONS; i++) /* every rule listed from the start, at 0 */
+        if (!(m->decisions[i] = dh__metric_series(FAMILY(m, decisions), dh_place_reason_name(i))))
+            rc = DH_ENOMEM;
+    return rc;
 }
 
 int dh__coord_metrics_start(dh_coordinator_t *c, const char *listen)
@@ -207,13 +130,13 @@ void dh__coord_metrics_decision(dh_coordinator_t *c, int rc, const dh_decision_t
     unsigned reason = d->reason < N_REASONS ? (unsigned)d->reason : DH_REASON_NO_CANDIDATE;
     dh__series_add(m->decisions[rc == 0 ? reason : DH_REASON_NO_CANDIDATE], 1);
     if (rc == 0 && d->miss_s > 0)
-        dh__series_add(m->misses, 1);
+        dh__series_add(SERIES(m, misses), 1);
 }
 
 void dh__coord_metrics_heartbeat(dh_coordinator_t *c, double gap_s)
 {
     if (c->metrics)
-        dh__series_observe(c->metrics->heartbeat_gap, gap_s);
+        dh__series_observe(SERIES(c->metrics, heartbeat_gap), gap_s);
 }
 
 void dh__coord_metrics_prediction(dh_coordinator_t *c, const dh_prediction_t *p)
@@ -222,10 +145,10 @@ void dh__coord_metrics_prediction(dh_coordinator_t *c, const dh_prediction_t *p)
     if (!m)
         return;
     if (p->pred_cpu_s > 0 && isfinite(p->actual_cpu_s))
-        dh__series_observe(m->cpu_ratio, p->actual_cpu_s / p->pred_cpu_s);
-    dh__series_observe(m->cpu_abs_error, fabs(p->actual_cpu_s - p->pred_cpu_s));
+        dh__series_observe(SERIES(m, cpu_ratio), p->actual_cpu_s / p->pred_cpu_s);
+    dh__series_observe(SERIES(m, cpu_abs_error), fabs(p->actual_cpu_s - p->pred_cpu_s));
     if (isfinite(p->pred_ready_s))
-        dh__series_observe(m->ready_abs_error, fabs(p->actual_ready_s - p->pred_ready_s));
+        dh__series_observe(SERIES(m, ready_abs_error), fabs(p->actual_ready_s - p->pred_ready_s));
 }
 
 void dh__coord_metrics_tick(dh_coordinator_t *c)
@@ -240,10 +163,11 @@ void dh__coord_metrics_tick(dh_coordinator_t *c)
         m->servers = s;
         for (size_t i = m->n_servers; i < c->n_servers; i++) {
             const char *name = c->servers[i].name;
-            server_series_t x = {
-                dh__metric_series(m->f_alive, name), dh__metric_series(m->f_depth, name),
-                dh__metric_series(m->f_work, name), dh__metric_series(m->f_speed, name),
-                dh__metric_series(m->f_silence, name)};
+            server_series_t x = {dh__metric_series(FAMILY(m, server_alive), name),
+                                 dh__metric_series(FAMILY(m, server_queue_depth), name),
+                                 dh__metric_series(FAMILY(m, server_queued_work), name),
+                                 dh__metric_series(FAMILY(m, server_speed), name),
+                                 dh__metric_series(FAMILY(m, server_silence), name)};
             if (!x.alive || !x.queue_depth || !x.queued_work || !x.speed || !x.silence)
                 break;
             m->servers[m->n_servers++] = x;
@@ -260,6 +184,6 @@ void dh__coord_metrics_tick(dh_coordinator_t *c)
         dh__series_set(x->silence,
                        now > s->last_seen_ns ? (double)(now - s->last_seen_ns) * 1e-9 : 0);
     }
-    dh__series_set(m->book, (double)c->n_book);
-    dh__series_set(m->late, (double)c->n_late);
+    dh__series_set(SERIES(m, book), (double)c->n_book);
+    dh__series_set(SERIES(m, late), (double)c->n_late);
 }

@@ -94,6 +94,17 @@ void dh__coord_touch(dh_coordinator_t *c, int32_t idx)
         c->stale_all = true; /* registered since the last build: the next decision rebuilds */
 }
 
+void dh__coord_unqueue(dh_coordinator_t *c, int32_t idx, const entry_t *e)
+{
+    server_t *s = &c->servers[idx];
+    if (s->queue_len)
+        s->queue_len--;
+    s->queued_cpu_s -= e->pred_cpu_s;
+    if (s->queued_cpu_s < 0)
+        s->queued_cpu_s = 0;
+    dh__coord_touch(c, idx);
+}
+
 void dh__coord_set_link(dh_coordinator_t *c, uint32_t from, uint32_t to, dh_link_t link)
 {
     c->links[from * MAX_NODES + to] = link;
@@ -270,7 +281,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
         rc = dh_place(&c->cfg.place, &snap, &req, &d);
     }
     dh__count(&c->counters.decisions, 1);
-    dh__count(&c->counters.sched_ns, refresh_ns + (dh_clock_now_ns() - t0));
+    dh__count(&c->counters.sched_s_ns, refresh_ns + (dh_clock_now_ns() - t0));
     dh__coord_metrics_decision(c, rc, &d);
     if (c->place_check)
         check_decision(c, &req, &d, rc);

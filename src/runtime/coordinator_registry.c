@@ -191,15 +191,8 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
             target_dead = cl->node == s->node;
         }
         if (e->server == idx || (target_dead && e->server >= 0)) {
-            if (e->server >= 0 && e->server != idx && !e->executed) {
-                server_t *x = &c->servers[e->server];
-                if (x->queue_len)
-                    x->queue_len--;
-                x->queued_cpu_s -= e->pred_cpu_s;
-                if (x->queued_cpu_s < 0)
-                    x->queued_cpu_s = 0;
-                dh__coord_touch(c, e->server);
-            }
+            if (e->server >= 0 && e->server != idx && !e->executed)
+                dh__coord_unqueue(c, e->server, e);
             e->server = -1;
             e->executed = false;
             replaced++;
@@ -321,15 +314,8 @@ void dh__coord_on_goodbye(dh_coordinator_t *c, const char *peer)
     for (size_t i = 0; i < c->n_book;) {
         entry_t *e = &c->book[i];
         if (e->client == idx) {
-            if (e->server >= 0 && !e->executed) {
-                server_t *x = &c->servers[e->server];
-                if (x->queue_len)
-                    x->queue_len--;
-                x->queued_cpu_s -= e->pred_cpu_s;
-                if (x->queued_cpu_s < 0)
-                    x->queued_cpu_s = 0;
-                dh__coord_touch(c, e->server);
-            }
+            if (e->server >= 0 && !e->executed)
+                dh__coord_unqueue(c, e->server, e);
             dh__coord_book_remove(c, i);
             dropped++;
         } else {
@@ -338,4 +324,18 @@ void dh__coord_on_goodbye(dh_coordinator_t *c, const char *peer)
     }
     dh__coord_drop_late(c, -1, idx);
     dh_log_info("coordinator: client '%s' left (%zu requests dropped)", peer, dropped);
+    /* Forgotten, so that a long-lived coordinator's table does not grow with every client
+     * that ever came (a DataLoader opens one per epoch): the last client takes its slot,
+     * and its requests follow it. None of idx's is left in the book or the late list. */
+    int32_t last = (int32_t)c->n_clients - 1;
+    if (idx != last) {
+        c->clients[idx] = c->clients[last];
+        for (size_t i = 0; i < c->n_book; i++)
+            if (c->book[i].client == last)
+                c->book[i].client = idx;
+        for (size_t i = 0; i < c->n_late; i++)
+            if (c->late[i].client == last)
+                c->late[i].client = idx;
+    }
+    c->n_clients--;
 }

@@ -1,12 +1,12 @@
 /* runtime/counters.h: the one stats idiom of the runtime's servers and clients.
  *
- * The coordinator, the DataServer and the client each list their counters once in an
- * X-macro, XX(field), whose fields have the names of their public stats struct
- * (runtime.h, client.h). The X-macro makes a struct of dh__counter_t (a uint64 that any
- * thread adds to with a relaxed atomic add, no lock), and the _stats() snapshot copies
- * each one with DH__COUNTER_READ. Durations are counted in nanoseconds (a field named
- * x_ns here) and reported in seconds by the snapshot; gauges (servers alive) add a
- * negative delta, which wraps back exactly.
+ * The coordinator, the DataServer and the client each list their stats once, in their
+ * table (stats_table.h), whose keys are the fields of their public stats struct (runtime.h,
+ * client.h). The table makes a struct of dh__counter_t (a uint64 that any thread adds to
+ * with a relaxed atomic add, no lock), and the _stats() snapshot copies each one
+ * (DH__STAT_READ). Durations are counted in nanoseconds (a SECONDS row x_s counts in x_s_ns)
+ * and reported in seconds by the snapshot; gauges (servers alive) add a negative delta,
+ * which wraps back exactly.
  *
  * A snapshot reads each counter on its own: two counters that move together (deliveries
  * and notices) may be a few increments apart in a snapshot taken while the process runs,
@@ -31,11 +31,5 @@ static inline uint64_t dh__counter_get(const dh__counter_t *c)
 {
     return atomic_load_explicit((dh__counter_t *)c, memory_order_relaxed);
 }
-
-/* In the X-macro's struct: one field per counter. */
-#define DH__COUNTER_FIELD(field) dh__counter_t field;
-
-/* In a snapshot, with `out` the public struct and `in` the counters: out->field = in->field. */
-#define DH__COUNTER_READ(field) out->field = dh__counter_get(&in->field);
 
 #endif

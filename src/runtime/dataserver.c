@@ -133,7 +133,7 @@ void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     const dh__ds_counters_t *in = &s->counters;
-    DH__DS_COUNTERS(DH__COUNTER_READ)
+    DH__DS_STATS(DH__STAT_READ)
 }
 
 int dh_dataserver_arena_stats(const dh_dataserver_t *s, dh_shm_arena_stats_t *out)

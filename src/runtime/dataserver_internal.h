@@ -18,6 +18,7 @@
 #include "runtime/counters.h"
 #include "runtime/notice.h"
 #include "runtime/rt.h"
+#include "runtime/stats_table.h"
 
 #define NAME_CAP 128
 #define ENDPOINT_CAP 256
@@ -26,25 +27,9 @@
 #define UNREACHABLE_GRACE_NS 5000000000ull /* a client not yet connected gets this long */
 #define LEFT_CAP 64                        /* clients remembered as gone (said GOODBYE) */
 
-/* The DataServer's counters (counters.h), named as in dh_dataserver_stats_t. */
-#define DH__DS_COUNTERS(XX)                                                                        \
-    XX(tasks)                                                                                      \
-    XX(samples)                                                                                    \
-    XX(sample_errors)                                                                              \
-    XX(delivered_local)                                                                            \
-    XX(delivered_forwarded)                                                                        \
-    XX(forwarded)                                                                                  \
-    XX(bytes_forwarded)                                                                            \
-    XX(bytes_received)                                                                             \
-    XX(bytes_cross_node)                                                                           \
-    XX(arena_waits)                                                                                \
-    XX(undeliverable)                                                                              \
-    XX(arena_spills)                                                                               \
-    XX(rebalance_sent)                                                                             \
-    XX(output_waits)
-
+/* The DataServer's counters (counters.h): one per COUNTER row of its table (stats_table.h). */
 typedef struct dh__ds_counters {
-    DH__DS_COUNTERS(DH__COUNTER_FIELD)
+    DH__DS_STATS(DH__STAT_COUNTER_FIELD)
 } dh__ds_counters_t;
 
 typedef struct task {

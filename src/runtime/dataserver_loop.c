@@ -80,6 +80,37 @@ static void send_heartbeat(dh_dataserver_t *s)
     send_coord(s, &m);
 }
 
+/* The heartbeat's clock. Its period is kept from the loop's wake-ups, not added to them: the
+ * poll waits at most until the next one is due (a full period after a wake-up for other work
+ * made gaps of up to two periods), and the loop sends it when due both before and after the
+ * work a wake-up brought, so a heartbeat never waits behind a run of messages that a starved
+ * thread processes several times slower (docs/runtime.md, "Liveness"). */
+static long heartbeat_in_ms(const dh_dataserver_t *s, uint64_t last_hb)
+{
+    uint64_t period = (uint64_t)s->cfg.heartbeat_ms * 1000000ull, now = dh_clock_now_ns();
+    if (now - last_hb >= period)
+        return 0;
+    return (long)((period - (now - last_hb) + 999999) / 1000000);
+}
+
+/* Sends the heartbeat when due (and records when in *last_hb). 0, or the failed auth check's
+ * code: refused keys (or no coordinator there) do not heal, so the loop ends, saying which,
+ * rather than retry forever. */
+static int heartbeat_if_due(dh_dataserver_t *s, uint64_t *last_hb)
+{
+    uint64_t now = dh_clock_now_ns();
+    if (now - *last_hb < (uint64_t)s->cfg.heartbeat_ms * 1000000ull)
+        return 0;
+    *last_hb = now;
+    int rc = dh__wire_auth_check(s->coord);
+    if (rc) {
+        dh_log_error("DataServer '%s': %s", s->name, dh_last_error());
+        return rc;
+    }
+    send_heartbeat(s);
+    return 0;
+}
+
 void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t seq,
                           const dh__rt_result_t *r, double cpu_s, double queue_s, int delivered,
                           dh_wire_socket_t *to, const char *routing_id)
@@ -312,12 +343,15 @@ int dh_dataserver_run(dh_dataserver_t *s)
         size_t n_notice = s->notice.n_conns;
         for (size_t i = 0; i < n_notice; i++)
             items[n++] = (zmq_pollitem_t){NULL, s->notice.conns[i].fd, ZMQ_POLLIN, 0};
-        long timeout = dh__ds_links_timeout_ms(s, s->pending ? 1 : (long)s->cfg.heartbeat_ms);
+        long timeout = dh__ds_links_timeout_ms(s, s->pending ? 1 : heartbeat_in_ms(s, last_hb));
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             rc = -zmq_errno();
             dh_log_error("DataServer '%s': zmq_poll: %s", s->name, zmq_strerror(zmq_errno()));
             break;
         }
+        /* before the work this wake-up brought, and again after it (below) */
+        if ((rc = heartbeat_if_due(s, &last_hb)))
+            break;
         if (items[0].revents & ZMQ_POLLIN)
             for (int i = 0; i < 256 && dh_wire_recv(s->coord, 0, &r) == 0; i++) {
                 on_coord_message(s, &r);
@@ -353,17 +387,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
         if (s->pending)
             dh__ds_retry_pending(s);
         dh__ds_metrics_tick(s);
+        if ((rc = heartbeat_if_due(s, &last_hb)))
+            break;
         uint64_t now = dh_clock_now_ns();
-        if (now - last_hb >= (uint64_t)s->cfg.heartbeat_ms * 1000000ull) {
-            last_hb = now;
-            if ((rc = dh__wire_auth_check(s->coord))) {
-                /* refused keys (or no coordinator there) do not heal: fail, saying which,
-                 * rather than retry forever */
-                dh_log_error("DataServer '%s': %s", s->name, dh_last_error());
-                break;
-            }
-            send_heartbeat(s);
-        }
         if (s->arena && now - last_reclaim > 200000000ull) {
             last_reclaim = now;
             pthread_mutex_lock(&s->arena_lock);

@@ -318,16 +318,6 @@ static int ensure_ready(dh__py_worker_t *w)
     return rc;
 }
 
-static int dtype_of(const char *name)
-{
-    for (unsigned code = 1; code < 64; code++) {
-        const char *n = dh_dtype_name(code);
-        if (n && strcmp(n, name) == 0 && dh_dtype_size(code) > 0)
-            return (int)code;
-    }
-    return -1;
-}
-
 static int fail_samples(dh__rt_result_t *out, int code, const char *why)
 {
     for (uint32_t i = 0; i < out->n_samples; i++) {
@@ -392,16 +382,19 @@ static int take_tensors(json_t *list, dh__rt_result_t *out)
         const char *name = json_string_value(json_object_get(t, "name"));
         const char *dt = json_string_value(json_object_get(t, "dtype"));
         json_t *shape = json_object_get(t, "shape");
-        int code = dt ? dtype_of(dt) : -1;
+        int code = dt ? dh_dtype_from_name(dt) : -1;
         if (!name || !name[0] || strlen(name) >= DH_TENSOR_NAME_MAX)
             return dh__set_error(DH_EDATASET, "an array's name must be 1 to %d bytes: '%s'",
                                  DH_TENSOR_NAME_MAX - 1, name ? name : "");
-        if (code < 0)
+        if (code < 0) {
+            /* ", uint8, int8, ...": the names of DH_DTYPE_MAP (tensor.h) */
+#define DH__DTYPE_LIST(name_, code_, str, size, dl_code, dl_bits, fmt) ", " str
+            static const char carried[] = DH_DTYPE_MAP(DH__DTYPE_LIST);
+#undef DH__DTYPE_LIST
             return dh__set_error(DH_EDATASET,
-                                 "array '%s': dtype '%s' is not one DataHelix carries (uint8, "
-                                 "int8, int16, uint16, int32, uint32, int64, uint64, float16, "
-                                 "float32, float64, bool)",
-                                 name, dt ? dt : "?");
+                                 "array '%s': dtype '%s' is not one DataHelix carries (%s)", name,
+                                 dt ? dt : "?", carried + 2);
+        }
         if (!json_is_array(shape) || json_array_size(shape) > DH_TENSOR_MAX_DIMS)
             return dh__set_error(DH_EDATASET, "array '%s': a shape of at most %d dimensions", name,
                                  DH_TENSOR_MAX_DIMS);

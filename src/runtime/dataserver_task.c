@@ -192,11 +192,10 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
     if (!json && !path)
         return 0;
     const char *source = json ? "pipeline spec" : path;
-    dh__json_use_allocator();
     dh__json_track_begin();
     json_error_t jerr;
     json_t *root = json ? json_loads(json, 0, &jerr) : json_load_file(path, 0, &jerr);
-    /* jansson reports its own out-of-memory as a syntax error, or not at all */
+    /* jansson reports some failed allocations as syntax errors, or not at all */
     if (dh__json_track_failed() || (!root && json_error_code(&jerr) == json_error_out_of_memory)) {
         json_decref(root);
         return dh__set_error(DH_ENOMEM, "%s: out of memory", source);

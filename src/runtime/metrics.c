@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -45,6 +46,7 @@ struct dh__metrics {
     size_t n_families, cap_families;
     dh__metrics_collect_fn collect;
     void *collect_arg;
+    char *labels; /* the labels of every sample, rendered (k="v",...), or NULL */
 };
 
 static uint64_t bits_of(double v)
@@ -124,6 +126,7 @@ void dh__metrics_destroy(dh__metrics_t **pm)
     for (size_t i = 0; i < m->n_families; i++)
         family_free(m->families[i]);
     dh_free(m->families);
+    dh_free(m->labels);
     pthread_mutex_destroy(&m->lock);
     dh_free(m);
     *pm = NULL;
@@ -133,6 +136,22 @@ void dh__metrics_set_collect(dh__metrics_t *m, dh__metrics_collect_fn fn, void *
 {
     m->collect = fn;
     m->collect_arg = arg;
+}
+
+bool dh__metrics_name_ok(const char *name, bool metric)
+{
+    return valid_name(name, metric) && (metric || strcmp(name, "le") != 0);
+}
+
+const dh__metric_t *dh__metrics_find(dh__metrics_t *m, const char *name)
+{
+    const dh__metric_t *found = NULL;
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < m->n_families && !found; i++)
+        if (strcmp(m->families[i]->name, name) == 0)
+            found = m->families[i];
+    pthread_mutex_unlock(&m->lock);
+    return found;
 }
 
 /* Grows an array of pointers to hold one more. true, or false when out of memory. */
@@ -331,29 +350,70 @@ static void put_escaped(buf_t *b, const char *s, bool quoted)
  * as the format wants them. */
 static void put_value(buf_t *b, double v)
 {
-    if (isnan(v))
+    if (isnan(v)) {
         put(b, "NaN");
-    else if (isinf(v))
+    } else if (isinf(v)) {
         put(b, v > 0 ? "+Inf" : "-Inf");
-    else
-        put(b, "%.17g", v);
+    } else { /* the fewest digits that read back as v (0.1, not 0.10000000000000001) */
+        char text[40];
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(text, sizeof text, "%.*g", digits, v);
+            if (strtod(text, NULL) == v)
+                break;
+        }
+        put(b, "%s", text);
+    }
+}
+
+int dh__metrics_set_labels(dh__metrics_t *m, const char *const *names, const char *const *values,
+                           size_t n)
+{
+    buf_t b = {.data = dh_malloc(64), .cap = 64};
+    if (!b.data)
+        return dh__set_error(DH_ENOMEM, "out of memory for a registry's labels");
+    b.data[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (!dh__metrics_name_ok(names[i], false) || !values[i]) {
+            dh_free(b.data);
+            return dh__set_error(DH_EINVAL, "label '%s': not a valid label name",
+                                 names[i] ? names[i] : "(null)");
+        }
+        put(&b, "%s%s=\"", i ? "," : "", names[i]);
+        put_escaped(&b, values[i], true);
+        put(&b, "\"");
+    }
+    if (b.failed) {
+        dh_free(b.data);
+        return dh__set_error(DH_ENOMEM, "out of memory for a registry's labels");
+    }
+    dh_free(m->labels);
+    m->labels = n ? b.data : NULL;
+    if (!n)
+        dh_free(b.data);
+    return 0;
 }
 
 /* name{label="value",le="..."} with whichever labels there are. */
 static void put_sample_name(buf_t *b, const dh__metric_t *f, const char *suffix,
                             const dh__series_t *s, const char *le)
 {
+    const char *common = f->registry->labels, *sep = "";
     put(b, "%s%s", f->name, suffix);
-    if (!f->label && !le)
+    if (!f->label && !le && !common)
         return;
     put(b, "{");
+    if (common) {
+        put(b, "%s", common);
+        sep = ",";
+    }
     if (f->label) {
-        put(b, "%s=\"", f->label);
+        put(b, "%s%s=\"", sep, f->label);
         put_escaped(b, s->label_value, true);
-        put(b, "\"%s", le ? "," : "");
+        put(b, "\"");
+        sep = ",";
     }
     if (le)
-        put(b, "le=\"%s\"", le);
+        put(b, "%sle=\"%s\"", sep, le);
     put(b, "}");
 }
 

@@ -22,6 +22,7 @@
 #ifndef DH_RUNTIME_METRICS_H
 #define DH_RUNTIME_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,20 @@ void dh__metrics_destroy(dh__metrics_t **m);
 
 /* Sets the collect callback (NULL: none). Call before any thread renders. */
 void dh__metrics_set_collect(dh__metrics_t *m, dh__metrics_collect_fn fn, void *arg);
+
+/* Labels every sample of the registry carries, first, in this order (names[i]="values[i]",
+ * the values escaped), e.g. a rank's {rank="0"}: replaces those set before (n 0: none).
+ * Call before any thread renders. 0, DH_EINVAL (a name that is not a valid label name, or
+ * "le"; the message names it) or DH_ENOMEM. */
+int dh__metrics_set_labels(dh__metrics_t *m, const char *const *names, const char *const *values,
+                           size_t n);
+
+/* Whether `name` is a valid metric name (metric: [a-zA-Z_:][a-zA-Z0-9_:]*) or label name
+ * (no colon, and not "le"). */
+bool dh__metrics_name_ok(const char *name, bool metric);
+
+/* The family named `name`, or NULL. Any thread. */
+const dh__metric_t *dh__metrics_find(dh__metrics_t *m, const char *name);
 
 /* Adds a family. `name` must be a valid metric name ([a-zA-Z_:][a-zA-Z0-9_:]*) and not yet
  * in the registry, `label` NULL (one series, made now) or a valid label name; a histogram

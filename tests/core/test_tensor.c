@@ -51,6 +51,22 @@ static void unknown_dtypes_have_no_size(void **state)
     assert_int_equal(code, 7); /* untouched */
 }
 
+/* dh_dtype_from_name is dh_dtype_name's inverse over the table, and -1 off it. */
+static void dtype_names_look_up_their_codes(void **state)
+{
+#define XX(name, code, str, size, dl_code, dl_bits, fmt)                                           \
+    assert_int_equal(dh_dtype_from_name(str), code);                                               \
+    assert_int_equal(dh_dtype_from_name(dh_dtype_name(code)), code);
+    DH_DTYPE_MAP(XX)
+#undef XX
+    assert_int_equal(dh_dtype_from_name("float32"), DH_DTYPE_FLOAT32);
+    assert_int_equal(dh_dtype_from_name("dtype?"), -1);
+    assert_int_equal(dh_dtype_from_name("Float32"), -1);
+    assert_int_equal(dh_dtype_from_name("float"), -1);
+    assert_int_equal(dh_dtype_from_name(""), -1);
+    assert_int_equal(dh_dtype_from_name(NULL), -1);
+}
+
 static void contiguous_strides_count_elements(void **state)
 {
     dh_tensor_t t = {.dtype = DH_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 3, 5}};
@@ -88,6 +104,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(dtype_table_gives_sizes_names_and_formats),
     cmocka_unit_test(dtype_codes_are_the_wire_codes),
     cmocka_unit_test(unknown_dtypes_have_no_size),
+    cmocka_unit_test(dtype_names_look_up_their_codes),
     cmocka_unit_test(contiguous_strides_count_elements),
     cmocka_unit_test(names_are_truncated_and_clear_frees),
 };

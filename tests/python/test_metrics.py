@@ -18,58 +18,15 @@ from conftest import CLI, ROOT, torchrun_port
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-COORDINATOR_METRICS = [
-    "datahelix_coordinator_decisions_total",
-    "datahelix_coordinator_deadline_misses_total",
-    "datahelix_coordinator_requests_total",
-    "datahelix_coordinator_dispatches_total",
-    "datahelix_coordinator_redispatches_total",
-    "datahelix_coordinator_completes_total",
-    "datahelix_coordinator_delivered_total",
-    "datahelix_coordinator_servers_alive",
-    "datahelix_coordinator_servers_declared_dead_total",
-    "datahelix_coordinator_client_registrations_total",
-    "datahelix_coordinator_rebalance_rounds_total",
-    "datahelix_coordinator_sched_seconds_total",
-    "datahelix_coordinator_book_requests",
-    "datahelix_coordinator_late_reports_requests",
-    "datahelix_coordinator_heartbeat_gap_seconds",
-    "datahelix_coordinator_cpu_actual_over_predicted_ratio",
-    "datahelix_coordinator_cpu_prediction_abs_error_seconds",
-    "datahelix_coordinator_ready_prediction_abs_error_seconds",
-    "datahelix_coordinator_server_alive",
-    "datahelix_coordinator_server_queue_depth",
-    "datahelix_coordinator_server_queued_work_seconds",
-    "datahelix_coordinator_server_speed_factor",
-    "datahelix_coordinator_server_silence_seconds",
-]
 
-DATASERVER_METRICS = [
-    "datahelix_dataserver_info",
-    "datahelix_dataserver_tasks_total",
-    "datahelix_dataserver_samples_total",
-    "datahelix_dataserver_sample_errors_total",
-    "datahelix_dataserver_batches_delivered_total",
-    "datahelix_dataserver_forwarded_batches_total",
-    "datahelix_dataserver_forwarded_bytes_total",
-    "datahelix_dataserver_cross_node_bytes_total",
-    "datahelix_dataserver_received_bytes_total",
-    "datahelix_dataserver_arena_waits_total",
-    "datahelix_dataserver_arena_spills_total",
-    "datahelix_dataserver_undeliverable_total",
-    "datahelix_dataserver_rebalance_sent_total",
-    "datahelix_dataserver_queue_depth",
-    "datahelix_dataserver_queued_work_seconds",
-    "datahelix_dataserver_workers",
-    "datahelix_dataserver_worker_busy_seconds_total",
-    "datahelix_dataserver_worker_busy_ratio",
-    "datahelix_dataserver_arena_size_bytes",
-    "datahelix_dataserver_arena_used_bytes",
-    "datahelix_dataserver_arena_slabs_used",
-    "datahelix_dataserver_arena_slabs",
-    "datahelix_dataserver_arena_allocations_live",
-    "datahelix_dataserver_cpu_actual_over_predicted_ratio",
-]
+def table_metrics(table):
+    """The families a daemon's table (src/runtime/stats_table.h, through _C) says it serves,
+    each once (the rows of one labelled family share it)."""
+    return list(dict.fromkeys(metric for _, _, metric, _, _, _ in table if metric))
+
+
+COORDINATOR_METRICS = table_metrics(datahelix._C.Coordinator.metrics_table())
+DATASERVER_METRICS = table_metrics(datahelix._C.DataServer.metrics_table())
 
 
 def wait_for(cond, what, procs=(), timeout=30.0):
@@ -177,6 +134,9 @@ def run_cluster_and_check(datahelix, tmp_path):
             assert value(local_mid, "datahelix_dataserver_arena_allocations_live") > 0
             rest = list(it)
             client_stats = dl.stats()
+            # stats()'s keys are the client table's rows with a value (C's, in its order)
+            assert list(client_stats) == [key for key, kind, *_ in
+                                          datahelix._C.Client.metrics_table() if kind != "metric"]
             # the loader's own registry: rendered and served, and parsed the same way
             client_text = datahelix.metrics.render(client_stats, labels={"rank": "0"})
             client = {f.name: f for f in
@@ -303,6 +263,25 @@ def test_render_of_client_stats(datahelix):
     assert fams["datahelix_client_future_key"].samples[0].value == 7  # unknown: a gauge
     assert "note" not in text
     assert datahelix.metrics.render({}) == ""
+
+
+def test_the_client_table_and_writer_are_c_s(datahelix):
+    """METRICS is the C table's (src/runtime/stats_table.h); render() is the daemons' writer:
+    values in the fewest digits that read back, labels sorted, an unknown key a gauge with a
+    valid name, a bad label name a ValueError."""
+    table = datahelix._C.Client.metrics_table()
+    assert datahelix.metrics.METRICS == {key: (metric, kind, help_text)
+                                         for key, _, metric, kind, _, help_text in table if metric}
+    assert {"wait_s", "prefetch_now", "rebalance_s_p95", "rebalance_callback_errors",
+            "bytes_outstanding"} <= set(datahelix.metrics.METRICS)
+    text = datahelix.metrics.render({"wait_s": 0.1, "odd key-é": 2, "copy_bytes": False},
+                                    labels={"rank": 3, "job": "j"})
+    assert 'datahelix_client_wait_seconds_total{job="j",rank="3"} 0.1\n' in text
+    assert 'datahelix_client_odd_key___{job="j",rank="3"} 2\n' in text
+    assert 'datahelix_client_copy_bytes_total{job="j",rank="3"} 0\n' in text
+    prometheus_parser.text_string_to_metric_families(text)
+    with pytest.raises(ValueError):
+        datahelix.metrics.render({"batches": 1}, labels={"bad-label": "x"})
 
 
 def test_the_dashboard_and_the_docs_name_only_metrics_that_exist():

@@ -159,6 +159,36 @@ static void embedded_epoch_in_order_exactly_once(void **state)
     cl_assert_no_leftovers();
 }
 
+/* Every client of a process has an id of its own (the first one the plain
+ * node-rankR-PID): a DataLoader opens a client per epoch, and a DataServer drops the batches
+ * of a name that said GOODBYE, so a next-epoch client under its predecessor's name lost an
+ * early batch and waited for it forever (tests/soak/memsoak.py found it). A client_id given
+ * is kept. */
+static void clients_of_one_process_have_ids_of_their_own(void **state)
+{
+    (void)state;
+    const char *profiles = cl_write_profiles("p.jsonl", 8);
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    dh_client_t *a = NULL, *b = NULL;
+    assert_int_equal(dh_client_new(&a, &cfg), 0);
+    char first[256];
+    snprintf(first, sizeof first, "%s", dh_client_id(a));
+    char plain[256];
+    snprintf(plain, sizeof plain, "test-node-rank0-%d", (int)getpid());
+    assert_string_equal(first, plain);
+    dh_client_destroy(&a);
+    assert_int_equal(dh_client_new(&b, &cfg), 0);
+    assert_string_not_equal(dh_client_id(b), first);
+    assert_int_equal(strncmp(dh_client_id(b), plain, strlen(plain)), 0);
+    dh_client_destroy(&b);
+    cfg.client_id = "mine";
+    assert_int_equal(dh_client_new(&a, &cfg), 0);
+    assert_string_equal(dh_client_id(a), "mine");
+    dh_client_destroy(&a);
+    cl_assert_no_leftovers();
+}
+
 /* next() gives up after next_timeout_ms, measured on the monotonic clock, with DH_EAGAIN
  * naming the batch. Each synthetic sample sleeps its profile's cpu_s (about 1 s a batch here),
  * so batch 0 cannot be ready within 50 ms. */
@@ -1155,6 +1185,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(embedded_client_survives_each_allocation_failure),
         cmocka_unit_test(embedded_epoch_in_order_exactly_once),
         cmocka_unit_test(next_times_out_with_eagain),
+        cmocka_unit_test(clients_of_one_process_have_ids_of_their_own),
         cmocka_unit_test(embedded_every_sample_once),
         cmocka_unit_test(embedded_fanout_joins_microbatches),
         cmocka_unit_test(embedded_fanout_join_gives_slabs_back),

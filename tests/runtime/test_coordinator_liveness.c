@@ -208,11 +208,42 @@ static void limit_follows_the_gaps_and_silence_is_still_death(void **state)
     cl_assert_no_leftovers();
 }
 
+/* A server under load from its first heartbeat on (a DataServer started on a saturated
+ * machine): gaps of 150 ms against a 300 ms limit raise it to 4 x 150 = 600 ms at once, so a
+ * 450 ms gap among its first few passes (before, the limit followed only after 32 gaps, and
+ * this gap was a death); and it keeps rising with the gaps (4 x 450 ms), so silence is still
+ * death within the cap (10 x 300 ms). */
+static void limit_rises_from_the_first_gaps(void **state)
+{
+    (void)state;
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://liveness-early-%s", cl_test_tag());
+    void *ctx = zmq_ctx_new();
+    dh_coordinator_t *coord = start_coordinator(coord_ep, 300, ctx);
+    dh_wire_socket_t *g = ghost_hello(ctx, coord_ep);
+    dh_coordinator_stats_t cs;
+    wait_stats(coord, 1, 0, 20000, &cs);
+    ghost_beats(g, 2, 150);
+    ghost_beats(g, 1, 450);
+    dh_coordinator_stats(coord, &cs);
+    assert_int_equal(cs.servers_dead_declared, 0);
+    uint64_t silent_from = dh_clock_now_ns();
+    wait_stats(coord, 0, 1, 10000, &cs);
+    double took_s = dh_clock_elapsed_s(silent_from, dh_clock_now_ns());
+    assert_true(took_s >= 1.5); /* 4 x the 450 ms gap */
+    assert_true(took_s < 3.0 + 1.0);
+    dh_wire_socket_destroy(&g);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+    cl_assert_no_leftovers();
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(in_process_server_survives_a_saturated_cpu),
         cmocka_unit_test(limit_follows_the_gaps_and_silence_is_still_death),
+        cmocka_unit_test(limit_rises_from_the_first_gaps),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

@@ -21,6 +21,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/metrics.h"
 #include "datahelix/runtime.h"
 #include "dh_test.h"
 #include "runtime/metrics.h"
@@ -424,8 +425,48 @@ static void daemons_serve_metrics_while_a_client_runs(void **state)
     cl_assert_no_leftovers();
 }
 
+/* dh_metrics_text: numbers held elsewhere (a rank's stats()), each sample with the common
+ * labels first, values in the fewest digits that read back; a repeated name is left out, a
+ * bad name, label or type is DH_EINVAL. */
+static void renders_values_with_common_labels(void **state)
+{
+    (void)state;
+    const dh_metric_value_t v[] = {
+        {"datahelix_client_batches_total", "Batches.", "counter", 3},
+        {"datahelix_client_wait_seconds_total", "Stall \\ s.", "counter", 0.1},
+        {"datahelix_client_batches_total", "again", "gauge", 9},
+        {"datahelix_client_prefetch_batches", "Horizon.", "gauge", 4},
+    };
+    const char *names[] = {"job", "rank"}, *values[] = {"x", "a\"b"};
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(dh_metrics_text(v, 4, names, values, 2, &text, &len), 0);
+    assert_string_equal(text, "# HELP datahelix_client_batches_total Batches.\n"
+                              "# TYPE datahelix_client_batches_total counter\n"
+                              "datahelix_client_batches_total{job=\"x\",rank=\"a\\\"b\"} 3\n"
+                              "# HELP datahelix_client_wait_seconds_total Stall \\\\ s.\n"
+                              "# TYPE datahelix_client_wait_seconds_total counter\n"
+                              "datahelix_client_wait_seconds_total{job=\"x\",rank=\"a\\\"b\"} 0.1\n"
+                              "# HELP datahelix_client_prefetch_batches Horizon.\n"
+                              "# TYPE datahelix_client_prefetch_batches gauge\n"
+                              "datahelix_client_prefetch_batches{job=\"x\",rank=\"a\\\"b\"} 4\n");
+    assert_int_equal(len, strlen(text));
+    dh_free(text);
+    assert_int_equal(dh_metrics_text(NULL, 0, NULL, NULL, 0, &text, NULL), 0);
+    assert_string_equal(text, "");
+    dh_free(text);
+    const dh_metric_value_t bad_name = {"not-valid", "", "gauge", 1};
+    assert_int_equal(dh_metrics_text(&bad_name, 1, NULL, NULL, 0, &text, NULL), DH_EINVAL);
+    assert_null(text);
+    const dh_metric_value_t bad_type = {"ok_name", "", "histogram", 1};
+    assert_int_equal(dh_metrics_text(&bad_type, 1, NULL, NULL, 0, &text, NULL), DH_EINVAL);
+    const char *le[] = {"le"};
+    assert_int_equal(dh_metrics_text(v, 1, le, values, 1, &text, NULL), DH_EINVAL);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(renders_counter_gauge_and_histogram_exactly),
+    cmocka_unit_test(renders_values_with_common_labels),
     cmocka_unit_test(escapes_label_values_help_and_specials),
     cmocka_unit_test(writers_racing_renders_lose_nothing),
     cmocka_unit_test(allocation_failures_are_enomem_without_leaks),
