@@ -201,7 +201,8 @@ DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
 /* The default memory budget of an arena: DH_ARENA_BUDGET (bytes, or with a K, M or G
  * suffix: KiB, MiB, GiB) when set and valid (else a warning), otherwise a quarter of the
  * machine's physical memory, or of the process's memory cgroup limit when that is lower
- * (4 GiB where neither is known). */
+ * (4 GiB where neither is known), and at most half of the memory available now
+ * (MemAvailable + SwapFree), which a larger arena would be refused. */
 DH_EXTERN uint64_t dh_arena_budget_default(void);
 
 /* Parses a byte count: digits with an optional K, M or G suffix (KiB, MiB, GiB). Returns 0

@@ -284,7 +284,8 @@ static PyMethodDef module_methods[] = {
      "arena_budget_default($module, /)\n--\n\nThe memory budget in bytes of an arena this process "
      "makes "
      "(dh_arena_budget_default): DH_ARENA_BUDGET when set and valid, else a quarter of physical "
-     "memory or of the memory cgroup's limit, whichever is lower"},
+     "memory or of the memory cgroup's limit, whichever is lower, and at most half of the memory "
+     "available now"},
     {"parse_bytes", (PyCFunction)(void (*)(void))dh__py_parse_bytes, METH_VARARGS | METH_KEYWORDS,
      "parse_bytes($module, /, text, what='size')\n--\n\nA byte count as the C side and the CLI "
      "parse it "

@@ -111,12 +111,9 @@ uint64_t dh_arena_budget_default(void)
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     uint64_t memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)16 << 30;
     /* In a container the cgroup's limit, not the host's memory, is what the arena may
-     * take: a quarter of the host would fail at start (docs/shared-memory.md). */
-    dh__shm_memory_t mem;
-    dh__shm_memory_probe(NULL, &mem);
-    if (mem.cgroup_limit_bytes < memory)
-        memory = mem.cgroup_limit_bytes;
-    return memory / 4;
+     * take, and on a busy machine what is available now: more would fail at start
+     * (docs/shared-memory.md). */
+    return dh__shm_budget_default(NULL, memory);
 }
 
 const char *dh_dataserver_name(const dh_dataserver_t *s)

@@ -162,6 +162,19 @@ void dh__shm_memory_probe(const dh__shm_probe_t *probe, dh__shm_memory_t *out)
     out->available_bytes = meminfo_available(proc_dir);
 }
 
+uint64_t dh__shm_budget_default(const dh__shm_probe_t *probe, uint64_t physical_bytes)
+{
+    dh__shm_memory_t mem;
+    dh__shm_memory_probe(probe, &mem);
+    uint64_t memory = physical_bytes;
+    if (mem.cgroup_limit_bytes < memory)
+        memory = mem.cgroup_limit_bytes;
+    uint64_t budget = memory / 4;
+    if (mem.available_bytes != UINT64_MAX && mem.available_bytes / 2 < budget)
+        budget = mem.available_bytes / 2;
+    return budget;
+}
+
 int dh__shm_check_size(uint64_t size, const dh__shm_probe_t *probe)
 {
     struct rlimit rl;

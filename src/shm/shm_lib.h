@@ -26,4 +26,11 @@ typedef struct dh__shm_memory {
  * NULL. Never fails: what cannot be read is UINT64_MAX (no bound). */
 void dh__shm_memory_probe(const dh__shm_probe_t *probe, dh__shm_memory_t *out);
 
+/* The default budget of an arena when nothing sets one: a quarter of physical_bytes or of
+ * the cgroup's limit, whichever is lower, and at most half of what the machine has available
+ * now (MemAvailable + SwapFree). Without that last bound a default arena on a busy machine
+ * exceeded what dh__shm_check_size allows and the loader refused to start. probe may be
+ * NULL. */
+uint64_t dh__shm_budget_default(const dh__shm_probe_t *probe, uint64_t physical_bytes);
+
 #endif

@@ -131,6 +131,26 @@ static void limits_available_memory_bounds_the_arena(void **state)
     assert_non_null(strstr(dh_last_error(), "MemAvailable + SwapFree"));
 }
 
+static void limits_default_budget_is_a_quarter_bounded_by_cgroup_and_available(void **state)
+{
+    (void)state;
+    dh__shm_probe_t probe;
+    /* plenty available: a quarter of physical memory */
+    fake_proc("budget-idle", "MemTotal: 8388608 kB\nMemAvailable: 8000000 kB\nSwapFree: 0 kB\n",
+              "0::/\n", &probe);
+    assert_int_equal(dh__shm_budget_default(&probe, 8192 * MIB), 2048 * MIB);
+    /* a busy machine: 2 GiB available of 8 -> 1 GiB, not the quarter (2 GiB) that
+     * dh__shm_check_size would refuse once the machine has less than that left */
+    fake_proc("budget-busy", "MemTotal: 8388608 kB\nMemAvailable: 2097152 kB\nSwapFree: 0 kB\n",
+              "0::/\n", &probe);
+    uint64_t busy = dh__shm_budget_default(&probe, 8192 * MIB);
+    assert_int_equal(busy, 1024 * MIB);
+    assert_int_equal(dh__shm_check_size(busy, &probe), 0);
+    /* unknown availability: the quarter */
+    fake_proc("budget-unknown", "MemTotal: 8388608 kB\n", "0::/\n", &probe);
+    assert_int_equal(dh__shm_budget_default(&probe, 8192 * MIB), 2048 * MIB);
+}
+
 static void limits_unreadable_files_give_no_bound(void **state)
 {
     (void)state;
@@ -166,6 +186,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(limits_cgroup_v2_smallest_ancestor_bounds_the_arena),
     cmocka_unit_test(limits_cgroup_v1_memory_controller_bounds_the_arena),
     cmocka_unit_test(limits_available_memory_bounds_the_arena),
+    cmocka_unit_test(limits_default_budget_is_a_quarter_bounded_by_cgroup_and_available),
     cmocka_unit_test(limits_unreadable_files_give_no_bound),
     cmocka_unit_test(limits_real_machine_refuses_an_impossible_arena),
 };
