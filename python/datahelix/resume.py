@@ -1,0 +1,110 @@
+"""Resume across world sizes (docs/python.md, "Elastic resume"): merging the ranks' states
+and the step at which a loader of another world size or batch resumes a saved one. Pure
+functions of the states and the loader's settings; ``DataLoader.merge_states`` and
+``DataLoader.load_state_dict`` call them."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ._C import InvalidArgumentError
+
+#: what an elastic resume may keep fixed: the global batch or the per-rank batch
+KEEP = ("global_batch", "rank_batch")
+
+
+def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """``DataLoader.merge_states``: one state from several ranks' (they must agree on all
+    but ``rank``)."""
+    states = list(states)
+    if not states:
+        raise InvalidArgumentError("merge_states: no states")
+    for st in states:
+        if not isinstance(st, dict) or st.get("version") != 1:
+            raise InvalidArgumentError("merge_states: not a DataLoader state_dict (version 1)")
+    ranks: List[int] = []
+    for st in states:
+        rs = st["ranks"] if "ranks" in st else [st.get("rank", 0)]
+        ranks += [int(r) for r in rs]
+    if len(set(ranks)) != len(ranks):
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise InvalidArgumentError(f"merge_states: rank(s) {dup} given more than once")
+    first = states[0]
+    first_ranks = first["ranks"] if "ranks" in first else [first.get("rank", 0)]
+    keys = sorted(set().union(*states) - {"rank", "ranks"})
+    for st in states[1:]:
+        st_ranks = st["ranks"] if "ranks" in st else [st.get("rank", 0)]
+        for key in keys:
+            if st.get(key) != first.get(key):
+                raise InvalidArgumentError(
+                    f"merge_states: ranks {first_ranks[0]} and {st_ranks[0]} disagree on "
+                    f"{key}: {first.get(key)!r} and {st.get(key)!r} (resume from states "
+                    f"of one checkpoint)")
+    world = int(first.get("world_size", 1))
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise InvalidArgumentError(
+            f"merge_states: rank(s) {sorted(bad)} not in [0, {world}) (world_size {world})")
+    merged = {k: v for k, v in first.items() if k not in ("rank", "ranks")}
+    merged["ranks"] = sorted(ranks)
+    return merged
+
+
+def elastic_step(state: Dict[str, Any], step: int, keep: Optional[str], *, world_size: int,
+                 batch_size: int, epochs: int, max_steps: int,
+                 plan_window: int) -> Tuple[int, str]:
+    """The step at which a loader (world size W2, batch B2) resumes a state saved at world
+    size W1, batch B1, step k: the same position k x W1 x B1 of the order, at W2 x B2
+    samples a step; and what the resume keeps ("global_batch" or "rank_batch")."""
+    w1, b1 = int(state["world_size"]), int(state["batch_size"])
+    w2, b2 = world_size, batch_size
+    g1 = w1 * b1
+    if keep is None:  # what the new loader's batch_size keeps (both only when w1 == w2)
+        keep = "rank_batch" if b2 == b1 else "global_batch" if w2 * b2 == g1 else None
+        if keep is None:
+            need = (f", or batch_size {g1 // w2} to keep the global batch {g1}"
+                    if g1 % w2 == 0 else f" (the global batch {g1} does not split over "
+                    f"world size {w2})")
+            raise InvalidArgumentError(
+                f"state_dict: saved at world size {w1} x batch_size {b1}, this loader has "
+                f"world size {w2} x batch_size {b2}: use batch_size {b1} to keep the "
+                f"per-rank batch{need}")
+    elif keep not in KEEP:
+        raise InvalidArgumentError(f"keep must be one of {list(KEEP)} or None, "
+                                   f"not {keep!r}")
+    if keep == "global_batch":
+        if g1 % w2:
+            raise InvalidArgumentError(
+                f"keep='global_batch': the global batch {g1} (world size {w1} x "
+                f"batch_size {b1}) does not split over world size {w2} ({g1} / {w2} is "
+                f"not an integer); keep='rank_batch' or another world size")
+        if b2 != g1 // w2:
+            raise InvalidArgumentError(
+                f"keep='global_batch': world size {w1} x batch_size {b1} needs batch_size "
+                f"{g1 // w2} at world size {w2}, this loader has {b2}")
+        step2 = step
+    else:
+        if b2 != b1:
+            raise InvalidArgumentError(
+                f"keep='rank_batch': batch_size was {b1}, this loader has {b2}")
+        if epochs != 1 or max_steps:
+            raise InvalidArgumentError(
+                "keep='rank_batch' across world sizes needs epochs=1 and max_steps=0 "
+                "(steps per epoch change with the global batch)")
+        pos, g2 = step * g1, w2 * b2
+        if pos % g2:
+            every = g2 // math.gcd(g1, g2)
+            raise InvalidArgumentError(
+                f"keep='rank_batch': step {step} at world size {w1} x batch_size {b1} "
+                f"ends at sample {pos} of the epoch's order, not a step boundary at world "
+                f"size {w2} (steps of {g2} samples): resume from a step that is a multiple "
+                f"of {every}, or keep='global_batch'")
+        step2 = pos // g2
+    pw = plan_window
+    if pw > 1 and (step % pw or step2 % pw):
+        raise InvalidArgumentError(
+            f"state_dict: with plan_window {pw} an elastic resume (world size {w1} -> "
+            f"{w2}) needs the step to start a plan window (step {step} at world size "
+            f"{w1}, {step2} at {w2}): a window's plan moves samples between its steps "
+            f"differently for each world size")
+    return step2, keep
