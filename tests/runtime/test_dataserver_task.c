@@ -46,12 +46,18 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
     assert_string_equal(p.py_exe, "/usr/bin/python3");
     assert_string_equal(p.py_path, "/a:/b");
     assert_int_equal(p.py_seed, 7);
-    assert_true(p.py_sample_timeout_s == 300); /* the default */
+    assert_true(p.sample_timeout_s == 300); /* the default */
     assert_int_equal(
         dh__rt_pipeline_load("{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":2.5}",
                              NULL, &p),
         0);
-    assert_true(p.py_sample_timeout_s == 2.5);
+    assert_true(p.sample_timeout_s == 2.5);
+    /* a video spec has it too (the DataServer's deadline, not the decoder's field) */
+    assert_int_equal(dh__rt_pipeline_load("{\"frames\":4,\"sample_timeout\":1.5}", NULL, &p), 0);
+    assert_true(p.sample_timeout_s == 1.5);
+    assert_int_equal(p.video.frames, 4);
+    assert_int_equal(dh__rt_pipeline_load("{\"frames\":4}", NULL, &p), 0);
+    assert_true(p.sample_timeout_s == 300);
     static const struct {
         const char *json, *says;
     } bad[] = {
@@ -64,6 +70,8 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":\"5\"}", "'sample_timeout'"},
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"workers\":2}", "unknown field"},
         {"{\"type\":\"pythn\"}", "\"python\""},
+        {"{\"type\":\"video\",\"sample_timeout\":-2}", "'sample_timeout'"},
+        {"{\"sample_timeout\":true}", "'sample_timeout'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(dh__rt_pipeline_load(bad[i].json, NULL, &p), DH_ESCHEMA);
