@@ -1,4 +1,5 @@
 /* dh_test.c: shared helpers for the cmocka tests (see dh_test.h). */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 
 int dh_test_main(int argc, char **argv, const struct CMUnitTest *tests, size_t count,
                  const char *group)
@@ -74,6 +76,57 @@ long dh_test_each_allocation_failure(int (*body)(void *ctx), void *ctx)
         assert_int_equal(rc, complete ? 0 : DH_ENOMEM);
         if (complete)
             return made;
+    }
+}
+
+long dh_test_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    long n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+long dh_test_each_fault(int site, const char *what, int (*body)(void *ctx), void *ctx)
+{
+    assert_true(dh_fault_enabled());
+    for (long n = 0;; n++) {
+        long live = dh_alloc_live(), fds = dh_test_open_fds();
+        long before = dh_fault_hits((dh_fault_site_t)site);
+        dh_fault_arm((dh_fault_site_t)site, n);
+        int rc = body(ctx);
+        dh_fault_disarm_all();
+        long hits = dh_fault_hits((dh_fault_site_t)site) - before;
+        int complete = hits <= n;
+        if (dh_alloc_live() != live || dh_test_open_fds() != fds)
+            print_error("fault site %d, hit %ld failing: %ld allocations, %ld fds leaked\n", site,
+                        n, dh_alloc_live() - live, dh_test_open_fds() - fds);
+        assert_int_equal(dh_alloc_live(), live);
+        assert_int_equal(dh_test_open_fds(), fds);
+        if (complete) {
+            if (rc != 0)
+                print_error("fault site %d: the run past its %ld hits failed: %s (%s)\n", site,
+                            hits, dh_err_name(rc), dh_last_error());
+            assert_int_equal(rc, 0);
+            assert_true(hits >= 1); /* the sweep reached the site */
+            return hits;
+        }
+        if (!what) { /* a fault the code recovers from: every run completes */
+            if (rc != 0)
+                print_error("fault site %d, hit %ld failing: %s (%s), want a recovery\n", site, n,
+                            dh_err_name(rc), dh_last_error());
+            assert_int_equal(rc, 0);
+            continue;
+        }
+        if (rc >= 0 || !strstr(dh_last_error(), what))
+            print_error("fault site %d, hit %ld of the run failing: got %s (%s), want an error "
+                        "with '%s'\n",
+                        site, n, dh_err_name(rc), dh_last_error(), what);
+        assert_true(rc < 0);
+        assert_non_null(strstr(dh_last_error(), what));
     }
 }
 

@@ -36,6 +36,20 @@ const char *dh_test_path(const char *name);
  * number and dh_last_error(). Returns the number of allocations of the complete run. */
 long dh_test_each_allocation_failure(int (*body)(void *ctx), void *ctx);
 
+/* The sweep of a numbered I/O fault site (include/datahelix/fault.h; call it only when
+ * dh_fault_enabled()): runs body(ctx) with the site's hit 0 of the run failing, then hit 1,
+ * 2, ..., until a run hits the site no further than the hit that was to fail (it completed).
+ * Each run that failed must return a negative code with a message (dh_last_error) containing
+ * `what` (NULL `what`: a fault the code recovers from, every run must return 0); every run
+ * must give back what it took: allocations (dh_alloc_live) and open fds
+ * (/proc/self/fd) are counted before and after. The complete run must return 0 (so the same
+ * objects work once the fault is gone, where body reuses them). Disarms every site before
+ * returning. Returns the site's hits in the complete run, asserted >= 1. */
+long dh_test_each_fault(int site, const char *what, int (*body)(void *ctx), void *ctx);
+
+/* The open fds of this process (entries of /proc/self/fd, the directory's own included). */
+long dh_test_open_fds(void);
+
 /* Writes text to a file; fails the test on error. */
 void dh_test_write_file(const char *path, const char *text);
 

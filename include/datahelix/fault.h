@@ -18,13 +18,34 @@ extern "C" {
 
 /* The numbered sites. Numbers are stable: tests and bug reports refer to them. */
 typedef enum {
-    DH_FAULT_PROFILE_READ = 1,  /* reading a profile JSONL file fails (EIO) */
-    DH_FAULT_PROFILE_WRITE = 2, /* writing a profile JSONL file fails (ENOSPC) */
-    DH_FAULT_COORD_BOOK = 3,    /* the coordinator cannot grow its book for a request (ENOMEM) */
-    DH_FAULT_RB_SEND = 4,       /* a client's REBALANCE SEND to its DataServer fails (EIO) */
-    DH_FAULT_RB_TAKE_OVER = 5,  /* a client cannot take a reference on a tensor of a part of
-                                 * its node (the handle refused: ESTALE) */
-    DH_FAULT_SITE_COUNT = 6,
+    DH_FAULT_PROFILE_READ = 1,   /* reading a profile JSONL file fails (EIO) */
+    DH_FAULT_PROFILE_WRITE = 2,  /* writing a profile JSONL file fails (ENOSPC) */
+    DH_FAULT_COORD_BOOK = 3,     /* the coordinator cannot grow its book for a request (ENOMEM) */
+    DH_FAULT_RB_SEND = 4,        /* a client's REBALANCE SEND to its DataServer fails (EIO) */
+    DH_FAULT_RB_TAKE_OVER = 5,   /* a client cannot take a reference on a tensor of a part of
+                                  * its node (the handle refused: ESTALE) */
+    DH_FAULT_SHM_SEND_FD = 6,    /* sendmsg of an arena's memfd fails (EPIPE: the peer is gone) */
+    DH_FAULT_SHM_RECV_FD = 7,    /* recvmsg of an arena's memfd fails (ECONNRESET) */
+    DH_FAULT_SHM_CREATE = 8,     /* a step of making an arena fails: memfd_create (EMFILE),
+                                  * ftruncate or fallocate (ENOSPC), mmap (ENOMEM) */
+    DH_FAULT_SHM_ATTACH = 9,     /* a step of attaching to an arena fails: dup (EMFILE), mmap
+                                  * (ENOMEM) */
+    DH_FAULT_SHM_RESERVE = 10,   /* fallocate of an allocation's new slabs fails (ENOSPC) */
+    DH_FAULT_WIRE_SEND = 11,     /* dh_wire_send: ZeroMQ refuses a message's first frame
+                                  * (EHOSTUNREACH, as a ROUTER for a peer that is gone) */
+    DH_FAULT_WIRE_RECV = 12,     /* dh_wire_recv: receiving a message's first frame fails (ETERM,
+                                  * as when the context shuts down); the message stays queued */
+    DH_FAULT_WIRE_KEY_READ = 13, /* reading a CURVE key file fails (EIO) */
+    DH_FAULT_MEDIA_OPEN = 14,    /* avformat_open_input of a clip fails (AVERROR(EIO)) */
+    DH_FAULT_MEDIA_READ = 15,    /* av_read_frame of a clip fails (AVERROR(EIO): a disk or network
+                                  * file system read error) */
+    DH_FAULT_MEDIA_DECODE = 16,  /* avcodec_send_packet refuses a packet (AVERROR_INVALIDDATA) */
+    DH_FAULT_MANIFEST_READ = 17, /* reading a line of a manifest file fails (EIO) */
+    DH_FAULT_PY_SPAWN = 18,      /* posix_spawnp of a Python worker process fails (EAGAIN, as
+                                  * at RLIMIT_NPROC) */
+    DH_FAULT_PY_SEND = 19,       /* sendmsg to a Python worker process fails (EPIPE: it died) */
+    DH_FAULT_PY_RECV = 20,       /* recv from a Python worker process fails (ECONNRESET: it died) */
+    DH_FAULT_SITE_COUNT = 21,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */

@@ -441,7 +441,9 @@ typedef struct dh_wire_received {
  * decodes them (dh_wire_decode) into *out, which must be zeroed or released. A malformed
  * message is consumed whole, so the next call starts at the next message. Returns 0,
  * DH_EAGAIN (timed out), DH_EPARSE (message names the endpoint, the type and the field),
- * DH_ENOMEM, or another negative errno. On error *out holds nothing. */
+ * DH_ENOMEM, or another negative errno. On error *out holds nothing but, on a ROUTER socket,
+ * the sender's routing_id when its frame was read (so that the caller can answer a message it
+ * could not read); it still needs no release. */
 DH_EXTERN int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out);
 
 /* Frees the decoded message and closes the frames it borrowed from; zeroes *r. Safe on a

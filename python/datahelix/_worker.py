@@ -230,7 +230,10 @@ class Worker:
             self.send({"op": "begin", "slot": slot, "what": what, "index": str(index)})
 
     def recv(self) -> Optional[Dict[str, Any]]:
-        data, ancdata, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(8))
+        try:
+            data, ancdata, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(8))
+        except ConnectionResetError:  # the DataServer closed its end with our messages unread
+            return None
         if not data:
             return None
         msg = json.loads(data)
@@ -638,7 +641,10 @@ def main() -> None:
             return
         if msg.get("op") == "task":
             worker.report_begin = bool(msg.get("begin", True))
-            worker.run_task(msg["samples"])
+            try:
+                worker.run_task(msg["samples"])
+            except (BrokenPipeError, ConnectionResetError):  # the DataServer closed its end
+                return
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ dict of torch tensors."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -346,6 +347,7 @@ class DataLoader:
         #                        first pass); else it is the one after the last pass's
         self._passes = 0
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
+        self._keep: Optional[str] = None  # what the last elastic resume kept fixed
         self._yielded = 0      # batches of the current pass yielded (or raised) so far
         self._pass_first = 0   # the pass's first batch (its resume step)
         self._client: Optional[_C.Client] = None
@@ -472,29 +474,150 @@ class DataLoader:
 
     _STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window",
                    "epochs", "max_steps", "drop_last")
+    # the settings an elastic resume (another world size) may change
+    _ELASTIC_KEYS = ("batch_size", "world_size")
+    KEEP = ("global_batch", "rank_batch")
 
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank's data stands, for a checkpoint (as torchdata's
         StatefulDataLoader): the epoch of the pass, the batches of it already yielded, and
         the settings the order depends on. ``load_state_dict`` of it on a new loader with
         the same settings makes the next pass yield exactly the batches that were left, in
-        the order an uninterrupted run would have. A plain dict of ints, str and bool: it
-        goes in a ``torch.save`` or a ``torch.distributed.checkpoint`` state as it is."""
+        the order an uninterrupted run would have; on a loader of another world size it
+        resumes elastically (docs/python.md, "Elastic resume"). ``position`` is where the
+        next step's window starts in the pass's order (``step x world_size x batch_size``),
+        ``keep`` what the last elastic resume kept fixed (None: none happened). A plain dict
+        of ints, str, bool and None: it goes in a ``torch.save`` or a
+        ``torch.distributed.checkpoint`` state as it is."""
+        step = self._resume_step or self._yielded
         state: Dict[str, Any] = {"version": 1, "rank": self.rank, "epoch": self._epoch,
-                                 "step": self._resume_step or self._yielded}
+                                 "step": step}
         for key in self._STATE_KEYS:
             state[key] = getattr(self, key)
+        state["position"] = step * self.world_size * self.batch_size
+        state["keep"] = self._keep
         return state
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes from ``state_dict()``: the next pass starts at its epoch and step. Raises
+    @staticmethod
+    def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+        """One state from the ``state_dict()`` of several ranks of a job (all of them or
+        any): they must agree on everything but ``rank`` (the plan is the same for all, so
+        any one is enough); the result has ``ranks`` (theirs, sorted) instead of ``rank``
+        and loads on any rank, of any world size (``load_state_dict``). Raises
+        InvalidArgumentError naming the ranks and the key where two states differ, and for
+        a rank given twice or outside the states' world size."""
+        states = list(states)
+        if not states:
+            raise InvalidArgumentError("merge_states: no states")
+        for st in states:
+            if not isinstance(st, dict) or st.get("version") != 1:
+                raise InvalidArgumentError("merge_states: not a DataLoader state_dict (version 1)")
+        ranks: List[int] = []
+        for st in states:
+            rs = st["ranks"] if "ranks" in st else [st.get("rank", 0)]
+            ranks += [int(r) for r in rs]
+        if len(set(ranks)) != len(ranks):
+            dup = sorted({r for r in ranks if ranks.count(r) > 1})
+            raise InvalidArgumentError(f"merge_states: rank(s) {dup} given more than once")
+        first = states[0]
+        first_ranks = first["ranks"] if "ranks" in first else [first.get("rank", 0)]
+        keys = sorted(set().union(*states) - {"rank", "ranks"})
+        for st in states[1:]:
+            st_ranks = st["ranks"] if "ranks" in st else [st.get("rank", 0)]
+            for key in keys:
+                if st.get(key) != first.get(key):
+                    raise InvalidArgumentError(
+                        f"merge_states: ranks {first_ranks[0]} and {st_ranks[0]} disagree on "
+                        f"{key}: {first.get(key)!r} and {st.get(key)!r} (resume from states "
+                        f"of one checkpoint)")
+        world = int(first.get("world_size", 1))
+        bad = [r for r in ranks if not 0 <= r < world]
+        if bad:
+            raise InvalidArgumentError(
+                f"merge_states: rank(s) {sorted(bad)} not in [0, {world}) (world_size {world})")
+        merged = {k: v for k, v in first.items() if k not in ("rank", "ranks")}
+        merged["ranks"] = sorted(ranks)
+        return merged
+
+    def _elastic_step(self, state: Dict[str, Any], step: int, keep: Optional[str]) -> int:
+        """The step at which this loader (world size W2, batch B2) resumes a state saved at
+        world size W1, batch B1, step k: the same position k x W1 x B1 of the order, at
+        W2 x B2 samples a step. Sets self._keep."""
+        w1, b1 = int(state["world_size"]), int(state["batch_size"])
+        w2, b2 = self.world_size, self.batch_size
+        g1 = w1 * b1
+        if keep is None:  # what the new loader's batch_size keeps (both only when w1 == w2)
+            keep = "rank_batch" if b2 == b1 else "global_batch" if w2 * b2 == g1 else None
+            if keep is None:
+                need = (f", or batch_size {g1 // w2} to keep the global batch {g1}"
+                        if g1 % w2 == 0 else f" (the global batch {g1} does not split over "
+                        f"world size {w2})")
+                raise InvalidArgumentError(
+                    f"state_dict: saved at world size {w1} x batch_size {b1}, this loader has "
+                    f"world size {w2} x batch_size {b2}: use batch_size {b1} to keep the "
+                    f"per-rank batch{need}")
+        elif keep not in self.KEEP:
+            raise InvalidArgumentError(f"keep must be one of {list(self.KEEP)} or None, "
+                                       f"not {keep!r}")
+        if keep == "global_batch":
+            if g1 % w2:
+                raise InvalidArgumentError(
+                    f"keep='global_batch': the global batch {g1} (world size {w1} x "
+                    f"batch_size {b1}) does not split over world size {w2} ({g1} / {w2} is "
+                    f"not an integer); keep='rank_batch' or another world size")
+            if b2 != g1 // w2:
+                raise InvalidArgumentError(
+                    f"keep='global_batch': world size {w1} x batch_size {b1} needs batch_size "
+                    f"{g1 // w2} at world size {w2}, this loader has {b2}")
+            step2 = step
+        else:
+            if b2 != b1:
+                raise InvalidArgumentError(
+                    f"keep='rank_batch': batch_size was {b1}, this loader has {b2}")
+            if self.epochs != 1 or self.max_steps:
+                raise InvalidArgumentError(
+                    "keep='rank_batch' across world sizes needs epochs=1 and max_steps=0 "
+                    "(steps per epoch change with the global batch)")
+            pos, g2 = step * g1, w2 * b2
+            if pos % g2:
+                every = g2 // math.gcd(g1, g2)
+                raise InvalidArgumentError(
+                    f"keep='rank_batch': step {step} at world size {w1} x batch_size {b1} "
+                    f"ends at sample {pos} of the epoch's order, not a step boundary at world "
+                    f"size {w2} (steps of {g2} samples): resume from a step that is a multiple "
+                    f"of {every}, or keep='global_batch'")
+            step2 = pos // g2
+        pw = self.plan_window
+        if pw > 1 and (step % pw or step2 % pw):
+            raise InvalidArgumentError(
+                f"state_dict: with plan_window {pw} an elastic resume (world size {w1} -> "
+                f"{w2}) needs the step to start a plan window (step {step} at world size "
+                f"{w1}, {step2} at {w2}): a window's plan moves samples between its steps "
+                f"differently for each world size")
+        self._keep = keep
+        return step2
+
+    def load_state_dict(self, state: Dict[str, Any], keep: Optional[str] = None) -> None:
+        """Resumes from ``state_dict()`` (one rank's, or ``merge_states`` of several): the
+        next pass starts at its epoch and step. A state of another world size resumes
+        elastically (docs/python.md, "Elastic resume"): at the same position of the epoch's
+        order, keeping fixed the global batch (``keep="global_batch"``: this loader's
+        batch_size must be the saved world_size x batch_size / world_size) or the per-rank
+        batch (``keep="rank_batch"``); None: what this loader's batch_size keeps. Raises
         InvalidArgumentError naming the setting that differs (the order would not be the
-        same), or when a pass is under way."""
+        same), a batch or step that does not fit the new world size (naming both), or when
+        a pass is under way."""
         if not isinstance(state, dict) or state.get("version") != 1:
             raise InvalidArgumentError("not a DataLoader state_dict (version 1)")
         if self._client is not None:
             raise InvalidArgumentError("load_state_dict during a pass: call it before iterating")
+        elastic = "world_size" in state and state["world_size"] != self.world_size
+        if keep is not None and keep not in self.KEEP:
+            raise InvalidArgumentError(f"keep must be one of {list(self.KEEP)} or None, "
+                                       f"not {keep!r}")
         for key in self._STATE_KEYS:
+            if elastic and key in self._ELASTIC_KEYS:
+                continue
             if key in state and state[key] != getattr(self, key):
                 raise InvalidArgumentError(
                     f"state_dict: {key} was {state[key]!r}, this loader has "
@@ -502,6 +625,13 @@ class DataLoader:
         step = int(state.get("step", 0))
         if step < 0:
             raise InvalidArgumentError(f"state_dict: step {step} < 0")
+        if elastic:
+            if "batch_size" not in state:
+                raise InvalidArgumentError("state_dict: no batch_size, cannot resume at "
+                                           "another world size")
+            step = self._elastic_step(state, step, keep)
+        else:
+            self._keep = state.get("keep")
         self.set_epoch(int(state.get("epoch", 0)))
         self._resume_step = step
         self._yielded = 0

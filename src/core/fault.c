@@ -5,7 +5,8 @@
 #include "core/internal.h"
 
 static atomic_long hits[DH_FAULT_SITE_COUNT];
-static atomic_long fire_at[DH_FAULT_SITE_COUNT] = {-1, -1, -1, -1, -1, -1};
+/* The hit count that fails, plus one; 0 = disarmed (so that zero-initialised is disarmed). */
+static atomic_long fire_at[DH_FAULT_SITE_COUNT];
 
 int dh_fault_enabled(void)
 {
@@ -19,13 +20,13 @@ int dh_fault_enabled(void)
 void dh_fault_arm(dh_fault_site_t site, long skip)
 {
     if ((unsigned)site < DH_FAULT_SITE_COUNT)
-        atomic_store(&fire_at[site], atomic_load(&hits[site]) + skip);
+        atomic_store(&fire_at[site], atomic_load(&hits[site]) + skip + 1);
 }
 
 void dh_fault_disarm_all(void)
 {
     for (int i = 0; i < DH_FAULT_SITE_COUNT; i++)
-        atomic_store(&fire_at[i], -1);
+        atomic_store(&fire_at[i], 0);
 }
 
 long dh_fault_hits(dh_fault_site_t site)
@@ -38,5 +39,5 @@ int dh__fault_fire(int site)
     if ((unsigned)site >= DH_FAULT_SITE_COUNT)
         return 0;
     long n = atomic_fetch_add(&hits[site], 1);
-    return n == atomic_load(&fire_at[site]);
+    return n + 1 == atomic_load(&fire_at[site]);
 }

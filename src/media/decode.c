@@ -29,6 +29,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
 #include "media/convert.h"
@@ -118,6 +119,12 @@ static int code_of(int averr)
     return DH_EIO;
 }
 
+/* av_read_frame behind its fault site (fault.h): a read error, as a failing disk gives. */
+static int read_packet(AVFormatContext *fmt, AVPacket *pkt)
+{
+    return DH_FAULT(DH_FAULT_MEDIA_READ) ? AVERROR(EIO) : av_read_frame(fmt, pkt);
+}
+
 static void decoder_close(decoder_t *d)
 {
     avcodec_free_context(&d->codec);
@@ -197,7 +204,7 @@ static int build_pts_table(decoder_t *d)
     int64_t cap = 0;
     int averr;
     d->n_pts = 0;
-    while ((averr = av_read_frame(d->fmt, pkt)) >= 0) {
+    while ((averr = read_packet(d->fmt, pkt)) >= 0) {
         int64_t ts = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
         bool ours = pkt->stream_index == d->stream && ts != AV_NOPTS_VALUE;
         av_packet_unref(pkt);
@@ -282,7 +289,7 @@ int dh__image_rotation(AVFormatContext *fmt, int stream, int *rotation)
             break;
         if (averr != AVERROR(EAGAIN) || sent_eof)
             break;
-        averr = av_read_frame(fmt, pkt);
+        averr = read_packet(fmt, pkt);
         if (averr == AVERROR_EOF) {
             sent_eof = true;
             averr = avcodec_send_packet(ctx, NULL);
@@ -334,17 +341,22 @@ static int past_deadline(void *opaque)
 static int open_container(decoder_t *d, const char *path)
 {
     char msg[AV_ERROR_MAX_STRING_SIZE];
-    if (!(d->fmt = avformat_alloc_context()))
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
-    d->fmt->interrupt_callback = (AVIOInterruptCB){past_deadline, NULL};
-    int averr = avformat_open_input(&d->fmt, path, NULL, NULL);
+    int averr = AVERROR(EIO);
+    if (!DH_FAULT(DH_FAULT_MEDIA_OPEN)) {
+        if (!(d->fmt = avformat_alloc_context()))
+            return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
+        d->fmt->interrupt_callback = (AVIOInterruptCB){past_deadline, NULL};
+        averr = avformat_open_input(&d->fmt, path, NULL, NULL);
+    }
     if (averr < 0) {
         int code = code_of(averr);
-        const char *format = code == DH_EIO ? recognised_format(path) : NULL;
+        /* A read error (EIO: a failing disk, a network file system) is not a bad file. */
+        bool bad_file = code == DH_EIO && averr != AVERROR(EIO);
+        const char *format = bad_file ? recognised_format(path) : NULL;
         if (format)
             return dh__set_error(code, "%s: cannot read its %s header (truncated or corrupt?): %s",
                                  path, format, av_message(averr, msg, sizeof msg));
-        if (code == DH_EIO)
+        if (bad_file)
             return dh__set_error(code, "%s: not a video file FFmpeg can read: %s", path,
                                  av_message(averr, msg, sizeof msg));
         return dh__set_error(code, "%s: cannot open: %s", path, av_message(averr, msg, sizeof msg));
@@ -568,7 +580,7 @@ static int next_frame(decoder_t *d, int64_t *index, int64_t *last_index)
         if (d->draining)
             return AVERROR_EOF;
         for (;;) {
-            averr = av_read_frame(d->fmt, d->pkt);
+            averr = read_packet(d->fmt, d->pkt);
             if (averr == AVERROR_EOF) {
                 d->draining = true;
                 averr = avcodec_send_packet(d->codec, NULL);
@@ -586,7 +598,8 @@ static int next_frame(decoder_t *d, int64_t *index, int64_t *last_index)
             bool skip =
                 d->pkt->pts != AV_NOPTS_VALUE && !is_wanted(d, index_of_pts(d, d->pkt->pts));
             d->codec->skip_frame = skip ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
-            averr = avcodec_send_packet(d->codec, d->pkt);
+            averr = DH_FAULT(DH_FAULT_MEDIA_DECODE) ? AVERROR_INVALIDDATA
+                                                    : avcodec_send_packet(d->codec, d->pkt);
             av_packet_unref(d->pkt);
             break;
         }

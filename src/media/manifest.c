@@ -14,6 +14,7 @@
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/manifest.h"
 #include "core/internal.h"
 
@@ -240,11 +241,14 @@ int dh_manifest_load(const char *path, dh_manifest_t **out)
     char *line = NULL;
     size_t line_cap = 0, line_no = 0;
     ssize_t len;
-    while (rc == 0 && (len = getline(&line, &line_cap, f)) >= 0)
+    int injected = 0; /* a read error, as ferror reports (fault.h) */
+    errno = 0;
+    while (rc == 0 && !(injected = DH_FAULT(DH_FAULT_MANIFEST_READ)) &&
+           (len = getline(&line, &line_cap, f)) >= 0)
         rc = load_line(&ld, line, (size_t)len, ++line_no);
-    if (rc == 0 && ferror(f)) {
-        int err = errno ? errno : EIO;
-        rc = dh__set_error(-err, "%s: read error: %s", path, strerror(err));
+    if (rc == 0 && (injected || ferror(f))) {
+        int err = !injected && errno ? errno : EIO;
+        rc = dh__set_error(-err, "%s: read error after line %zu: %s", path, line_no, strerror(err));
     }
     free(line); /* getline's buffer comes from the C library */
     fclose(f);

@@ -213,11 +213,34 @@ static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
     }
 }
 
+/* A message that could not be read for lack of memory: one message lost, not the
+ * coordinator; its sender is told (a client's next() then fails, naming this, instead of
+ * waiting for a batch that is never placed). */
+static void drop_unread(dh_coordinator_t *c, dh_wire_received_t *r)
+{
+    char text[512], peer[NAME_CAP];
+    snprintf(text, sizeof text, "coordinator: dropped a message: %s", dh_last_error());
+    dh_log_warn("%s", text);
+    size_t n = r->routing_id_size < NAME_CAP - 1 ? r->routing_id_size : NAME_CAP - 1;
+    memcpy(peer, r->routing_id, n);
+    peer[n] = '\0';
+    r->routing_id_size = 0;
+    if (n)
+        dh__coord_send_error(c, peer, DH_ENOMEM, text);
+}
+
 size_t dh__coord_drain(dh_coordinator_t *c, size_t max)
 {
     dh_wire_received_t r = {0};
     size_t n = 0;
-    for (; n < max && dh_wire_recv(c->sock, 0, &r) == 0; n++) {
+    for (; n < max; n++) {
+        int got = dh_wire_recv(c->sock, 0, &r);
+        if (got == DH_ENOMEM) {
+            drop_unread(c, &r);
+            continue;
+        }
+        if (got)
+            break;
         handle(c, &r);
         dh_wire_received_release(&r);
     }
@@ -240,6 +263,8 @@ int dh_coordinator_run(dh_coordinator_t *c)
             dh__coord_drain(c, 256);
         } else if (got == DH_EPARSE) {
             dh_log_warn("coordinator: dropped a malformed message: %s", dh_last_error());
+        } else if (got == DH_ENOMEM) {
+            drop_unread(c, &r);
         } else if (got != DH_EAGAIN && got != -EINTR) {
             rc = got;
             dh_log_error("coordinator: receive failed: %s", dh_last_error());

@@ -53,6 +53,7 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "runtime/dataserver_pyworker.h"
 
@@ -151,7 +152,8 @@ static int send_json(dh__py_worker_t *w, json_t *msg, const int *fds, int nfds)
     }
     ssize_t sent;
     do
-        sent = sendmsg(w->sock, &mh, MSG_NOSIGNAL);
+        sent =
+            DH_FAULT(DH_FAULT_PY_SEND) ? (errno = EPIPE, -1) : sendmsg(w->sock, &mh, MSG_NOSIGNAL);
     while (sent < 0 && errno == EINTR);
     int e = errno;
     dh_free(text); /* jansson allocates with dh_malloc (dh__json_use_allocator) */
@@ -188,7 +190,8 @@ static int recv_json(dh__py_worker_t *w, json_t **out)
                                      w->index);
             continue;
         }
-        ssize_t got = recv(w->sock, w->buf, MSG_CAP + 1, MSG_TRUNC);
+        ssize_t got = DH_FAULT(DH_FAULT_PY_RECV) ? (errno = ECONNRESET, -1)
+                                                 : recv(w->sock, w->buf, MSG_CAP + 1, MSG_TRUNC);
         if (got < 0 && errno == EINTR)
             continue;
         if (got == 0 || (got < 0 && errno == ECONNRESET))

@@ -19,6 +19,7 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "runtime/dataserver_pyworker.h"
 
 extern char **environ;
@@ -104,7 +105,9 @@ int dh__py_proc_spawn(const char *exe, const char *py_path, uint32_t index, pid_
     posix_spawn_file_actions_adddup2(&fa, child, WORKER_FD);
     exe = python_exe(exe);
     char *argv[] = {(char *)exe, "-m", "datahelix._worker", NULL};
-    int e = env ? posix_spawnp(pid, exe, &fa, NULL, argv, env) : ENOMEM;
+    int e = !env                          ? ENOMEM
+            : DH_FAULT(DH_FAULT_PY_SPAWN) ? EAGAIN /* fork's error at RLIMIT_NPROC */
+                                          : posix_spawnp(pid, exe, &fa, NULL, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     free_env(env);
     close(child);

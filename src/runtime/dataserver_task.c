@@ -247,7 +247,8 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
         json_object_del(root, "sample_timeout");
     }
     char *text = json_dumps(root, JSON_COMPACT);
-    if (!text) {
+    if (!text || dh__json_track_failed()) { /* a failed allocation can leave text cut short */
+        dh_free(text);
         rc = dh__set_error(DH_ENOMEM, "out of memory for the pipeline spec");
         goto done;
     }

@@ -35,6 +35,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/rng.h"
 #include "datahelix/shm.h"
 #include "core/internal.h"
@@ -67,6 +68,16 @@ struct dh_shm_arena {
     uint64_t generation; /* last generation issued */
     uint64_t reserved;   /* bytes of the memfd reserved so far, from offset 0 */
 };
+
+/* A numbered fault site (fault.h) that fails as the call after it would: sets errno to e and
+ * returns 1 when the test armed `site` to fail now. */
+static int fault_errno(int site, int e)
+{
+    if (!DH_FAULT(site))
+        return 0;
+    errno = e;
+    return 1;
+}
 
 static uint64_t round_up(uint64_t x, uint64_t multiple)
 {
@@ -201,18 +212,21 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size)
     }
 
     const char *step = "memfd_create";
-    a->fd = memfd_create("datahelix-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    a->fd = fault_errno(DH_FAULT_SHM_CREATE, EMFILE)
+                ? -1
+                : memfd_create("datahelix-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0)
         goto fail;
     step = "ftruncate";
-    if (ftruncate(a->fd, (off_t)layout.size) < 0)
+    if (fault_errno(DH_FAULT_SHM_CREATE, ENOSPC) || ftruncate(a->fd, (off_t)layout.size) < 0)
         goto fail;
     /* Reserve the header and records now; slabs are reserved as allocations first reach
      * them (dh_shm_arena_alloc), so that a large arena costs nothing until used, and a
      * short machine fails there with backpressure instead of SIGBUS-ing whoever first
      * touches a slab. File systems without fallocate skip it. */
     step = "fallocate";
-    if (fallocate(a->fd, 0, 0, (off_t)layout.data_offset) < 0 && errno != EOPNOTSUPP)
+    if (fault_errno(DH_FAULT_SHM_CREATE, ENOSPC) ||
+        (fallocate(a->fd, 0, 0, (off_t)layout.data_offset) < 0 && errno != EOPNOTSUPP))
         goto fail;
     a->reserved = layout.data_offset;
     /* No one may shrink it under a mapping (SIGBUS) or change the size at all. */
@@ -220,7 +234,10 @@ int dh_shm_arena_new(dh_shm_arena_t **out, size_t size, size_t slab_size)
     if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
         goto fail;
     step = "mmap";
-    void *base = mmap(NULL, (size_t)layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+    void *base =
+        fault_errno(DH_FAULT_SHM_CREATE, ENOMEM)
+            ? MAP_FAILED
+            : mmap(NULL, (size_t)layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
     if (base == MAP_FAILED)
         goto fail;
     a->base = base;
@@ -324,13 +341,15 @@ int dh_shm_arena_attach(dh_shm_arena_t **out, int fd)
     if (!a)
         return dh__set_error(DH_ENOMEM, "shm attach: out of memory");
     a->fd = -1;
-    a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    a->fd = fault_errno(DH_FAULT_SHM_ATTACH, EMFILE) ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (a->fd < 0) {
         int rc = -errno;
         dh_shm_arena_destroy(&a);
         return dh__set_error(rc, "shm attach: fd %d: dup: %s", fd, strerror(-rc));
     }
-    void *base = mmap(NULL, (size_t)file_size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+    void *base = fault_errno(DH_FAULT_SHM_ATTACH, ENOMEM)
+                     ? MAP_FAILED
+                     : mmap(NULL, (size_t)file_size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
     if (base == MAP_FAILED) {
         int rc = -errno;
         dh_shm_arena_destroy(&a);
@@ -440,8 +459,9 @@ int dh_shm_arena_alloc(dh_shm_arena_t *arena, size_t len, pid_t holder_pid, dh_s
     uint64_t i = (uint64_t)first;
     uint64_t end = l->data_offset + (i + want) * l->slab_size;
     if (end > arena->reserved) {
-        if (fallocate(arena->fd, 0, (off_t)arena->reserved, (off_t)(end - arena->reserved)) < 0 &&
-            errno != EOPNOTSUPP)
+        if (fault_errno(DH_FAULT_SHM_RESERVE, ENOSPC) ||
+            (fallocate(arena->fd, 0, (off_t)arena->reserved, (off_t)(end - arena->reserved)) < 0 &&
+             errno != EOPNOTSUPP))
             return dh__set_error(DH_EAGAIN,
                                  "shm alloc: cannot reserve memory for %" PRIu64
                                  " more bytes of the arena (%" PRIu64 " of %" PRIu64

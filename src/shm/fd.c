@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/shm.h"
 #include "core/internal.h"
 
@@ -39,6 +40,11 @@ int dh_shm_send_fd(int sock, int fd)
     memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
     ssize_t n;
     do {
+        if (DH_FAULT(DH_FAULT_SHM_SEND_FD)) { /* as the kernel says when the peer is gone */
+            errno = EPIPE;
+            n = -1;
+            break;
+        }
         n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
@@ -65,6 +71,11 @@ int dh_shm_recv_fd(int sock, int *fd)
                          .msg_controllen = sizeof control.buf};
     ssize_t n;
     do {
+        if (DH_FAULT(DH_FAULT_SHM_RECV_FD)) { /* the message stays queued, as it would */
+            errno = ECONNRESET;
+            n = -1;
+            break;
+        }
         n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     } while (n < 0 && errno == EINTR);
     if (n < 0) {

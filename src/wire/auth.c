@@ -25,6 +25,7 @@
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/wire.h"
 #include "core/internal.h"
@@ -80,11 +81,12 @@ static int read_key(const char *path, char out[Z85_KEY_LEN + 1], int secret)
                              path, (unsigned)(st.st_mode & 0777), path);
     }
     char buf[128];
-    ssize_t n = read(fd, buf, sizeof buf - 1);
+    ssize_t n =
+        DH_FAULT(DH_FAULT_WIRE_KEY_READ) ? (errno = EIO, -1) : read(fd, buf, sizeof buf - 1);
     int e = errno;
     close(fd);
     if (n < 0)
-        return dh__set_error(-e, "%s: %s", path, strerror(e));
+        return dh__set_error(-e, "%s: read: %s", path, strerror(e));
     buf[n] = '\0';
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
         buf[--n] = '\0';

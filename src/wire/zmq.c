@@ -20,6 +20,7 @@
 #include "datahelix/alloc.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/wire.h"
 #include "core/internal.h"
 #include "wire/internal.h"
@@ -482,11 +483,14 @@ int dh_wire_send(dh_wire_socket_t *s, const void *routing_id, size_t routing_id_
     dh__wire_tsan_release();
     while (sent < n_frames) {
         int flags = ZMQ_DONTWAIT | (sent + 1 < n_frames ? ZMQ_SNDMORE : 0);
-        if (zmq_msg_send(&frames[sent], s->sock, flags) >= 0) {
+        /* The fault site is the first frame only: ZeroMQ takes a message whole or not at all,
+         * so a real failure after the first frame does not happen. */
+        int fault = sent == 0 && DH_FAULT(DH_FAULT_WIRE_SEND);
+        if (!fault && zmq_msg_send(&frames[sent], s->sock, flags) >= 0) {
             sent++;
             continue;
         }
-        e = zmq_errno();
+        e = fault ? EHOSTUNREACH : zmq_errno();
         if (e == EINTR)
             continue;
         /* Only the first frame waits for room: ZeroMQ accepts the rest of a message whose
@@ -571,9 +575,11 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
     zmq_msg_t first;
     zmq_msg_init(&first);
     for (;;) {
-        if (zmq_msg_recv(&first, s->sock, ZMQ_DONTWAIT) >= 0)
+        /* The fault leaves the message queued, as a real failure of the first part would. */
+        int fault = DH_FAULT(DH_FAULT_WIRE_RECV);
+        if (!fault && zmq_msg_recv(&first, s->sock, ZMQ_DONTWAIT) >= 0)
             break;
-        int e = zmq_errno();
+        int e = fault ? ETERM : zmq_errno();
         if (e == EINTR)
             continue;
         if (e != EAGAIN) {
@@ -599,6 +605,10 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
     size_t cap = 4;
     zmq_msg_t *frames = dh_calloc(cap, sizeof *frames);
     if (!frames) {
+        if (s->type == ZMQ_ROUTER && zmq_msg_size(&first) <= sizeof out->routing_id) {
+            out->routing_id_size = zmq_msg_size(&first); /* who sent it, to answer */
+            memcpy(out->routing_id, zmq_msg_data(&first), out->routing_id_size);
+        }
         zmq_msg_close(&first);
         drain(s->sock);
         return dh__set_error(DH_ENOMEM, "recv on %s: out of memory", endpoint_of(s));
@@ -681,7 +691,12 @@ int dh_wire_recv(dh_wire_socket_t *s, int timeout_ms, dh_wire_received_t *out)
     }
     if (rc) {
         rc = recv_error(s, peer, rc);
+        uint8_t id[sizeof out->routing_id];
+        size_t id_size = out->routing_id_size;
+        memcpy(id, out->routing_id, id_size);
         dh_wire_received_release(out);
+        memcpy(out->routing_id, id, id_size); /* who sent it, to answer */
+        out->routing_id_size = id_size;
     }
     return rc;
 }

@@ -12,6 +12,7 @@
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/mix.h"
 #include "datahelix/pipeline.h"
 #include "datahelix/synth.h"
@@ -692,6 +693,128 @@ static void batch_with_a_bad_sample_keeps_the_good_ones(void **state)
     dh_pipeline_destroy(&p);
 }
 
+/* ---- numbered fault sites (a faults build; skipped otherwise) ----------------------- */
+
+/* One pipeline, reused by every run of a sweep; the reference sample it decoded first. */
+typedef struct fault_ctx {
+    dh_pipeline_t *p;
+    const char *path;
+    dh_sample_t reference;
+    const char *what; /* what the message must say besides the path */
+} fault_ctx_t;
+
+/* Decodes the clip. A failure (a read error opening or reading it, a packet the decoder
+ * refuses) is the sample's error, naming the clip and what failed, with no frames; a
+ * complete run gives the reference's pixels. */
+static int decode_against_reference(void *ctx)
+{
+    fault_ctx_t *c = ctx;
+    dh_sample_t s;
+    int rc = dh_pipeline_decode(c->p, c->path, NULL, "x", &s);
+    if (rc) {
+        assert_int_equal(rc, DH_EIO);
+        assert_int_equal(s.error, rc);
+        assert_non_null(s.error_message); /* the sweep checks that it names the clip */
+        assert_string_equal(s.error_message, dh_last_error());
+        if (!strstr(s.error_message, c->what))
+            print_error("'%s' does not say '%s'\n", s.error_message, c->what);
+        assert_non_null(strstr(s.error_message, c->what));
+        assert_null(s.frames.data);
+    } else {
+        assert_int_equal(s.frames.nbytes, c->reference.frames.nbytes);
+        assert_memory_equal(s.frames.data, c->reference.frames.data, s.frames.nbytes);
+    }
+    dh_sample_clear(&s);
+    return rc;
+}
+
+static long sweep_decode(int site, const char *what)
+{
+    fault_ctx_t c = {.what = what};
+    c.path = fixture("fault.mp4", &small_clip);
+    dh_pipeline_spec_t spec = native_spec(6);
+    assert_int_equal(dh_pipeline_new(&c.p, &spec), 0);
+    assert_int_equal(dh_pipeline_decode(c.p, c.path, NULL, "x", &c.reference), 0);
+    long hits = dh_test_each_fault(site, c.path, decode_against_reference, &c);
+    dh_sample_clear(&c.reference);
+    dh_pipeline_destroy(&c.p);
+    return hits;
+}
+
+static void decode_open_fault_names_the_clip(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    /* a read error is not called a bad file */
+    assert_int_equal(sweep_decode(DH_FAULT_MEDIA_OPEN, "cannot open: Input/output error"), 1);
+}
+
+static void decode_read_fault_fails_cleanly_at_every_packet(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    /* 6 frames across 48: at least the packets up to the last one sampled */
+    assert_true(sweep_decode(DH_FAULT_MEDIA_READ, ": Input/output error") >= 6);
+}
+
+static void decode_refused_packet_fails_cleanly_at_every_packet(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    assert_true(sweep_decode(DH_FAULT_MEDIA_DECODE, "decoding near frame") >= 6);
+}
+
+/* A tar member read in place (a WebDataset shard, manifest.h's subfile URL): a read error
+ * at each of its packets names the sample, the member and the shard (tar_member.c). */
+static void write_one_member_tar(const char *tar, const char *member, const uint8_t *data,
+                                 size_t size)
+{
+    uint8_t h[512] = {0};
+    snprintf((char *)h, 100, "%s", member);
+    memcpy(h + 100, "0000644", 8);
+    memcpy(h + 108, "0000000", 8);
+    memcpy(h + 116, "0000000", 8);
+    snprintf((char *)h + 124, 12, "%011zo", size);
+    memcpy(h + 136, "00000000000", 12);
+    h[156] = '0';
+    memcpy(h + 257, "ustar", 6);
+    memcpy(h + 263, "00", 2);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (size_t i = 0; i < sizeof h; i++)
+        sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    FILE *f = fopen(tar, "wb");
+    assert_non_null(f);
+    static const uint8_t zeros[1536]; /* padding to a block, then two empty blocks */
+    assert_int_equal(fwrite(h, 1, sizeof h, f), sizeof h);
+    assert_int_equal(fwrite(data, 1, size, f), size);
+    assert_int_equal(fwrite(zeros, 1, (512 - size % 512) % 512 + 1024, f),
+                     (512 - size % 512) % 512 + 1024);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void decode_read_fault_in_a_tar_member_names_the_sample(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    size_t size;
+    uint8_t *clip = read_all(fixture("member.mp4", &small_clip), &size);
+    char tar[1024], url[1200], what[1300];
+    snprintf(tar, sizeof tar, "%s", dh_test_path("shard-000.tar"));
+    write_one_member_tar(tar, "clip-7.mp4", clip, size);
+    free(clip);
+    snprintf(url, sizeof url, "subfile,,start,512,end,%zu,,:%s", 512 + size, tar);
+    snprintf(what, sizeof what, "sample x (member clip-7.mp4 of shard %s): ", tar);
+    fault_ctx_t c = {.path = url, .what = "Input/output error"};
+    dh_pipeline_spec_t spec = native_spec(6);
+    assert_int_equal(dh_pipeline_new(&c.p, &spec), 0);
+    assert_int_equal(dh_pipeline_decode(c.p, url, NULL, "x", &c.reference), 0);
+    assert_true(dh_test_each_fault(DH_FAULT_MEDIA_READ, what, decode_against_reference, &c) >= 6);
+    dh_sample_clear(&c.reference);
+    dh_pipeline_destroy(&c.p);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(uniform_decodes_the_planned_frames),
     cmocka_unit_test(seeking_gives_the_pixels_of_sequential_decoding),
@@ -714,5 +837,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(clip_info_reads_the_header),
     cmocka_unit_test(decode_survives_allocation_failure),
     cmocka_unit_test(batch_with_a_bad_sample_keeps_the_good_ones),
+    cmocka_unit_test(decode_open_fault_names_the_clip),
+    cmocka_unit_test(decode_read_fault_fails_cleanly_at_every_packet),
+    cmocka_unit_test(decode_refused_packet_fails_cleanly_at_every_packet),
+    cmocka_unit_test(decode_read_fault_in_a_tar_member_names_the_sample),
 };
 DH_TEST_MAIN(tests)

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "cluster.h"
+#include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/clock.h"
 #include "datahelix/deadline.h"
@@ -1100,10 +1101,88 @@ static void embedded_video_with_corrupt_clip(void **state)
     cl_assert_no_leftovers();
 }
 
+/* ---- allocation failure ---------------------------------------------------------------- */
+
+static const char *alloc_profiles;
+
+/* An embedded client (its coordinator and DataServer threads of this process) started, one
+ * batch taken, everything ended. */
+static int start_one_batch_end(void *ctx)
+{
+    (void)ctx;
+    dh_client_config_t cfg;
+    base_config(&cfg, alloc_profiles, SYNTH);
+    cfg.max_steps = 1;
+    cfg.workers = 1;
+    cfg.prefetch = 1;
+    cfg.next_timeout_ms = 2000;
+    dh_client_t *c = NULL;
+    int rc = dh_client_new(&c, &cfg);
+    if (rc)
+        return rc;
+    dh_client_batch_t *b = NULL;
+    rc = dh_client_next(c, &b);
+    if (rc == 0) {
+        check_synthetic(b);
+        dh_client_batch_release(&b);
+    }
+    dh_client_destroy(&c);
+    return rc;
+}
+
+/* The client, its coordinator and its DataServer under allocation failure (a faults build
+ * only: a few hundred runs): allocation n of a run fails, for n = 0, 1, ... until a run
+ * makes no more than n (the threads' allocations count too, so which one fails is the
+ * run's interleaving). Every run ends with the batch, or with DH_ENOMEM saying "out of
+ * memory" (start-up, or next() told by the coordinator that it dropped the request it could
+ * not read); nothing is left allocated or open, nothing crashes. Known gap: a message lost
+ * in a thread (in every case traced, a DISPATCH the DataServer could not read) leaves next()
+ * to wait out next_timeout_ms (DH_EAGAIN "not ready within"): counted, printed, and allowed
+ * (docs/testing.md, "Fault injection"). */
+static void embedded_client_survives_each_allocation_failure(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    alloc_profiles = cl_write_profiles("alloc.jsonl", 4);
+    long lost = 0, failed = 0, n = 0;
+    for (;; n++) {
+        long live = dh_alloc_live(), fds = dh_test_open_fds();
+        dh_alloc_reset_count();
+        dh_alloc_fail_after(n);
+        int rc = start_one_batch_end(NULL);
+        long made = dh_alloc_count();
+        dh_alloc_fail_after(-1);
+        if (dh_alloc_live() != live || dh_test_open_fds() != fds)
+            print_error("allocation %ld failing: %ld allocations, %ld fds leaked\n", n,
+                        dh_alloc_live() - live, dh_test_open_fds() - fds);
+        assert_int_equal(dh_alloc_live(), live);
+        assert_int_equal(dh_test_open_fds(), fds);
+        if (rc == DH_EAGAIN && strstr(dh_last_error(), "batch 0 not ready within")) {
+            print_message("allocation %ld: lost: %s\n", n, dh_last_error());
+            lost++;
+        } else if (rc) {
+            if (rc != DH_ENOMEM || !strstr(dh_last_error(), "out of memory"))
+                print_error("allocation %ld failing: %s (%s)\n", n, dh_err_name(rc),
+                            dh_last_error());
+            assert_int_equal(rc, DH_ENOMEM);
+            assert_non_null(strstr(dh_last_error(), "out of memory"));
+            failed++;
+        }
+        if (n >= made) {
+            assert_int_equal(rc, 0);
+            break;
+        }
+    }
+    print_message("%ld runs: %ld failed with DH_ENOMEM, %ld lost their batch\n", n + 1, failed,
+                  lost);
+    cl_assert_no_leftovers();
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(embedded_client_survives_each_allocation_failure),
         cmocka_unit_test(embedded_epoch_in_order_exactly_once),
         cmocka_unit_test(next_times_out_with_eagain),
         cmocka_unit_test(clients_of_one_process_have_ids_of_their_own),

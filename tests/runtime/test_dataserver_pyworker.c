@@ -2,6 +2,7 @@
  * dh__rt_execute, with a real worker process (the build's datahelix package,
  * tests/python/pydatasets.py): a __getitem__ that never returns, past sample_timeout. The loader's
  * end to end tests are in tests/python/test_python_dataset.py. */
+#include <errno.h>
 #include <libgen.h>
 #include <link.h>
 #include <stdbool.h>
@@ -9,11 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "runtime/rt.h"
 
 static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
@@ -125,7 +128,103 @@ static void pyworker_a_hanging_sample_fails_and_the_worker_goes_on(void **state)
     dh__rt_worker_destroy(&w);
 }
 
+/* ---- numbered fault sites (a faults build; skipped otherwise) ----------------------- */
+
+/* The python pipeline of pydatasets:make_clips in this build, or skip(). */
+static void clips_pipeline(dh__rt_pipeline_t *p)
+{
+    const char *cli = getenv("DH_CLI");
+    assert_non_null(cli);
+    char build[1024], spec[4096], worker[1100];
+    snprintf(build, sizeof build, "%s", cli);
+    snprintf(worker, sizeof worker, "%s/python/datahelix/_worker.py", dirname(build));
+    if (!dh_fault_enabled() || !preload_sanitizers_for_children() || access(worker, R_OK) != 0)
+        skip();
+    snprintf(spec, sizeof spec,
+             "{\"type\":\"python\",\"dataset\":\"pydatasets:make_clips\","
+             "\"path\":[\"%s/tests/python\",\"%s/python\"]}",
+             DH_SOURCE_DIR, build);
+    assert_int_equal(dh__rt_pipeline_load(spec, NULL, p), 0);
+}
+
+/* Two samples run in the worker; both delivered. */
+static int run_two(dh__rt_worker_t *w)
+{
+    dh_wire_sample_t samples[2] = {{.id = "1", .uri = "index:1", .key = "python"},
+                                   {.id = "3", .uri = "index:3", .key = "python"}};
+    dh__rt_result_t r;
+    int rc = dh__rt_execute(w, samples, 2, heap_alloc, heap_release, NULL, &r);
+    if (rc)
+        return rc;
+    assert_int_equal(r.failed, 0);
+    assert_int_equal(r.samples[0].status, 0);
+    assert_int_equal(r.samples[1].status, 0);
+    assert_true(r.n_tensors > 0);
+    free_outputs(&r);
+    return 0;
+}
+
+static int run_two_in(void *ctx)
+{
+    return run_two(ctx);
+}
+
+/* A worker made, its task run, the worker ended. When its process cannot be started
+ * (posix_spawnp EAGAIN), the task fails with an error naming the command; no socket is
+ * left open and no child is left behind. */
+static int start_run_end(void *ctx)
+{
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, ctx), 0);
+    int rc = run_two(w);
+    if (rc)
+        assert_int_equal(rc, -EAGAIN);
+    dh__rt_worker_destroy(&w);
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1); /* every child reaped */
+    return rc;
+}
+
+static void pyworker_spawn_failure_fails_the_task_cleanly(void **state)
+{
+    dh__rt_pipeline_t p;
+    clips_pipeline(&p);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_PY_SPAWN,
+                                        "cannot start the Python worker process '", start_run_end,
+                                        &p),
+                     1);
+}
+
+/* A send to, or a receive from, the worker's process that fails as when it died (EPIPE,
+ * ECONNRESET), at every message of a task: the process is ended and a new one runs the task
+ * again, which then delivers every sample; the socket of the old one is closed (the sweep
+ * counts fds) and its process reaped; the worker goes on. */
+static void sweep_worker_channel(int site)
+{
+    dh__rt_pipeline_t p;
+    clips_pipeline(&p);
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, &p), 0);
+    assert_int_equal(run_two(w), 0); /* the process started, its scratch made */
+    long hits = dh_test_each_fault(site, NULL, run_two_in, w);
+    assert_true(hits >= 2);
+    dh__rt_worker_destroy(&w);
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+}
+
+static void pyworker_send_failure_restarts_the_process(void **state)
+{
+    sweep_worker_channel(DH_FAULT_PY_SEND);
+}
+
+static void pyworker_recv_failure_restarts_the_process(void **state)
+{
+    sweep_worker_channel(DH_FAULT_PY_RECV);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(pyworker_a_hanging_sample_fails_and_the_worker_goes_on),
+    cmocka_unit_test(pyworker_spawn_failure_fails_the_task_cleanly),
+    cmocka_unit_test(pyworker_send_failure_restarts_the_process),
+    cmocka_unit_test(pyworker_recv_failure_restarts_the_process),
 };
 DH_TEST_MAIN(tests)

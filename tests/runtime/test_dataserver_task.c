@@ -171,10 +171,33 @@ static void task_video_decode_stops_at_the_deadline_by_itself(void **state)
     dh__rt_watch_unref(watch);
 }
 
+/* A DataServer's pipeline spec of each type, parsed with each allocation failing in turn: out
+ * of memory is DH_ENOMEM, never a syntax error (jansson reports its own as one). */
+static int load_specs(void *ctx)
+{
+    static const char *const specs[] = {
+        "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}",
+        "{\"type\":\"video\",\"frames\":8,\"height\":64,\"width\":64,\"sample_timeout\":5}",
+        "{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":[\"/a\",\"/b\"]}"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        dh__rt_pipeline_t p;
+        int rc = dh__rt_pipeline_load(specs[i], NULL, &p);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void task_spec_survives_each_allocation_failure(void **state)
+{
+    assert_true(dh_test_each_allocation_failure(load_specs, NULL) > 10);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(task_synthetic_measures_each_sample),
     cmocka_unit_test(task_python_spec_parses_and_refuses_what_it_cannot_run),
     cmocka_unit_test(task_video_times_the_read_and_the_decode),
     cmocka_unit_test(task_video_decode_stops_at_the_deadline_by_itself),
+    cmocka_unit_test(task_spec_survives_each_allocation_failure),
 };
 DH_TEST_MAIN(tests)

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,9 @@
 
 #include "dh_test.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/shm.h"
+#include "core/internal.h"
 #include "runtime/notice.h"
 
 #define NOBODY ((uid_t)65534)
@@ -217,6 +220,82 @@ static void notice_allow_list_is_parsed_strictly(void **state)
     assert_non_null(strstr(dh_last_error(), "more than 16"));
 }
 
+/* ---- numbered fault sites (a faults build; skipped otherwise) ----------------------- */
+
+/* A client of this process (a thread) asking for the arena. */
+typedef struct client {
+    const char *name;
+    const dh_shm_arena_t *arena;
+    int rc;
+    char msg[1024];
+} client_t;
+
+static void *client_main(void *arg)
+{
+    client_t *c = arg;
+    int fd = -1, conn = -1;
+    c->rc = dh__notice_connect(c->name, &fd, &conn);
+    snprintf(c->msg, sizeof c->msg, "%s", dh_last_error());
+    if (c->rc == 0) {
+        dh_shm_arena_t *view = NULL;
+        c->rc = dh_shm_arena_attach(&view, fd);
+        if (c->rc == 0 && dh_shm_arena_id(view) != dh_shm_arena_id(c->arena))
+            c->rc = DH_EINVAL;
+        dh_shm_arena_destroy(&view);
+        close(fd);
+        close(conn);
+    }
+    return NULL;
+}
+
+/* One hand-over of the arena to a client thread; the channel closed by both ends after. A
+ * failed sendmsg on the server's side (EPIPE) or recvmsg on the client's (ECONNRESET) is the
+ * client's error naming the DataServer's socket; neither end keeps an fd or a channel. */
+static int hand_over(void *ctx)
+{
+    fixture_t *fx = ctx;
+    client_t c = {.name = fx->ns.name, .arena = fx->arena};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, client_main, &c), 0);
+    struct pollfd p = {.fd = fx->ns.listen_fd, .events = POLLIN};
+    int ready;
+    do {
+        ready = poll(&p, 1, 10000);
+    } while (ready < 0 && errno == EINTR);
+    assert_int_equal(ready, 1);
+    dh__notice_server_accept(&fx->ns, dh_shm_arena_fd(fx->arena));
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (size_t i = fx->ns.n_conns; i-- > 0;)
+        dh__notice_server_read(&fx->ns, i); /* the client has gone: its channel ends */
+    assert_int_equal(fx->ns.n_conns, 0);
+    if (c.rc)
+        dh__set_error(c.rc, "%s", c.msg); /* the client thread's error, for the sweep */
+    return c.rc;
+}
+
+static void sweep_notice(int site)
+{
+    if (!dh_fault_enabled())
+        skip();
+    void *state = NULL;
+    assert_int_equal(setup(&state), 0);
+    fixture_t *fx = state;
+    char what[256];
+    snprintf(what, sizeof what, "no arena fd from the DataServer's socket @%s: ", fx->ns.name);
+    assert_int_equal(dh_test_each_fault(site, what, hand_over, fx), 1);
+    teardown(&state);
+}
+
+static void notice_send_fd_failure_fails_the_client_cleanly(void **state)
+{
+    sweep_notice(DH_FAULT_SHM_SEND_FD);
+}
+
+static void notice_recv_fd_failure_fails_the_client_cleanly(void **state)
+{
+    sweep_notice(DH_FAULT_SHM_RECV_FD);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -225,6 +304,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(notice_refuses_a_peer_of_another_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(notice_hands_the_arena_to_an_allowed_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(notice_allow_list_is_parsed_strictly, setup, teardown),
+        cmocka_unit_test(notice_send_fd_failure_fails_the_client_cleanly),
+        cmocka_unit_test(notice_recv_fd_failure_fails_the_client_cleanly),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

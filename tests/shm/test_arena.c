@@ -27,6 +27,7 @@
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/shm.h"
 #include "shm/shm_internal.h"
 
@@ -1228,6 +1229,124 @@ static void arena_new_over_address_space_limit_fails_at_start(void **state)
     expect_exit_zero(pid);
 }
 
+/* ---- numbered fault sites (a faults build; skipped otherwise) ----------------------- */
+
+/* Makes an arena and uses it. A failed step of creation (memfd_create EMFILE, ftruncate or
+ * fallocate ENOSPC, mmap ENOMEM) is an error naming the step and the size, with no fd,
+ * mapping or allocation left (the sweep counts fds and allocations). */
+static int new_use_destroy(void *ctx)
+{
+    (void)ctx;
+    dh_shm_arena_t *a = NULL;
+    int rc = dh_shm_arena_new(&a, ARENA_SIZE, SLAB);
+    if (rc) {
+        assert_null(a);
+        assert_true(rc == -EMFILE || rc == -ENOSPC || rc == -ENOMEM);
+        static const char *const steps[] = {"memfd_create of", "ftruncate of", "fallocate of",
+                                            "mmap of"};
+        int named = 0;
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+            named |= strstr(dh_last_error(), steps[i]) != NULL;
+        assert_true(named);
+        return rc;
+    }
+    void *p = NULL;
+    alloc_ok(a, SLAB, 0, &p);
+    memset(p, 1, SLAB);
+    dh_shm_arena_destroy(&a);
+    return 0;
+}
+
+static void arena_new_fails_cleanly_at_every_step(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    /* memfd_create, ftruncate, fallocate, mmap */
+    assert_int_equal(dh_test_each_fault(DH_FAULT_SHM_CREATE, "shm arena: ", new_use_destroy, NULL),
+                     4);
+}
+
+/* Attaches to the creator's arena and reads what it wrote. A failed dup (EMFILE) or mmap
+ * (ENOMEM) names the fd; the creator's arena is untouched and the next attach works. */
+typedef struct attach_ctx {
+    dh_shm_arena_t *creator;
+    dh_shm_handle_t h;
+} attach_ctx_t;
+
+static int attach_read_detach(void *ctx)
+{
+    attach_ctx_t *c = ctx;
+    dh_shm_arena_t *view = NULL;
+    int rc = dh_shm_arena_attach(&view, dh_shm_arena_fd(c->creator));
+    if (rc) {
+        assert_null(view);
+        assert_true(rc == -EMFILE || rc == -ENOMEM);
+        assert_non_null(strstr(dh_last_error(), rc == -EMFILE ? ": dup: " : ": mmap of "));
+        return rc;
+    }
+    void *p = NULL;
+    assert_int_equal(dh_shm_arena_resolve(view, &c->h, &p), 0);
+    assert_int_equal(((unsigned char *)p)[0], 0x5a);
+    dh_shm_arena_destroy(&view);
+    return 0;
+}
+
+static void arena_attach_fails_cleanly_at_every_step(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    attach_ctx_t c = {.creator = new_arena()};
+    void *p = NULL;
+    c.h = alloc_ok(c.creator, 100, 0, &p);
+    memset(p, 0x5a, 100);
+    char what[64];
+    snprintf(what, sizeof what, "shm attach: fd %d: ", dh_shm_arena_fd(c.creator));
+    assert_int_equal(dh_test_each_fault(DH_FAULT_SHM_ATTACH, what, attach_read_detach, &c), 2);
+    assert_int_equal(dh_shm_arena_refcount(c.creator, &c.h), 1);
+    dh_shm_arena_destroy(&c.creator);
+}
+
+/* Three allocations, each reaching slabs never reserved before. When reserving them fails
+ * (fallocate ENOSPC), the allocation is backpressure (DH_EAGAIN naming the bytes), no slab
+ * is taken, and the next try on the same arena succeeds. */
+static int alloc_fresh_slabs(void *ctx)
+{
+    (void)ctx;
+    dh_shm_arena_t *a = new_arena();
+    int failed = 0;
+    for (int i = 0; i < 3; i++) {
+        dh_shm_arena_stats_t before = stats_of(a);
+        dh_shm_handle_t h;
+        void *p = NULL;
+        int rc = dh_shm_arena_alloc(a, 2 * SLAB, 0, &h, &p);
+        if (rc) {
+            assert_int_equal(rc, DH_EAGAIN);
+            assert_non_null(strstr(dh_last_error(), "cannot reserve memory for"));
+            dh_shm_arena_stats_t after = stats_of(a);
+            assert_int_equal(after.slabs_used, before.slabs_used);
+            assert_int_equal(after.allocations_live, before.allocations_live);
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dh_last_error());
+            rc = dh_shm_arena_alloc(a, 2 * SLAB, 0, &h, &p); /* the next try works */
+            assert_int_equal(rc, 0);
+            assert_string_equal(dh_last_error(), msg);
+            failed = DH_EAGAIN;
+        }
+        memset(p, i, 2 * SLAB); /* the reserved slabs can be touched */
+    }
+    assert_int_equal(stats_of(a).slabs_used, 6);
+    dh_shm_arena_destroy(&a);
+    return failed;
+}
+
+static void arena_alloc_reserve_failure_is_backpressure(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    assert_int_equal(
+        dh_test_each_fault(DH_FAULT_SHM_RESERVE, "shm alloc: ", alloc_fresh_slabs, NULL), 3);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_new_lays_out_header_and_slabs),
     cmocka_unit_test(arena_new_rejects_bad_sizes),
@@ -1253,6 +1372,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_reader_of_an_unsealed_memfd_dies_of_sigbus),
     cmocka_unit_test(arena_new_over_file_size_limit_fails_at_start),
     cmocka_unit_test(arena_new_over_address_space_limit_fails_at_start),
+    cmocka_unit_test(arena_new_fails_cleanly_at_every_step),
+    cmocka_unit_test(arena_attach_fails_cleanly_at_every_step),
+    cmocka_unit_test(arena_alloc_reserve_failure_is_backpressure),
 };
 
 DH_TEST_MAIN(tests)

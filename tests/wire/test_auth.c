@@ -3,6 +3,7 @@
  * admitted and its messages carried, an unlisted key and a plaintext peer refused (the
  * client's socket reports DH_EAUTH with the reason, the handler counts the refusal), and ipc://
  * left plaintext. Every wait is a receive with a timeout. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 
 #include "dh_test.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/wire.h"
 #include "wire/internal.h"
 
@@ -323,9 +325,42 @@ static void one_zap_handler_per_context(void **state)
     dh_wire_keys_destroy(&keys);
 }
 
+/* Numbered fault site (a faults build; skipped otherwise): reading a key file fails (EIO)
+ * at each of the six reads of a load (three .pub files listed, server.pub, server.secret,
+ * rank.secret). The error names the file and the read; nothing is left allocated or open;
+ * the same directory loads once the fault is gone. */
+static const char *fault_dir;
+
+static int load_keys(void *ctx)
+{
+    (void)ctx;
+    dh_wire_keys_t *k = NULL;
+    int rc = dh_wire_keys_load(&k, fault_dir, "rank");
+    if (rc) {
+        assert_null(k);
+        assert_int_equal(rc, -EIO);
+        assert_non_null(strstr(dh_last_error(), ": read: "));
+        return rc;
+    }
+    assert_string_equal(dh_wire_keys_name(k), "rank");
+    dh_wire_keys_destroy(&k);
+    return 0;
+}
+
+static void keys_load_fails_cleanly_at_every_read(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    static const char *const ids[] = {"rank", "other", NULL};
+    fault_dir = key_dir("fault-read", ids);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_WIRE_KEY_READ, fault_dir, load_keys, NULL), 6);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(keygen_writes_a_private_secret_and_never_overwrites),
     cmocka_unit_test(keys_load_names_what_is_wrong),
+    cmocka_unit_test(keys_load_fails_cleanly_at_every_read),
     cmocka_unit_test(curve_admits_a_listed_key_and_carries_messages),
     cmocka_unit_test(curve_refuses_an_unlisted_key),
     cmocka_unit_test(curve_refuses_a_plaintext_peer),

@@ -3,6 +3,7 @@
  * limit, malformed messages, payload ownership on failure, an allocation-failure run, and the
  * runtime's set-up helpers (routing id, router handover, resolved endpoint, host name).
  * Endpoints are unique per test (pid and test name); every wait is a poll with a timeout. */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,9 @@
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/wire.h"
+#include "core/internal.h"
 #include "wire/internal.h"
 
 #define TIMEOUT_MS 5000
@@ -486,6 +489,137 @@ static void zmq_survives_each_allocation_failure(void **state)
     assert_int_equal(zmq_ctx_term(ctx), 0);
 }
 
+/* ---- numbered fault sites (a faults build; skipped otherwise) ----------------------- */
+
+/* Checks a received message: its type and its sender_seq, which numbers the messages that
+ * went out (a failed send takes no number). */
+static void expect_message(dh_wire_received_t *got, dh_msg_type_t type, uint64_t seq)
+{
+    assert_int_equal(got->msg.type, type);
+    assert_int_equal(got->msg.sender_seq, seq);
+    if (type == DH_MSG_DELIVER)
+        assert_memory_equal(got->msg.deliver.tensors[0].tensor.data, video, sizeof video);
+    else
+        assert_string_equal(got->msg.request.client_id, "client-0");
+    dh_wire_received_release(got);
+}
+
+/* A REQUEST, a DELIVER with two payloads, a REQUEST, each received as it goes. A send that
+ * fails (EHOSTUNREACH) names the message and the endpoint, releases the payloads it was
+ * given, and puts nothing on the wire: the peer has nothing to receive. */
+static int send_three(void *ctx)
+{
+    pair_t *p = ctx;
+    for (int i = 0; i < 3; i++) {
+        dh_msg_t m = i == 1 ? deliver_msg() : request_msg();
+        dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                         {tokens, sizeof tokens, count_free, NULL}};
+        int freed = atomic_load(&payloads_freed);
+        int rc = dh_wire_send(p->dealer, NULL, 0, &m, payloads, i == 1 ? 2 : 0, TIMEOUT_MS);
+        dh_wire_received_t got = {0};
+        if (rc) {
+            assert_int_equal(rc, -EHOSTUNREACH);
+            assert_non_null(
+                strstr(dh_last_error(), i == 1 ? "send DELIVER on " : "send REQUEST on "));
+            assert_int_equal(atomic_load(&payloads_freed), freed + (i == 1 ? 2 : 0));
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dh_last_error());
+            assert_int_equal(dh_wire_recv(p->router, 0, &got), DH_EAGAIN); /* nothing sent */
+            dh__set_error(rc, "%s", msg);
+            return rc;
+        }
+        assert_int_equal(dh_wire_recv(p->router, TIMEOUT_MS, &got), 0);
+        expect_message(&got, m.type, dh__wire_socket_sent(p->dealer));
+    }
+    return 0;
+}
+
+static void open_pair(pair_t *p, void **zctx, const char *name, char *ep, size_t cap)
+{
+    endpoint(ep, cap, "inproc", name);
+    fill_payloads();
+    *zctx = zmq_ctx_new();
+    assert_non_null(*zctx);
+    assert_int_equal(dh_wire_socket_new(&p->router, *zctx, ZMQ_ROUTER, NULL), 0);
+    assert_int_equal(dh_wire_socket_new(&p->dealer, *zctx, ZMQ_DEALER, NULL), 0);
+    assert_int_equal(dh_wire_socket_bind(p->router, ep), 0);
+    assert_int_equal(dh_wire_socket_connect(p->dealer, ep), 0);
+}
+
+static void close_pair(pair_t *p, void *zctx)
+{
+    dh_wire_received_t got = {0};
+    assert_int_equal(dh_wire_recv(p->router, 0, &got), DH_EAGAIN); /* nothing left over */
+    assert_int_equal(dh_wire_recv(p->dealer, 0, &got), DH_EAGAIN);
+    dh_wire_socket_destroy(&p->dealer);
+    dh_wire_socket_destroy(&p->router);
+    assert_int_equal(zmq_ctx_term(zctx), 0);
+}
+
+static void zmq_send_fails_cleanly_at_every_hit(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    char ep[256];
+    void *zctx = NULL;
+    pair_t p = {0};
+    open_pair(&p, &zctx, "fault-send", ep, sizeof ep);
+    atomic_store(&payloads_freed, 0);
+    char what[300];
+    snprintf(what, sizeof what, " on %s: ", ep);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_WIRE_SEND, what, send_three, &p), 3);
+    /* the DELIVER's payloads, released once by each run that reached it: refused at hit 1,
+     * received at hits 2 and 3 (the complete run) */
+    assert_int_equal(atomic_load(&payloads_freed), 2 * 3);
+    close_pair(&p, zctx);
+}
+
+/* A REQUEST and a DELIVER queued, then received. A receive that fails (ETERM) names the
+ * endpoint and leaves the message where it was: the next receive gets it, in order. */
+static int receive_two(void *ctx)
+{
+    pair_t *p = ctx;
+    dh_msg_t req = request_msg(), del = deliver_msg();
+    dh_wire_payload_t payloads[2] = {{video, sizeof video, count_free, NULL},
+                                     {tokens, sizeof tokens, count_free, NULL}};
+    uint64_t first = dh__wire_socket_sent(p->dealer) + 1;
+    assert_int_equal(dh_wire_send(p->dealer, NULL, 0, &req, NULL, 0, TIMEOUT_MS), 0);
+    assert_int_equal(dh_wire_send(p->dealer, NULL, 0, &del, payloads, 2, TIMEOUT_MS), 0);
+    int failed = 0;
+    for (int i = 0; i < 2; i++) {
+        dh_wire_received_t got = {0};
+        int rc = dh_wire_recv(p->router, TIMEOUT_MS, &got);
+        if (rc) {
+            assert_int_equal(rc, -ESHUTDOWN);
+            assert_int_equal(got.n_frames_, 0);
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dh_last_error());
+            rc = dh_wire_recv(p->router, TIMEOUT_MS, &got); /* still queued */
+            assert_int_equal(rc, 0);
+            dh__set_error(-ESHUTDOWN, "%s", msg);
+            failed = -ESHUTDOWN;
+        }
+        expect_message(&got, i == 0 ? DH_MSG_REQUEST : DH_MSG_DELIVER, first + (uint64_t)i);
+    }
+    return failed;
+}
+
+static void zmq_recv_fails_cleanly_at_every_hit(void **state)
+{
+    if (!dh_fault_enabled())
+        skip();
+    char ep[256];
+    void *zctx = NULL;
+    pair_t p = {0};
+    open_pair(&p, &zctx, "fault-recv", ep, sizeof ep);
+    atomic_store(&payloads_freed, 0);
+    char what[300];
+    snprintf(what, sizeof what, "recv on %s: ", ep);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_WIRE_RECV, what, receive_two, &p), 2);
+    close_pair(&p, zctx);
+    assert_int_equal(atomic_load(&payloads_freed), 2 * 3); /* every DELIVER's, once */
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(zmq_exchanges_request_and_deliver_inproc),
     cmocka_unit_test(zmq_exchanges_request_and_deliver_ipc),
@@ -500,5 +634,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(zmq_routing_id_and_resolved_endpoint),
     cmocka_unit_test(zmq_setup_helpers_report_failures),
     cmocka_unit_test(zmq_hostname_is_terminated),
+    cmocka_unit_test(zmq_send_fails_cleanly_at_every_hit),
+    cmocka_unit_test(zmq_recv_fails_cleanly_at_every_hit),
 };
 DH_TEST_MAIN(tests)
