@@ -177,7 +177,7 @@ static int load_specs(void *ctx)
 {
     static const char *const specs[] = {
         "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}",
-        "{\"type\":\"video\",\"frames\":8,\"height\":64,\"width\":64,\"sample_timeout\":5}",
+        "{\"type\":\"video\",\"frames\":8,\"height\":64,\"width\":64}",
         "{\"type\":\"python\",\"dataset\":\"m:f\",\"path\":[\"/a\",\"/b\"]}"};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         dh__rt_pipeline_t p;
