@@ -18,7 +18,7 @@ from .cluster import (_DEFAULT_ARENA, Cluster, _env_int, _keys,
 from . import resume as _resume
 from .rebalance import _rebalance_config
 from .sources import (_TOKEN_PLANS, _dataset_source, _load_costs, _pipeline_json,
-                      _warn_if_probed_otherwise, blend, resolve_source)
+                      _warn_if_probed_otherwise, _with_sample_timeout, blend, resolve_source)
 from .workers import _row_keys
 
 
@@ -182,7 +182,10 @@ class DataLoader:
             ``load_into``, ``collate_fn``; loading it and ``worker_init_fn`` in a new worker
             process) may run (default 300; None or 0: no limit). Past it the worker process
             is killed and replaced, and the sample fails with a DatasetError naming it and
-            the time (``on_error``; docs/datasets.md, "Hangs: sample_timeout").
+            the time (``on_error``; docs/datasets.md, "Hangs: sample_timeout"). With a
+            video source, seconds one sample's read and decode may take: past it the sample
+            fails naming it and the time, and its decode thread is abandoned for a new one
+            (docs/runtime.md, "Deadlines").
         costs: with ``dataset``, a JSONL file of learned per-sample costs: read at the start
             (with ``costs.rank*``) and written when a pass ends.
         prefetch_factor, pin_memory, pin_memory_device, generator: as torch's (pinning
@@ -307,7 +310,8 @@ class DataLoader:
         # a Python dataset's spec: its seed is rewritten per pass (the pass's base seed)
         self._py_spec = pipeline if dataset is not None else None
         self._pipeline = _pipeline_json(pipeline)
-        if dataset is None:
+        if dataset is None:  # the native decode's deadline (docs/runtime.md, "Deadlines")
+            self._pipeline = _with_sample_timeout(self._pipeline, sample_timeout)
             _warn_if_probed_otherwise(self._pipeline, paths["profiles"], paths["manifest"])
         rebalance_spec = _rebalance_config(rebalance, batch_size, self.world_size,
                                            auth.get("keys_dir"))

@@ -188,6 +188,26 @@ def _pipeline_json(pipeline: Union[None, str, os.PathLike, Dict[str, Any]]) -> O
         raise NotFoundError(f"pipeline spec {text}: {e.strerror}") from None
 
 
+def _with_sample_timeout(pipeline_json: Optional[str],
+                         sample_timeout: Optional[float]) -> Optional[str]:
+    """A video (or synthetic) pipeline spec with the loader's ``sample_timeout`` (the
+    DataServer's deadline on one sample's read and decode, docs/runtime.md "Deadlines"),
+    unless the spec sets its own or the argument is the default (the C side's 300 s)."""
+    if sample_timeout is not None and not 0 <= sample_timeout <= 1e7:
+        raise InvalidArgumentError(f"sample_timeout must be seconds in [0, 1e7] or None, not "
+                                   f"{sample_timeout!r}")
+    if sample_timeout == 300.0:
+        return pipeline_json
+    try:
+        spec = json.loads(pipeline_json) if pipeline_json else {}
+    except ValueError:
+        return pipeline_json  # the C side reports a bad spec, naming it
+    if not isinstance(spec, dict) or "sample_timeout" in spec or spec.get("type") == "synthetic":
+        return pipeline_json
+    spec["sample_timeout"] = float(sample_timeout or 0)
+    return json.dumps(spec)
+
+
 def _first_json_line(path: str) -> Dict[str, Any]:
     with open(path, encoding="utf-8") as f:
         row = json.loads(next((line for line in f if line.strip()), "{}"))

@@ -27,11 +27,13 @@
 #include <libavutil/log.h>
 
 #include "datahelix/alloc.h"
+#include "datahelix/clock.h"
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
 #include "datahelix/pipeline.h"
 #include "core/internal.h"
 #include "media/convert.h"
+#include "media/media_lib.h"
 #include "media/pipeline_internal.h"
 
 struct dh_pipeline {
@@ -320,12 +322,32 @@ const char *dh__subfile_range(const char *path, long long *start, long long *end
     return path + sizeof prefix - 1 + n;
 }
 
+/* The deadline of this thread's decodes (dh__decode_set_deadline), and FFmpeg's interrupt
+ * callback over it: thread-local, so an abandoned thread's callback reads only its own. */
+static _Thread_local uint64_t decode_deadline_ns;
+
+void dh__decode_set_deadline(uint64_t deadline_ns)
+{
+    decode_deadline_ns = deadline_ns;
+}
+
+static int past_deadline(void *opaque)
+{
+    (void)opaque;
+    return decode_deadline_ns && dh_clock_now_ns() > decode_deadline_ns;
+}
+
 /* Opens the container and finds the video stream. */
 static int open_container(decoder_t *d, const char *path)
 {
     char msg[AV_ERROR_MAX_STRING_SIZE];
-    int averr = DH_FAULT(DH_FAULT_MEDIA_OPEN) ? AVERROR(EIO)
-                                              : avformat_open_input(&d->fmt, path, NULL, NULL);
+    int averr = AVERROR(EIO);
+    if (!DH_FAULT(DH_FAULT_MEDIA_OPEN)) {
+        if (!(d->fmt = avformat_alloc_context()))
+            return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
+        d->fmt->interrupt_callback = (AVIOInterruptCB){past_deadline, NULL};
+        averr = avformat_open_input(&d->fmt, path, NULL, NULL);
+    }
     if (averr < 0) {
         int code = code_of(averr);
         /* A read error (EIO: a failing disk, a network file system) is not a bad file. */

@@ -41,11 +41,13 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "core/internal.h"
 #include "datahelix/alloc.h"
+#include "datahelix/clock.h"
 #include "datahelix/error.h"
 #include "datahelix/log.h"
 #include "datahelix/runtime.h"
@@ -309,25 +311,14 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     dh__wire_set_peer_role(s->coord, "coordinator");
     if ((rc = dh_wire_socket_connect(s->coord, s->coord_endpoint)))
         goto fail;
-    s->threads = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->threads);
-    if (!s->threads) {
+    s->slots = dh_calloc(cfg->workers ? cfg->workers : 1, sizeof *s->slots);
+    if (!s->slots) {
         rc = dh__set_error(DH_ENOMEM, "out of memory for worker threads");
         goto fail;
     }
     for (uint32_t i = 0; i < cfg->workers; i++) {
-        worker_arg_t *a = dh_malloc(sizeof *a);
-        if (!a) {
-            rc = dh__set_error(DH_ENOMEM, "out of memory for worker threads");
+        if ((rc = dh__ds_start_worker(s, i)))
             goto fail;
-        }
-        a->s = s;
-        a->index = i;
-        int e = pthread_create(&s->threads[i], NULL, dh__ds_worker_main, a);
-        if (e) {
-            dh_free(a);
-            rc = dh__set_error(-e, "DataServer: pthread_create: %s", strerror(e));
-            goto fail;
-        }
         s->n_threads++;
     }
     if (cfg->metrics_listen && cfg->metrics_listen[0] &&
@@ -338,6 +329,50 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
 fail:
     dh_dataserver_destroy(&s);
     return rc;
+}
+
+/* Joins a slot's worker thread; one inside a sample's read or decode for over STOP_WAIT_NS (its
+ * watch, dataserver_work.c, "Deadlines") is abandoned instead: the server does not wait for a
+ * read that may never return, and the task it held is freed here (its thread touches it no
+ * more). */
+#define STOP_WAIT_NS 1000000000ull
+static void join_worker(dh_dataserver_t *s, ds_slot_t *slot)
+{
+    if (!slot->live)
+        return;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        if (pthread_timedjoin_np(slot->thread, NULL, &until) == 0)
+            break;
+        char id[256], msg[1600];
+        uint32_t k;
+        pthread_mutex_lock(&s->lock);
+        bool stuck =
+            slot->watch && dh__rt_watch_expire(slot->watch, dh_clock_now_ns(), STOP_WAIT_NS, &k, id,
+                                               sizeof id, msg, sizeof msg);
+        task_t *t = stuck ? slot->task : NULL;
+        if (stuck)
+            slot->task = NULL;
+        pthread_mutex_unlock(&s->lock);
+        if (stuck) {
+            dh_log_warn("DataServer '%s': stopping: a worker blocked in sample '%s' is left "
+                        "behind (abandoned)",
+                        s->name, id);
+            dh__ds_count_abandoned_at_stop();
+            pthread_detach(slot->thread);
+            dh__ds_task_free(t);
+            break;
+        }
+    }
+    dh__rt_watch_unref(slot->watch);
+    slot->watch = NULL;
+    slot->live = false;
 }
 
 void dh_dataserver_destroy(dh_dataserver_t **ps)
@@ -352,10 +387,10 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_cond_broadcast(&s->task_cond);
     pthread_mutex_unlock(&s->lock);
     for (uint32_t i = 0; i < s->n_threads; i++)
-        pthread_join(s->threads[i], NULL);
+        join_worker(s, &s->slots[i]);
     /* the loop has stopped writing them; its scrapes read the counters and the arena */
     dh__ds_metrics_destroy(s);
-    dh_free(s->threads);
+    dh_free(s->slots);
     task_t *t;
     while ((t = dh__ds_pop(&s->tasks)))
         dh__ds_task_free(t);

@@ -46,7 +46,20 @@ typedef struct task {
     bool booked;              /* counted in booked_tasks until its executor COMPLETE is sent */
     dh__out_charge_t *charge; /* heap outputs' reservation (dataserver_output_budget.c), or NULL:
                                * the task's reference, handed to its payload frames */
+    char **stalled;           /* n_samples: a sample that ran past sample_timeout on an abandoned
+                               * thread: its failure, which the next run reports instead (dh_malloc'd;
+                               * NULL: none) */
 } task_t;
+
+/* A worker slot: its thread (joinable while live), the thread's watch and the task it runs
+ * (under s->lock). A thread abandoned past sample_timeout is detached and leaves its slot;
+ * the loop starts a new thread in it (dataserver_work.c, "Deadlines"). */
+typedef struct ds_slot {
+    pthread_t thread;
+    bool live;
+    dh__rt_watch_t *watch; /* the server's reference, or NULL */
+    task_t *task;          /* running, or NULL */
+} ds_slot_t;
 
 typedef struct queue {
     task_t *head, *tail;
@@ -137,8 +150,10 @@ struct dh_dataserver {
     dh__counter_t busy_ns;          /* wall time workers spent executing tasks (counters.h) */
     struct dh__ds_metrics *metrics; /* --metrics-listen (dataserver_metrics.c); NULL = off */
 
-    pthread_t *threads;
+    ds_slot_t *slots; /* cfg.workers (under lock) */
     uint32_t n_threads;
+    uint64_t last_watch_ns; /* the loop's last look at the workers' deadlines */
+    bool said_bound;        /* logged once: past the bound of abandoned threads */
     atomic_int stop;
     pthread_t loop_thread;
     bool started;
@@ -187,8 +202,30 @@ void dh__ds_count_spill(dh_dataserver_t *s);
 typedef struct worker_arg {
     dh_dataserver_t *s;
     uint32_t index;
+    dh__rt_watch_t *watch; /* the thread's reference */
 } worker_arg_t;
 void *dh__ds_worker_main(void *arg);
+
+/* Starts slot i's worker thread (its watch made here). 0, or DH_ENOMEM / -errno. Under
+ * s->lock, or before the loop and the workers run. */
+int dh__ds_start_worker(dh_dataserver_t *s, uint32_t i);
+
+/* The loop: fails the samples whose thread ran past sample_timeout (their task runs again
+ * without them on another thread), abandons those threads and starts new ones in their
+ * slots, within DH__DS_MAX_ABANDONED (dataserver_work.c, "Deadlines"). */
+void dh__ds_watch_workers(dh_dataserver_t *s);
+
+/* Worker threads of this process abandoned past sample_timeout that have not returned yet,
+ * at most DH__DS_MAX_ABANDONED: past it a stuck thread's slot stays empty (the server runs
+ * with fewer workers) until one returns. */
+#define DH__DS_MAX_ABANDONED 64
+unsigned dh__ds_abandoned(void);
+/* Counts one thread abandoned by dh_dataserver_destroy (blocked at stop). */
+void dh__ds_count_abandoned_at_stop(void);
+/* Waits up to timeout_ms for that count to be 0 (tests); returns it. */
+unsigned dh__ds_abandoned_wait(long timeout_ms);
+/* Slots with a live thread (tests, logs). */
+uint32_t dh__ds_live_workers(dh_dataserver_t *s);
 
 /* ---- dataserver_loop.c ---- */
 

@@ -308,7 +308,9 @@ int dh_dataserver_run(dh_dataserver_t *s)
     char limit[64] = "";
     if (s->pipeline.python)
         snprintf(limit, sizeof limit, ", one worker process each, sample_timeout %g s)",
-                 s->pipeline.py_sample_timeout_s);
+                 s->pipeline.sample_timeout_s);
+    else if (!s->pipeline.synthetic)
+        snprintf(limit, sizeof limit, " (sample_timeout %g s)", s->pipeline.sample_timeout_s);
     dh_log_info(
         "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
         "coordinator %s",
@@ -384,6 +386,7 @@ int dh_dataserver_run(dh_dataserver_t *s)
                     dh_wire_received_release(&r);
                 }
         dh__ds_links_send_due(s);
+        dh__ds_watch_workers(s); /* sample_timeout of native tasks (dataserver_work.c) */
         if (s->pending)
             dh__ds_retry_pending(s);
         dh__ds_metrics_tick(s);

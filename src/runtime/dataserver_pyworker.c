@@ -123,7 +123,7 @@ int dh__py_worker_new(dh__py_worker_t **out, const dh__rt_pipeline_t *pipeline)
     w->arena_fd = -1;
     w->sock = -1;
     w->scratch_fd = -1;
-    w->timeout_s = pipeline->py_sample_timeout_s;
+    w->timeout_s = pipeline->sample_timeout_s;
     *out = w;
     return 0;
 }

@@ -42,6 +42,8 @@ struct dh__rt_worker {
     dh_pipeline_t *pipeline; /* video only */
     dh__py_worker_t *py;     /* python only */
     uint8_t *read_buf;       /* video: READ_CHUNK bytes for timing reads, made on first use */
+    dh__rt_watch_t *watch;   /* video in a DataServer: its thread's deadlines, or NULL */
+    double timeout_s;        /* sample_timeout (0: no limit) */
 };
 
 /* Video inputs are read once, timed, before decoding (time_read), at most READ_CAP bytes
@@ -163,7 +165,7 @@ static int parse_python(json_t *root, const char *source, dh__rt_pipeline_t *out
                                      "%s: field 'sample_timeout': expected seconds in [0, 1e7] "
                                      "(0: no limit)",
                                      source);
-            out->py_sample_timeout_s = json_number_value(value);
+            out->sample_timeout_s = json_number_value(value);
         } else {
             return dh__set_error(DH_ESCHEMA,
                                  "%s: field '%s': unknown field of a python pipeline (known: "
@@ -188,7 +190,7 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
     out->cost = DH__SYNTH_SLEEP;
     out->cpu_scale = 1.0;
     out->bytes_scale = 1.0;
-    out->py_sample_timeout_s = 300;
+    out->sample_timeout_s = 300;
     if (!json && !path)
         return 0;
     const char *source = json ? "pipeline spec" : path;
@@ -231,6 +233,19 @@ int dh__rt_pipeline_load(const char *json, const char *path, dh__rt_pipeline_t *
         goto done;
     }
     json_object_del(root, "type");
+    json_t *timeout = json_object_get(root, "sample_timeout");
+    if (timeout) { /* the runtime's (dataserver_work.c), not the decoder's */
+        if (!json_is_number(timeout) || !(json_number_value(timeout) >= 0) ||
+            json_number_value(timeout) > 1e7) {
+            rc = dh__set_error(DH_ESCHEMA,
+                               "%s: field 'sample_timeout': expected seconds in [0, 1e7] (0: no "
+                               "limit)",
+                               source);
+            goto done;
+        }
+        out->sample_timeout_s = json_number_value(timeout);
+        json_object_del(root, "sample_timeout");
+    }
     char *text = json_dumps(root, JSON_COMPACT);
     if (!text || dh__json_track_failed()) { /* a failed allocation can leave text cut short */
         dh_free(text);
@@ -273,6 +288,14 @@ void dh__rt_worker_bind(dh__rt_worker_t *w, uint32_t index, uint32_t n, int aren
 {
     if (w && w->py)
         dh__py_worker_bind(w->py, index, n, arena_fd, stop);
+}
+
+void dh__rt_worker_watch(dh__rt_worker_t *w, dh__rt_watch_t *watch, double timeout_s)
+{
+    if (w && w->pipeline && timeout_s > 0) {
+        w->watch = watch;
+        w->timeout_s = timeout_s;
+    }
 }
 
 void dh__rt_worker_destroy(dh__rt_worker_t **pw)
@@ -480,10 +503,49 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
         dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
-        const char *path = samples[i].uri ? samples[i].uri : "";
+        /* Under a deadline (a watch), the blocking part below may be abandoned: it reads
+         * only its own copies of the sample's id and path (samples[] is the task's). */
+        char *path = dh_strdup(samples[i].uri ? samples[i].uri : "");
+        char *id = dh_strdup(samples[i].id ? samples[i].id : "");
+        if (!path || !id) {
+            dh_free(path);
+            dh_free(id);
+            rc = dh__set_error(DH_ENOMEM, "out of memory for a video task");
+            goto done;
+        }
+        uint64_t since = dh_clock_now_ns();
+        bool abandoned = false;
+        if (w->watch) {
+            dh__decode_set_deadline(since + (uint64_t)(w->timeout_s * 1e9));
+            dh__rt_watch_enter(w->watch, i, id, path, "open or read", since);
+        }
         time_read(w, path, &out->read_s, &out->read_bytes);
+        if (w->watch && (abandoned = dh__rt_watch_leave(w->watch)) == false)
+            dh__rt_watch_enter(w->watch, i, id, path, "decode", since);
         uint64_t sample_cpu0 = dh_clock_thread_cpu_ns();
-        int drc = dh_pipeline_decode(w->pipeline, path, &ov, samples[i].id, &decoded[i]);
+        int drc = abandoned ? 0 : dh_pipeline_decode(w->pipeline, path, &ov, id, &decoded[i]);
+        if (w->watch && !abandoned) {
+            abandoned = dh__rt_watch_leave(w->watch);
+            dh__decode_set_deadline(0);
+            double took = dh_clock_elapsed_s(since, dh_clock_now_ns());
+            if (!abandoned && drc < 0 && drc != DH_ENOMEM && took >= w->timeout_s) {
+                /* FFmpeg gave up by itself (its interrupt callback): say why */
+                char msg[1024];
+                snprintf(msg, sizeof msg,
+                         "sample '%s' (%s): decode ran past sample_timeout %g s (stopped after "
+                         "%.1f s): %s",
+                         id, path, w->timeout_s, took,
+                         decoded[i].error_message ? decoded[i].error_message : "");
+                dh_free(decoded[i].error_message);
+                decoded[i].error_message = dh_strdup(msg);
+            }
+        }
+        dh_free(path);
+        dh_free(id);
+        if (abandoned) { /* the task is someone else's now: only our own memory */
+            rc = DH__RT_ABANDONED;
+            goto done;
+        }
         /* The sample's own CPU time (open, demux, decode, resize); the timed read above and
          * the batch's collate and copy below are in the request's total only. */
         out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - sample_cpu0) / 1e9;

@@ -47,7 +47,10 @@ typedef struct dh__rt_pipeline {
     char py_exe[512];
     char py_path[4096]; /* ':'-joined */
     uint64_t py_seed;
-    double py_sample_timeout_s;
+    /* "sample_timeout" (any type but synthetic): python, above; video, the seconds one
+     * sample's read and decode may take before the sample fails and its worker thread is
+     * abandoned for a new one (dataserver_work.c, "Deadlines"). Default 300; 0 = no limit. */
+    double sample_timeout_s;
 } dh__rt_pipeline_t;
 
 /* ---- Output budget (dataserver_output_budget.c): tasks' heap memory, process-wide ---- */
@@ -121,6 +124,35 @@ int dh__rt_worker_new(dh__rt_worker_t **out, const dh__rt_pipeline_t *pipeline);
 void dh__rt_worker_bind(dh__rt_worker_t *w, uint32_t index, uint32_t n, int arena_fd,
                         const atomic_int *stop);
 void dh__rt_worker_destroy(dh__rt_worker_t **w);
+
+/* ---- Deadlines of native tasks (dataserver_work.c, "Deadlines") ----
+ * A worker's watch: the video pipeline brackets each sample's blocking part (open, the timed
+ * read, FFmpeg's open, demux and decode) with dh__rt_watch_enter / _leave; the DataServer's
+ * loop abandons a thread found inside past sample_timeout (dh__rt_watch_expire). Inside, the
+ * thread touches only memory it owns (private copies of the sample's id and path, its
+ * worker, the result being built), so an abandoned thread that returns frees what it owns
+ * and exits. One reference for the server, one for the thread; the last frees it. */
+typedef struct dh__rt_watch dh__rt_watch_t;
+dh__rt_watch_t *dh__rt_watch_new(void); /* NULL: no memory; two references */
+void dh__rt_watch_unref(dh__rt_watch_t *w);
+/* The thread enters the blocking part of sample `index` (of its task) that started at
+ * since_ns (its deadline counts from there); id, path and op are copied ("open or read",
+ * "decode"). */
+void dh__rt_watch_enter(dh__rt_watch_t *w, uint32_t index, const char *id, const char *path,
+                        const char *op, uint64_t since_ns);
+/* It left it: false, or true when it was abandoned meanwhile (then it must touch nothing but
+ * what it owns: return DH__RT_ABANDONED up to its thread's start routine). */
+bool dh__rt_watch_leave(dh__rt_watch_t *w);
+/* The loop: when the thread is inside past timeout_ns at now, marks it abandoned and writes
+ * the sample's failure ("sample 'ID' (PATH): OP ran past sample_timeout N s ...") into msg,
+ * its id into id and its index into *index; returns true. Else false. */
+bool dh__rt_watch_expire(dh__rt_watch_t *w, uint64_t now, uint64_t timeout_ns, uint32_t *index,
+                         char *id, size_t id_cap, char *msg, size_t msg_cap);
+/* The video worker's watch (NULL: none) and the seconds it allows a sample (0: no limit):
+ * also FFmpeg's interrupt callback deadline (decode.c, dh__decode_set_deadline). */
+void dh__rt_worker_watch(dh__rt_worker_t *w, dh__rt_watch_t *watch, double timeout_s);
+/* dh__rt_execute's code for a task whose thread was abandoned: nothing of it may be used. */
+#define DH__RT_ABANDONED (-30999)
 
 /* Runs the samples of a request. A per-sample failure is recorded in the result, never
  * fails the task; returns 0, or DH_ENOMEM / the allocator's code (nothing is kept then). */

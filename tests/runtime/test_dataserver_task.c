@@ -46,12 +46,18 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
     assert_string_equal(p.py_exe, "/usr/bin/python3");
     assert_string_equal(p.py_path, "/a:/b");
     assert_int_equal(p.py_seed, 7);
-    assert_true(p.py_sample_timeout_s == 300); /* the default */
+    assert_true(p.sample_timeout_s == 300); /* the default */
     assert_int_equal(
         dh__rt_pipeline_load("{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":2.5}",
                              NULL, &p),
         0);
-    assert_true(p.py_sample_timeout_s == 2.5);
+    assert_true(p.sample_timeout_s == 2.5);
+    /* a video spec has it too (the DataServer's deadline, not the decoder's field) */
+    assert_int_equal(dh__rt_pipeline_load("{\"frames\":4,\"sample_timeout\":1.5}", NULL, &p), 0);
+    assert_true(p.sample_timeout_s == 1.5);
+    assert_int_equal(p.video.frames, 4);
+    assert_int_equal(dh__rt_pipeline_load("{\"frames\":4}", NULL, &p), 0);
+    assert_true(p.sample_timeout_s == 300);
     static const struct {
         const char *json, *says;
     } bad[] = {
@@ -64,6 +70,8 @@ static void task_python_spec_parses_and_refuses_what_it_cannot_run(void **state)
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"sample_timeout\":\"5\"}", "'sample_timeout'"},
         {"{\"type\":\"python\",\"dataset\":\"m:f\",\"workers\":2}", "unknown field"},
         {"{\"type\":\"pythn\"}", "\"python\""},
+        {"{\"type\":\"video\",\"sample_timeout\":-2}", "'sample_timeout'"},
+        {"{\"sample_timeout\":true}", "'sample_timeout'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(dh__rt_pipeline_load(bad[i].json, NULL, &p), DH_ESCHEMA);
@@ -127,6 +135,42 @@ static void task_video_times_the_read_and_the_decode(void **state)
     dh__rt_worker_destroy(&w);
 }
 
+/* FFmpeg's interrupt callback (decode.c) is set from the worker's deadline: a deadline already
+ * past (sample_timeout 1 ns) stops FFmpeg's first read, and the sample's failure says it ran
+ * past sample_timeout (the thread was not abandoned: no DataServer loop watches it here). */
+static void task_video_decode_stops_at_the_deadline_by_itself(void **state)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s", dh_test_path("clip.mp4"));
+    dh_synth_clip_t clip = {.width = 160, .height = 120, .fps = 25, .duration_s = 2, .seed = 7};
+    assert_int_equal(dh_synth_write_clip(path, &clip), 0);
+    dh__rt_pipeline_t p;
+    assert_int_equal(dh__rt_pipeline_load("{\"sample_timeout\":1e-9}", NULL, &p), 0);
+    dh__rt_worker_t *w = NULL;
+    assert_int_equal(dh__rt_worker_new(&w, &p), 0);
+    dh__rt_watch_t *watch = dh__rt_watch_new();
+    assert_non_null(watch);
+    dh__rt_worker_watch(w, watch, p.sample_timeout_s);
+    dh_wire_sample_t samples[1] = {{.id = "clip", .uri = path, .key = "k"}};
+    dh__rt_result_t r;
+    assert_int_equal(dh__rt_execute(w, samples, 1, heap_alloc, heap_release, NULL, &r), 0);
+    assert_int_equal(r.failed, 1);
+    print_message("%s\n", r.samples[0].error);
+    char want[700];
+    snprintf(want, sizeof want, "sample 'clip' (%s): decode ran past sample_timeout 1e-09 s", path);
+    assert_non_null(strstr(r.samples[0].error, want));
+    assert_non_null(strstr(r.samples[0].error, "Immediate exit requested")); /* AVERROR_EXIT */
+    free_outputs(&r);
+    /* without the deadline the same worker decodes it */
+    dh__rt_worker_watch(w, watch, 300);
+    assert_int_equal(dh__rt_execute(w, samples, 1, heap_alloc, heap_release, NULL, &r), 0);
+    assert_int_equal(r.failed, 0);
+    free_outputs(&r);
+    dh__rt_worker_destroy(&w);
+    dh__rt_watch_unref(watch);
+    dh__rt_watch_unref(watch);
+}
+
 /* A DataServer's pipeline spec of each type, parsed with each allocation failing in turn: out
  * of memory is DH_ENOMEM, never a syntax error (jansson reports its own as one). */
 static int load_specs(void *ctx)
@@ -153,6 +197,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(task_synthetic_measures_each_sample),
     cmocka_unit_test(task_python_spec_parses_and_refuses_what_it_cannot_run),
     cmocka_unit_test(task_video_times_the_read_and_the_decode),
+    cmocka_unit_test(task_video_decode_stops_at_the_deadline_by_itself),
     cmocka_unit_test(task_spec_survives_each_allocation_failure),
 };
 DH_TEST_MAIN(tests)
