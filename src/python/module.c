@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "datahelix/alloc.h"
 #include "datahelix/log.h"
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
@@ -147,6 +148,13 @@ static PyObject *mod_live_batches(PyObject *m, PyObject *unused)
     return PyLong_FromLong(dh__py_live_batches());
 }
 
+/* alloc_live(): dh_alloc_live(), the library's live allocations (dh_malloc less dh_free)
+ * in this process; a leak check for tests. */
+static PyObject *mod_alloc_live(PyObject *m, PyObject *unused)
+{
+    return PyLong_FromLong(dh_alloc_live());
+}
+
 static PyObject *mod_error_table(PyObject *m, PyObject *unused)
 {
     PyObject *list = PyList_New(0);
@@ -272,6 +280,9 @@ static PyMethodDef module_methods[] = {
      "(no client needed)"},
     {"live_batches", mod_live_batches, METH_NOARGS,
      "live_batches() -> batches of this process not yet released"},
+    {"alloc_live", mod_alloc_live, METH_NOARGS,
+     "alloc_live() -> the library's live allocations in this process (dh_malloc less dh_free; "
+     "a leak check for tests)"},
     {"error_table", mod_error_table, METH_NOARGS,
      "error_table() -> [(C name, code, Python class name)] for every C error"},
     {"raise_error", mod_raise_error, METH_VARARGS,

@@ -154,6 +154,38 @@ def test_a_tensor_outlives_its_loader_and_its_slab_returns_when_freed(datahelix,
         wait_for(lambda: cluster.arena_stats()["allocations_live"] == 0, what="slabs released")
 
 
+def test_passes_give_back_what_they_take(datahelix, dataset):
+    """A DataLoader opens a client per pass (issue 33, the memory soak): after each pass the
+    library's live allocations (dh_alloc_live), this process's threads, mappings and file
+    descriptors are back where they were before it. (The cluster's threads are of this
+    process too: the coordinator forgets a client at its GOODBYE, hence the wait.)"""
+    src, _ = dataset
+
+    def state():
+        return {"alloc_live": datahelix._C.alloc_live(),
+                "threads": len(os.listdir("/proc/self/task")),
+                "maps": sum(1 for _ in open("/proc/self/maps")),
+                "fds": len(os.listdir("/proc/self/fd"))}
+
+    with datahelix.start_cluster(src, workers=1, arena_bytes=64 << 20) as cluster:
+        dl = datahelix.DataLoader(src, batch_size=2, seed=3, prefetch=2,
+                                  coordinator=cluster.endpoint, timeout=60)
+        for _ in range(2):  # warm-up: the first passes map the arena, learn the costs
+            assert sum(1 for _ in dl) == len(dl)
+        gc.collect()
+        start = state()
+        for k in range(4):
+            assert sum(1 for _ in dl) == len(dl)
+            gc.collect()
+            now = []
+            try:
+                wait_for(lambda: now.append(state()) or now[-1] == start, timeout=10,
+                         what="the state before the passes")
+            except AssertionError:
+                raise AssertionError(f"after pass {k + 1}: {now[-1]}, before: {start}")
+        dl.close()
+
+
 def test_on_error_raise_names_the_sample(datahelix, corrupt_dataset):
     src, _, bad = corrupt_dataset
     with datahelix.DataLoader(src, batch_size=2, workers=1, on_error="raise",

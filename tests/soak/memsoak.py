@@ -52,6 +52,7 @@ Exit status 0 when all holds; a JSON report (per process: pid and per-epoch samp
 --json. The work folder (the data set, every process's log) is removed after a run that
 passed (--keep keeps it) and kept after one that failed."""
 import argparse
+import array
 import gc
 import json
 import os
@@ -178,6 +179,38 @@ def touch(batch):
     return total
 
 
+class Record:
+    """The samples of a run: per process, one flat array of int32 (epoch, rss, pss, anon,
+    shmem in KiB; pss -1 for None), 20 bytes per process and epoch. The trainer measures
+    itself, so what it keeps of the run is part of what it measures: a list of (epoch,
+    dict) pairs took ~390 bytes per process and epoch (a dict, four ints, a tuple, in
+    pymalloc's arenas), ~3.5 KiB per epoch for the 9 processes, which was the trainer's
+    whole 'linear growth' in the first 30-minute run (docs/operations.md, "Memory over
+    time"). As arrays: 180 bytes an epoch, ~0.4 MiB over that run's 2,233 epochs."""
+
+    FIELDS = ("rss", "pss", "anon", "shmem")
+
+    def __init__(self):
+        self._rows = {}
+
+    def add(self, name, epoch, m):
+        a = self._rows.setdefault(name, array.array("i"))
+        a.extend([epoch] + [-1 if m[k] is None else m[k] for k in self.FIELDS])
+
+    def epochs(self, name):
+        return len(self._rows.get(name, ())) // (1 + len(self.FIELDS))
+
+    def rows(self):
+        """{name: [(epoch, mem dict)]}, made at the end of the run (after the last sample)."""
+        w = 1 + len(self.FIELDS)
+        out = {}
+        for name, a in self._rows.items():
+            out[name] = [(a[i], {k: (None if k == "pss" and a[i + 1 + j] < 0 else a[i + 1 + j])
+                                 for j, k in enumerate(self.FIELDS)})
+                         for i in range(0, len(a), w)]
+        return out
+
+
 def mib(kib):
     return "-" if kib is None else f"{kib / 1024:.1f}"
 
@@ -255,7 +288,7 @@ def run(args, datahelix, memsoak_data, procs, servers, loaders, tracked, samples
             if m is None:
                 failures.append(f"epoch {epoch}: {name} (pid {pid}) is gone")
                 continue
-            samples.setdefault(name, []).append((epoch, m))
+            samples.add(name, epoch, m)
             row[name] = m
         if header is None:
             header = list(tracked)
@@ -322,12 +355,12 @@ def main():
     failures = []
     loaders = []
     tracked = {"trainer": os.getpid()}
-    samples = {}  # name -> [(epoch, mem dict)]
+    samples = Record()  # every process's memory per epoch (compact: the trainer is measured)
     try:
         run(args, datahelix, memsoak_data, procs, servers, loaders, tracked, samples, failures,
             work, video_dir, bad_clip, ep_video, ep_py, t0)
     except Exception as e:  # a hang or an error: recorded with what was measured so far
-        failures.append(f"after epoch {len(samples.get('trainer', []))}: "
+        failures.append(f"after epoch {samples.epochs('trainer')}: "
                         f"{type(e).__name__}: {e}")
     finally:
         for dl in loaders:
@@ -345,6 +378,7 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill9()
                 failures.append(f"{p.name}: did not stop on SIGTERM")
+    samples = samples.rows()  # name -> [(epoch, mem dict)]
     epoch = max((e for rows in samples.values() for e, _ in rows), default=0)
     left = [n for n, pid in tracked.items() if n != "trainer" and memory(pid) is not None]
     if left:

@@ -39,3 +39,38 @@ def test_memory_of_every_process_stays_flat_over_epochs(tmp_path):
     assert len(report["growth"]) == 9, report["growth"]
     assert report["epochs"] >= 8, report
     print(r.stdout[-6000:])
+
+
+def test_memsoak_record_of_the_trainer_costs_little_per_epoch():
+    """The trainer measures itself, so what memsoak.py keeps of the run adds to the trainer's
+    RSS: kept as a list of (epoch, dict) pairs it cost ~390 bytes per process and epoch
+    (~3.5 KiB an epoch for 9 processes), the whole 'linear growth' of the trainer in the
+    first 30-minute run (docs/operations.md, "Memory over time"). The Record keeps 20."""
+    import tracemalloc
+    sys.path.insert(0, HERE)
+    import memsoak
+    rec = memsoak.Record()
+    names = [f"p{i}" for i in range(9)]
+
+    def epoch(e):
+        for k, name in enumerate(names):  # values as /proc gives them: ints above the cache
+            rec.add(name, e, {"rss": 250000 + e + k, "anon": 150000 + e, "shmem": 30000 + e,
+                              "pss": None if k == 8 else 180000 + e})
+
+    for e in range(1, 101):
+        epoch(e)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for e in range(101, 2101):
+            epoch(e)
+        grew = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    per = grew / (2000 * len(names))
+    assert per <= 32, f"{per:.0f} bytes per process and epoch"
+    rows = rec.rows()
+    assert rec.epochs("p0") == 2100 and len(rows["p0"]) == 2100
+    assert rows["p3"][9] == (10, {"rss": 250013, "pss": 180010, "anon": 150010,
+                                  "shmem": 30010})
+    assert rows["p8"][-1][1]["pss"] is None
