@@ -175,10 +175,10 @@ MUTANTS = [
      "if (dh__client_rb_member_of(m, new_rank[i]) < 0) {",
      "if (dh__client_rb_member_of(m, new_rank[i]) < -1) {",
      r"^runtime\.test_rebalance\.rebalance_policy_error"),
-    ("rb-round-ready-ignores-seq", "src/runtime/client_rebalance.c",
-     "if (!p->ready || p->seq != b * parts + k)",
-     "if (!p->ready)",
-     r"^runtime\.test_rebalance\.rebalance_(user_policy_is|default_policy)"),
+    ("rb-offer-without-tokens", "src/runtime/client_rebalance.c",
+     "w->tokens += (double)p->samples[i].tokens;",
+     "w->tokens += 0 * (double)p->samples[i].tokens;",
+     r"^runtime\.test_rebalance\.rebalance_gate_keeps"),
     ("rb-incoming-takes-own-part", "src/runtime/client_rebalance_move.c",
      "!(new_rank[next_in] == me && m->parts[next_in].rank != me))",
      "!(new_rank[next_in] == me))",
@@ -257,15 +257,15 @@ MUTANTS = [
     ("budget-lone-task-waits", "src/runtime/dataserver_output_budget.c",
      "while (g_reserved > 0 && g_reserved + bytes > budget && !atomic_load(stop)) {",
      "while (g_reserved + bytes > budget && !atomic_load(stop)) {",
-     r"^runtime\.test_dataserver_output_budget\."),
+     r"^runtime\.test_dataserver_output_budget\.one_task_alone"),
     ("budget-release-never-frees", "src/runtime/dataserver_output_budget.c",
      "if (!c || atomic_fetch_sub(&c->refs, 1) != 1)",
      "if (!c || atomic_fetch_sub(&c->refs, 1) != 0)",
      r"^runtime\.test_dataserver_output_budget\."),
     # ---- the fault and clean-up paths (slabs given back on an error) ----
-    ("fetch-refused-tensor-keeps-slab", "src/runtime/client_fetch.c",
-     "if (a && !(p.arena && p.arena != a))",
-     "if (0 && a && !(p.arena && p.arena != a))",
+    ("fetch-bad-handle-keeps-later-slabs", "src/runtime/client_fetch.c",
+     "\"unknown arena\");\n                drop_deliver_from(c, m, i + 1);",
+     "\"unknown arena\");\n                drop_deliver_from(c, m, i + 2);",
      r"^runtime\.test_client_fetch\.deliver_failing_at_each"),
     ("fetch-oom-keeps-later-slabs", "src/runtime/client_fetch.c",
      "drop_deliver_from(c, m, i + 1); /* the slabs of the tensors not reached */",
@@ -295,19 +295,19 @@ MUTANTS = [
     ("liveness-limit-uncapped", "src/runtime/coordinator_liveness.c",
      "s->limit_ms = (uint32_t)(want < cap ? want : cap);",
      "s->limit_ms = (uint32_t)want;",
-     r"^runtime\.test_coordinator_liveness\.limit_follows"),
+     r"^runtime\.test_coordinator_liveness\.limit_(follows|rules)"),
     ("liveness-long-gaps-learned", "src/runtime/coordinator_liveness.c",
      "if (gap_ms > limit_of(c, s))",
      "if (gap_ms > 1000 * limit_of(c, s))",
-     r"^runtime\.test_coordinator_liveness\.limit_follows"),
+     r"^runtime\.test_coordinator_liveness\.limit_(follows|rules)"),
     ("liveness-in-process-timed-out", "src/runtime/coordinator_liveness.c",
      "if (s->pid == (uint32_t)getpid() && dh__inprocess_has(s->name))",
      "if (0 && s->pid == (uint32_t)getpid() && dh__inprocess_has(s->name))",
      r"^runtime\.test_coordinator_liveness\.in_process"),
     # ---- src/runtime/stats_table.c (the metrics table) ----
-    ("stats-u64-read-as-double", "src/runtime/stats_table.c",
+    ("stats-counter-read-as-double", "src/runtime/stats_table.c",
      "if (t[i].kind == DH_STAT_COUNTER || t[i].kind == DH_STAT_U64) {",
-     "if (t[i].kind == DH_STAT_COUNTER) {",
+     "if (t[i].kind == DH_STAT_U64) {",
      r"^runtime\.test_metrics\.daemons_serve"),
     ("stats-labelled-series-own-family", "src/runtime/stats_table.c",
      "if (i > 0 && t[i - 1].metric && strcmp(t[i - 1].metric, t[i].metric) == 0) {",
@@ -522,20 +522,25 @@ def main():
     print("mutate.py: scratch copy %s (the working tree is never edited)" % scratch, flush=True)
     sync_tree(repo, src)
     setup_log = os.path.join(logs, "setup.log")
-    # With the project's .venv the Python package is built too (once, in the baseline): the
-    # Python worker's tests (test_dataserver_pyworker) start a real worker process from it,
-    # and skip (pass) without it. Without a .venv: DH_PYTHON=OFF, and those tests skip.
+    # The fault-injection sites are compiled in (DH_ENABLE_FAULTS, as in `make test-asan`):
+    # the tests of the clean-up paths arm them, and skip (pass) without them. With the
+    # project's .venv the Python package is built too (once, in the baseline): the Python
+    # worker's test (test_dataserver_pyworker) starts a real worker process from it, and
+    # skips without it (no .venv: DH_PYTHON=OFF).
     venv_py = os.path.join(repo, ".venv", "bin", "python")
-    python = (["-DDH_PYTHON=ON", "-DPython3_EXECUTABLE=" + venv_py] if os.path.exists(venv_py)
-              else ["-DDH_PYTHON=OFF"])
+    flags = {"DH_ENABLE_FAULTS": "ON", "DH_PYTHON": "ON" if os.path.exists(venv_py) else "OFF"}
     cache = os.path.join(build, "CMakeCache.txt")
     configured = os.path.exists(cache)
     if configured:
         with open(cache) as fh:
-            configured = ("DH_PYTHON:BOOL=" + python[0].split("=")[1]) in fh.read()
+            text = fh.read()
+        configured = all("%s:BOOL=%s" % kv in text for kv in flags.items())
     if not configured:
         rc, _ = sh([cmake, "-S", src, "-B", build, "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo"] + python, log=setup_log)
+                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo"]
+                   + ["-D%s=%s" % kv for kv in flags.items()]
+                   + (["-DPython3_EXECUTABLE=" + venv_py] if flags["DH_PYTHON"] == "ON" else []),
+                   log=setup_log)
         if rc:
             print("mutate.py: configure failed; see %s" % setup_log, file=sys.stderr)
             return 2
