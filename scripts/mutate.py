@@ -18,9 +18,8 @@ It prints a table and the kill rate, killed / (killed + survived), and exits 1 w
 rate is under --min-kill-rate (default 0.9), 2 on a usage or set-up error (a mutant whose
 file is gone or whose original text is not found exactly once, named; the unmutated tests
 failing). `make mutate` runs
-it; it is not part of `make test` (13.5 min for 83 mutants on 2 cores, 3 of them a rebuild of
-build-mutate/, the first run's a full build; budget-lone-task-waits alone waits out the
-180 s time-out). docs/testing.md has the latest table.
+it; it is not part of `make test` (10 min for 83 mutants on 2 cores with build-mutate/ built,
+the first run also builds it; budget-lone-task-waits alone waits out the 180 s time-out). docs/testing.md has the latest table.
 
     scripts/mutate.py                 every mutant
     scripts/mutate.py --list          the mutants, their lines and tests
