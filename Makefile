@@ -163,8 +163,8 @@ soak-memory: build $(VENV_PY)
 
 # The mutation check (docs/testing.md): single-line mutants of src/, each built and tested
 # in a scratch copy (build-mutate/; the working tree is never edited); fails under the
-# minimum kill rate. Not part of `make test`: 2-3 minutes on 2 cores once build-mutate/
-# is built (the first run builds it: a full build).
+# minimum kill rate. Not part of `make test`: about 10 minutes on 2 cores once build-mutate/
+# is built (the first run builds it: a full build, fault sites on).
 # MUTATE_ARGS="--only NAME" for one mutant, "--list" to see them.
 MUTATE_ARGS ?=
 mutate:

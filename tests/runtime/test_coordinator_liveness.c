@@ -18,6 +18,7 @@
 #include "datahelix/error.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "runtime/coordinator_internal.h"
 
 #define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}"
 
@@ -238,12 +239,56 @@ static void limit_rises_from_the_first_gaps(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The limit's rules on one server's record, with no sockets and no clock (the heard times
+ * are given): a gap longer than the limit at the time (a stop the server came back from) is
+ * not learned; the limit rises at once to 4 x a gap, and follows the p99 of the gaps once 32
+ * were seen; either way it is capped at 10 x dead_after_ms. */
+static void limit_rules_on_a_record(void **state)
+{
+    (void)state;
+    dh_coordinator_t *c = calloc(1, sizeof *c);
+    server_t *s = calloc(1, sizeof *s);
+    assert_non_null(c);
+    assert_non_null(s);
+    c->cfg.dead_after_ms = 100; /* cap: 1000 ms */
+    s->alive = true;
+    uint64_t now = 1000000000ull;
+    s->last_seen_ns = now;
+#define HEARD(gap_ms)                                                                              \
+    do {                                                                                           \
+        now += (uint64_t)(gap_ms)*1000000ull;                                                      \
+        dh__coord_liveness_heard(c, s, now);                                                       \
+        s->last_seen_ns = now;                                                                     \
+    } while (0)
+    HEARD(60);
+    assert_int_equal(s->n_gaps, 1);
+    assert_int_equal(s->limit_ms, 240);
+    HEARD(5000); /* past the 240 ms limit: a stop, not learned */
+    assert_int_equal(s->n_gaps, 1);
+    assert_int_equal(s->limit_ms, 240);
+    HEARD(200);
+    assert_int_equal(s->limit_ms, 800);
+    for (int i = 0; i < 28; i++) {
+        HEARD(400); /* 4 x 400 = 1600: capped */
+        assert_int_equal(s->limit_ms, 1000);
+    }
+    assert_int_equal(s->n_gaps, 30);
+    HEARD(400);
+    HEARD(400); /* the 32nd gap: the limit follows the p99 (400 ms), 4 x that capped */
+    assert_int_equal(s->n_gaps, 32);
+    assert_int_equal(s->limit_ms, 1000);
+#undef HEARD
+    free(s);
+    free(c);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(in_process_server_survives_a_saturated_cpu),
         cmocka_unit_test(limit_follows_the_gaps_and_silence_is_still_death),
         cmocka_unit_test(limit_rises_from_the_first_gaps),
+        cmocka_unit_test(limit_rules_on_a_record),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

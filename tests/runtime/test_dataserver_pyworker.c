@@ -1,6 +1,8 @@
 /* Tests of the python pipeline's worker process driver (dataserver_pyworker.c) through
  * dh__rt_execute, with a real worker process (the build's datahelix package,
- * tests/python/pydatasets.py): a __getitem__ that never returns, past sample_timeout. The loader's
+ * tests/python/pydatasets.py): a __getitem__ that never returns, past sample_timeout; the
+ * numbered fault sites of the worker's start, send and receive; and the checks of the worker
+ * process's messages (dh__py_msg_parse, dh__py_take_alloc), with no process. The loader's
  * end to end tests are in tests/python/test_python_dataset.py. */
 #include <errno.h>
 #include <libgen.h>
@@ -13,10 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "dh_test.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
 #include "datahelix/fault.h"
+#include "runtime/dataserver_pyworker.h"
 #include "runtime/rt.h"
 
 static int heap_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
@@ -221,10 +226,99 @@ static void pyworker_recv_failure_restarts_the_process(void **state)
     sweep_worker_channel(DH_FAULT_PY_RECV);
 }
 
+/* ---- the process's messages, parsed with no process ---- */
+
+static int parse(const char *text, json_t **msg)
+{
+    return dh__py_msg_parse(text, strlen(text), 7, 1234, msg);
+}
+
+/* An alloc message for n samples (a result with n entries), through parse and take_alloc. */
+static int take_alloc(const char *text, uint32_t n, dh__rt_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->n_samples = n;
+    r->samples = dh_calloc(n ? n : 1, sizeof *r->samples);
+    r->sample_cpu_s = dh_calloc(n ? n : 1, sizeof *r->sample_cpu_s);
+    assert_non_null(r->samples);
+    assert_non_null(r->sample_cpu_s);
+    json_t *msg = NULL;
+    assert_int_equal(parse(text, &msg), 0);
+    int rc = dh__py_take_alloc(msg, 7, r);
+    json_decref(msg);
+    return rc;
+}
+
+#define TWO_SAMPLES "\"samples\":[{\"tokens\":3},{\"error\":\"bad\"}]"
+#define TENSOR(shape) "\"tensors\":[{\"name\":\"x\",\"dtype\":\"uint8\",\"shape\":" shape "}]"
+
+/* dh__py_msg_parse takes a JSON object with a string "op" and nothing else; take_alloc
+ * takes exactly n_samples results, at most DH_TENSOR_MAX_DIMS dimensions and at most 2^40
+ * bytes an array (the messages a broken or hostile worker process could send). */
+static void pyworker_messages_are_checked(void **state)
+{
+    (void)state;
+    json_t *msg = NULL;
+    static const char *const bad[] = {
+        "", "not json", "[\"op\"]", "{\"op\":1}", "{\"what\":\"alloc\"}", "{\"op\":null}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msg = (json_t *)1;
+        assert_int_equal(parse(bad[i], &msg), DH_EPARSE);
+        assert_null(msg);
+        assert_non_null(strstr(dh_last_error(), "Python worker 7 (pid 1234): malformed"));
+    }
+    assert_int_equal(parse("{\"op\":\"done\"}", &msg), 0);
+    assert_string_equal(json_string_value(json_object_get(msg, "op")), "done");
+    json_decref(msg);
+
+    dh__rt_result_t r;
+    long live = dh_alloc_live();
+    assert_int_equal(take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[2,3]") "}", 2, &r),
+                     0);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.samples[0].tokens, 3);
+    assert_int_equal(r.samples[1].status, DH_EDATASET);
+    assert_string_equal(r.samples[1].error, "bad");
+    assert_int_equal(r.n_tensors, 1);
+    assert_int_equal(r.tensors[0].tensor.ndim, 2);
+    assert_int_equal(r.tensors[0].tensor.nbytes, 6);
+    dh__rt_result_clear(&r);
+    /* one sample result too few, or too many */
+    assert_int_equal(take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1]") "}", 3, &r),
+                     DH_EPARSE);
+    dh__rt_result_clear(&r);
+    assert_int_equal(take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1]") "}", 1, &r),
+                     DH_EPARSE);
+    dh__rt_result_clear(&r);
+    /* DH_TENSOR_MAX_DIMS (6) dimensions, and one more */
+    assert_int_equal(
+        take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1,1,1,1,1,2]") "}", 2, &r), 0);
+    assert_int_equal(r.tensors[0].tensor.ndim, 6);
+    dh__rt_result_clear(&r);
+    assert_int_equal(
+        take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1,1,1,1,1,1,2]") "}", 2, &r),
+        DH_EDATASET);
+    dh__rt_result_clear(&r);
+    /* 2^40 bytes pass the parse (no buffer yet), 2^41 do not; nor does a negative size */
+    assert_int_equal(
+        take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1048576,1048576]") "}", 2, &r), 0);
+    dh__rt_result_clear(&r);
+    assert_int_equal(
+        take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[1048576,2097152]") "}", 2, &r),
+        DH_EDATASET);
+    assert_non_null(strstr(dh_last_error(), "is over"));
+    dh__rt_result_clear(&r);
+    assert_int_equal(take_alloc("{\"op\":\"alloc\"," TWO_SAMPLES "," TENSOR("[-1]") "}", 2, &r),
+                     DH_EDATASET);
+    dh__rt_result_clear(&r);
+    assert_int_equal(dh_alloc_live(), live);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(pyworker_a_hanging_sample_fails_and_the_worker_goes_on),
     cmocka_unit_test(pyworker_spawn_failure_fails_the_task_cleanly),
     cmocka_unit_test(pyworker_send_failure_restarts_the_process),
     cmocka_unit_test(pyworker_recv_failure_restarts_the_process),
+    cmocka_unit_test(pyworker_messages_are_checked),
 };
 DH_TEST_MAIN(tests)

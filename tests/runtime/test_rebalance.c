@@ -576,6 +576,14 @@ static int all_to_first(void *user, const dh_rebalance_round_t *round, uint32_t 
     return 0;
 }
 
+/* A policy that gives the first part to a rank that is not in the group. */
+static int one_to_a_stranger(void *user, const dh_rebalance_round_t *round, uint32_t *new_rank)
+{
+    for (size_t i = 0; i < round->n_parts; i++)
+        new_rank[i] = i ? round->parts[i].rank : 99;
+    return 0;
+}
+
 /* A round holds its batches materialized at once, so it has no more steps than the rank's
  * share of the arena holds batches of the largest samples. Here the clients are told that
  * a profile byte stands for `scale` decoded bytes, chosen so that a batch of the largest
@@ -637,22 +645,30 @@ static void rebalance_rounds_fit_the_ranks_share_of_the_arena(void **state)
 
 static void rebalance_policy_error_names_the_round_and_keeps(void **state)
 {
-    world_t *w = calloc(1, sizeof *w);
-    dh_client_config_t d;
-    dh_client_config_default(&d);
-    dh_rebalance_config_t rb = d.rebalance;
-    rb.enabled = 1;
-    rb.sort_fn = all_to_first;
-    world_start(w, 1, &rb);
-    world_run(w);
-    for (uint32_t r = 0; r < RANKS; r++) {
-        assert_int_equal(w->errors[r], STEPS / 4); /* rounds of 4 steps (buffer 16) */
-        assert_non_null(strstr(w->error_msg[r], "rebalance round 0"));
-        assert_non_null(strstr(w->error_msg[r], "kept"));
+    /* each rule its own message: a rank's part count changed, a part to a rank not in the
+     * group (whose counts then change as well: the first check must name it) */
+    const dh_rebalance_sort_fn policies[] = {all_to_first, one_to_a_stranger};
+    const char *const says[] = {"parts move in exchange", "is given to rank 99, not in the group"};
+    for (size_t i = 0; i < 2; i++) {
+        world_t *w = calloc(1, sizeof *w);
+        dh_client_config_t d;
+        dh_client_config_default(&d);
+        dh_rebalance_config_t rb = d.rebalance;
+        rb.enabled = 1;
+        rb.sort_fn = policies[i];
+        world_start(w, 1, &rb);
+        world_run(w);
+        for (uint32_t r = 0; r < RANKS; r++) {
+            assert_int_equal(w->errors[r], STEPS / 4); /* rounds of 4 steps (buffer 16) */
+            assert_non_null(strstr(w->error_msg[r], "rebalance round 0"));
+            assert_non_null(strstr(w->error_msg[r], "kept"));
+            if (!strstr(w->error_msg[r], says[i]))
+                fail_msg("policy %zu: '%s' does not say '%s'", i, w->error_msg[r], says[i]);
+        }
+        assert_int_equal(check_ledger(w), 0);
+        world_stop(w);
+        free(w);
     }
-    assert_int_equal(check_ledger(w), 0);
-    world_stop(w);
-    free(w);
 }
 
 /* Packing in one-sample slots (fanout = ranks x batch): a sample may move to another rank's

@@ -100,6 +100,15 @@ static void keys_load_names_what_is_wrong(void **state)
     dh_test_write_file(path, "not a key\n");
     assert_int_equal(dh_wire_keys_load(&k, dir, "rank"), DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "bad.pub"));
+    /* nor is one of 45 Z85 characters (it would decode to 36 bytes), nor one of 39 */
+    char text[64];
+    snprintf(text, sizeof text, "%.45s\n", "000000000000000000000000000000000000000000000000");
+    dh_test_write_file(path, text);
+    assert_int_equal(dh_wire_keys_load(&k, dir, "rank"), DH_EPARSE);
+    snprintf(text, sizeof text, "%.39s\n", "000000000000000000000000000000000000000000000000");
+    dh_test_write_file(path, text);
+    assert_int_equal(dh_wire_keys_load(&k, dir, "rank"), DH_EPARSE);
+    assert_null(k);
     unlink(path);
     /* no server key */
     snprintf(path, sizeof path, "%s/server.pub", dir);
