@@ -160,11 +160,15 @@ def test_passes_give_back_what_they_take(datahelix, dataset):
     descriptors are back where they were before it. (The cluster's threads are of this
     process too: the coordinator forgets a client at its GOODBYE, hence the wait.)"""
     src, _ = dataset
+    # With the sanitizer runtime preloaded (make test-asan) its allocator maps and unmaps
+    # regions of its own as it goes (2017 maps before a pass, 1976 after, in one CI run):
+    # mappings are compared in a plain build only; the rest everywhere.
+    sanitized = "libasan" in os.environ.get("LD_PRELOAD", "")
 
     def state():
         return {"alloc_live": datahelix._C.alloc_live(),
                 "threads": len(os.listdir("/proc/self/task")),
-                "maps": sum(1 for _ in open("/proc/self/maps")),
+                "maps": 0 if sanitized else sum(1 for _ in open("/proc/self/maps")),
                 "fds": len(os.listdir("/proc/self/fd"))}
 
     with datahelix.start_cluster(src, workers=1, arena_bytes=64 << 20) as cluster:
