@@ -15,6 +15,7 @@
 
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "bench/progress.h"
 #include "bench/rebalance_bench.h"
 
 #define CHANNELS 3
@@ -35,9 +36,9 @@ uint64_t dh__rebalance_clip_bytes(const dh_rebalance_bench_options_t *opt);
 uint64_t dh__rebalance_arena_bytes(const dh_rebalance_bench_options_t *opt);
 /* Sets rc's message to "<context>: <the current message>"; returns rc. */
 int dh__rebalance_with_context(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* A progress line to opt->progress, when set. */
-void dh__rebalance_progress(const dh_rebalance_bench_options_t *opt, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+/* A progress line to opt->progress, when set (bench/progress.h). */
+#define dh__rebalance_progress(opt, ...)                                                           \
+    dh__bench_progress((opt)->progress, (opt)->ctx, __VA_ARGS__)
 /* A clip's stamp, how it is written into its bytes, and whether its bytes carry it. */
 uint64_t dh__rebalance_clip_tag(uint64_t seed, uint32_t clip);
 void dh__rebalance_clip_fill(uint8_t *p, size_t len, uint64_t tag);

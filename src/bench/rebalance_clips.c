@@ -1,6 +1,6 @@
 /* rebalance_clips.c: the clips rebalance-bench moves: their size and their arena's,
  * their stamped bytes, their tensors and names; with the few helpers every part of it uses
- * (exact reads and writes on a socket, an error's context, a progress line). No state.
+ * (exact reads and writes on a socket, an error's context). No state.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -155,16 +155,4 @@ int dh__rebalance_send_exact(int fd, const void *buf, size_t len)
         len -= (size_t)n;
     }
     return 0;
-}
-
-void dh__rebalance_progress(const dh_rebalance_bench_options_t *opt, const char *fmt, ...)
-{
-    if (!opt->progress)
-        return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    opt->progress(line, opt->ctx);
 }

@@ -26,6 +26,7 @@
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
 #include "datahelix/stats.h"
+#include "bench/progress.h"
 #include "bench/train_bench.h"
 #include "bench/train_cluster.h"
 #include "bench/train_prefetch.h"
@@ -84,19 +85,8 @@ static int server_index(run_t *run, const char *name)
     return found;
 }
 
-static void progress(const dh_bench_options_t *opt, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void progress(const dh_bench_options_t *opt, const char *fmt, ...)
-{
-    if (!opt->progress)
-        return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    opt->progress(line, opt->ctx);
-}
+/* A progress line to the caller's callback (bench/progress.h). */
+#define progress(opt, ...) dh__bench_progress((opt)->progress, (opt)->ctx, __VA_ARGS__)
 
 static void *rank_main(void *arg)
 {
