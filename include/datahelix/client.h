@@ -189,6 +189,11 @@ typedef struct dh_client_config {
                                * steps-per-epoch + first_step and delivers what was left of
                                * its epochs / max_steps, the batches an uninterrupted run
                                * would have (docs/python.md, "Resume") */
+    uint64_t first_sample;    /* elastic resume (0): epoch first_epoch is cut into steps from
+                               * this sample of its order (0..n) instead of its first, its
+                               * step k the window [first_sample + k x ranks x batch, ...);
+                               * first_step counts its steps, and plan windows start there
+                               * (dh_sampler_set_start; docs/python.md, "Elastic resume") */
     dh_plan_algo_t plan_algo; /* tier-1 algorithm (DH_PLAN_ALGO_DEFAULT) */
     /* Tier-1 planning of each step's window of ranks x batch rows (plan.h):
      * DH_SHARE_TOKEN_BALANCED (1): exactly `batch` rows per rank, by tokens (default);
@@ -254,7 +259,8 @@ DH_EXTERN void dh_client_config_default(dh_client_config_t *cfg);
 
 typedef struct dh_client_batch {
     uint64_t index; /* batch number of this client, from 0 */
-    uint64_t step;  /* global step (index + first_epoch x steps per epoch) */
+    uint64_t step;  /* global step (index + first_epoch x steps per epoch + first_step;
+                     * dh_sampler_epoch_first_step when first_sample cuts an epoch) */
     uint32_t epoch;
     /* The batch's tensors (tensor.h: element strides): "frames" and "mask" (video), "sizes"
      * and "payload" (synthetic). `data` points into the local DataServer's shared-memory

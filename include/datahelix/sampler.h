@@ -9,6 +9,12 @@
  * holds the epoch's tail of t = n mod per_step ids padded to ceil(t / ranks) x ranks ids with
  * the epoch's first ids (the pads, fewer than ranks, at the end of the step), so every rank
  * gets as many; every id of the epoch appears once, and the pads a second time.
+ *
+ * An elastic resume (dh_sampler_set_start) cuts one epoch from a sample offset P instead:
+ * its step k is the ids [P + k x per_step, P + (k+1) x per_step) of its permutation (the
+ * windows an uninterrupted run with this per_step would have from P), its tail what is left
+ * after the last of them, under the same drop_last rule; the ids before P are in none of its
+ * steps. The epochs after it are cut as usual, their global steps following its own.
  */
 #ifndef DATAHELIX_SAMPLER_H
 #define DATAHELIX_SAMPLER_H
@@ -36,8 +42,27 @@ DH_EXTERN void dh_sampler_destroy(dh_sampler_t **sampler);
  * is 0). */
 DH_EXTERN int dh_sampler_set_drop_last(dh_sampler_t *sampler, int drop_last, uint32_t ranks);
 
-/* Steps in one epoch (floor(n / per_step); ceil without drop_last). */
+/* Cuts epoch `epoch` from sample `first_sample` (0..n) of its order (see above): it then has
+ * floor((n - first_sample) / per_step) steps (ceil without drop_last; 0 when nothing fills
+ * one), and epoch e > `epoch` starts at global step e x steps_per_epoch - steps_per_epoch +
+ * that. 0 undoes it. One epoch at a time (a new call replaces the last); call before the
+ * first step. Returns 0, or DH_EINVAL for first_sample > n or an epoch too far to number
+ * its steps. */
+DH_EXTERN int dh_sampler_set_start(dh_sampler_t *sampler, uint64_t epoch, size_t first_sample);
+
+/* Steps in one epoch (floor(n / per_step); ceil without drop_last): every epoch's but one
+ * cut by dh_sampler_set_start. */
 DH_EXTERN size_t dh_sampler_steps_per_epoch(const dh_sampler_t *sampler);
+
+/* Steps in epoch `epoch` (dh_sampler_steps_per_epoch, or its own when cut from a sample). */
+DH_EXTERN size_t dh_sampler_epoch_steps(const dh_sampler_t *sampler, uint64_t epoch);
+
+/* The global step of epoch `epoch`'s first step (epoch x steps_per_epoch, moved by a cut
+ * epoch before it). */
+DH_EXTERN uint64_t dh_sampler_epoch_first_step(const dh_sampler_t *sampler, uint64_t epoch);
+
+/* The epoch of global step `step`, and (index not NULL) its index in that epoch. */
+DH_EXTERN uint64_t dh_sampler_step_epoch(const dh_sampler_t *sampler, uint64_t step, size_t *index);
 
 /* The ids of global step `step`: per_step, except an epoch's padded tail step (drop_last 0,
  * n not a multiple of per_step): a multiple of ranks, less than per_step. */
@@ -47,7 +72,8 @@ DH_EXTERN size_t dh_sampler_step_size(const dh_sampler_t *sampler, uint64_t step
 DH_EXTERN size_t dh_sampler_step_pads(const dh_sampler_t *sampler, uint64_t step);
 
 /* Writes the dh_sampler_step_size ids (at most per_step) of global step `step` (counted from
- * epoch 0; epoch = step / steps_per_epoch) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
+ * epoch 0; its epoch dh_sampler_step_epoch, step / steps_per_epoch when no epoch is cut
+ * from a sample) into ids. Returns 0 or DH_ENOMEM (building a new epoch's
  * permutation; the current implementation allocates its buffer in dh_sampler_new, so it
  * always returns 0). Not const: caches the current epoch's permutation, rebuilt in O(n) when
  * the epoch changes (so steps are best asked in order). One thread at a time. */

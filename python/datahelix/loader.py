@@ -347,6 +347,8 @@ class DataLoader:
         #                        first pass); else it is the one after the last pass's
         self._passes = 0
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
+        self._resume_sample = 0  # and the sample its epoch is cut from (an elastic resume)
+        self._pass_sample = 0  # the sample the current (or last) pass's epoch was cut from
         self._keep: Optional[str] = None  # what the last elastic resume kept fixed
         self._yielded = 0      # batches of the current pass yielded (or raised) so far
         self._pass_first = 0   # the pass's first batch (its resume step)
@@ -371,7 +373,7 @@ class DataLoader:
         self._client = _C.Client(self.profiles, self.rank, self.world_size, self.batch_size,
                                  epochs=self.epochs, first_epoch=epoch,
                                  max_steps=self.max_steps, first_step=self._resume_step,
-                                 **kwargs)
+                                 first_sample=self._resume_sample, **kwargs)
         self._client_epoch = epoch
         self._len = int(self._client.stats()["steps_total"]) + self._resume_step
         return self._client
@@ -444,7 +446,7 @@ class DataLoader:
             raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
-            self._resume_step = 0
+            self._resume_step = self._resume_sample = self._pass_sample = 0
             self._yielded = 0
         self._pinned = True
 
@@ -459,7 +461,7 @@ class DataLoader:
     def __iter__(self) -> "_Pass":
         if not self._pinned and self._passes:
             self._epoch += max(1, self.epochs)  # a new pass is the next epoch's
-            self._resume_step = 0
+            self._resume_step = self._resume_sample = 0
         self._pinned = False
         self._passes += 1
         client = self._open(self._epoch)
@@ -467,7 +469,8 @@ class DataLoader:
         self._client_epoch = -1
         self._yielded = self._resume_step
         self._pass_first = self._resume_step
-        self._resume_step = 0
+        self._pass_sample = self._resume_sample
+        self._resume_step = self._resume_sample = 0
         return _Pass(self, client)
 
     # -- resume ---------------------------------------------------------------------------
@@ -485,7 +488,8 @@ class DataLoader:
         the same settings makes the next pass yield exactly the batches that were left, in
         the order an uninterrupted run would have; on a loader of another world size it
         resumes elastically (docs/python.md, "Elastic resume"). ``position`` is where the
-        next step's window starts in the pass's order (``step x world_size x batch_size``),
+        next step's window starts in the epoch's order (``step x world_size x batch_size``,
+        plus the sample the pass was cut from after an elastic resume inside a step),
         ``keep`` what the last elastic resume kept fixed (None: none happened). A plain dict
         of ints, str, bool and None: it goes in a ``torch.save`` or a
         ``torch.distributed.checkpoint`` state as it is."""
@@ -494,7 +498,7 @@ class DataLoader:
                                  "step": step}
         for key in self._STATE_KEYS:
             state[key] = getattr(self, key)
-        state["position"] = step * self.world_size * self.batch_size
+        state["position"] = self._pass_sample + step * self.world_size * self.batch_size
         state["keep"] = self._keep
         return state
 
@@ -508,13 +512,14 @@ class DataLoader:
         a rank given twice or outside the states' world size."""
         return _resume.merge_states(states)
 
-    def _elastic_step(self, state: Dict[str, Any], step: int, keep: Optional[str]) -> int:
-        """The step at which this loader resumes a state of another world size
-        (resume.elastic_step). Sets self._keep."""
-        step2, self._keep = _resume.elastic_step(
+    def _elastic_step(self, state: Dict[str, Any], step: int,
+                      keep: Optional[str]) -> Tuple[int, int]:
+        """The step, and the sample the pass is cut from, at which this loader resumes a
+        state of another world size (resume.elastic_step). Sets self._keep."""
+        step2, first, self._keep = _resume.elastic_step(
             state, step, keep, world_size=self.world_size, batch_size=self.batch_size,
             epochs=self.epochs, max_steps=self.max_steps, plan_window=self.plan_window)
-        return step2
+        return step2, first
 
     def load_state_dict(self, state: Dict[str, Any], keep: Optional[str] = None) -> None:
         """Resumes from ``state_dict()`` (one rank's, or ``merge_states`` of several): the
@@ -541,18 +546,17 @@ class DataLoader:
                 raise InvalidArgumentError(
                     f"state_dict: {key} was {state[key]!r}, this loader has "
                     f"{getattr(self, key)!r}: the order would differ")
-        step = int(state.get("step", 0))
-        if step < 0:
-            raise InvalidArgumentError(f"state_dict: step {step} < 0")
+        step, first = _resume.resume_point(state)
         if elastic:
             if "batch_size" not in state:
                 raise InvalidArgumentError("state_dict: no batch_size, cannot resume at "
                                            "another world size")
-            step = self._elastic_step(state, step, keep)
+            step, first = self._elastic_step(state, step, keep)
         else:
             self._keep = state.get("keep")
         self.set_epoch(int(state.get("epoch", 0)))
         self._resume_step = step
+        self._resume_sample = self._pass_sample = first
         self._yielded = 0
         self._pinned = True
 

@@ -1,10 +1,10 @@
 """Resume across world sizes (docs/python.md, "Elastic resume"): merging the ranks' states
-and the step at which a loader of another world size or batch resumes a saved one. Pure
+and the step (and sample) at which a loader of another world size or batch resumes a saved
+one. Pure
 functions of the states and the loader's settings; ``DataLoader.merge_states`` and
 ``DataLoader.load_state_dict`` call them."""
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._C import InvalidArgumentError
@@ -50,15 +50,37 @@ def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return merged
 
 
+def resume_point(state: Dict[str, Any]) -> Tuple[int, int]:
+    """The saved step and the sample its pass was cut from (``position - step x world_size x
+    batch_size``: 0 but after an elastic resume from inside a step, docs/python.md)."""
+    step = int(state.get("step", 0))
+    if step < 0:
+        raise InvalidArgumentError(f"state_dict: step {step} < 0")
+    g = int(state.get("world_size", 1)) * int(state.get("batch_size", 1))
+    position = int(state.get("position", step * g))
+    first = position - step * g
+    if first < 0:
+        raise InvalidArgumentError(
+            f"state_dict: position {position} is before step {step}'s window (step x "
+            f"world_size x batch_size = {step * g}): not a DataLoader state_dict")
+    return step, first
+
+
 def elastic_step(state: Dict[str, Any], step: int, keep: Optional[str], *, world_size: int,
                  batch_size: int, epochs: int, max_steps: int,
-                 plan_window: int) -> Tuple[int, str]:
-    """The step at which a loader (world size W2, batch B2) resumes a state saved at world
-    size W1, batch B1, step k: the same position k x W1 x B1 of the order, at W2 x B2
-    samples a step; and what the resume keeps ("global_batch" or "rank_batch")."""
+                 plan_window: int) -> Tuple[int, int, str]:
+    """Where a loader (world size W2, batch B2) resumes a state saved at world size W1,
+    batch B1, step k of a pass cut from sample F (0 but after an elastic resume from inside
+    a step): the same position P = F + k x W1 x B1 of the order, at W2 x B2 samples a step.
+    Returns (step, first sample, keep): the step of a pass cut from that sample (the
+    client's first_step and first_sample), and what the resume keeps ("global_batch" or
+    "rank_batch"). From a step boundary of the new global batch the pass is the epoch's own
+    (first sample 0); else it is cut from P, its plan windows counted from there."""
     w1, b1 = int(state["world_size"]), int(state["batch_size"])
     w2, b2 = world_size, batch_size
     g1 = w1 * b1
+    _, first1 = resume_point(dict(state, step=step))
+    pos = first1 + step * g1
     if keep is None:  # what the new loader's batch_size keeps (both only when w1 == w2)
         keep = "rank_batch" if b2 == b1 else "global_batch" if w2 * b2 == g1 else None
         if keep is None:
@@ -72,6 +94,13 @@ def elastic_step(state: Dict[str, Any], step: int, keep: Optional[str], *, world
     elif keep not in KEEP:
         raise InvalidArgumentError(f"keep must be one of {list(KEEP)} or None, "
                                    f"not {keep!r}")
+    pw = plan_window
+    if pw > 1 and step % pw:
+        raise InvalidArgumentError(
+            f"state_dict: with plan_window {pw} an elastic resume (world size {w1} -> "
+            f"{w2}) needs the saved step to end a plan window (step {step} at world size "
+            f"{w1} is inside one): a window's plan moves samples between its steps "
+            f"differently for each world size")
     if keep == "global_batch":
         if g1 % w2:
             raise InvalidArgumentError(
@@ -82,29 +111,15 @@ def elastic_step(state: Dict[str, Any], step: int, keep: Optional[str], *, world
             raise InvalidArgumentError(
                 f"keep='global_batch': world size {w1} x batch_size {b1} needs batch_size "
                 f"{g1 // w2} at world size {w2}, this loader has {b2}")
-        step2 = step
-    else:
-        if b2 != b1:
-            raise InvalidArgumentError(
-                f"keep='rank_batch': batch_size was {b1}, this loader has {b2}")
-        if epochs != 1 or max_steps:
-            raise InvalidArgumentError(
-                "keep='rank_batch' across world sizes needs epochs=1 and max_steps=0 "
-                "(steps per epoch change with the global batch)")
-        pos, g2 = step * g1, w2 * b2
-        if pos % g2:
-            every = g2 // math.gcd(g1, g2)
-            raise InvalidArgumentError(
-                f"keep='rank_batch': step {step} at world size {w1} x batch_size {b1} "
-                f"ends at sample {pos} of the epoch's order, not a step boundary at world "
-                f"size {w2} (steps of {g2} samples): resume from a step that is a multiple "
-                f"of {every}, or keep='global_batch'")
-        step2 = pos // g2
-    pw = plan_window
-    if pw > 1 and (step % pw or step2 % pw):
+        return step, first1, keep  # the same steps, of the same cut
+    if b2 != b1:
         raise InvalidArgumentError(
-            f"state_dict: with plan_window {pw} an elastic resume (world size {w1} -> "
-            f"{w2}) needs the step to start a plan window (step {step} at world size "
-            f"{w1}, {step2} at {w2}): a window's plan moves samples between its steps "
-            f"differently for each world size")
-    return step2, keep
+            f"keep='rank_batch': batch_size was {b1}, this loader has {b2}")
+    if epochs != 1 or max_steps:
+        raise InvalidArgumentError(
+            "keep='rank_batch' across world sizes needs epochs=1 and max_steps=0 "
+            "(steps per epoch change with the global batch)")
+    g2 = w2 * b2
+    if pos % g2 == 0 and (pos // g2) % pw == 0:
+        return pos // g2, 0, keep  # a step boundary (and plan window) of the epoch's own
+    return 0, pos, keep  # inside a step: the pass is cut from the position

@@ -73,12 +73,13 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
                              "keys_dir",
                              "key_name",
                              "drop_last",
+                             "first_sample",
                              NULL};
     dh_client_config_t cfg;
     dh_client_config_default(&cfg);
     const char *on_error = "raise";
     unsigned long long seed = cfg.seed, max_steps = cfg.max_steps, arena = cfg.arena_bytes,
-                       first_step = 0;
+                       first_step = 0, first_sample = 0;
     unsigned rank = 0, ranks = 1, batch = 0, fanout = cfg.fanout, prefetch = cfg.prefetch,
              max_inflight = cfg.max_inflight, epochs = cfg.epochs, first_epoch = 0,
              workers = cfg.workers, prefetch_max = cfg.prefetch_max, local_ranks = cfg.local_ranks,
@@ -86,12 +87,13 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     int shuffle = cfg.shuffle, token_plan = cfg.token_plan, drop_last = !cfg.keep_tail;
     PyObject *rebalance = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIKzzp", kwlist, &cfg.profiles, &rank,
+            args, kwargs, "sIII|$zzzIIIKpIIKisiizzIKzIIOIKzzpK", kwlist, &cfg.profiles, &rank,
             &ranks, &batch, &cfg.coordinator, &cfg.node, &cfg.client_id, &fanout, &prefetch,
             &max_inflight, &seed, &shuffle, &epochs, &first_epoch, &max_steps, &token_plan,
             &on_error, &cfg.next_timeout_ms, &cfg.connect_timeout_ms, &cfg.pipeline_json,
             &cfg.pipeline_path, &workers, &arena, &cfg.policy, &prefetch_max, &local_ranks,
-            &rebalance, &plan_window, &first_step, &cfg.keys_dir, &cfg.key_name, &drop_last))
+            &rebalance, &plan_window, &first_step, &cfg.keys_dir, &cfg.key_name, &drop_last,
+            &first_sample))
         return -1;
     if (self->client) {
         PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -121,6 +123,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwargs)
     cfg.epochs = epochs;
     cfg.first_epoch = first_epoch;
     cfg.first_step = first_step;
+    cfg.first_sample = first_sample;
     cfg.keep_tail = !drop_last;
     cfg.max_steps = max_steps;
     cfg.token_plan = token_plan;

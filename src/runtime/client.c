@@ -428,9 +428,20 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
         (rc = dh_sampler_set_drop_last(c->sampler, !cfg->keep_tail, cfg->ranks)) ||
         (rc = dh_sampler_set_drop_last(c->plan_sampler, !cfg->keep_tail, cfg->ranks)))
         goto fail;
+    if (cfg->first_sample > n) {
+        rc = dh__set_error(DH_EINVAL, "%s: first_sample %llu is past the epoch's %zu samples",
+                           cfg->profiles, (unsigned long long)cfg->first_sample, n);
+        goto fail;
+    }
+    if ((rc = dh_sampler_set_start(c->sampler, cfg->first_epoch, (size_t)cfg->first_sample)) ||
+        (rc = dh_sampler_set_start(c->plan_sampler, cfg->first_epoch, (size_t)cfg->first_sample)))
+        goto fail;
     c->steps_per_epoch = dh_sampler_steps_per_epoch(c->sampler);
-    c->step0 = (uint64_t)c->steps_per_epoch * cfg->first_epoch + cfg->first_step;
-    c->total = cfg->epochs ? (uint64_t)c->steps_per_epoch * cfg->epochs : UINT64_MAX;
+    c->step0 = dh_sampler_epoch_first_step(c->sampler, cfg->first_epoch) + cfg->first_step;
+    /* the epochs' steps: the first may be cut from first_sample, the others are alike */
+    c->total = cfg->epochs ? dh_sampler_epoch_steps(c->sampler, cfg->first_epoch) +
+                                 (uint64_t)c->steps_per_epoch * (cfg->epochs - 1)
+                           : UINT64_MAX;
     if (cfg->max_steps && cfg->max_steps < c->total)
         c->total = cfg->max_steps;
     if (c->total != UINT64_MAX) /* resumed: what is left of the run */
@@ -651,7 +662,7 @@ int dh_client_next(dh_client_t *c, dh_client_batch_t **out)
     bi->n_parts = parts;
     bi->pub.index = b;
     bi->pub.step = c->step0 + b;
-    bi->pub.epoch = (uint32_t)(c->steps_per_epoch ? (c->step0 + b) / c->steps_per_epoch : 0);
+    bi->pub.epoch = (uint32_t)dh_sampler_step_epoch(c->sampler, c->step0 + b, NULL);
     bi->pub.wait_s = waited;
     bi->pub.requested_ns = requested_ns;
     for (uint32_t p = 0; p < parts; p++)

@@ -146,7 +146,7 @@ struct dh_client {
     dh_sampler_t *plan_sampler; /* dh_client_plan_rank_step */
     pthread_mutex_t plan_lock;
     size_t steps_per_epoch;
-    uint64_t step0; /* global step of batch 0: first_epoch x steps_per_epoch */
+    uint64_t step0; /* global step of batch 0: first_epoch's first step + first_step */
     uint64_t total;
 
     void *ctx;

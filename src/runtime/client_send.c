@@ -24,6 +24,7 @@
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/rng.h"
+#include "datahelix/sampler.h"
 #include "datahelix/wire.h"
 #include "runtime/client_internal.h"
 #include "runtime/descriptor.h"
@@ -185,7 +186,7 @@ static int send_batch_requests(dh_client_t *c, uint64_t b, const planned_t *pl, 
         tokens += dh_profile_set_row(c->profiles, rows[i])->tokens_est;
     /* the base seed of the batch's epoch, with every sample (a Python dataset's workers seed
      * from it: docs/datasets.md, "Randomness") */
-    uint64_t epoch = c->steps_per_epoch ? (c->step0 + b) / c->steps_per_epoch : 0;
+    uint64_t epoch = dh_sampler_step_epoch(c->sampler, c->step0 + b, NULL);
     uint64_t pass_seed = dh_rng_epoch_seed(c->cfg.seed, epoch);
     pthread_mutex_lock(&c->lock);
     if (!again) {

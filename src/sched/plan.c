@@ -1244,8 +1244,9 @@ static int share_window(const dh_share_config_t *cfg, dh_sampler_t *sampler,
     uint64_t first = step;
     uint32_t w = 1;
     if (cfg->window_steps > 1 && cfg->mode != DH_SHARE_SAMPLE_COUNT && !tail) {
-        uint64_t spe = dh_sampler_steps_per_epoch(sampler);
-        uint64_t k = step % spe, last = step - k + spe - 1;
+        size_t k; /* the step's index in its epoch (which may be cut from a sample) */
+        uint64_t spe = dh_sampler_epoch_steps(sampler, dh_sampler_step_epoch(sampler, step, &k));
+        uint64_t last = step - k + spe - 1;
         if (dh_sampler_step_size(sampler, last) != per_step || dh_sampler_step_pads(sampler, last))
             spe--; /* the windows cover the full steps; the short tail is planned alone */
         first = step - k % cfg->window_steps;

@@ -6,7 +6,10 @@ among the ranks by the tier-1 plan, so the order within a window is the planner'
 two runs together consume every sample of the order once, up to the last full step of the
 resumed run's global batch (drop_last; with drop_last=False every sample, the pads marked),
 and the resumed run's steps are the windows an uninterrupted run would have had at that
-global batch. A different DataServer worker count on resume changes nothing."""
+global batch from the resume position, also when that position is inside a step of the new
+global batch (keeping the per-rank batch: the pass is then cut from it, its plan windows
+counted from there), and after a second resume. A different DataServer worker count on
+resume changes nothing."""
 import collections
 import json
 import subprocess
@@ -74,7 +77,21 @@ CASES = [  # keep, new world size, steps before the stop, plan_window, drop_last
     ("rank_batch", 1, 5, 1, True),
     ("rank_batch", 3, 3, 1, True),
     ("rank_batch", 3, 6, 1, False),
+    # from inside a step of the new global batch: the pass is cut from the position
+    ("rank_batch", 4, 1, 1, True),   # 2 x 3 stopped after 1 step (sample 6), on 4 x 3
+    ("rank_batch", 1, 1, 1, True),   # ... and on 1 x 3 (a step boundary there)
+    ("rank_batch", 3, 4, 1, True),   # sample 24 on 3 x 3
+    ("rank_batch", 3, 2, 2, True),   # sample 12 on 3 x 3, plan windows from the resume
+    ("rank_batch", 4, 2, 2, True),   # sample 12 on 4 x 3: a step boundary, not a window's
+    ("rank_batch", 4, 3, 1, False),  # sample 18 on 4 x 3, the tail padded
 ]
+
+
+def resume_at(pos, g2, pw):
+    """Where a keep="rank_batch" resume from sample `pos` starts: (step, first sample) of
+    the pass, the epoch's own step at a step boundary that starts a plan window, else step
+    0 of the pass cut from `pos`."""
+    return (pos // g2, 0) if pos % g2 == 0 and pos // g2 % pw == 0 else (0, pos)
 
 
 @pytest.mark.parametrize("keep,w2,k,pw,drop_last", CASES)
@@ -100,11 +117,15 @@ def test_resume_on_another_world_size(datahelix, profiles, keep, w2, k, pw, drop
                         drop_last=drop_last)
         for r, dl in enumerate(fresh):  # any rank's state, or the merged one
             dl.load_state_dict(merged if r % 2 else states[r % W1], keep=keep)
-        k2 = k * g1 // g2
-        assert all(dl._resume_step == k2 for dl in fresh)
+        pos = k * g1
+        at = (k, 0) if keep == "global_batch" else resume_at(pos, g2, pw)
+        assert all((dl._resume_step, dl._resume_sample) == at for dl in fresh)
         assert fresh[0].state_dict()["keep"] == keep
+        assert fresh[0].state_dict()["position"] == pos
         tail = run(fresh)
-        assert fresh[0].state_dict()["keep"] == keep
+        assert len(fresh[0]) == at[0] + len(tail)
+        after = fresh[0].state_dict()
+        assert (after["keep"], after["position"]) == (keep, pos + len(tail) * g2)
         for dl in fresh:
             dl.close()
     # each step is the next window of the order; with plan_window, each window of steps
@@ -121,10 +142,11 @@ def test_resume_on_another_world_size(datahelix, profiles, keep, w2, k, pw, drop
     counts = collections.Counter(seen)
     assert max(counts.values()) == 1, "a sample was consumed twice"
     # drop_last: the resumed run's last full global step ends the epoch; else every sample
-    end = N if not drop_last else N // g2 * g2
+    end = N if not drop_last else k * g1 + (N - k * g1) // g2 * g2
     assert sorted(seen) == sorted(perm[:end])
     pads = sum(p for s in tail for _, ps in s for p in ps)
-    assert pads == (0 if drop_last or N % g2 == 0 else -(-(N % g2) // w2) * w2 - N % g2)
+    rest = (N - k * g1) % g2
+    assert pads == (0 if drop_last or rest == 0 else -(-rest // w2) * w2 - rest)
 
 
 def test_global_batch_fixed_is_the_uninterrupted_run_step_by_step(datahelix, profiles):
@@ -149,6 +171,49 @@ def test_global_batch_fixed_is_the_uninterrupted_run_step_by_step(datahelix, pro
         assert sorted(real_ids(a)) == sorted(real_ids(b)), f"step {s}"
 
 
+def test_second_resume_keeps_position_and_keep(datahelix, profiles):
+    """2 x 3 stopped after 1 step (sample 6); resumed on 4 x 3 (cut from sample 6), stopped
+    after 1 step (sample 18); resumed on 4 x 3 again from that state (the same cut, not an
+    elastic resume), stopped after 1 more (sample 30); resumed on 3 x 3 from the merged
+    states (30 is inside a step of 9: cut from 30) to the end. Each state's position is
+    where the next window starts, keep says "rank_batch" from the first elastic resume on;
+    every run's steps are the next windows of the order, every sample once."""
+    perm = order(datahelix, profiles)
+    runs = []  # (steps, global batch, first position)
+    with datahelix.start_cluster(profiles, workers=2, pipeline=SYNTH,
+                                 arena_bytes=64 << 20) as cluster:
+        def leg(world, state, steps, keep=None):
+            dls = loaders(datahelix, cluster, profiles, world, B1)
+            for dl in dls:
+                if state is not None:
+                    dl.load_state_dict(state, keep=keep)
+            first = dls[0].state_dict()["position"]
+            runs.append((run(dls, steps), world * B1, first))
+            states = [json.loads(json.dumps(dl.state_dict())) for dl in dls]
+            for dl in dls:
+                dl.close()
+            return states
+
+        s1 = leg(W1, None, 1)
+        assert [(s["position"], s["keep"]) for s in s1] == [(6, None)] * W1
+        s2 = leg(4, datahelix.DataLoader.merge_states(s1), 1, keep="rank_batch")
+        assert [(s["step"], s["position"], s["keep"]) for s in s2] == [(1, 18, "rank_batch")] * 4
+        s3 = leg(4, s2[3], 1)  # the same world size: the same cut, step 2 of it
+        assert [(s["step"], s["position"], s["keep"]) for s in s3] == [(2, 30, "rank_batch")] * 4
+        s4 = leg(3, datahelix.DataLoader.merge_states(s3), None, keep="rank_batch")
+        end = 30 + (N - 30) // 9 * 9
+        assert [(s["position"], s["keep"]) for s in s4] == [(end, "rank_batch")] * 3
+    assert [first for _, _, first in runs] == [0, 6, 18, 30]
+    seen = []
+    for steps, g, first in runs:
+        for j, step in enumerate(steps):
+            ids = real_ids(step)
+            assert sorted(ids) == sorted(perm[first + j * g:first + (j + 1) * g])
+            seen += ids
+    assert seen and len(seen) == len(set(seen)) == end
+    assert sorted(seen) == sorted(perm[:end])
+
+
 def test_refusals(datahelix, profiles):
     with datahelix.start_cluster(profiles, workers=2, pipeline=SYNTH,
                                  arena_bytes=64 << 20) as cluster:
@@ -169,7 +234,7 @@ def test_refusals(datahelix, profiles):
             datahelix.DataLoader.merge_states([states[0], late])
         with pytest.raises(datahelix.InvalidArgumentError, match=r"rank\(s\) \[0\] given more"):
             datahelix.DataLoader.merge_states([states[0], states[0]])
-        st = dict(states[0], step=4, position=12)
+        st = dict(states[0], step=4, position=24)
         # the global batch 6 does not split over 4 ranks: both world sizes named
         with pytest.raises(datahelix.InvalidArgumentError,
                            match=r"world size 2 .*does not split over world size 4"):
@@ -179,9 +244,15 @@ def test_refusals(datahelix, profiles):
             new(4, 2).load_state_dict(st)
         with pytest.raises(datahelix.InvalidArgumentError, match=r"needs batch_size 2"):
             new(3, 3).load_state_dict(st, keep="global_batch")
-        # per-rank batch: step 4 at 2 x 3 is sample 24, not a step boundary of 3 x 3
-        with pytest.raises(datahelix.InvalidArgumentError, match=r"sample 24 .*world size 3"):
-            new(3, 3).load_state_dict(st, keep="rank_batch")
+        # per-rank batch: step 4 at 2 x 3 is sample 24, inside a step of 3 x 3: not refused,
+        # the pass is cut from sample 24
+        inside = new(3, 3)
+        inside.load_state_dict(st, keep="rank_batch")
+        assert (inside._resume_step, inside._resume_sample) == (0, 24)
+        assert inside.state_dict()["position"] == 24 and len(inside) == (N - 24) // 9
+        inside.close()
+        with pytest.raises(datahelix.InvalidArgumentError, match=r"position 12 is before step 4"):
+            new(3, 3).load_state_dict(dict(st, position=12), keep="rank_batch")
         # plan_window 2: step 3 is inside a plan window
         with pytest.raises(datahelix.InvalidArgumentError, match=r"plan_window 2"):
             new(1, 6).load_state_dict(states[0])

@@ -26,6 +26,7 @@
 #include "datahelix/plan.h"
 #include "datahelix/profile.h"
 #include "datahelix/runtime.h"
+#include "datahelix/sampler.h"
 #include "datahelix/wire.h"
 #include "runtime/rt.h"
 
@@ -123,6 +124,73 @@ static void embedded_resume_at_first_step_continues_the_run(void **state)
         dh_client_destroy(&c);
     }
     assert_int_equal(step_of[0], 6); /* first_epoch 1 */
+}
+
+/* Elastic resume at a sample (first_sample): epoch 1 cut from sample 6 (not a step boundary
+ * of 4) delivers the windows [6 + 4k, 10 + 4k) of its order, floor(18 / 4) of them, plan
+ * windows (plan_window 2) counted from there; epoch 2 follows at global step 6 + 4 with its
+ * usual steps; first_step counts the cut epoch's steps; a sample past the epoch is refused. */
+static void embedded_resume_at_first_sample_takes_the_windows_from_there(void **state)
+{
+    const char *profiles = cl_write_profiles("p.jsonl", 24); /* 6 steps an epoch */
+    dh_profile_set_t *set = NULL;
+    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_load(set, profiles), 0);
+    dh_sampler_t *all = NULL;
+    uint32_t perm[2][24];
+    assert_int_equal(dh_sampler_new(&all, 24, 24, 3, 1), 0);
+    for (int e = 0; e < 2; e++)
+        assert_int_equal(dh_sampler_step(all, 1 + (uint64_t)e, perm[e]), 0);
+    dh_sampler_destroy(&all);
+    for (uint64_t first_step = 0; first_step < 3; first_step += 2) {
+        dh_client_config_t cfg;
+        base_config(&cfg, profiles, SYNTH);
+        cfg.epochs = 2;
+        cfg.first_epoch = 1;
+        cfg.plan_window = 2;
+        cfg.first_sample = 6;
+        cfg.first_step = first_step;
+        dh_client_t *c = NULL;
+        assert_int_equal(dh_client_new(&c, &cfg), 0);
+        dh_client_stats_t st;
+        dh_client_stats(c, &st);
+        assert_int_equal(st.steps_total, 4 + 6 - first_step);
+        dh_client_batch_t *b = NULL;
+        uint64_t at = first_step;
+        char got[10][4][32];
+        int rc;
+        while ((rc = dh_client_next(c, &b)) == 0) {
+            assert_true(at < 10);
+            assert_int_equal(b->step, 6 + at);
+            assert_int_equal(b->epoch, at < 4 ? 1 : 2);
+            assert_int_equal(b->n_samples, 4);
+            for (size_t i = 0; i < 4; i++)
+                snprintf(got[at][i], sizeof got[at][i], "%s", b->samples[i].id);
+            at++;
+            dh_client_batch_release(&b);
+        }
+        /* each plan window of 2 steps takes its 8 positions (its steps share them by plan) */
+        for (uint64_t w = first_step; w < 10; w += 2) {
+            int epoch = w < 4 ? 0 : 1, found = 0;
+            size_t from = w < 4 ? 6 + w * 4 : (w - 4) * 4;
+            for (uint64_t t = w; t < w + 2; t++)
+                for (size_t i = 0; i < 4; i++)
+                    for (size_t j = 0; j < 8; j++)
+                        found += strcmp(got[t][i],
+                                        dh_profile_set_row(set, perm[epoch][from + j])->id) == 0;
+            assert_int_equal(found, 8);
+        }
+        assert_int_equal(rc, DH_EEOF);
+        assert_int_equal(at, 10);
+        dh_client_destroy(&c);
+    }
+    dh_client_config_t cfg;
+    base_config(&cfg, profiles, SYNTH);
+    cfg.first_sample = 25;
+    dh_client_t *c = NULL;
+    assert_int_equal(dh_client_new(&c, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "first_sample 25 is past the epoch's 24 samples"));
+    dh_profile_set_destroy(&set);
 }
 
 static void embedded_epoch_in_order_exactly_once(void **state)
@@ -1193,6 +1261,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(adaptive_prefetch_deepens_when_next_waits),
         cmocka_unit_test(embedded_full_arena_is_backpressure),
         cmocka_unit_test(embedded_resume_at_first_step_continues_the_run),
+        cmocka_unit_test(embedded_resume_at_first_sample_takes_the_windows_from_there),
         cmocka_unit_test(prefetch_keeps_to_its_share_of_the_arena),
         cmocka_unit_test(embedded_arena_sized_from_data_within_budget),
         cmocka_unit_test(embedded_zero_copy_and_batch_outlives_client),

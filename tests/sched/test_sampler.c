@@ -205,6 +205,144 @@ static void sampler_drop_last_is_the_default(void **state)
     dh_sampler_destroy(&s);
 }
 
+/* The whole of epoch e's order: one step of all n ids. */
+static void whole_epoch(size_t n, uint64_t seed, uint64_t epoch, uint32_t *perm)
+{
+    dh_sampler_t *all = NULL;
+    assert_int_equal(dh_sampler_new(&all, n, n, seed, 1), 0);
+    assert_int_equal(dh_sampler_step(all, epoch, perm), 0);
+    dh_sampler_destroy(&all);
+}
+
+/* An epoch cut from sample P (dh_sampler_set_start, an elastic resume): its step k is the
+ * window [P + k x per_step, ...) of the same order, as an uninterrupted run with this
+ * per_step would take from P; its steps are floor((n - P) / per_step), ceil without
+ * drop_last with the tail padded from the epoch's first ids (none of the tail's); the ids
+ * before P are in none; the epochs before and after it are the uncut sampler's, the global
+ * steps after it moved by its step count. */
+static void check_start(size_t n, uint32_t ranks, uint32_t batch, size_t from, int drop_last)
+{
+    enum { seed = 11, cut = 1 };
+    size_t per_step = (size_t)ranks * batch;
+    uint32_t *perm = dh_calloc(n, sizeof *perm), *ids = dh_calloc(per_step, sizeof *ids);
+    uint32_t *plain_ids = dh_calloc(per_step, sizeof *ids);
+    int *seen = dh_calloc(n, sizeof *seen);
+    assert_true(perm && ids && plain_ids && seen);
+    whole_epoch(n, seed, cut, perm);
+    dh_sampler_t *s = NULL, *plain = NULL;
+    assert_int_equal(dh_sampler_new(&s, n, per_step, seed, 1), 0);
+    assert_int_equal(dh_sampler_new(&plain, n, per_step, seed, 1), 0);
+    assert_int_equal(dh_sampler_set_start(s, cut, from), 0);
+    assert_int_equal(dh_sampler_set_drop_last(s, drop_last, ranks), 0); /* either order */
+    assert_int_equal(dh_sampler_set_drop_last(plain, drop_last, ranks), 0);
+    size_t spe = dh_sampler_steps_per_epoch(s), left = n - from;
+    size_t steps = drop_last ? left / per_step : (left + per_step - 1) / per_step;
+    assert_int_equal(spe, dh_sampler_steps_per_epoch(plain));
+    assert_int_equal(dh_sampler_epoch_steps(s, cut), steps);
+    assert_int_equal(dh_sampler_epoch_steps(s, cut + 1), spe);
+    assert_int_equal(dh_sampler_epoch_first_step(s, cut), cut * spe);
+    assert_int_equal(dh_sampler_epoch_first_step(s, cut + 1), cut * spe + steps);
+    assert_int_equal(dh_sampler_epoch_first_step(s, cut + 2), cut * spe + steps + spe);
+    for (size_t k = 0; k < steps; k++) {
+        uint64_t step = cut * spe + k;
+        size_t at = from + k * per_step, real = left - k * per_step;
+        real = real < per_step ? real : per_step;
+        size_t size = dh_sampler_step_size(s, step), pads = dh_sampler_step_pads(s, step);
+        size_t index = 99;
+        assert_int_equal(dh_sampler_step_epoch(s, step, &index), cut);
+        assert_int_equal(index, k);
+        assert_int_equal(size - pads, real);
+        assert_int_equal(size % ranks, 0);
+        assert_true(pads < ranks);
+        assert_int_equal(dh_sampler_step(s, step, ids), 0);
+        assert_memory_equal(ids, perm + at, real * sizeof *ids); /* the window from P */
+        for (size_t i = 0; i < real; i++)
+            seen[ids[i]]++;
+        for (size_t i = 0; i < pads; i++) { /* the epoch's first ids, none of the step's */
+            assert_int_equal(ids[real + i], perm[i]);
+            assert_true(i < at);
+        }
+        /* from a step boundary of per_step, the uncut sampler's steps, id for id */
+        if (from % per_step == 0) {
+            assert_int_equal(dh_sampler_step(plain, cut * spe + from / per_step + k, plain_ids), 0);
+            assert_memory_equal(ids, plain_ids, size * sizeof *ids);
+        }
+    }
+    size_t end = drop_last ? from + steps * per_step : n;
+    for (size_t i = 0; i < n; i++) /* the ids from P, once; none before it */
+        assert_int_equal(seen[perm[i]], i >= from && i < end);
+    /* the epochs around it are the uncut sampler's, at their moved global steps */
+    for (uint64_t e = 0; e < 4; e++) {
+        if (e == cut)
+            continue;
+        for (size_t k = 0; k < spe; k++) {
+            uint64_t step = dh_sampler_epoch_first_step(s, e) + k;
+            assert_int_equal(dh_sampler_step_epoch(s, step, NULL), e);
+            assert_int_equal(dh_sampler_step_size(s, step),
+                             dh_sampler_step_size(plain, e * spe + k));
+            assert_int_equal(dh_sampler_step(s, step, ids), 0);
+            assert_int_equal(dh_sampler_step(plain, e * spe + k, plain_ids), 0);
+            assert_memory_equal(ids, plain_ids, dh_sampler_step_size(s, step) * sizeof *ids);
+        }
+    }
+    dh_free(perm);
+    dh_free(ids);
+    dh_free(plain_ids);
+    dh_free(seen);
+    dh_sampler_destroy(&s);
+    dh_sampler_destroy(&plain);
+}
+
+static void sampler_start_cuts_an_epoch_from_a_sample(void **state)
+{
+    for (int drop_last = 0; drop_last < 2; drop_last++) {
+        check_start(95, 4, 3, 6, drop_last);  /* 2 x 3 stopped after 1 step, on 4 x 3 */
+        check_start(95, 1, 3, 6, drop_last);  /* ... on 1 x 3 */
+        check_start(95, 3, 3, 24, drop_last); /* 2 x 3 after 4 steps, on 3 x 3: 24 % 9 */
+        check_start(95, 3, 2, 24, drop_last); /* a step boundary: the uncut steps */
+        check_start(95, 4, 3, 90, drop_last); /* 5 left: no full step, a padded tail */
+        check_start(95, 4, 3, 95, drop_last); /* nothing left */
+        check_start(9, 8, 1, 3, drop_last);   /* P < ranks, one tail step: 2 pads <= P */
+        check_start(1001, 8, 7, 333, drop_last);
+    }
+}
+
+/* The 2 x 3 job stopped after step 1 resumes on 4 x 3 ranks at sample 6: the old run's
+ * step and the new run's steps are consecutive windows of the order, each sample once. */
+static void sampler_start_continues_another_step_size(void **state)
+{
+    enum { n = 95 };
+    uint32_t perm[n], ids[12];
+    int seen[n] = {0};
+    whole_epoch(n, 3, 0, perm);
+    dh_sampler_t *old = NULL, *resumed = NULL;
+    assert_int_equal(dh_sampler_new(&old, n, 6, 3, 1), 0);
+    assert_int_equal(dh_sampler_new(&resumed, n, 12, 3, 1), 0);
+    assert_int_equal(dh_sampler_set_start(resumed, 0, 6), 0);
+    assert_int_equal(dh_sampler_step(old, 0, ids), 0);
+    size_t at = 0;
+    for (size_t i = 0; i < 6; i++, at++)
+        assert_int_equal(ids[i], perm[at]);
+    assert_int_equal(dh_sampler_epoch_steps(resumed, 0), (n - 6) / 12);
+    for (uint64_t k = 0; k < (n - 6) / 12; k++) {
+        assert_int_equal(dh_sampler_step(resumed, k, ids), 0);
+        for (size_t i = 0; i < 12; i++, at++)
+            assert_int_equal(ids[i], perm[at]);
+    }
+    for (size_t i = 0; i < at; i++)
+        assert_int_equal(seen[perm[i]]++, 0);
+    assert_int_equal(at, 6 + (n - 6) / 12 * 12);
+    /* a new start replaces the last; 0 undoes it; past the epoch is refused */
+    assert_int_equal(dh_sampler_set_start(resumed, 0, 0), 0);
+    assert_int_equal(dh_sampler_epoch_steps(resumed, 0), n / 12);
+    assert_int_equal(dh_sampler_step(resumed, 0, ids), 0);
+    assert_memory_equal(ids, perm, sizeof ids);
+    assert_int_equal(dh_sampler_set_start(resumed, 0, n + 1), DH_EINVAL);
+    assert_string_equal(dh_last_error(), "sampler: epoch 0 cannot start at sample 96 of 95");
+    dh_sampler_destroy(&old);
+    dh_sampler_destroy(&resumed);
+}
+
 static void sampler_rejects_bad_sizes(void **state)
 {
     dh_sampler_t *s = (dh_sampler_t *)&s;
@@ -241,6 +379,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sampler_shuffle_off_is_identity),
     cmocka_unit_test(sampler_keep_tail_pads_from_the_epoch_start),
     cmocka_unit_test(sampler_drop_last_is_the_default),
+    cmocka_unit_test(sampler_start_cuts_an_epoch_from_a_sample),
+    cmocka_unit_test(sampler_start_continues_another_step_size),
     cmocka_unit_test(sampler_rejects_bad_sizes),
     cmocka_unit_test(sampler_survives_each_allocation_failure),
 };

@@ -402,6 +402,76 @@ static void window_shares_cover_the_epoch_once(void **state)
     dh_profile_set_destroy(&set);
 }
 
+/* An epoch cut from sample P (dh_sampler_set_start: an elastic resume at a position that is
+ * not a step boundary) is planned from P: plan windows of W steps count from its first
+ * step, each takes exactly the sampler windows of its steps (the positions [P + t x 16,
+ * P + (t + W) x 16) of the epoch's order), every sample from P once, none before P but the
+ * tail's pads (drop_last 0), and balanced mode still gives every rank `batch` rows. */
+static void check_cut_epoch_shares(dh_share_mode_t mode, uint32_t window_steps, size_t from,
+                                   int drop_last)
+{
+    enum { cut = 1, per_step = 16 };
+    dh_profile_set_t *set = rows();
+    dh_share_config_t cfg = share(mode, 1);
+    cfg.window_steps = window_steps;
+    uint32_t perm[N];
+    int pos[N], seen[N] = {0};
+    dh_sampler_t *s = NULL, *all = NULL;
+    assert_int_equal(dh_sampler_new(&all, N, N, 7, 1), 0);
+    assert_int_equal(dh_sampler_step(all, cut, perm), 0);
+    for (int i = 0; i < N; i++)
+        pos[perm[i]] = i;
+    assert_int_equal(dh_sampler_new(&s, N, per_step, 7, 1), 0);
+    assert_int_equal(dh_sampler_set_drop_last(s, drop_last, cfg.ranks), 0);
+    assert_int_equal(dh_sampler_set_start(s, cut, from), 0);
+    size_t steps = dh_sampler_epoch_steps(s, cut), full = (N - from) / per_step;
+    uint64_t first = dh_sampler_epoch_first_step(s, cut);
+    uint32_t w = window_steps > 1 ? window_steps : 1;
+    int pads = 0;
+    for (size_t k = 0; k < steps; k++) {
+        /* the positions the step's plan window holds (the tail: its own) */
+        size_t lo = k < full ? from + k / w * w * per_step : from + full * per_step;
+        size_t end = k < full ? (k / w + 1) * w : full + 1, hi = from + end * per_step;
+        hi = hi < N ? hi : N;
+        hi = k < full && end > full ? from + full * per_step : hi;
+        for (uint32_t r = 0; r < cfg.ranks; r++) {
+            uint32_t got[per_step];
+            int n = dh_plan_rank_share(&cfg, s, set, first + k, r, got, per_step);
+            assert_true(n >= 1);
+            if (mode == DH_SHARE_TOKEN_BALANCED && k < full)
+                assert_int_equal(n, cfg.batch);
+            for (int i = 0; i < n; i++) {
+                size_t at = (size_t)pos[got[i]];
+                if (at < from) { /* a pad of the tail step */
+                    assert_true(k == full && !drop_last);
+                    pads++;
+                    continue;
+                }
+                assert_true(at >= lo && at < hi);
+                seen[got[i]]++;
+            }
+        }
+    }
+    size_t end = drop_last ? from + full * per_step : N;
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(seen[perm[i]], i >= from && i < end);
+    assert_int_equal((size_t)pads, steps > full ? dh_sampler_step_pads(s, first + full) : 0);
+    dh_sampler_destroy(&s);
+    dh_sampler_destroy(&all);
+    dh_profile_set_destroy(&set);
+}
+
+static void cut_epoch_is_planned_from_its_first_sample(void **state)
+{
+    (void)state;
+    static const size_t froms[] = {6, 21, 32, 60};
+    for (int mode = DH_SHARE_TOKEN_BALANCED; mode <= DH_SHARE_TOKEN_PACKED; mode++)
+        for (uint32_t w = 1; w <= 3; w++)
+            for (size_t f = 0; f < sizeof froms / sizeof *froms; f++)
+                for (int drop_last = 0; drop_last < 2; drop_last++)
+                    check_cut_epoch_shares((dh_share_mode_t)mode, w, froms[f], drop_last);
+}
+
 static int window_share_once(void *arg)
 {
     dh_profile_set_t *set = arg;
@@ -572,6 +642,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(window_keeps_rows_within_the_share),
     cmocka_unit_test(window_rejects_bad_input),
     cmocka_unit_test(window_shares_cover_the_epoch_once),
+    cmocka_unit_test(cut_epoch_is_planned_from_its_first_sample),
     cmocka_unit_test(window_share_survives_each_allocation_failure),
     cmocka_unit_test(tail_step_is_shared_alike_and_covers_the_epoch),
 };
