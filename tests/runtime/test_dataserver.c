@@ -239,9 +239,9 @@ static void dataserver_reclaims_dead_client_not_live_one(void **state)
 }
 
 /* Expects `server` to exit 1 at start with each of `needles` in its log. */
-static void expect_start_failure(cl_proc_t *server, const char *const *needles, size_t n)
+static void expect_exit_saying(cl_proc_t *server, int code, const char *const *needles, size_t n)
 {
-    cl_expect_exit(server, 1, T_MS);
+    cl_expect_exit(server, code, T_MS);
     char *log = cl_read(server->log);
     for (size_t i = 0; i < n; i++)
         if (!strstr(log, needles[i])) {
@@ -251,6 +251,11 @@ static void expect_start_failure(cl_proc_t *server, const char *const *needles, 
             fail();
         }
     free(log);
+}
+
+static void expect_start_failure(cl_proc_t *server, const char *const *needles, size_t n)
+{
+    expect_exit_saying(server, 1, needles, n);
 }
 
 static void dataserver_arena_that_cannot_be_had_fails_at_start(void **state)
@@ -313,6 +318,56 @@ static void dataserver_bad_shm_allow_uid_fails_at_start(void **state)
     cl_assert_no_leftovers();
 }
 
+/* --cache-dir and --cache-bytes (docs/remote.md, "The local cache"): a directory that cannot
+ * be made fails at start naming it (exit 1); a size that is not one, or one option without
+ * the other, is a usage error (exit 2). */
+static void dataserver_bad_cache_settings_fail_at_start(void **state)
+{
+    (void)state;
+    char file[1024], dir[1100];
+    snprintf(file, sizeof file, "%s", dh_test_path("cache-is-a-file"));
+    dh_test_write_file(file, "a file, not a folder\n");
+    snprintf(dir, sizeof dir, "%s/cache", file);
+    static const struct {
+        const char *dir, *bytes;
+        int code;
+        const char *says[3];
+    } cases[] = {
+        {NULL, "64M", 1, {"cannot start", "--cache-dir", NULL}},
+        {NULL, "12junk", 2, {"--cache-bytes", "'12junk'", "byte count"}},
+        {NULL, NULL, 2, {"--cache-dir needs --cache-bytes", NULL, NULL}},
+        {"ok", "1M", 1, {"cannot start", "below 2 MiB", "cache-ok"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char ok[1024];
+        snprintf(ok, sizeof ok, "%s", dh_test_path("cache-ok"));
+        char *args[20] = {"datahelix",     "server",
+                          "--coordinator", "tcp://127.0.0.1:1",
+                          "--role",        "local",
+                          "--node",        "n0",
+                          "--workers",     "1",
+                          "--arena-mb",    "4",
+                          "--cache-dir",   cases[i].dir ? ok : dir};
+        int n = 14;
+        if (cases[i].bytes) {
+            args[n++] = "--cache-bytes";
+            args[n++] = (char *)cases[i].bytes;
+        }
+        args[n] = NULL;
+        cl_proc_t server;
+        cl_spawn(&server, "server-bad-cache", args);
+        const char *says[3];
+        size_t k = 0;
+        for (size_t j = 0; j < 3; j++)
+            if (cases[i].says[j])
+                says[k++] = cases[i].says[j];
+        if (i == 0)
+            says[k++] = file; /* the folder that could not be made is named */
+        expect_exit_saying(&server, cases[i].code, says, k);
+    }
+    cl_assert_no_leftovers();
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -320,6 +375,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(dataserver_reclaims_dead_client_not_live_one, cl_teardown),
         cmocka_unit_test_teardown(dataserver_arena_that_cannot_be_had_fails_at_start, cl_teardown),
         cmocka_unit_test_teardown(dataserver_bad_shm_allow_uid_fails_at_start, cl_teardown),
+        cmocka_unit_test_teardown(dataserver_bad_cache_settings_fail_at_start, cl_teardown),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }
