@@ -344,16 +344,22 @@ int dh__cache_reserve(dh__cache_t *c, const char *key, uint64_t block_index, siz
         return rc;
     w->len = len;
     w->reserved = DH__CACHE_HEADER_BYTES + strlen(key) + len;
-    snprintf(w->tmp_name, sizeof w->tmp_name, "t-%s-%" PRIu64 "-%d-%" PRIuFAST64, w->name + 2,
-             w->reserved, (int)getpid(), (uint_fast64_t)atomic_fetch_add(&c->seq, 1));
     if ((rc = dh__cache_lock(c)))
         return rc;
     uint64_t used = 0;
     if ((rc = dh__cache_used_read(c, &used)) || (rc = dh__cache_make_room(c, w->reserved, &used)))
         goto out;
     /* Created and flock'd under the directory's lock: a scan never sees it unlocked while
-     * its writer lives. */
-    w->fd = openat(c->dir_fd, w->tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+     * its writer lives. The name is unique in this process (one counter for every object);
+     * a process of another pid namespace with the same pid may hold it: then the next. */
+    static atomic_uint_fast64_t tmp_seq;
+    for (int tries = 0; tries < 64; tries++) {
+        snprintf(w->tmp_name, sizeof w->tmp_name, "t-%s-%" PRIu64 "-%d-%" PRIuFAST64, w->name + 2,
+                 w->reserved, (int)getpid(), (uint_fast64_t)atomic_fetch_add(&tmp_seq, 1));
+        w->fd = openat(c->dir_fd, w->tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (w->fd >= 0 || errno != EEXIST)
+            break;
+    }
     if (w->fd < 0) {
         rc = dh__set_error(-errno, "cache %s: cannot create %s/%s: %s", c->dir, c->dir, w->tmp_name,
                            strerror(errno));

@@ -132,7 +132,7 @@ struct dh__cache {
      * each is checked (inode, size, time) before it is deleted. [next, count) are left. */
     dh__cache_cand_t *cand;
     size_t cand_next, cand_count, cand_cap;
-    atomic_uint_fast64_t hits, misses, inserts, evictions, corrupt, swept, seq;
+    atomic_uint_fast64_t hits, misses, inserts, evictions, corrupt, swept;
 };
 
 /* Takes the directory's lock (the mutex, then flock). Returns 0 or -errno naming the lock

@@ -108,10 +108,19 @@ static void cache_evicts_least_recently_used(void **state)
     assert_int_equal(has_full(c, 4, 0), 1);
     assert_int_equal(has_full(c, 2, 0), 1);
     assert_int_equal(has_full(c, 5, 0), 1);
+    assert_int_equal(has_full(c, 6, 0), 1); /* order: 4 2 5 6 */
+    put_full(c, 7, 0);
+    assert_int_equal(has_full(c, 4, 0), 0);
+    assert_int_equal(has_full(c, 2, 0), 1); /* order: 5 6 7 2 */
+    put_full(c, 8, 0);
+    assert_int_equal(has_full(c, 5, 0), 0);
     assert_int_equal(has_full(c, 6, 0), 1);
+    assert_int_equal(has_full(c, 7, 0), 1);
+    assert_int_equal(has_full(c, 2, 0), 1);
+    assert_int_equal(has_full(c, 8, 0), 1);
     dh__cache_stats_t st;
     assert_int_equal(dh__cache_stats(c, &st), 0);
-    assert_int_equal(st.evictions, 3);
+    assert_int_equal(st.evictions, 5);
     assert_true(st.bytes <= st.bytes_max);
     assert_int_equal(st.bytes, dir_total(dir, NULL));
     dh__cache_close(&c);
@@ -254,6 +263,44 @@ static void cache_crashed_writer_is_cleaned(void **state)
     free(dir);
 }
 
+/* Two objects of one process (or two processes) writing the same block at once: both
+ * reserve (their temporary files have distinct names), the first rename places it, the
+ * second finds it there, drops its copy and gives its reservation back. */
+static void cache_same_block_written_twice_at_once(void **state)
+{
+    (void)state;
+    char *dir = fresh_dir("twice");
+    dh__cache_t *a = NULL, *b = NULL;
+    assert_int_equal(dh__cache_open(&a, dir, 1 << 20, BLOCK), 0);
+    assert_int_equal(dh__cache_open(&b, dir, 1 << 20, BLOCK), 0);
+    char key[128];
+    unsigned char data[BLOCK], other[BLOCK], buf[BLOCK];
+    block_key(1, key, sizeof key);
+    size_t len = block_fill(1, 0, BLOCK, data);
+    memset(other, 0xAB, len);
+    dh__cache_write_t wa, wb;
+    assert_int_equal(dh__cache_reserve(a, key, 0, len, &wa), 0);
+    assert_int_equal(dh__cache_reserve(b, key, 0, len, &wb), 0);
+    assert_string_not_equal(wa.tmp_name, wb.tmp_name);
+    int tmps = 0;
+    dir_total(dir, &tmps);
+    assert_int_equal(tmps, 2);
+    assert_int_equal(dh__cache_commit(a, key, 0, data, &wa), 0);
+    assert_int_equal(dh__cache_commit(b, key, 0, other, &wb), 0); /* kept a's */
+    size_t got = 0;
+    assert_int_equal(dh__cache_get(b, key, 0, buf, &got), 1);
+    assert_int_equal(got, len);
+    assert_memory_equal(buf, data, len);
+    dh__cache_stats_t st;
+    assert_int_equal(dh__cache_stats(b, &st), 0);
+    assert_int_equal(st.bytes, dir_total(dir, &tmps));
+    assert_int_equal(tmps, 0);
+    assert_int_equal(st.bytes, DH__CACHE_LOCK_BYTES + DH__CACHE_HEADER_BYTES + strlen(key) + len);
+    dh__cache_close(&a);
+    dh__cache_close(&b);
+    free(dir);
+}
+
 static void corrupt_file(const char *dir, const char *name, long offset, int truncate_to)
 {
     char path[1024];
@@ -382,6 +429,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cache_bound_holds_under_many_inserts),
     cmocka_unit_test(cache_reopen_keeps_contents_and_recency),
     cmocka_unit_test(cache_crashed_writer_is_cleaned),
+    cmocka_unit_test(cache_same_block_written_twice_at_once),
     cmocka_unit_test(cache_corrupt_block_is_a_miss_and_deleted),
     cmocka_unit_test(cache_never_returns_another_keys_block),
     cmocka_unit_test(cache_open_errors_name_the_directory),
