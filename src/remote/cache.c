@@ -347,7 +347,8 @@ int dh__cache_reserve(dh__cache_t *c, const char *key, uint64_t block_index, siz
     if ((rc = dh__cache_lock(c)))
         return rc;
     uint64_t used = 0;
-    if ((rc = dh__cache_used_read(c, &used)) || (rc = dh__cache_make_room(c, w->reserved, &used)))
+    if ((rc = dh__cache_used_read(c, &used)) || (rc = dh__cache_make_room(c, w->reserved, &used)) ||
+        (rc = dh__cache_cand_room(c)))
         goto out;
     /* Created and flock'd under the directory's lock: a scan never sees it unlocked while
      * its writer lives. The name is unique in this process (one counter for every object);
@@ -375,6 +376,8 @@ int dh__cache_reserve(dh__cache_t *c, const char *key, uint64_t block_index, siz
         unlinkat(c->dir_fd, w->tmp_name, 0);
         close(w->fd);
         w->fd = -1;
+    } else {
+        c->cand_pending++;
     }
 out:
     dh__cache_unlock(c);
@@ -390,6 +393,7 @@ void dh__cache_abandon(dh__cache_t *c, dh__cache_write_t *w)
     while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
     }
     uint64_t used;
+    c->cand_pending--;
     if (unlinkat(c->dir_fd, w->tmp_name, 0) == 0) {
         unsigned char rec[16];
         if (pread(c->lock_fd, rec, sizeof rec, 0) == (ssize_t)sizeof rec) {
@@ -462,6 +466,7 @@ int dh__cache_commit(dh__cache_t *c, const char *key, uint64_t block_index, cons
 out:
     if (rc && !placed)
         unlinkat(c->dir_fd, w->tmp_name, 0);
+    c->cand_pending--; /* after cand_add, which used the room this write kept */
     dh__cache_unlock(c);
     close(w->fd);
     w->fd = -1;

@@ -91,8 +91,7 @@ int dh__cache_put(dh__cache_t *c, const char *key, uint64_t block_index, const v
                   size_t len);
 
 /* put's steps. reserve: room for a block of len bytes, and its temporary file (w->fd),
- * locked by this object. commit: writes data into it (len bytes; NULL = the caller wrote
- * the file whole, header included, through w->fd: tests) and renames it into place.
+ * locked by this object. commit: writes data (len bytes) into it and renames it into place.
  * abandon: deletes the file and gives the room back. commit and abandon close w->fd, and
  * one of them must follow a reserve that returned 0. A process that dies between them
  * leaves a temporary file that the next open, or the next scan, deletes. Returns as put. */
@@ -132,6 +131,10 @@ struct dh__cache {
      * each is checked (inode, size, time) before it is deleted. [next, count) are left. */
     dh__cache_cand_t *cand;
     size_t cand_next, cand_count, cand_cap;
+    /* Writes in flight (reserved, not yet committed or abandoned): the candidates keep room
+     * for each, so that a commit never allocates (an allocation fails a reservation, before
+     * anything is made: DH_ENOMEM). */
+    size_t cand_pending;
     atomic_uint_fast64_t hits, misses, inserts, evictions, corrupt, swept;
 };
 
@@ -152,7 +155,11 @@ int dh__cache_scan(dh__cache_t *c, uint64_t *used);
  * (rescanning once when the candidates run out). Returns 0, or DH_EAGAIN naming what
  * holds the rest. */
 int dh__cache_make_room(dh__cache_t *c, uint64_t need, uint64_t *used);
-/* Under the lock: adds a block just made (the newest) to the candidates. */
+/* Under the lock: room in the candidates for one more write in flight (cand_pending + 1).
+ * Returns 0 or DH_ENOMEM. */
+int dh__cache_cand_room(dh__cache_t *c);
+/* Under the lock: adds a block just made (the newest) to the candidates, in the room
+ * dh__cache_cand_room kept for it. */
 void dh__cache_cand_add(dh__cache_t *c, const char *name, uint64_t size, int64_t mtime_ns,
                         ino_t ino);
 /* A strictly increasing wall-clock time in ns for this process's recency stamps. */

@@ -12,6 +12,7 @@
  * since the scan is put back at its new time): a block another process just inserted is
  * never evicted first. A scan costs a stat per file (some 10 ms for 10,000 blocks).
  */
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -208,6 +209,8 @@ int dh__cache_scan(dh__cache_t *c, uint64_t *used)
         total += k->size;
     }
     closedir(d);
+    if (rc == 0) /* the room kept for the writes in flight */
+        rc = cand_reserve(c, c->cand_count + c->cand_pending);
     if (rc)
         return rc;
     if (c->cand_count > 1)
@@ -216,16 +219,21 @@ int dh__cache_scan(dh__cache_t *c, uint64_t *used)
     return dh__cache_used_write(c, total);
 }
 
-void dh__cache_cand_add(dh__cache_t *c, const char *name, uint64_t size, int64_t mtime_ns,
-                        ino_t ino)
+int dh__cache_cand_room(dh__cache_t *c)
 {
-    if (c->cand_next > 0 && c->cand_count == c->cand_cap) { /* reuse the evicted prefix */
+    if (c->cand_next > 0 && c->cand_count + c->cand_pending >= c->cand_cap) {
+        /* reuse the evicted prefix */
         memmove(c->cand, c->cand + c->cand_next, (c->cand_count - c->cand_next) * sizeof *c->cand);
         c->cand_count -= c->cand_next;
         c->cand_next = 0;
     }
-    if (cand_reserve(c, c->cand_count + 1))
-        return; /* out of memory: the block is found at the next scan */
+    return cand_reserve(c, c->cand_count + c->cand_pending + 1);
+}
+
+void dh__cache_cand_add(dh__cache_t *c, const char *name, uint64_t size, int64_t mtime_ns,
+                        ino_t ino)
+{
+    assert(c->cand_count < c->cand_cap); /* kept by dh__cache_cand_room */
     dh__cache_cand_t *k = &c->cand[c->cand_count];
     memcpy(k->name, name, DH__CACHE_NAME_BYTES);
     k->size = size;

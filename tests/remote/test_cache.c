@@ -402,6 +402,53 @@ static void cache_never_returns_another_keys_block(void **state)
     free(dir);
 }
 
+typedef struct alloc_ctx {
+    const char *base;
+    int run;
+} alloc_ctx_t;
+
+/* open, 4 puts into room for 3, gets, close, open again (its scan), a get, close. */
+static int alloc_body(void *arg)
+{
+    alloc_ctx_t *a = arg;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/run%d", a->base, a->run++);
+    uint64_t bound = bound_for(3, BLOCK, key_len_of(0));
+    dh__cache_t *c = NULL;
+    int rc = dh__cache_open(&c, dir, bound, BLOCK);
+    for (unsigned k = 0; rc == 0 && k < 4; k++) {
+        char key[128];
+        unsigned char data[BLOCK];
+        block_key(k, key, sizeof key);
+        memset(data, (int)(k * 31), sizeof data);
+        rc = dh__cache_put(c, key, 0, data, sizeof data);
+    }
+    for (unsigned k = 0; rc == 0 && k < 4; k++)
+        assert_int_equal(has_full(c, k, 0), k > 0);
+    dh__cache_close(&c);
+    if (rc == 0)
+        rc = dh__cache_open(&c, dir, bound, BLOCK);
+    if (rc == 0)
+        assert_int_equal(has_full(c, 3, 0), 1);
+    dh__cache_close(&c);
+    int tmps = -1;
+    assert_true(dir_total(dir, &tmps) <= bound);
+    assert_int_equal(tmps, 0);
+    return rc;
+}
+
+/* Each allocation of open, put (the candidates' room, kept at reserve) and the scan failing
+ * in turn: DH_ENOMEM, nothing leaked, no temporary file left. */
+static void cache_survives_each_allocation_failure(void **state)
+{
+    (void)state;
+    char *dir = fresh_dir("alloc");
+    alloc_ctx_t a = {.base = dir, .run = 0};
+    long made = dh_test_each_allocation_failure(alloc_body, &a);
+    assert_true(made >= 5); /* 2 at each open, the candidates' first room */
+    free(dir);
+}
+
 static void cache_open_errors_name_the_directory(void **state)
 {
     (void)state;
@@ -432,6 +479,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cache_same_block_written_twice_at_once),
     cmocka_unit_test(cache_corrupt_block_is_a_miss_and_deleted),
     cmocka_unit_test(cache_never_returns_another_keys_block),
+    cmocka_unit_test(cache_survives_each_allocation_failure),
     cmocka_unit_test(cache_open_errors_name_the_directory),
 };
 
