@@ -8,18 +8,21 @@
  * (shm/shm_internal.h) and waits on them, never on a fixed sleep. Also: a server whose
  * arena cannot be had (more than the machine's memory, or over RLIMIT_FSIZE) or whose
  * --shm-allow-uid is malformed exits 1 at start with a message that says why. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster.h"
 #include "datahelix/client.h"
 #include "datahelix/error.h"
 #include "datahelix/shm.h"
+#include "runtime/dataserver_internal.h"
 #include "shm/shm_internal.h"
 
 #define SEED 11
@@ -368,6 +371,49 @@ static void dataserver_bad_cache_settings_fail_at_start(void **state)
     cl_assert_no_leftovers();
 }
 
+/* In process: a DataServer given a cache directory that does not exist yet makes it (its
+ * parents too), leaves no probe file, and keeps its own copy of the settings; the settings
+ * are both or neither. */
+static void dataserver_keeps_cache_settings(void **state)
+{
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", dh_test_path("ds-cache/a/b"));
+    dh_dataserver_config_t cfg;
+    dh_dataserver_config_default(&cfg);
+    cfg.coordinator = "inproc://ds-cache-coordinator-nobody";
+    cfg.role = DH_DS_REMOTE;
+    cfg.node = "n0";
+    cfg.workers = 1;
+    cfg.pipeline_json = "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":1}";
+    cfg.cache_bytes = (uint64_t)64 << 20;
+    dh_dataserver_t *s = NULL;
+    cfg.cache_dir = NULL;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--cache-bytes without --cache-dir"));
+    cfg.cache_dir = dir;
+    cfg.cache_bytes = 0;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), dir));
+    cfg.cache_bytes = (uint64_t)64 << 20;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), 0);
+    struct stat st;
+    assert_int_equal(stat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d)))
+        files += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(files, 0); /* the probe removed */
+    assert_string_equal(s->cfg.cache_dir, dir);
+    assert_ptr_not_equal(s->cfg.cache_dir, dir); /* its own copy */
+    assert_int_equal(s->cfg.cache_bytes, (uint64_t)64 << 20);
+    dh_dataserver_destroy(&s);
+    assert_null(s);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -376,6 +422,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(dataserver_arena_that_cannot_be_had_fails_at_start, cl_teardown),
         cmocka_unit_test_teardown(dataserver_bad_shm_allow_uid_fails_at_start, cl_teardown),
         cmocka_unit_test_teardown(dataserver_bad_cache_settings_fail_at_start, cl_teardown),
+        cmocka_unit_test(dataserver_keeps_cache_settings),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }
