@@ -202,8 +202,11 @@ int dh__cache_open(dh__cache_t **out, const char *dir, uint64_t bytes_max, size_
         goto fail;
     uint64_t used = 0;
     rc = dh__cache_scan(c, &used);
-    if (rc == 0) /* a bound smaller than last time's */
+    if (rc == 0) { /* a bound smaller than last time's */
         rc = dh__cache_make_room(c, 0, &used);
+        if (rc == DH_EAGAIN) /* the rest held by other processes' writes: evicted later */
+            rc = 0;
+    }
     if (rc == 0)
         rc = dh__cache_used_write(c, used);
     dh__cache_unlock(c);
@@ -412,6 +415,7 @@ void dh__cache_abandon(dh__cache_t *c, dh__cache_write_t *w)
 int dh__cache_commit(dh__cache_t *c, const char *key, uint64_t block_index, const void *data,
                      dh__cache_write_t *w)
 {
+    /* key and block_index: the reservation's (its header is written from them) */
     assert(w->fd >= 0);
     size_t key_len = strlen(key);
     unsigned char h[DH__CACHE_HEADER_BYTES];

@@ -91,7 +91,8 @@ int dh__cache_put(dh__cache_t *c, const char *key, uint64_t block_index, const v
                   size_t len);
 
 /* put's steps. reserve: room for a block of len bytes, and its temporary file (w->fd),
- * locked by this object. commit: writes data (len bytes) into it and renames it into place.
+ * locked by this object. commit (with reserve's key and block_index): writes data (len
+ * bytes) into it and renames it into place.
  * abandon: deletes the file and gives the room back. commit and abandon close w->fd, and
  * one of them must follow a reserve that returned 0. A process that dies between them
  * leaves a temporary file that the next open, or the next scan, deletes. Returns as put. */
