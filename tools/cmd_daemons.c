@@ -257,6 +257,12 @@ static void server_usage(FILE *out)
             "                              error: docs/operations.md \"Metrics\"); PORT 0 picks\n"
             "                              a free one, named in the log. Off by default\n"
             "      --metrics-port-file F   write the metrics port bound to F once it serves\n"
+            "      --cache-dir DIR         the local cache of remote byte ranges (made if\n"
+            "                              missing; DataServers of one host may share it;\n"
+            "                              docs/remote.md \"The local cache\"). Needs\n"
+            "                              --cache-bytes\n"
+            "      --cache-bytes N         the bound on the cache's files, bytes or with a K,\n"
+            "                              M or G suffix (KiB, MiB, GiB); at least 2M\n"
             "  -h, --help                  show this help\n"
             "\n"
             "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
@@ -283,6 +289,8 @@ int dh_cmd_server(int argc, char **argv)
                                             {"metrics-listen", required_argument, NULL, 0x100},
                                             {"metrics-port-file", required_argument, NULL, 0x101},
                                             {"sample-timeout", required_argument, NULL, 0x102},
+                                            {"cache-dir", required_argument, NULL, 0x103},
+                                            {"cache-bytes", required_argument, NULL, 0x104},
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
@@ -391,6 +399,15 @@ int dh_cmd_server(int argc, char **argv)
             have_sample_timeout = true;
             break;
         }
+        case 0x103: /* --cache-dir */
+            cfg.cache_dir = optarg;
+            break;
+        case 0x104: /* --cache-bytes */
+            if (dh_arena_parse_bytes(optarg, "datahelix server: --cache-bytes", &cfg.cache_bytes)) {
+                fprintf(stderr, "%s\n", dh_last_error());
+                return 2;
+            }
+            break;
         case 'h':
             server_usage(stdout);
             return 0;
@@ -408,6 +425,12 @@ int dh_cmd_server(int argc, char **argv)
                                            : NULL;
     if (missing) {
         fprintf(stderr, "datahelix server: %s is required (see --help)\n", missing);
+        return 2;
+    }
+    if (!cfg.cache_dir != !cfg.cache_bytes) {
+        fprintf(stderr, "datahelix server: %s\n",
+                cfg.cache_dir ? "--cache-dir needs --cache-bytes (the bound on its size)"
+                              : "--cache-bytes goes with --cache-dir");
         return 2;
     }
     if (dataset && cfg.pipeline_path) {

@@ -45,7 +45,10 @@ typedef enum {
                                   * at RLIMIT_NPROC) */
     DH_FAULT_PY_SEND = 19,       /* sendmsg to a Python worker process fails (EPIPE: it died) */
     DH_FAULT_PY_RECV = 20,       /* recv from a Python worker process fails (ECONNRESET: it died) */
-    DH_FAULT_SITE_COUNT = 21,
+    DH_FAULT_CACHE_WRITE = 21,   /* writing a block of the remote cache's temporary file fails
+                                  * (ENOSPC) */
+    DH_FAULT_CACHE_RENAME = 22,  /* renaming a written block into the cache fails (EIO) */
+    DH_FAULT_SITE_COUNT = 23,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */

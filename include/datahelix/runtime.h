@@ -194,6 +194,14 @@ typedef struct dh_dataserver_config {
     /* HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 = a free one:
      * dh_dataserver_metrics_port), or NULL = none (docs/operations.md, "Metrics") */
     const char *metrics_listen;
+
+    /* The local cache of remote byte ranges (docs/remote.md, "The local cache"): a
+     * directory (made if missing; several DataServers of a host may share it) and the bound
+     * on its files' total size in bytes (at least 2 MiB: two 1 MiB blocks). Both, or
+     * neither (NULL / 0: no cache). dh_dataserver_new checks that the directory can be made
+     * and written; the remote reader that fills it is not wired in yet (docs/remote.md) */
+    const char *cache_dir;
+    uint64_t cache_bytes;
 } dh_dataserver_config_t;
 
 DH_EXTERN void dh_dataserver_config_default(dh_dataserver_config_t *cfg);
@@ -209,12 +217,13 @@ DH_EXTERN uint64_t dh_arena_budget_default(void);
  * and *out, or DH_EINVAL with a message naming `what` (zero, junk, overflow). */
 DH_EXTERN int dh_arena_parse_bytes(const char *text, const char *what, uint64_t *out);
 
-/* Makes a DataServer: loads the pipeline spec, makes the arena (local), binds the data
- * endpoint and the fd-passing socket (local), connects to the coordinator, starts the
- * workers, serves metrics_listen. Returns 0, DH_EINVAL / DH_ESCHEMA / DH_EPARSE (bad config
- * or spec: the message names the field or file), -errno (bind, memfd), DH_ENOMEM (out of
- * memory, or an arena this process cannot hold: the message names its size and the limit),
- * -EFBIG (an arena over RLIMIT_FSIZE). *out is the caller's. */
+/* Makes a DataServer: loads the pipeline spec, checks the cache directory, makes the
+ * arena (local), binds the data endpoint and the fd-passing socket (local), connects to the
+ * coordinator, starts the workers, serves metrics_listen. Returns 0, DH_EINVAL / DH_ESCHEMA /
+ * DH_EPARSE (bad config or spec: the message names the field or file), -errno (bind, memfd),
+ * DH_ENOMEM (out of memory, or an arena this process cannot hold: the message names its size and
+ * the limit), -EFBIG (an arena over RLIMIT_FSIZE), -errno naming a cache_dir that cannot be made or
+ * written. *out is the caller's. */
 DH_EXTERN int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg);
 
 DH_EXTERN const char *dh_dataserver_name(const dh_dataserver_t *s);

@@ -31,6 +31,8 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -211,6 +213,45 @@ static int advertise_endpoint(dh_dataserver_t *s, const char *advertise)
     return 0;
 }
 
+/* The cache directory of cfg (docs/remote.md, "The local cache"): both settings or none, a
+ * bound of at least two 1 MiB blocks, a directory that can be made and written (a file
+ * created and removed there), so a bad --cache-dir fails at start, named, not at the first
+ * remote read. */
+static int cache_dir_check(const dh_dataserver_config_t *cfg)
+{
+    bool dir = cfg->cache_dir && cfg->cache_dir[0];
+    if (!dir && !cfg->cache_bytes)
+        return 0;
+    if (!dir)
+        return dh__set_error(DH_EINVAL, "DataServer: --cache-bytes without --cache-dir");
+    if (!cfg->cache_bytes)
+        return dh__set_error(DH_EINVAL,
+                             "DataServer: --cache-dir %s without --cache-bytes (the "
+                             "bound on its size)",
+                             cfg->cache_dir);
+    if (cfg->cache_bytes < ((uint64_t)2 << 20))
+        return dh__set_error(DH_EINVAL,
+                             "DataServer: --cache-bytes %" PRIu64
+                             " for %s is below 2 MiB (two blocks of 1 MiB)",
+                             cfg->cache_bytes, cfg->cache_dir);
+    int rc = dh__make_dirs(cfg->cache_dir);
+    if (rc)
+        return dh__set_error(rc, "DataServer: --cache-dir %s cannot be made: %s", cfg->cache_dir,
+                             dh_last_error());
+    char probe[4200];
+    int n = snprintf(probe, sizeof probe, "%s/w-probe-%d", cfg->cache_dir, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof probe)
+        return dh__set_error(DH_EINVAL, "DataServer: --cache-dir %.200s...: too long",
+                             cfg->cache_dir);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return dh__set_error(-errno, "DataServer: --cache-dir %s cannot be written: %s",
+                             cfg->cache_dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
 int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
 {
     *out = NULL;
@@ -227,10 +268,14 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
         return dh__set_error(DH_EINVAL,
                              "DataServer: emulate_link_Bps must be finite and >= 0, got %g",
                              cfg->emulate_link_Bps);
+    int rc = cache_dir_check(cfg);
+    if (rc)
+        return rc;
     dh_dataserver_t *s = dh_calloc(1, sizeof *s);
     if (!s)
         return dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
     s->cfg = *cfg;
+    s->cfg.cache_dir = NULL;
     dh__notice_server_init(&s->notice, s->name);
     s->wake_fd = -1;
     pthread_mutex_init(&s->lock, NULL);
@@ -252,8 +297,15 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
     s->cfg.data_advertise = NULL;
     s->cfg.shm_allow_uids = NULL;
     s->cfg.metrics_listen = NULL;
-    int rc = dh__rt_pipeline_load(cfg->pipeline_json,
-                                  cfg->pipeline_json ? NULL : cfg->pipeline_path, &s->pipeline);
+    if (cfg->cache_dir && cfg->cache_dir[0]) {
+        if (!(s->cache_dir = dh_strdup(cfg->cache_dir))) {
+            rc = dh__set_error(DH_ENOMEM, "out of memory for a DataServer");
+            goto fail;
+        }
+        s->cfg.cache_dir = s->cache_dir;
+    }
+    rc = dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_json ? NULL : cfg->pipeline_path,
+                              &s->pipeline);
     if (rc)
         goto fail;
     s->ctx = cfg->zmq_ctx;
@@ -426,6 +478,7 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->arena_lock);
     pthread_cond_destroy(&s->task_cond);
+    dh_free(s->cache_dir);
     dh_free(s);
     *ps = NULL;
 }

@@ -118,6 +118,7 @@ typedef struct pending {
 
 struct dh_dataserver {
     dh_dataserver_config_t cfg;
+    char *cache_dir; /* cfg.cache_dir's copy (cfg.cache_dir points here), or NULL */
     char name[NAME_CAP];
     char node[NAME_CAP];
     char coord_endpoint[ENDPOINT_CAP];

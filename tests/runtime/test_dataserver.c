@@ -8,18 +8,21 @@
  * (shm/shm_internal.h) and waits on them, never on a fixed sleep. Also: a server whose
  * arena cannot be had (more than the machine's memory, or over RLIMIT_FSIZE) or whose
  * --shm-allow-uid is malformed exits 1 at start with a message that says why. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster.h"
 #include "datahelix/client.h"
 #include "datahelix/error.h"
 #include "datahelix/shm.h"
+#include "runtime/dataserver_internal.h"
 #include "shm/shm_internal.h"
 
 #define SEED 11
@@ -239,9 +242,9 @@ static void dataserver_reclaims_dead_client_not_live_one(void **state)
 }
 
 /* Expects `server` to exit 1 at start with each of `needles` in its log. */
-static void expect_start_failure(cl_proc_t *server, const char *const *needles, size_t n)
+static void expect_exit_saying(cl_proc_t *server, int code, const char *const *needles, size_t n)
 {
-    cl_expect_exit(server, 1, T_MS);
+    cl_expect_exit(server, code, T_MS);
     char *log = cl_read(server->log);
     for (size_t i = 0; i < n; i++)
         if (!strstr(log, needles[i])) {
@@ -251,6 +254,11 @@ static void expect_start_failure(cl_proc_t *server, const char *const *needles, 
             fail();
         }
     free(log);
+}
+
+static void expect_start_failure(cl_proc_t *server, const char *const *needles, size_t n)
+{
+    expect_exit_saying(server, 1, needles, n);
 }
 
 static void dataserver_arena_that_cannot_be_had_fails_at_start(void **state)
@@ -313,6 +321,99 @@ static void dataserver_bad_shm_allow_uid_fails_at_start(void **state)
     cl_assert_no_leftovers();
 }
 
+/* --cache-dir and --cache-bytes (docs/remote.md, "The local cache"): a directory that cannot
+ * be made fails at start naming it (exit 1); a size that is not one, or one option without
+ * the other, is a usage error (exit 2). */
+static void dataserver_bad_cache_settings_fail_at_start(void **state)
+{
+    (void)state;
+    char file[1024], dir[1100];
+    snprintf(file, sizeof file, "%s", dh_test_path("cache-is-a-file"));
+    dh_test_write_file(file, "a file, not a folder\n");
+    snprintf(dir, sizeof dir, "%s/cache", file);
+    static const struct {
+        const char *dir, *bytes;
+        int code;
+        const char *says[3];
+    } cases[] = {
+        {NULL, "64M", 1, {"cannot start", "--cache-dir", NULL}},
+        {NULL, "12junk", 2, {"--cache-bytes", "'12junk'", "byte count"}},
+        {NULL, NULL, 2, {"--cache-dir needs --cache-bytes", NULL, NULL}},
+        {"ok", "1M", 1, {"cannot start", "below 2 MiB", "cache-ok"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char ok[1024];
+        snprintf(ok, sizeof ok, "%s", dh_test_path("cache-ok"));
+        char *args[20] = {"datahelix",     "server",
+                          "--coordinator", "tcp://127.0.0.1:1",
+                          "--role",        "local",
+                          "--node",        "n0",
+                          "--workers",     "1",
+                          "--arena-mb",    "4",
+                          "--cache-dir",   cases[i].dir ? ok : dir};
+        int n = 14;
+        if (cases[i].bytes) {
+            args[n++] = "--cache-bytes";
+            args[n++] = (char *)cases[i].bytes;
+        }
+        args[n] = NULL;
+        cl_proc_t server;
+        cl_spawn(&server, "server-bad-cache", args);
+        const char *says[3];
+        size_t k = 0;
+        for (size_t j = 0; j < 3; j++)
+            if (cases[i].says[j])
+                says[k++] = cases[i].says[j];
+        if (i == 0)
+            says[k++] = file; /* the folder that could not be made is named */
+        expect_exit_saying(&server, cases[i].code, says, k);
+    }
+    cl_assert_no_leftovers();
+}
+
+/* In process: a DataServer given a cache directory that does not exist yet makes it (its
+ * parents too), leaves no probe file, and keeps its own copy of the settings; the settings
+ * are both or neither. */
+static void dataserver_keeps_cache_settings(void **state)
+{
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", dh_test_path("ds-cache/a/b"));
+    dh_dataserver_config_t cfg;
+    dh_dataserver_config_default(&cfg);
+    cfg.coordinator = "inproc://ds-cache-coordinator-nobody";
+    cfg.role = DH_DS_REMOTE;
+    cfg.node = "n0";
+    cfg.workers = 1;
+    cfg.pipeline_json = "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":1}";
+    cfg.cache_bytes = (uint64_t)64 << 20;
+    dh_dataserver_t *s = NULL;
+    cfg.cache_dir = NULL;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "--cache-bytes without --cache-dir"));
+    cfg.cache_dir = dir;
+    cfg.cache_bytes = 0;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), dir));
+    cfg.cache_bytes = (uint64_t)64 << 20;
+    assert_int_equal(dh_dataserver_new(&s, &cfg), 0);
+    struct stat st;
+    assert_int_equal(stat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d)))
+        files += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(files, 0); /* the probe removed */
+    assert_string_equal(s->cfg.cache_dir, dir);
+    assert_ptr_not_equal(s->cfg.cache_dir, dir); /* its own copy */
+    assert_int_equal(s->cfg.cache_bytes, (uint64_t)64 << 20);
+    dh_dataserver_destroy(&s);
+    assert_null(s);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -320,6 +421,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(dataserver_reclaims_dead_client_not_live_one, cl_teardown),
         cmocka_unit_test_teardown(dataserver_arena_that_cannot_be_had_fails_at_start, cl_teardown),
         cmocka_unit_test_teardown(dataserver_bad_shm_allow_uid_fails_at_start, cl_teardown),
+        cmocka_unit_test_teardown(dataserver_bad_cache_settings_fail_at_start, cl_teardown),
+        cmocka_unit_test(dataserver_keeps_cache_settings),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }
