@@ -52,13 +52,27 @@ def tail(log, n=6000):
 
 
 def kill(proc):
-    """SIGKILL to the job's process group (torchrun's agent and every rank it started)."""
+    """SIGKILL to the whole job: torchrun's agent (its process group) and every process under
+    it; the agent starts each rank in a session of its own, so they are found as its
+    descendants (taken before the agent dies) and killed one by one."""
+    import psutil
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        ranks = []
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    for r in ranks:
+        try:
+            r.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait()
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    assert not alive, f"still running after SIGKILL: {alive}"
 
 
 def wait_until(cond, what, proc, log, timeout=100.0):

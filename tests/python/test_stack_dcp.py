@@ -47,6 +47,13 @@ def test_killed_job_resumes_on_another_world_size(tmp_path, world2, keep, batch2
     assert all(len(h) == 1 for h in handed), "load_state_dict called once per rank"
     assert all(h == handed[0] for h in handed), "every new rank got the same state"
     got = handed[0][0]
+    # which rank wrote each of the loader's keys: DCP's dedup spread them over both
+    from torch.distributed.checkpoint import FileSystemReader
+    files = {i.fqn: d.relative_path
+             for i, d in FileSystemReader(str(ckpt)).read_metadata().storage_data.items()
+             if i.fqn.startswith("loader.")}
+    assert set(files) == {f"loader.{k}" for k in saved[0]}
+    assert len(set(files.values())) == W1, files
     assert got["rank"] in range(W1)
     for st in saved:  # the old ranks' states differ by rank alone; DCP's is any of them
         assert {k: v for k, v in st.items() if k != "rank"} == \
