@@ -192,6 +192,11 @@ class DataLoader:
             needs CUDA: without it a warning, once, and no pinning).
         sampler, batch_sampler, multiprocessing_context (other than "spawn"), in_order=False:
             refused, each with a message saying what to use instead.
+        elastic_keep: what ``load_state_dict(state)`` keeps fixed when ``state`` was saved
+            at another world size and no ``keep`` is given: "global_batch", "rank_batch",
+            or None (the default: what this loader's batch_size keeps). For callers that
+            pass no ``keep``: torch.distributed.checkpoint's ``Stateful`` load,
+            ``accelerator.load_state`` (docs/python.md, "Training stacks").
         keys, key: a CURVE key directory (default DATAHELIX_KEYS) and this process's key in
             it (default DATAHELIX_KEY, else "server"): every tcp:// connection authenticates
             and encrypts, and what this loader starts under torchrun admits only the
@@ -224,7 +229,8 @@ class DataLoader:
                  sampler: Any = None, batch_sampler: Any = None,
                  multiprocessing_context: Any = None, in_order: bool = True,
                  log_level: Optional[str] = None,
-                 sample_timeout: Optional[float] = 300.0) -> None:
+                 sample_timeout: Optional[float] = 300.0,
+                 elastic_keep: Optional[str] = None) -> None:
         _set_log_level(log_level)
         source, dataset = _source_or_dataset(source, dataset)
         _refuse_torch_only(pipeline, sampler, batch_sampler, multiprocessing_context, in_order)
@@ -251,6 +257,10 @@ class DataLoader:
         if plan not in _TOKEN_PLANS:
             raise InvalidArgumentError(
                 f"plan must be one of {sorted(_TOKEN_PLANS)}, not {plan!r}")
+        if elastic_keep is not None and elastic_keep not in _resume.KEEP:
+            raise InvalidArgumentError(f"elastic_keep must be one of {list(_resume.KEEP)} "
+                                       f"or None, not {elastic_keep!r}")
+        self.elastic_keep = elastic_keep
         if not 1 <= plan_window <= 1024:
             raise InvalidArgumentError(f"plan_window must be in [1, 1024], not {plan_window}")
         _set_arena_budget(arena_budget)
@@ -527,14 +537,20 @@ class DataLoader:
         elastically (docs/python.md, "Elastic resume"): at the same position of the epoch's
         order, keeping fixed the global batch (``keep="global_batch"``: this loader's
         batch_size must be the saved world_size x batch_size / world_size) or the per-rank
-        batch (``keep="rank_batch"``); None: what this loader's batch_size keeps. Raises
-        InvalidArgumentError naming the setting that differs (the order would not be the
-        same), a batch or step that does not fit the new world size (naming both), or when
-        a pass is under way."""
+        batch (``keep="rank_batch"``); None: the loader's ``elastic_keep``, else what its
+        batch_size keeps. ``rank`` (or ``ranks``) is not used: any rank's state resumes
+        every rank. Raises InvalidArgumentError naming the setting that differs (the order
+        would not be the same), a batch or step that does not fit the new world size
+        (naming both), or when a pass is under way (``len()`` alone starts none)."""
         if not isinstance(state, dict) or state.get("version") != 1:
             raise InvalidArgumentError("not a DataLoader state_dict (version 1)")
         if self._client is not None:
-            raise InvalidArgumentError("load_state_dict during a pass: call it before iterating")
+            if self._client_epoch == -1:  # a pass holds it
+                raise InvalidArgumentError(
+                    "load_state_dict during a pass: call it before iterating")
+            self._close_client()  # opened by len() alone: its plan starts at the old step
+        if keep is None:
+            keep = self.elastic_keep
         elastic = "world_size" in state and state["world_size"] != self.world_size
         if keep is not None and keep not in self.KEEP:
             raise InvalidArgumentError(f"keep must be one of {list(self.KEEP)} or None, "
@@ -559,6 +575,7 @@ class DataLoader:
         self._resume_sample = self._pass_sample = first
         self._yielded = 0
         self._pinned = True
+        self._len = None  # len() counts from the resumed pass's client
 
     def stats(self) -> Dict[str, Any]:
         """The client's counters (batches, samples, samples_failed, wait_s, notices,

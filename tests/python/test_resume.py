@@ -152,8 +152,9 @@ def test_ranks_killed_and_restarted_from_their_checkpoints(datahelix, profiles, 
 
 
 def test_state_dict_goes_through_torch_distributed_checkpoint(datahelix, profiles, tmp_path):
-    """The loader is a torch.distributed.checkpoint Stateful: saved in a DCP state (keyed by
-    rank, as each rank's state differs) and loaded into a fresh loader, it resumes there."""
+    """The loader is a torch.distributed.checkpoint Stateful: saved in a DCP state (under one
+    key, as on every rank of a job: test_stack_dcp.py) and loaded into a fresh loader, it
+    resumes there."""
     import torch.distributed.checkpoint as dcp
     with datahelix.start_cluster(profiles, workers=2, pipeline=SYNTH,
                                  arena_bytes=64 << 20) as cluster:
@@ -161,13 +162,13 @@ def test_state_dict_goes_through_torch_distributed_checkpoint(datahelix, profile
                                   rank=0, world_size=1, timeout=60)
         it = iter(dl)
         first = [next(it)["sample_ids"] for _ in range(4)]
-        dcp.save({"loader_rank0": dl}, checkpoint_id=str(tmp_path / "ckpt"))
+        dcp.save({"loader": dl}, checkpoint_id=str(tmp_path / "ckpt"))
         rest = [b["sample_ids"] for b in it]
         dl.close()
         fresh = datahelix.DataLoader(profiles, batch_size=BATCH, seed=SEED,
                                      coordinator=cluster.endpoint, rank=0, world_size=1,
                                      timeout=60)
-        dcp.load({"loader_rank0": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
+        dcp.load({"loader": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
         assert [b["sample_ids"] for b in fresh] == rest
         assert len(first) == 4 and fresh.state_dict()["step"] == len(first) + len(rest)
         fresh.close()
