@@ -194,7 +194,9 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
 /* Runs expat over the body. Returns 0, or a code with the message recorded. */
 static int parse(parser_t *p, const char *body, size_t len)
 {
-    p->xp = XML_ParserCreate("UTF-8");
+    /* expat allocates through the library's hook too (docs/conventions.md, "Ownership"). */
+    static const XML_Memory_Handling_Suite mem = {dh_malloc, dh_realloc, dh_free};
+    p->xp = XML_ParserCreate_MM("UTF-8", &mem, NULL);
     if (!p->xp)
         return dh__set_error(DH_ENOMEM, "%s: out of memory creating the XML parser", p->what);
     XML_SetUserData(p->xp, p);
