@@ -155,8 +155,7 @@ int dh__ini_parse(const char *text, size_t len, const char *path, dh__ini_t *out
 int dh__ini_load(const char *path, dh__ini_t *out);
 /* The value of `key` in `section`, the last one written wins (as in botocore); NULL if none.
  * `line`, when not NULL, gets its line. Borrowed from `ini`. */
-const char *dh__ini_get(const dh__ini_t *ini, const char *section, const char *key,
-                        size_t *line);
+const char *dh__ini_get(const dh__ini_t *ini, const char *section, const char *key, size_t *line);
 /* Whether `section` has a header in the file. */
 bool dh__ini_has_section(const dh__ini_t *ini, const char *section);
 void dh__ini_clear(dh__ini_t *ini);
@@ -205,8 +204,8 @@ void dh__s3_request_clear(dh__s3_request_t *r);
  * *body_len). Returns 0 when a response came back (whatever its status), or a negative code
  * with a message naming the URL (connection refused, timeout). */
 typedef int (*dh__s3_fetch_fn)(void *ctx, const char *method, const char *url,
-                               const char *const *header_lines, size_t n_header_lines,
-                               long *status, char **body, size_t *body_len);
+                               const char *const *header_lines, size_t n_header_lines, long *status,
+                               char **body, size_t *body_len);
 
 /* Turns a response that is not 2xx into an error: the S3 error document's Code and Message
  * (`<Error><Code>NoSuchKey</Code><Message>...</Message></Error>`) when the body has one,
@@ -234,24 +233,21 @@ typedef struct dh__s3_list_page {
  * that is not a number, or says IsTruncated without a NextContinuationToken: DH_EPARSE with
  * expat's line and column where it has them. An <Error> document: as
  * dh__s3_check_response for status 200 would not see it, DH_EIO with its code. */
-int dh__s3_list_page_parse(const char *body, size_t len, const char *what,
-                           dh__s3_list_page_t *out);
+int dh__s3_list_page_parse(const char *body, size_t len, const char *what, dh__s3_list_page_t *out);
 void dh__s3_list_page_clear(dh__s3_list_page_t *page);
 
 /* The ListObjectsV2 request of one page (`?list-type=2&prefix=...&max-keys=N
  * &continuation-token=...`, max_keys 0: the server's default of 1000, token NULL: the first
  * page), signed at time_s. Returns as dh__s3_request_build. */
 int dh__s3_list_request(const dh__s3_config_t *cfg, const char *bucket, const char *prefix,
-                        size_t max_keys, const char *token, time_t time_s,
-                        dh__s3_request_t *out);
+                        size_t max_keys, const char *token, time_t time_s, dh__s3_request_t *out);
 
 /* Lists every object of `bucket` under `prefix`, page after page through `fetch` (each
  * request signed at the time it is sent), into *objects (count *count; the caller frees them
  * with dh__s3_objects_free). Stops with an error on a non-2xx reply
  * (dh__s3_check_response), a malformed page, or a continuation token that repeats. */
-int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *prefix,
-                size_t max_keys, dh__s3_fetch_fn fetch, void *fetch_ctx,
-                dh__s3_object_t **objects, size_t *count);
+int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *prefix, size_t max_keys,
+                dh__s3_fetch_fn fetch, void *fetch_ctx, dh__s3_object_t **objects, size_t *count);
 void dh__s3_objects_free(dh__s3_object_t *objects, size_t count);
 
 /* ---- Brace patterns (s3_braces.c) ----------------------------------------------------------- */

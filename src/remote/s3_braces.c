@@ -104,8 +104,8 @@ static int range(const ctx_t *c, const char *body, size_t n, size_t at, list_t *
         return dh__set_error(DH_EPARSE, "'%s': position %zu: range start is not a number",
                              c->pattern, at + 1);
     if (!parse_bound(b, bn, &to, &bd, &bp))
-        return dh__set_error(DH_EPARSE, "'%s': position %zu: range end is not a number",
-                             c->pattern, at + 1 + (size_t)(b - body));
+        return dh__set_error(DH_EPARSE, "'%s': position %zu: range end is not a number", c->pattern,
+                             at + 1 + (size_t)(b - body));
     if (dots2) {
         const char *st = dots2 + 2;
         size_t sn = (size_t)(body + n - st);
@@ -116,8 +116,8 @@ static int range(const ctx_t *c, const char *body, size_t n, size_t at, list_t *
         if (step < 0)
             step = -step;
     }
-    unsigned long long span = from <= to ? (unsigned long long)(to - from)
-                                         : (unsigned long long)(from - to);
+    unsigned long long span =
+        from <= to ? (unsigned long long)(to - from) : (unsigned long long)(from - to);
     if (span / (unsigned long long)step + 1 > c->max_count)
         return dh__set_error(DH_ERANGE, "'%s': position %zu: the range gives more than %zu names",
                              c->pattern, at + 1, c->max_count);
@@ -208,9 +208,9 @@ static int expand(const ctx_t *c, const char *s, size_t len, list_t *out)
     else if (body_len >= 4 && memmem(body, body_len, "..", 2) && !memchr(body, '{', body_len))
         rc = range(c, body, body_len, at + open + 1, &mid);
     else
-        rc = dh__set_error(DH_EPARSE,
-                           "'%s': position %zu: a brace with neither ',' nor '..' inside",
-                           c->pattern, at + open + 1);
+        rc =
+            dh__set_error(DH_EPARSE, "'%s': position %zu: a brace with neither ',' nor '..' inside",
+                          c->pattern, at + open + 1);
     if (rc == 0)
         rc = expand(c, s + close + 1, len - close - 1, &rest);
     if (rc == 0 && mid.count * rest.count > c->max_count)

@@ -67,13 +67,12 @@ static int check_endpoint(const char *url, const char *from)
     else if (strncmp(url, "https://", 8) == 0)
         rest = url + 8;
     if (!rest || !*rest || *rest == '/')
-        return dh__set_error(DH_EINVAL, "%s: S3 endpoint '%s' is not http(s)://host[:port]",
-                             from, url);
+        return dh__set_error(DH_EINVAL, "%s: S3 endpoint '%s' is not http(s)://host[:port]", from,
+                             url);
     const char *slash = strchr(rest, '/');
     if (slash && slash[1])
-        return dh__set_error(DH_EINVAL,
-                             "%s: S3 endpoint '%s' has a path after the host (not supported)",
-                             from, url);
+        return dh__set_error(
+            DH_EINVAL, "%s: S3 endpoint '%s' has a path after the host (not supported)", from, url);
     if (strpbrk(rest, "?#@ "))
         return dh__set_error(DH_EINVAL,
                              "%s: S3 endpoint '%s' has a query, user or space (not supported)",
@@ -150,19 +149,18 @@ static const char *profile_get(const files_t *f, const char *profile, const char
     return NULL;
 }
 
-static int from_profile(dh__s3_config_t *c, const files_t *f, const char *profile,
-                        bool named, bool want_keys)
+static int from_profile(dh__s3_config_t *c, const files_t *f, const char *profile, bool named,
+                        bool want_keys)
 {
     bool exists = (f->have_creds && dh__ini_has_section(&f->creds, profile)) ||
                   (f->have_config && dh__ini_has_section(&f->config, f->config_section));
     if (!exists) {
         if (!named)
             return 0;
-        return dh__set_error(DH_ENOENT,
-                             "s3: profile '%s' is in neither %s nor %s (section [%s] or [%s])",
-                             profile, f->creds_path[0] ? f->creds_path : "(no credentials file)",
-                             f->config_path[0] ? f->config_path : "(no config file)", profile,
-                             f->config_section);
+        return dh__set_error(
+            DH_ENOENT, "s3: profile '%s' is in neither %s nor %s (section [%s] or [%s])", profile,
+            f->creds_path[0] ? f->creds_path : "(no credentials file)",
+            f->config_path[0] ? f->config_path : "(no config file)", profile, f->config_section);
     }
     const char *path = NULL;
     size_t line = 0;
@@ -229,8 +227,8 @@ static int from_profile(dh__s3_config_t *c, const files_t *f, const char *profil
             c->style = DH__S3_STYLE_VIRTUAL;
         else if (strcasecmp(v, "auto") != 0)
             return dh__set_error(DH_EINVAL,
-                                 "%s:%zu: addressing_style '%s' is not auto, path or virtual",
-                                 path, line, v);
+                                 "%s:%zu: addressing_style '%s' is not auto, path or virtual", path,
+                                 line, v);
     }
     return 0;
 }

@@ -52,8 +52,7 @@ void dh__ini_clear(dh__ini_t *ini)
 /* Adds an entry; key_prefix ("s3") nests the key as "s3.key". A value of NULL records only
  * that the section exists (its header line). */
 static int add(dh__ini_t *ini, const char *section, size_t section_len, const char *prefix,
-               const char *key, size_t key_len, const char *value, size_t value_len,
-               size_t line)
+               const char *key, size_t key_len, const char *value, size_t value_len, size_t line)
 {
     if (ini->count == ini->cap) {
         size_t cap = ini->cap ? ini->cap * 2 : 16;
@@ -113,8 +112,8 @@ int dh__ini_parse(const char *text, size_t len, const char *path, dh__ini_t *out
             continue;
         if (s[0] == '[') {
             if (s[m - 1] != ']') {
-                rc = dh__set_error(DH_EPARSE, "%s:%zu: a section header without its ']'",
-                                   path, line_no);
+                rc = dh__set_error(DH_EPARSE, "%s:%zu: a section header without its ']'", path,
+                                   line_no);
                 goto fail;
             }
             section = s + 1;
@@ -139,8 +138,7 @@ int dh__ini_parse(const char *text, size_t len, const char *path, dh__ini_t *out
             goto fail;
         }
         if (!section) {
-            rc = dh__set_error(DH_EPARSE, "%s:%zu: a key before any '[section]'", path,
-                               line_no);
+            rc = dh__set_error(DH_EPARSE, "%s:%zu: a key before any '[section]'", path, line_no);
             goto fail;
         }
         const char *key = s, *value = eq + 1;
@@ -169,8 +167,8 @@ int dh__ini_parse(const char *text, size_t len, const char *path, dh__ini_t *out
             memcpy(nest, key, key_len);
             nest[key_len] = '\0';
         }
-        if ((rc = add(out, section, section_len, NULL, key, key_len, value, value_len,
-                      line_no)) < 0)
+        if ((rc = add(out, section, section_len, NULL, key, key_len, value, value_len, line_no)) <
+            0)
             goto nomem;
     }
     return 0;
@@ -225,8 +223,7 @@ int dh__ini_load(const char *path, dh__ini_t *out)
     return rc;
 }
 
-const char *dh__ini_get(const dh__ini_t *ini, const char *section, const char *key,
-                        size_t *line)
+const char *dh__ini_get(const dh__ini_t *ini, const char *section, const char *key, size_t *line)
 {
     const char *found = NULL;
     for (size_t i = 0; i < ini->count; i++) {

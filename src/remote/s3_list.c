@@ -142,8 +142,8 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
         p->in_contents = false;
         unsigned long line = XML_GetCurrentLineNumber(p->xp);
         if (!p->key || !p->have_size) {
-            fail(p, dh__set_error(DH_EPARSE, "%s: line %lu: a <Contents> without its %s",
-                                  p->what, line, p->key ? "<Size>" : "<Key>"));
+            fail(p, dh__set_error(DH_EPARSE, "%s: line %lu: a <Contents> without its %s", p->what,
+                                  line, p->key ? "<Size>" : "<Key>"));
             return;
         }
         if (add_object(p) < 0)
@@ -167,8 +167,8 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
         bool ok = t[0] >= '0' && t[0] <= '9' && end && *end == '\0';
         dh_free(t);
         if (!ok) {
-            fail(p, dh__set_error(DH_EPARSE, "%s: line %lu: a <Size> that is not a number",
-                                  p->what, XML_GetCurrentLineNumber(p->xp)));
+            fail(p, dh__set_error(DH_EPARSE, "%s: line %lu: a <Size> that is not a number", p->what,
+                                  XML_GetCurrentLineNumber(p->xp)));
             return;
         }
         p->size_B = v;
@@ -212,8 +212,7 @@ static int parse(parser_t *p, const char *body, size_t len)
         p->rc = dh__set_error(e == XML_ERROR_NO_MEMORY ? DH_ENOMEM : DH_EPARSE,
                               "%s: the reply is not well-formed XML: line %lu, column %lu: %s",
                               p->what, (unsigned long)XML_GetCurrentLineNumber(p->xp),
-                              (unsigned long)XML_GetCurrentColumnNumber(p->xp),
-                              XML_ErrorString(e));
+                              (unsigned long)XML_GetCurrentColumnNumber(p->xp), XML_ErrorString(e));
     } else if (p->rc == DH_ENOMEM) {
         dh__set_error(DH_ENOMEM, "%s: out of memory parsing the reply", p->what);
     }
@@ -248,16 +247,15 @@ void dh__s3_objects_free(dh__s3_object_t *objects, size_t count)
 
 static int error_code_of(long status, const char *code)
 {
-    if (status == 404 || (code && (strcmp(code, "NoSuchKey") == 0 ||
-                                   strcmp(code, "NoSuchBucket") == 0)))
+    if (status == 404 ||
+        (code && (strcmp(code, "NoSuchKey") == 0 || strcmp(code, "NoSuchBucket") == 0)))
         return DH_ENOENT;
     if (status == 401 || status == 403)
         return DH_EAUTH;
     return DH_EIO;
 }
 
-int dh__s3_list_page_parse(const char *body, size_t len, const char *what,
-                           dh__s3_list_page_t *out)
+int dh__s3_list_page_parse(const char *body, size_t len, const char *what, dh__s3_list_page_t *out)
 {
     memset(out, 0, sizeof(*out));
     parser_t p = {.what = what, .page = out};
@@ -268,9 +266,8 @@ int dh__s3_list_page_parse(const char *body, size_t len, const char *what,
     else if (rc == 0 && !p.have_truncated)
         rc = dh__set_error(DH_EPARSE, "%s: the reply has no <IsTruncated>", what);
     else if (rc == 0 && out->truncated && !out->next_token)
-        rc = dh__set_error(DH_EPARSE,
-                           "%s: the reply says IsTruncated but has no <NextContinuationToken>",
-                           what);
+        rc = dh__set_error(
+            DH_EPARSE, "%s: the reply says IsTruncated but has no <NextContinuationToken>", what);
     parser_clear(&p);
     if (rc < 0)
         dh__s3_list_page_clear(out);
@@ -284,8 +281,7 @@ int dh__s3_check_response(long status, const char *body, size_t body_len, const 
     parser_t p = {.what = what};
     const char *code = NULL, *message = NULL;
     /* The body is only a hint: a reply that is not an error document names the status alone. */
-    if (body && body_len && parse(&p, body, body_len) == 0 &&
-        strcmp(p.root, "Error") == 0) {
+    if (body && body_len && parse(&p, body, body_len) == 0 && strcmp(p.root, "Error") == 0) {
         code = p.code;
         message = p.message;
     }
@@ -300,8 +296,7 @@ int dh__s3_check_response(long status, const char *body, size_t body_len, const 
 }
 
 int dh__s3_list_request(const dh__s3_config_t *cfg, const char *bucket, const char *prefix,
-                        size_t max_keys, const char *token, time_t time_s,
-                        dh__s3_request_t *out)
+                        size_t max_keys, const char *token, time_t time_s, dh__s3_request_t *out)
 {
     char max[32];
     snprintf(max, sizeof(max), "%zu", max_keys);
@@ -314,9 +309,8 @@ int dh__s3_list_request(const dh__s3_config_t *cfg, const char *bucket, const ch
     return dh__s3_request_build(cfg, "GET", bucket, "", params, n, NULL, 0, time_s, out);
 }
 
-int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *prefix,
-                size_t max_keys, dh__s3_fetch_fn fetch, void *fetch_ctx,
-                dh__s3_object_t **objects, size_t *count)
+int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *prefix, size_t max_keys,
+                dh__s3_fetch_fn fetch, void *fetch_ctx, dh__s3_object_t **objects, size_t *count)
 {
     *objects = NULL;
     *count = 0;
@@ -327,8 +321,7 @@ int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *pref
     int rc = 0;
     for (;;) {
         dh__s3_request_t req;
-        if ((rc = dh__s3_list_request(cfg, bucket, prefix, max_keys, token, time(NULL), &req)) <
-            0)
+        if ((rc = dh__s3_list_request(cfg, bucket, prefix, max_keys, token, time(NULL), &req)) < 0)
             break;
         long status = 0;
         char *body = NULL;

@@ -70,8 +70,8 @@ static char *buf_take(buf_t *b)
 
 static bool unreserved(unsigned char c)
 {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '.' || c == '_' || c == '~';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '.' || c == '_' || c == '~';
 }
 
 static void encode_into(buf_t *b, const char *s, size_t len, bool keep_slash)
@@ -220,8 +220,9 @@ int dh__s3_sign(const dh__s3_sign_input_t *in, dh__s3_signed_t *out)
     memset(out, 0, sizeof(*out));
     for (size_t i = 0; i < in->n_headers; i++)
         if (!sendable(in->headers[i].name, true) || !sendable(in->headers[i].value, false))
-            return dh__set_error(DH_EINVAL, "s3: header '%s' cannot be sent (empty name, or a "
-                                            "control character in its name or value)",
+            return dh__set_error(DH_EINVAL,
+                                 "s3: header '%s' cannot be sent (empty name, or a "
+                                 "control character in its name or value)",
                                  sendable(in->headers[i].name, true) ? in->headers[i].name : "?");
     int rc = DH_ENOMEM;
     char amz_date[17], day[9];
@@ -252,11 +253,11 @@ int dh__s3_sign(const dh__s3_sign_input_t *in, dh__s3_signed_t *out)
             if (*c >= 'A' && *c <= 'Z')
                 *c = (char)(*c - 'A' + 'a');
     }
-    const char *ours[4][2] = {{"host", in->host},
-                              {"x-amz-date", amz_date},
-                              {"x-amz-content-sha256",
-                               in->content_sha256_header ? in->payload_sha256 : NULL},
-                              {"x-amz-security-token", in->session_token}};
+    const char *ours[4][2] = {
+        {"host", in->host},
+        {"x-amz-date", amz_date},
+        {"x-amz-content-sha256", in->content_sha256_header ? in->payload_sha256 : NULL},
+        {"x-amz-security-token", in->session_token}};
     for (size_t i = 0; i < 4; i++) {
         if (!ours[i][1])
             continue;
@@ -380,8 +381,8 @@ int dh__s3_sign(const dh__s3_sign_input_t *in, dh__s3_signed_t *out)
                   header_line(in->headers[i].name, in->headers[i].value)))
             goto done;
     for (size_t i = 1; i < 4; i++)
-        if (ours[i][1] && !(out->header_lines[out->n_header_lines++] =
-                                header_line(ours[i][0], ours[i][1])))
+        if (ours[i][1] &&
+            !(out->header_lines[out->n_header_lines++] = header_line(ours[i][0], ours[i][1])))
             goto done;
     out->signature = dh_strdup(sig_hex);
     out->authorization = buf_take(&auth);

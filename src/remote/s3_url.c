@@ -15,8 +15,7 @@
 
 static bool bucket_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-           c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
 }
 
 int dh__s3_url_split(const char *url, char **bucket, char **key)
@@ -28,8 +27,8 @@ int dh__s3_url_split(const char *url, char **bucket, char **key)
     const char *slash = strchr(b, '/');
     size_t n = slash ? (size_t)(slash - b) : strlen(b);
     if (n < 3 || n > 63)
-        return dh__set_error(DH_EINVAL, "'%s': a bucket name has 3 to 63 characters, not %zu",
-                             url, n);
+        return dh__set_error(DH_EINVAL, "'%s': a bucket name has 3 to 63 characters, not %zu", url,
+                             n);
     for (size_t i = 0; i < n; i++)
         if (!bucket_char(b[i]))
             return dh__set_error(DH_EINVAL,

@@ -10,10 +10,16 @@
 #include "dh_test.h"
 #include "remote/s3.h"
 
-static const char *const VARS[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                   "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
-                                   "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                                   "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"};
+static const char *const VARS[] = {"AWS_ACCESS_KEY_ID",
+                                   "AWS_SECRET_ACCESS_KEY",
+                                   "AWS_SESSION_TOKEN",
+                                   "AWS_PROFILE",
+                                   "AWS_REGION",
+                                   "AWS_DEFAULT_REGION",
+                                   "AWS_ENDPOINT_URL",
+                                   "AWS_ENDPOINT_URL_S3",
+                                   "AWS_SHARED_CREDENTIALS_FILE",
+                                   "AWS_CONFIG_FILE"};
 
 /* A clean environment: no AWS variable, HOME at an empty scratch folder (no ~/.aws). */
 static int clean_env(void **state)
@@ -161,8 +167,9 @@ static void errors_name_the_place_never_the_secret(void **state)
     unsetenv("AWS_PROFILE");
     assert_int_equal(dh__s3_config_load(&c, NULL), DH_ESCHEMA);
     char want[4200];
-    snprintf(want, sizeof(want), "%s:3: profile 'default' has aws_access_key_id but no "
-                                 "aws_secret_access_key",
+    snprintf(want, sizeof(want),
+             "%s:3: profile 'default' has aws_access_key_id but no "
+             "aws_secret_access_key",
              dh_test_path("credentials"));
     assert_string_equal(dh_last_error(), want);
     /* A secret without its key. */

@@ -60,8 +60,9 @@ static void malformed_pages_fail_named(void **state)
     (void)state;
     char cut[1024];
     snprintf(cut, sizeof(cut), "%.*s", (int)(strlen(PAGE1) / 2), PAGE1);
-    static const char *const doubly = HEAD NS "<IsTruncated>false</IsTruncated>"
-                                              "<Contents><Key>a</Key></Contents></ListBucketResult>";
+    static const char *const doubly =
+        HEAD NS "<IsTruncated>false</IsTruncated>"
+                "<Contents><Key>a</Key></Contents></ListBucketResult>";
     const struct {
         const char *body;
         const char *want;
@@ -108,8 +109,7 @@ static void error_documents_named(void **state)
     (void)state;
     const char *nsb = HEAD "<Error><Code>NoSuchBucket</Code><Message>The specified bucket does "
                            "not exist</Message><BucketName>nope</BucketName></Error>";
-    assert_int_equal(dh__s3_check_response(404, nsb, strlen(nsb), "listing s3://nope/"),
-                     DH_ENOENT);
+    assert_int_equal(dh__s3_check_response(404, nsb, strlen(nsb), "listing s3://nope/"), DH_ENOENT);
     assert_string_equal(dh_last_error(), "listing s3://nope/: HTTP 404 NoSuchBucket: The "
                                          "specified bucket does not exist");
     const char *sig = "<Error><Code>SignatureDoesNotMatch</Code><Message>The request signature "
@@ -166,8 +166,7 @@ static void listing_follows_the_token(void **state)
     script_t s = {.bodies = {PAGE1, PAGE2}, .statuses = {200, 200}, .n = 2, .signed_each = true};
     dh__s3_object_t *objects;
     size_t count;
-    assert_int_equal(dh__s3_list(&CFG, "bucket", "shards/", 2, scripted, &s, &objects, &count),
-                     0);
+    assert_int_equal(dh__s3_list(&CFG, "bucket", "shards/", 2, scripted, &s, &objects, &count), 0);
     assert_int_equal(s.calls, 2);
     assert_true(s.signed_each);
     assert_string_equal(s.urls[0],
@@ -187,8 +186,7 @@ static void listing_stops_on_errors(void **state)
     script_t s = {.bodies = {nsb}, .statuses = {404}, .n = 1, .signed_each = true};
     dh__s3_object_t *objects;
     size_t count;
-    assert_int_equal(dh__s3_list(&CFG, "nope", "p/", 0, scripted, &s, &objects, &count),
-                     DH_ENOENT);
+    assert_int_equal(dh__s3_list(&CFG, "nope", "p/", 0, scripted, &s, &objects, &count), DH_ENOENT);
     assert_string_equal(dh_last_error(), "listing s3://nope/p/: HTTP 404 NoSuchBucket: gone");
     assert_null(objects);
     assert_string_equal(s.urls[0], "http://127.0.0.1:1/nope/?list-type=2&prefix=p%2F");
@@ -196,8 +194,7 @@ static void listing_stops_on_errors(void **state)
     char cut[64];
     snprintf(cut, sizeof(cut), "%.40s", PAGE2);
     script_t t = {.bodies = {PAGE1, cut}, .statuses = {200, 200}, .n = 2, .signed_each = true};
-    assert_int_equal(dh__s3_list(&CFG, "bucket", "", 2, scripted, &t, &objects, &count),
-                     DH_EPARSE);
+    assert_int_equal(dh__s3_list(&CFG, "bucket", "", 2, scripted, &t, &objects, &count), DH_EPARSE);
     assert_null(objects);
     assert_int_equal(count, 0);
     /* A server that repeats its token would loop forever. */

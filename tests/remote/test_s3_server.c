@@ -126,8 +126,8 @@ static int start_server(void **state)
         if (waitpid(server.pid, &status, WNOHANG) == server.pid) {
             server.pid = 0;
             print_log();
-            fail_msg("moto exited before listening on %d (is moto[server] installed in %s?)",
-                     port, python());
+            fail_msg("moto exited before listening on %d (is moto[server] installed in %s?)", port,
+                     python());
         }
         if (now_s() > deadline) {
             print_log();
@@ -244,12 +244,12 @@ static long get(const dh__s3_config_t *c, const char *key, const char *range, ch
 {
     dh__s3_pair_t h[] = {{"Range", range}};
     dh__s3_request_t r;
-    assert_int_equal(dh__s3_request_build(c, "GET", "dh-test", key, NULL, 0, h, range ? 1 : 0,
-                                          time(NULL), &r),
-                     0);
+    assert_int_equal(
+        dh__s3_request_build(c, "GET", "dh-test", key, NULL, 0, h, range ? 1 : 0, time(NULL), &r),
+        0);
     long status = 0;
-    int rc = curl_fetch(NULL, "GET", r.url, (const char *const *)r.header_lines,
-                        r.n_header_lines, &status, body, len);
+    int rc = curl_fetch(NULL, "GET", r.url, (const char *const *)r.header_lines, r.n_header_lines,
+                        &status, body, len);
     if (rc < 0)
         fail_msg("%s", dh_last_error());
     dh__s3_request_clear(&r);
@@ -339,8 +339,7 @@ static void wrong_secret_missing_key_and_bucket_are_named(void **state)
     assert_int_equal(status, 404);
     assert_int_equal(dh__s3_check_response(status, body, len, "s3://dh-test/shards/999.tar"),
                      DH_ENOENT);
-    assert_non_null(
-        strstr(dh_last_error(), "s3://dh-test/shards/999.tar: HTTP 404 NoSuchKey: "));
+    assert_non_null(strstr(dh_last_error(), "s3://dh-test/shards/999.tar: HTTP 404 NoSuchKey: "));
     dh_free(body);
     assert_int_equal(dh__s3_list(&c, "no-such-bucket", "", 0, curl_fetch, NULL, &objects, &count),
                      DH_ENOENT);

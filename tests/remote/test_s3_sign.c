@@ -22,8 +22,12 @@
 
 static time_t utc(int y, int mo, int d, int h, int mi, int s)
 {
-    struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h,
-                    .tm_min = mi, .tm_sec = s};
+    struct tm tm = {.tm_year = y - 1900,
+                    .tm_mon = mo - 1,
+                    .tm_mday = d,
+                    .tm_hour = h,
+                    .tm_min = mi,
+                    .tm_sec = s};
     return timegm(&tm);
 }
 
@@ -66,8 +70,8 @@ static dh__s3_signed_t check(const dh__s3_sign_input_t *in, const char *signed_h
         fail_msg("sign: %s", dh_last_error());
     assert_string_equal(s.signature, signature);
     char want[512];
-    snprintf(want, sizeof(want), "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s",
-             in->access_key_id,
+    snprintf(want, sizeof(want),
+             "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s", in->access_key_id,
              strcmp(in->service, "s3") == 0 ? "20130524/us-east-1/s3/aws4_request"
                                             : "20150830/us-east-1/service/aws4_request",
              signed_headers, signature);
@@ -209,8 +213,8 @@ static void get_header_value_trim(void **state)
 static void get_header_key_duplicate(void **state)
 {
     (void)state;
-    dh__s3_pair_t h[] = {{"My-Header1", "value2"}, {"My-Header1", "value2"},
-                         {"My-Header1", "value1"}};
+    dh__s3_pair_t h[] = {
+        {"My-Header1", "value2"}, {"My-Header1", "value2"}, {"My-Header1", "value1"}};
     dh__s3_sign_input_t in = suite("GET", "/");
     in.headers = h;
     in.n_headers = 3;
@@ -277,9 +281,8 @@ static void s3_put_object(void **state)
     in.headers = h;
     in.n_headers = 2;
     in.payload_sha256 = body_hash;
-    dh__s3_signed_t s =
-        check(&in, "date;host;x-amz-content-sha256;x-amz-date;x-amz-storage-class",
-              "98ad721746da40c64f1a55b78f14c238d841ea1380cd77a1b5971af0ece108bd");
+    dh__s3_signed_t s = check(&in, "date;host;x-amz-content-sha256;x-amz-date;x-amz-storage-class",
+                              "98ad721746da40c64f1a55b78f14c238d841ea1380cd77a1b5971af0ece108bd");
     assert_string_equal(s.encoded_path, "/test%24file.text");
     assert_string_equal(s.string_to_sign,
                         "AWS4-HMAC-SHA256\n20130524T000000Z\n20130524/us-east-1/s3/aws4_request\n"

@@ -47,8 +47,8 @@ static void split_bucket_and_key(void **state)
     }
 }
 
-static void target(const dh__s3_config_t *c, const char *bucket, const char *key,
-                   const char *base, const char *host, const char *path)
+static void target(const dh__s3_config_t *c, const char *bucket, const char *key, const char *base,
+                   const char *host, const char *path)
 {
     dh__s3_target_t t;
     assert_int_equal(dh__s3_target_make(c, bucket, key, &t), 0);
@@ -68,8 +68,8 @@ static void addressing_styles(void **state)
     target(&aws, "my.bucket", "k", "https://s3.eu-west-1.amazonaws.com",
            "s3.eu-west-1.amazonaws.com", "/my.bucket/k");
     aws.style = DH__S3_STYLE_PATH;
-    target(&aws, "bucket", "k", "https://s3.eu-west-1.amazonaws.com",
-           "s3.eu-west-1.amazonaws.com", "/bucket/k");
+    target(&aws, "bucket", "k", "https://s3.eu-west-1.amazonaws.com", "s3.eu-west-1.amazonaws.com",
+           "/bucket/k");
     /* A custom endpoint: path style by default, virtual when asked. */
     dh__s3_config_t custom = {.region = "us-east-1", .endpoint_url = "http://127.0.0.1:9000"};
     target(&custom, "bucket", "a/b.mp4", "http://127.0.0.1:9000", "127.0.0.1:9000",
@@ -95,9 +95,8 @@ static void request_signed(void **state)
     dh__s3_pair_t range[] = {{"Range", "bytes=0-9"}};
     dh__s3_request_t r;
     time_t t = 1700000000;
-    assert_int_equal(dh__s3_request_build(&c, "GET", "bucket", "dir/a b+%.tar", NULL, 0, range,
-                                          1, t, &r),
-                     0);
+    assert_int_equal(
+        dh__s3_request_build(&c, "GET", "bucket", "dir/a b+%.tar", NULL, 0, range, 1, t, &r), 0);
     assert_string_equal(r.url, "http://127.0.0.1:9000/bucket/dir/a%20b%2B%25.tar");
     assert_int_equal(r.n_header_lines, 4);
     assert_string_equal(r.header_lines[0], "Range: bytes=0-9");
@@ -140,11 +139,10 @@ static void request_anonymous_is_unsigned(void **state)
     dh__s3_config_t c = {.region = "us-west-2"};
     dh__s3_pair_t range[] = {{"Range", "bytes=10-"}};
     dh__s3_request_t r;
-    assert_int_equal(dh__s3_request_build(&c, "GET", "public-data", "videos/ü.mp4", NULL, 0,
-                                          range, 1, 0, &r),
-                     0);
-    assert_string_equal(r.url,
-                        "https://public-data.s3.us-west-2.amazonaws.com/videos/%C3%BC.mp4");
+    assert_int_equal(
+        dh__s3_request_build(&c, "GET", "public-data", "videos/ü.mp4", NULL, 0, range, 1, 0, &r),
+        0);
+    assert_string_equal(r.url, "https://public-data.s3.us-west-2.amazonaws.com/videos/%C3%BC.mp4");
     assert_int_equal(r.n_header_lines, 1);
     assert_string_equal(r.header_lines[0], "Range: bytes=10-");
     dh__s3_request_clear(&r);
