@@ -232,13 +232,15 @@ typedef struct dh__s3_list_page {
  * not XML, is cut short, is not a ListBucketResult, has a Contents without a Key or a Size
  * that is not a number, or says IsTruncated without a NextContinuationToken: DH_EPARSE with
  * expat's line and column where it has them. An <Error> document: as
- * dh__s3_check_response for status 200 would not see it, DH_EIO with its code. */
+ * dh__s3_check_response for status 200 would not see it, DH_EIO with its code. Keys of a
+ * page that says <EncodingType>url</EncodingType> are decoded ('+' a space, %XX a byte); a
+ * malformed %XX is DH_EPARSE. */
 int dh__s3_list_page_parse(const char *body, size_t len, const char *what, dh__s3_list_page_t *out);
 void dh__s3_list_page_clear(dh__s3_list_page_t *page);
 
-/* The ListObjectsV2 request of one page (`?list-type=2&prefix=...&max-keys=N
- * &continuation-token=...`, max_keys 0: the server's default of 1000, token NULL: the first
- * page), signed at time_s. Returns as dh__s3_request_build. */
+/* The ListObjectsV2 request of one page (`?list-type=2&prefix=...&encoding-type=url
+ * &max-keys=N&continuation-token=...`, max_keys 0: the server's default of 1000, token NULL: the
+ * first page), signed at time_s. Returns as dh__s3_request_build. */
 int dh__s3_list_request(const dh__s3_config_t *cfg, const char *bucket, const char *prefix,
                         size_t max_keys, const char *token, time_t time_s, dh__s3_request_t *out);
 

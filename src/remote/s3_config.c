@@ -23,7 +23,7 @@ void dh__s3_config_clear(dh__s3_config_t *c)
     if (!c)
         return;
     if (c->secret_access_key) /* scrubbed, so a secret does not outlive its use in freed memory */
-        memset(c->secret_access_key, 0, strlen(c->secret_access_key));
+        explicit_bzero(c->secret_access_key, strlen(c->secret_access_key));
     dh_free(c->access_key_id);
     dh_free(c->secret_access_key);
     dh_free(c->session_token);

@@ -217,7 +217,7 @@ int dh__ini_load(const char *path, dh__ini_t *out)
     if (rc == 0)
         rc = dh__ini_parse(text ? text : "", len, path, out);
     if (text) {
-        memset(text, 0, len); /* the file may hold secrets */
+        explicit_bzero(text, len); /* the file may hold secrets */
         dh_free(text);
     }
     return rc;

@@ -37,6 +37,7 @@ typedef struct {
     uint64_t size_B;
     bool have_size;
     bool have_truncated;
+    bool url_encoded; /* <EncodingType>url</EncodingType>: keys are to be decoded */
     /* Error */
     char *code, *message;
 } parser_t;
@@ -75,7 +76,9 @@ static void XMLCALL on_start(void *ud, const XML_Char *name, const XML_Char **at
         return;
     }
     if (list && p->depth == 2)
-        p->capture = strcmp(name, "IsTruncated") == 0 || strcmp(name, "NextContinuationToken") == 0;
+        p->capture = strcmp(name, "IsTruncated") == 0 ||
+                     strcmp(name, "NextContinuationToken") == 0 ||
+                     strcmp(name, "EncodingType") == 0;
     else if (list && p->depth == 3 && p->in_contents)
         p->capture = strcmp(name, "Key") == 0 || strcmp(name, "Size") == 0;
     else if (!list && p->depth == 2)
@@ -181,6 +184,11 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
         dh_free(t);
         return;
     }
+    if (list && strcmp(name, "EncodingType") == 0) {
+        p->url_encoded = strcmp(t, "url") == 0;
+        dh_free(t);
+        return;
+    }
     if (list && strcmp(name, "NextContinuationToken") == 0) {
         dh_free(p->page->next_token);
         p->page->next_token = t;
@@ -219,6 +227,39 @@ static int parse(parser_t *p, const char *body, size_t len)
     XML_ParserFree(p->xp);
     p->xp = NULL;
     return p->rc;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes a key listed with encoding-type=url in place, as botocore does (unquote_plus:
+ * '+' is a space, a '+' of the key is %2B). Returns false on a malformed %XX. */
+static bool url_decode(char *s)
+{
+    char *out = s;
+    for (const char *in = s; *in; in++) {
+        if (*in == '+') {
+            *out++ = ' ';
+        } else if (*in == '%') {
+            int hi = hex_digit(in[1]), lo = hi < 0 ? -1 : hex_digit(in[2]);
+            if (hi < 0 || lo < 0)
+                return false;
+            *out++ = (char)(hi * 16 + lo);
+            in += 2;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+    return true;
 }
 
 static void parser_clear(parser_t *p)
@@ -268,6 +309,10 @@ int dh__s3_list_page_parse(const char *body, size_t len, const char *what, dh__s
     else if (rc == 0 && out->truncated && !out->next_token)
         rc = dh__set_error(
             DH_EPARSE, "%s: the reply says IsTruncated but has no <NextContinuationToken>", what);
+    for (size_t i = 0; rc == 0 && p.url_encoded && i < out->count; i++)
+        if (!url_decode(out->objects[i].key))
+            rc =
+                dh__set_error(DH_EPARSE, "%s: key %zu of the page is not URL-encoded", what, i + 1);
     parser_clear(&p);
     if (rc < 0)
         dh__s3_list_page_clear(out);
@@ -300,8 +345,11 @@ int dh__s3_list_request(const dh__s3_config_t *cfg, const char *bucket, const ch
 {
     char max[32];
     snprintf(max, sizeof(max), "%zu", max_keys);
-    dh__s3_pair_t params[4] = {{"list-type", "2"}, {"prefix", prefix ? prefix : ""}};
-    size_t n = 2;
+    /* encoding-type=url: a key may hold bytes XML 1.0 cannot carry (control characters);
+     * listed URL-encoded, they are decoded by the parser. */
+    dh__s3_pair_t params[5] = {
+        {"list-type", "2"}, {"prefix", prefix ? prefix : ""}, {"encoding-type", "url"}};
+    size_t n = 3;
     if (max_keys)
         params[n++] = (dh__s3_pair_t){"max-keys", max};
     if (token)

@@ -7,6 +7,7 @@
  * Cost: a few small allocations and five HMACs per request, microseconds; the signing key is
  * derived anew each time (caching it per day and region would save four HMACs).
  * Limit: no chunked (streaming) payload signing and no presigned (query) signatures. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,10 @@ static char *header_line(const char *name, const char *value)
 
 int dh__s3_sign(const dh__s3_sign_input_t *in, dh__s3_signed_t *out)
 {
+    assert(in->method && in->host && in->path && in->payload_sha256 && in->access_key_id &&
+           in->secret_access_key && in->region && in->service);
+    assert(in->n_params == 0 || in->params);
+    assert(in->n_headers == 0 || in->headers);
     memset(out, 0, sizeof(*out));
     for (size_t i = 0; i < in->n_headers; i++)
         if (!sendable(in->headers[i].name, true) || !sendable(in->headers[i].value, false))

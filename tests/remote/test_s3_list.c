@@ -55,6 +55,30 @@ static void page_parsed(void **state)
     dh__s3_list_page_clear(&p);
 }
 
+/* encoding-type=url: keys decoded as botocore does ('+' a space, %2B a '+'); a page without
+ * EncodingType keeps its keys as they are. */
+static void url_encoded_keys_decoded(void **state)
+{
+    (void)state;
+    const char *page = HEAD NS "<EncodingType>url</EncodingType><IsTruncated>false</IsTruncated>"
+                               "<Contents><Key>odd/a+b%2Bc%25%0A%C3%BC.tar</Key><Size>1</Size>"
+                               "</Contents><Contents><Key>plain</Key><Size>2</Size></Contents>"
+                               "</ListBucketResult>";
+    dh__s3_list_page_t p;
+    assert_int_equal(dh__s3_list_page_parse(page, strlen(page), "listing", &p), 0);
+    assert_int_equal(p.count, 2);
+    assert_string_equal(p.objects[0].key, "odd/a b+c%\n\xc3\xbc.tar");
+    assert_string_equal(p.objects[1].key, "plain");
+    dh__s3_list_page_clear(&p);
+    const char *bad =
+        HEAD NS "<EncodingType>url</EncodingType><IsTruncated>false</IsTruncated>"
+                "<Contents><Key>ok</Key><Size>1</Size></Contents>"
+                "<Contents><Key>a%2</Key><Size>1</Size></Contents></ListBucketResult>";
+    assert_int_equal(dh__s3_list_page_parse(bad, strlen(bad), "listing s3://b/", &p), DH_EPARSE);
+    assert_string_equal(dh_last_error(), "listing s3://b/: key 2 of the page is not URL-encoded");
+    assert_null(p.objects);
+}
+
 static void malformed_pages_fail_named(void **state)
 {
     (void)state;
@@ -169,10 +193,10 @@ static void listing_follows_the_token(void **state)
     assert_int_equal(dh__s3_list(&CFG, "bucket", "shards/", 2, scripted, &s, &objects, &count), 0);
     assert_int_equal(s.calls, 2);
     assert_true(s.signed_each);
-    assert_string_equal(s.urls[0],
-                        "http://127.0.0.1:1/bucket/?list-type=2&max-keys=2&prefix=shards%2F");
+    assert_string_equal(s.urls[0], "http://127.0.0.1:1/bucket/"
+                                   "?encoding-type=url&list-type=2&max-keys=2&prefix=shards%2F");
     assert_string_equal(s.urls[1], "http://127.0.0.1:1/bucket/?continuation-token=tok%2F1%2B%3D"
-                                   "&list-type=2&max-keys=2&prefix=shards%2F");
+                                   "&encoding-type=url&list-type=2&max-keys=2&prefix=shards%2F");
     assert_int_equal(count, 3);
     assert_string_equal(objects[0].key, "shards/000.tar");
     assert_string_equal(objects[2].key, "shards/\xc3\xbc.tar");
@@ -189,7 +213,8 @@ static void listing_stops_on_errors(void **state)
     assert_int_equal(dh__s3_list(&CFG, "nope", "p/", 0, scripted, &s, &objects, &count), DH_ENOENT);
     assert_string_equal(dh_last_error(), "listing s3://nope/p/: HTTP 404 NoSuchBucket: gone");
     assert_null(objects);
-    assert_string_equal(s.urls[0], "http://127.0.0.1:1/nope/?list-type=2&prefix=p%2F");
+    assert_string_equal(s.urls[0],
+                        "http://127.0.0.1:1/nope/?encoding-type=url&list-type=2&prefix=p%2F");
     /* A second page that is cut short: nothing of the first is returned. */
     char cut[64];
     snprintf(cut, sizeof(cut), "%.40s", PAGE2);
@@ -227,6 +252,7 @@ static void listing_allocation_failures(void **state)
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(page_parsed),
+    cmocka_unit_test(url_encoded_keys_decoded),
     cmocka_unit_test(malformed_pages_fail_named),
     cmocka_unit_test(error_documents_named),
     cmocka_unit_test(listing_follows_the_token),
