@@ -68,7 +68,8 @@ static void XMLCALL on_start(void *ud, const XML_Char *name, const XML_Char **at
                                   p->what, name));
         return;
     }
-    bool list = strcmp(p->root, "ListBucketResult") == 0;
+    /* Without a page (dh__s3_check_response) only an Error document is read. */
+    bool list = p->page && strcmp(p->root, "ListBucketResult") == 0;
     if (list && p->depth == 2 && strcmp(name, "Contents") == 0) {
         p->in_contents = true;
         p->key = NULL;
@@ -140,7 +141,8 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
     if (p->rc)
         return;
     int depth = p->depth--;
-    bool list = strcmp(p->root, "ListBucketResult") == 0;
+    /* Without a page (dh__s3_check_response) only an Error document is read. */
+    bool list = p->page && strcmp(p->root, "ListBucketResult") == 0;
     if (list && depth == 2 && p->in_contents && strcmp(name, "Contents") == 0) {
         p->in_contents = false;
         unsigned long line = XML_GetCurrentLineNumber(p->xp);

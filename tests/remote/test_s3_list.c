@@ -147,6 +147,9 @@ static void error_documents_named(void **state)
     assert_int_equal(dh__s3_check_response(503, "<html>busy", 10, "s3://b/k"), DH_EIO);
     assert_string_equal(dh_last_error(), "s3://b/k: HTTP 503");
     assert_int_equal(dh__s3_check_response(206, "bytes", 5, "s3://b/k"), 0);
+    /* A listing page as an error reply (found by fuzz_s3: it wrote through a NULL page). */
+    assert_int_equal(dh__s3_check_response(403, PAGE1, strlen(PAGE1), "s3://b/k"), DH_EAUTH);
+    assert_string_equal(dh_last_error(), "s3://b/k: HTTP 403");
 }
 
 /* A scripted transport: answers request i with replies[i] and records the URLs. */
