@@ -25,6 +25,7 @@
 #   libzmq3-dev                         ZeroMQ: every message between processes (src/wire)
 #   libcurl4-openssl-dev                HTTP(S) range reads of remote clips and shards (src/remote)
 #   libssl-dev                          libcrypto: S3 SigV4 signing (SHA-256, HMAC)
+#   libexpat1-dev                       expat: the XML of S3's replies (listings, error documents)
 #   nginx-light, openssl                the HTTP(S) server and test CA of tests/remote
 #   libmicrohttpd-dev                   the HTTP server of --metrics-listen (GET /metrics for
 #                                       Prometheus), so no HTTP parsing is ours
@@ -55,7 +56,7 @@ esac
 DEB_PACKAGES=(build-essential pkg-config libjansson-dev libcmocka-dev libcsv-dev libarchive-dev
               libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
               libzmq3-dev libmicrohttpd-dev libdlpack-dev iproute2 clang libclang-rt-14-dev
-              libcurl4-openssl-dev libssl-dev nginx-light openssl)
+              libcurl4-openssl-dev libssl-dev libexpat1-dev nginx-light openssl)
 # Optional tools: installed when missing, but a failure to get them is not fatal.
 DEB_OPTIONAL=(clang-format)
 

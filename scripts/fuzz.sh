@@ -9,7 +9,7 @@
 #   scripts/fuzz.sh BUILD_DIR --runs N [TARGET...]
 #   scripts/fuzz.sh BUILD_DIR --seconds S [TARGET...]
 #
-# TARGET: wire, manifest, profiles, pipeline, mix, pyworker, manifest_csv, manifest_tar,
+# TARGET: wire, manifest, profiles, pipeline, mix, pyworker, manifest_csv, manifest_tar, s3,
 # metrics_http (default: all). One line per target:
 # executions, seconds, coverage (cov: edges, ft: features), corpus size; exit status 1 when
 # a target found something, 2 on a usage error. Full logs: BUILD_DIR/fuzz-work/<target>.log.
@@ -29,7 +29,7 @@ case "$2" in
 esac
 shift 3
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire manifest profiles pipeline mix pyworker manifest_csv manifest_tar metrics_http)
+[ ${#targets[@]} -gt 0 ] || targets=(wire manifest profiles pipeline mix pyworker manifest_csv manifest_tar s3 metrics_http)
 
 # Leaks are reported by libFuzzer itself (-detect_leaks, on by default under ASan); UBSan
 # aborts on the first report (-fno-sanitize-recover=all in the build).
