@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _C
@@ -375,6 +376,7 @@ class DataLoader:
         #                        first pass); else it is the one after the last pass's
         self._passes = 0
         self._untouched = False  # the current pass has had no next() yet (an iter() to check)
+        self._pass_ref: Optional["weakref.ref[_Pass]"] = None  # the current pass's iterator
         self._load_pinned = False  # load_state_dict pinned the next pass and set_epoch did not
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
         self._keep: Optional[str] = None  # what the last elastic resume kept fixed
@@ -499,8 +501,12 @@ class DataLoader:
         if self._untouched and self._client is not None and self._client_epoch == -1 and \
                 not self._pinned:
             # no batch was taken from the last pass (Lightning calls iter() once to check that
-            # the loader is iterable): this one replaces it, at the same epoch and step
-            self._close_client()
+            # the loader is iterable): this one replaces it, at the same epoch and step, with
+            # its client (and what it prefetched); the abandoned iterator ends
+            old = self._pass_ref() if self._pass_ref is not None else None
+            if old is not None:
+                old._client = None
+            self._client_epoch = self._epoch
             self._resume_step = self._pass_first
             self._pinned = True
         if not self._pinned and self._passes:
@@ -524,7 +530,9 @@ class DataLoader:
         self._yielded = self._resume_step
         self._pass_first = self._resume_step
         self._resume_step = 0
-        return _Pass(self, client)
+        it = _Pass(self, client)
+        self._pass_ref = weakref.ref(it)
+        return it
 
     # -- resume ---------------------------------------------------------------------------
 
