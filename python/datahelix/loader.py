@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _C
@@ -20,6 +22,30 @@ from .rebalance import _rebalance_config
 from .sources import (_TOKEN_PLANS, _dataset_source, _load_costs, _pipeline_json,
                       _warn_if_probed_otherwise, _with_sample_timeout, blend, resolve_source)
 from .workers import _row_keys
+
+
+def _dist_group() -> Optional[Tuple[int, int]]:
+    """(rank, world size) of torch.distributed's default process group when one is
+    initialized in this process, else None (torch.distributed is not imported for this)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _job_rank_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """The rank and world size a loader takes when not given: torchrun's RANK and WORLD_SIZE;
+    without RANK in the environment, those of an initialized torch.distributed process group
+    (Lightning's DDP launcher sets WORLD_SIZE and LOCAL_RANK but not RANK, and creates the
+    group before calling ``train_dataloader()``); else 0 and 1."""
+    env_rank = _env_int("RANK")
+    group = _dist_group() if env_rank is None else None
+    if group is not None:
+        found = group
+    else:
+        found = (env_rank or 0, _env_int("WORLD_SIZE") or 1)
+    return (found[0] if rank is None else rank,
+            found[1] if world_size is None else world_size)
 
 
 class _Pass:
@@ -49,6 +75,8 @@ class _Pass:
         loader, client = self._loader, self._client
         if client is None:
             raise StopIteration
+        if loader._client is client:
+            loader._untouched = False
         try:
             batch = client.next()
         except DataHelixError:
@@ -106,7 +134,8 @@ class DataLoader:
         coordinator: an endpoint to join. None: one process (world_size 1) runs embedded
             (a coordinator and a DataServer as threads of this process); under torchrun
             the job's coordinator is found or started (see docs/python.md).
-        rank, world_size: default to torchrun's RANK and WORLD_SIZE (else 0 and 1).
+        rank, world_size: default to torchrun's RANK and WORLD_SIZE; without RANK, to an
+            initialized torch.distributed process group's (Lightning's DDP); else 0 and 1.
         on_error: "raise" (a failed sample raises its error class; that batch is consumed
             and the next ``next()`` yields the next one) or "skip" (the batch comes with the
             sample's slot zeroed and its message in ``errors``).
@@ -313,8 +342,8 @@ class DataLoader:
         if epochs == 0 and not max_steps:
             raise InvalidArgumentError("epochs=0 (no end) needs max_steps")
         self.epochs = epochs
-        self.rank = rank if rank is not None else (_env_int("RANK") or 0)
-        self.world_size = world_size if world_size is not None else (_env_int("WORLD_SIZE") or 1)
+        self._job_inferred = rank is None or world_size is None
+        self.rank, self.world_size = _job_rank_world(rank, world_size)
         if not 0 <= self.rank < self.world_size:
             raise InvalidArgumentError(f"rank {self.rank} is not in [0, {self.world_size})")
         # a Python dataset's spec: its seed is rewritten per pass (the pass's base seed)
@@ -356,6 +385,9 @@ class DataLoader:
         self._pinned = True    # the next pass is self._epoch (set_epoch, load_state_dict, the
         #                        first pass); else it is the one after the last pass's
         self._passes = 0
+        self._untouched = False  # the current pass has had no next() yet (an iter() to check)
+        self._pass_ref: Optional["weakref.ref[_Pass]"] = None  # the current pass's iterator
+        self._load_pinned = False  # load_state_dict pinned the next pass and set_epoch did not
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
         self._resume_sample = 0  # and the sample its epoch is cut from (an elastic resume)
         self._pass_sample = 0  # the sample the current (or last) pass's epoch was cut from
@@ -374,6 +406,14 @@ class DataLoader:
         if self._client is not None and self._client_epoch == epoch:
             return self._client
         self._close_client()
+        group = _dist_group() if self._job_inferred else None
+        if group is not None and group != (self.rank, self.world_size):
+            raise InvalidArgumentError(
+                f"this DataLoader took rank {self.rank} of world size {self.world_size} when it "
+                f"was made, but torch.distributed's process group is now rank {group[0]} of "
+                f"{group[1]}: make the loader once the group exists (under Lightning in "
+                f"train_dataloader(), not in __init__ or prepare_data), or give rank= and "
+                f"world_size=")
         kwargs = dict(self._client_kwargs)
         if self._py_spec is not None:  # worker_init_fn sees this pass's seed (torch's)
             kwargs["pipeline_json"] = json.dumps(
@@ -459,6 +499,7 @@ class DataLoader:
             self._resume_step = self._resume_sample = self._pass_sample = 0
             self._yielded = 0
         self._pinned = True
+        self._load_pinned = False
 
     def __len__(self) -> int:
         """Batches this rank gets per pass (one epoch's; ``epochs`` times that with
@@ -469,19 +510,43 @@ class DataLoader:
         return self._len
 
     def __iter__(self) -> "_Pass":
+        if self._untouched and self._client is not None and self._client_epoch == -1 and \
+                not self._pinned:
+            # no batch was taken from the last pass (Lightning calls iter() once to check that
+            # the loader is iterable): this one replaces it, at the same epoch and step, with
+            # its client (and what it prefetched); the abandoned iterator ends
+            old = self._pass_ref() if self._pass_ref is not None else None
+            if old is not None:
+                old._client = None
+            self._client_epoch = self._epoch
+            self._resume_step = self._pass_first
+            self._resume_sample = self._pass_sample
+            self._pinned = True
         if not self._pinned and self._passes:
             self._epoch += max(1, self.epochs)  # a new pass is the next epoch's
             self._resume_step = self._resume_sample = 0
+        resumed, self._load_pinned = self._load_pinned, False
         self._pinned = False
         self._passes += 1
         client = self._open(self._epoch)
+        if resumed and self._resume_step and self.epochs and self._len == self._resume_step:
+            # a state taken after the pass's last batch, iterated without set_epoch (as
+            # Lightning does after a checkpoint at an epoch's end): the next epoch, from its
+            # first step, not an empty pass
+            self._close_client()
+            self._epoch += max(1, self.epochs)
+            self._resume_step = self._resume_sample = 0
+            client = self._open(self._epoch)
+        self._untouched = True
         # The client is consumed by this pass; a new pass opens a new one.
         self._client_epoch = -1
         self._yielded = self._resume_step
         self._pass_first = self._resume_step
         self._pass_sample = self._resume_sample
         self._resume_step = self._resume_sample = 0
-        return _Pass(self, client)
+        it = _Pass(self, client)
+        self._pass_ref = weakref.ref(it)
+        return it
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -545,10 +610,10 @@ class DataLoader:
         if not isinstance(state, dict) or state.get("version") != 1:
             raise InvalidArgumentError("not a DataLoader state_dict (version 1)")
         if self._client is not None:
-            if self._client_epoch == -1:  # a pass holds it
+            if self._client_epoch == -1 and not self._untouched:  # a pass holds it
                 raise InvalidArgumentError(
                     "load_state_dict during a pass: call it before iterating")
-            self._close_client()  # opened by len() alone: its plan starts at the old step
+            self._close_client()  # len()'s client, or a pass no batch was taken from
         if keep is None:
             keep = self.elastic_keep
         elastic = "world_size" in state and state["world_size"] != self.world_size
@@ -576,6 +641,7 @@ class DataLoader:
         self._yielded = 0
         self._pinned = True
         self._len = None  # len() counts from the resumed pass's client
+        self._load_pinned = True
 
     def stats(self) -> Dict[str, Any]:
         """The client's counters (batches, samples, samples_failed, wait_s, notices,
