@@ -45,7 +45,14 @@ typedef enum {
                                   * at RLIMIT_NPROC) */
     DH_FAULT_PY_SEND = 19,       /* sendmsg to a Python worker process fails (EPIPE: it died) */
     DH_FAULT_PY_RECV = 20,       /* recv from a Python worker process fails (ECONNRESET: it died) */
-    DH_FAULT_SITE_COUNT = 21,
+    DH_FAULT_WIRE_ZAP_START = 21, /* a step of starting the ZAP handler fails: its socket
+                                   * (EMFILE), binding inproc://zeromq.zap.01 or its control
+                                   * pair (ENOMEM), its thread (EAGAIN) */
+    DH_FAULT_WIRE_ZAP_IO = 22,    /* the ZAP handler's receive of a request or send of its reply
+                                   * is interrupted (EINTR); the request stays queued */
+    DH_FAULT_WIRE_PROBE = 23,     /* the connect probe's socket (EMFILE) or its read of the
+                                   * peer's greeting (ECONNRESET) fails */
+    DH_FAULT_SITE_COUNT = 24,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
