@@ -52,7 +52,9 @@ typedef enum {
                                    * is interrupted (EINTR); the request stays queued */
     DH_FAULT_WIRE_PROBE = 23,     /* the connect probe's socket (EMFILE) or its read of the
                                    * peer's greeting (ECONNRESET) fails */
-    DH_FAULT_SITE_COUNT = 24,
+    DH_FAULT_CLI_WRITE = 24,      /* a CLI output file: a line's write (ENOSPC), its close or
+                                   * its rename into place (EIO) */
+    DH_FAULT_SITE_COUNT = 25,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
