@@ -54,7 +54,11 @@ typedef enum {
                                    * peer's greeting (ECONNRESET) fails */
     DH_FAULT_CLI_WRITE = 24,      /* a CLI output file: a line's write (ENOSPC), its close or
                                    * its rename into place (EIO) */
-    DH_FAULT_SITE_COUNT = 25,
+    DH_FAULT_NOTICE_SEND = 25,    /* a DataServer's send of a DELIVER on a client's notice
+                                   * channel fails (EAGAIN: the channel is full) */
+    DH_FAULT_NOTICE_RECV = 26,    /* a client's read of a notice packet fails (ENOMEM: the
+                                   * kernel is short of memory) */
+    DH_FAULT_SITE_COUNT = 27,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
