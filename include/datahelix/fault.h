@@ -58,7 +58,9 @@ typedef enum {
                                    * channel fails (EAGAIN: the channel is full) */
     DH_FAULT_NOTICE_RECV = 26,    /* a client's read of a notice packet fails (ENOMEM: the
                                    * kernel is short of memory) */
-    DH_FAULT_SITE_COUNT = 27,
+    DH_FAULT_METRICS_HTTP = 27,   /* a step of answering GET /metrics fails for lack of memory:
+                                   * the render (a 500), the response (the connection closed) */
+    DH_FAULT_SITE_COUNT = 28,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */
