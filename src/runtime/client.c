@@ -319,8 +319,8 @@ static int check_config(const dh_client_config_t *cfg)
                                         "tier 2 (rebalance): its rounds trade full batches");
     /* No side door around CURVE (docs/security.md, "What travels where"): exchange_fn
      * carries the tier-2 payloads that move across nodes outside the encrypted data plane. */
-    if (cfg->rebalance.enabled && cfg->rebalance.exchange_fn && cfg->keys_dir &&
-        cfg->keys_dir[0] && !cfg->rebalance.allow_unencrypted_exchange)
+    if (cfg->rebalance.enabled && cfg->rebalance.exchange_fn && cfg->keys_dir && cfg->keys_dir[0] &&
+        !cfg->rebalance.allow_unencrypted_exchange)
         return dh__set_error(DH_EINVAL,
                              "client: rebalance.exchange_fn with CURVE keys (keys_dir '%s') "
                              "carries the tier-2 payloads that move across nodes outside "

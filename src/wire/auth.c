@@ -463,8 +463,8 @@ int dh_wire_auth_start(dh_wire_auth_t **out, void *zmq_ctx, const dh_wire_keys_t
     int linger = 0, rc = 0;
     /* A step that fails (fault site DH_FAULT_WIRE_ZAP_START) fails as ZeroMQ or pthreads
      * would: EMFILE for a socket (the context's socket limit), EAGAIN for the thread. */
-    a->zap = DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? (errno = EMFILE, NULL)
-                                               : zmq_socket(zmq_ctx, ZMQ_REP);
+    a->zap =
+        DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? (errno = EMFILE, NULL) : zmq_socket(zmq_ctx, ZMQ_REP);
     a->control = a->zap ? zmq_socket(zmq_ctx, ZMQ_PAIR) : NULL;
     a->control_thread = a->control ? zmq_socket(zmq_ctx, ZMQ_PAIR) : NULL;
     if (!a->zap || !a->control || !a->control_thread) {
@@ -484,16 +484,17 @@ int dh_wire_auth_start(dh_wire_auth_t **out, void *zmq_ctx, const dh_wire_keys_t
                            e == EADDRINUSE ? " (one handler per ZeroMQ context)" : "");
         goto fail;
     }
-    if ((DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? (errno = ENOMEM, -1)
-                                           : zmq_bind(a->control_thread, a->control_endpoint)) !=
-            0 ||
+    if ((DH_FAULT(DH_FAULT_WIRE_ZAP_START)
+             ? (errno = ENOMEM, -1)
+             : zmq_bind(a->control_thread, a->control_endpoint)) != 0 ||
         zmq_connect(a->control, a->control_endpoint) != 0) {
         rc = dh__set_error(DH_EIO, "ZAP handler %s: control socket %s: %s", ZAP_ENDPOINT,
                            a->control_endpoint, zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? EAGAIN
-                                                : pthread_create(&a->thread, NULL, auth_thread, a))) {
+    if ((rc = DH_FAULT(DH_FAULT_WIRE_ZAP_START)
+                  ? EAGAIN
+                  : pthread_create(&a->thread, NULL, auth_thread, a))) {
         rc = dh__set_error(-rc, "ZAP handler %s: pthread_create: %s", ZAP_ENDPOINT, strerror(rc));
         goto fail;
     }

@@ -691,10 +691,9 @@ static void read_fault_names_the_file(void **state)
     if (!dh_fault_enabled())
         skip();
     fault_path = dh_test_path("fault-read.jsonl");
-    dh_test_write_file(fault_path,
-                       "{\"id\":\"a\",\"uri\":\"u\",\"profile_key\":\"k\",\"frames\":1,"
-                       "\"height\":2,\"width\":2,\"tokens_est\":1,\"cpu_s_est\":0.1,"
-                       "\"in_bytes\":1,\"out_bytes\":12}\n");
+    dh_test_write_file(fault_path, "{\"id\":\"a\",\"uri\":\"u\",\"profile_key\":\"k\",\"frames\":1,"
+                                   "\"height\":2,\"width\":2,\"tokens_est\":1,\"cpu_s_est\":0.1,"
+                                   "\"in_bytes\":1,\"out_bytes\":12}\n");
     assert_int_equal(dh_test_each_fault(DH_FAULT_PROFILE_READ, fault_path, load_fault_file, NULL),
                      2);
 }
@@ -741,8 +740,8 @@ static void write_fault_names_the_file(void **state)
     assert_int_equal(dh_profile_set_write(fault_set, fault_path), 0); /* the old file */
     row.id = "b";
     assert_int_equal(dh_profile_set_add(fault_set, &row), 0);
-    assert_int_equal(
-        dh_test_each_fault(DH_FAULT_PROFILE_WRITE, fault_path, write_fault_file, NULL), 3);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_PROFILE_WRITE, fault_path, write_fault_file, NULL),
+                     3);
     dh_profile_set_destroy(&fault_set);
 }
 

@@ -680,8 +680,8 @@ static void coordinator_refused_request_fails_next(void **state)
     if (!dh_fault_enabled())
         skip();
     book_profiles = cl_write_profiles("refused.jsonl", 16);
-    assert_true(dh_test_each_fault(DH_FAULT_COORD_BOOK, "will not come: ",
-                                   epoch_with_a_refused_request, NULL) >= 4);
+    assert_true(dh_test_each_fault(DH_FAULT_COORD_BOOK,
+                                   "will not come: ", epoch_with_a_refused_request, NULL) >= 4);
 }
 
 /* A step that cannot be planned (here: an algorithm the planner does not know) fails next()

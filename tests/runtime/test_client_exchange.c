@@ -18,8 +18,8 @@
 #define SYNTH "{\"type\":\"synthetic\",\"cost\":\"none\",\"bytes_scale\":0.002}"
 
 static int no_exchange(void *user, uint32_t group, uint64_t round, const uint32_t *ranks,
-                       uint32_t n_ranks, const void *send, const size_t *send_counts,
-                       void *recv, const size_t *recv_counts)
+                       uint32_t n_ranks, const void *send, const size_t *send_counts, void *recv,
+                       const size_t *recv_counts)
 {
     (void)user, (void)group, (void)round, (void)ranks, (void)n_ranks, (void)send;
     (void)send_counts, (void)recv, (void)recv_counts;

@@ -327,8 +327,8 @@ static void http_fails_cleanly_at_every_hit(void **state)
         dh__metrics_add(m, "datahelix_test_total", "Adds.", DH__METRIC_COUNTER, NULL, NULL, 0);
     dh__series_add(dh__metric_series(c, NULL), 42);
     assert_int_equal(dh__metrics_http_start_unbound(&fault_http, m, "test"), 0);
-    assert_int_equal(dh_test_each_fault(DH_FAULT_METRICS_HTTP, "GET /metrics", scrape_unbound, NULL),
-                     2);
+    assert_int_equal(
+        dh_test_each_fault(DH_FAULT_METRICS_HTTP, "GET /metrics", scrape_unbound, NULL), 2);
     dh__metrics_http_stop(&fault_http);
     dh__metrics_destroy(&m);
 }

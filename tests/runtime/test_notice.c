@@ -345,7 +345,7 @@ static int notice_packets(void *arg)
     assert_int_equal(next, NOTICE_PACKETS);
     dh_msg_t none = {0};
     assert_int_equal(dh__notice_receive(sv[1], "rank0", &none), 0); /* nothing twice */
-    dh__notice_server_close(&ns);                                    /* closes sv[0] */
+    dh__notice_server_close(&ns);                                   /* closes sv[0] */
     close(sv[1]);
     return 0;
 }

@@ -753,7 +753,7 @@ static int rebalance_world(void *arg)
     world_run(w);
     int errors = w->errors[0] + w->errors[1];
     char msg[2 * sizeof w->error_msg[0] + 32]; /* both ranks' first errors (the sender's and
-                                                 * the receiver's "did not come") */
+                                                * the receiver's "did not come") */
     snprintf(msg, sizeof msg, "rank 0: %s; rank 1: %s", w->errors[0] ? w->error_msg[0] : "-",
              w->errors[1] ? w->error_msg[1] : "-");
     clients_gone_arenas_empty(w);
@@ -777,8 +777,8 @@ static void rebalance_failed_take_over_gives_back_its_slabs(void **state)
     if (!dh_fault_enabled())
         skip();
     sweep_arg_t a = {.one_node = 1};
-    long hits = dh_test_each_fault(DH_FAULT_RB_TAKE_OVER, "a part of this node could not change owner",
-                                   rebalance_world, &a);
+    long hits = dh_test_each_fault(
+        DH_FAULT_RB_TAKE_OVER, "a part of this node could not change owner", rebalance_world, &a);
     print_message("site 5: %ld hits\n", hits);
 }
 

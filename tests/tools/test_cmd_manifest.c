@@ -661,10 +661,9 @@ static void manifest_write_fails_cleanly_at_every_hit(void **state)
     manifest_ok(args); /* the old manifest: one clip */
     char *old = read_all(out);
     put(dir, "b.mp4", "");
-    static const char *const steps[] = {": write error: No space left on device",
-                                        ": write error: No space left on device",
-                                        ": write error at close: Input/output error",
-                                        ": cannot rename to "};
+    static const char *const steps[] = {
+        ": write error: No space left on device", ": write error: No space left on device",
+        ": write error at close: Input/output error", ": cannot rename to "};
     for (int n = 0;; n++) {
         char cmd[8192];
         snprintf(cmd, sizeof cmd, "manifest %s", args);

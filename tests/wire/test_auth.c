@@ -448,17 +448,17 @@ static void zap_start_fails_cleanly_at_every_step(void **state)
     if (!dh_fault_enabled())
         skip();
     zap_dirs("zap-start");
-    assert_int_equal(
-        dh_test_each_fault(DH_FAULT_WIRE_ZAP_START, "ZAP handler inproc://zeromq.zap.01",
-                           zap_handshakes, NULL),
-        4);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_WIRE_ZAP_START,
+                                        "ZAP handler inproc://zeromq.zap.01", zap_handshakes, NULL),
+                     4);
 }
 
 /* Site 22: the handler's receive of a request, or the send of its reply, is interrupted
- * (EINTR) at each hit (2 handshakes: 4 hits, more when the intruder tries again). Recovered every time: the listed key gets
- * through and the unlisted one is refused. Before, the handler's thread left on a failed
- * receive and closed (unbound) the ZAP socket, after which libzmq admits any client that knows
- * the server key (no ZAP handler: "Stonehouse"), or the pending handshake stalled. */
+ * (EINTR) at each hit (2 handshakes: 4 hits, more when the intruder tries again). Recovered every
+ * time: the listed key gets through and the unlisted one is refused. Before, the handler's thread
+ * left on a failed receive and closed (unbound) the ZAP socket, after which libzmq admits any
+ * client that knows the server key (no ZAP handler: "Stonehouse"), or the pending handshake
+ * stalled. */
 static void zap_interrupted_io_is_recovered_at_every_hit(void **state)
 {
     (void)state;
