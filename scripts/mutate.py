@@ -244,11 +244,11 @@ MUTANTS = [
     ("rb-take-over-failure-keeps-sender-refs", "src/runtime/client_rebalance_move.c",
      "for (uint32_t k = 0; k < w->n_tensors; k++) {",
      "for (uint32_t k = 0; k < 0 * w->n_tensors; k++) {",
-     r"^runtime\.test_rebalance\.rebalance_failed_moves"),
+     r"^runtime\.test_rebalance\.rebalance_failed_take_over"),
     ("rb-send-failure-keeps-slabs", "src/runtime/client_rebalance_move.c",
      "they go here */\n                    dh__client_part_release_tensors(&c->ring[slot]);",
      "they go here */\n                    (void)slot;",
-     r"^runtime\.test_rebalance\.rebalance_failed_moves"),
+     r"^runtime\.test_rebalance\.rebalance_failed_send"),
     # ---- src/runtime/ the Python worker protocol (dataserver_pyworker*.c) ----
     ("pyworker-op-unchecked", "src/runtime/dataserver_pyworker.c",
      "if (!json_is_object(msg) || !json_is_string(json_object_get(msg, \"op\"))) {",

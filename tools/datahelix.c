@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "cli.h"
 
 typedef struct command {
@@ -88,8 +89,19 @@ bad:
     return -1;
 }
 
+/* A faults build (tests only) arms a site from DH_FAULT_ARM=SITE:SKIP, so that a test can
+ * sweep a site of the CLI run as a process (docs/testing.md, "Fault injection"). */
+static void arm_fault_from_env(void)
+{
+    const char *arm = getenv("DH_FAULT_ARM");
+    long site, skip;
+    if (dh_fault_enabled() && arm && sscanf(arm, "%ld:%ld", &site, &skip) == 2)
+        dh_fault_arm((dh_fault_site_t)site, skip);
+}
+
 int main(int argc, char **argv)
 {
+    arm_fault_from_env();
     if (argc < 2) {
         usage(stderr);
         return 2;

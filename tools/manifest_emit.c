@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include "datahelix/fault.h"
+#include "core/internal.h"
 #include "manifest_build.h"
 
 struct mb_id_slot {
@@ -214,7 +216,10 @@ static int emit(mb_emitter_t *e, const char *id, const char *abs_path, long long
         e->with_meta += rc == 0;
     }
     json_decref(caption_json);
-    if (rc == 0 && (json_dumpf(obj, e->out, JSON_COMPACT) != 0 || fputc('\n', e->out) == EOF)) {
+    /* Fault site DH_FAULT_CLI_WRITE: a line's write (ENOSPC), then the close and the rename. */
+    if (rc == 0 && (DH_FAULT(DH_FAULT_CLI_WRITE) ? (errno = ENOSPC, 1)
+                                                 : json_dumpf(obj, e->out, JSON_COMPACT) != 0 ||
+                                                       fputc('\n', e->out) == EOF)) {
         int err = errno ? errno : EIO;
         rc = mb_error("%s: write error: %s", e->part_path, strerror(err));
     }
@@ -241,12 +246,17 @@ int mb_emitter_finish(mb_emitter_t *e, int ok)
 {
     int rc = 0;
     if (e->out) {
-        if (fclose(e->out) != 0 && ok) {
+        int closed = fclose(e->out);
+        if (ok && DH_FAULT(DH_FAULT_CLI_WRITE)) /* a network file system's error at close */
+            closed = EOF, errno = EIO;
+        if (closed != 0 && ok) {
             int err = errno;
-            rc = mb_error("%s: write error: %s", e->part_path, strerror(err));
+            rc = mb_error("%s: write error at close: %s", e->part_path, strerror(err));
         }
         e->out = NULL;
-        if (ok && rc == 0 && rename(e->part_path, e->out_path) != 0) {
+        if (ok && rc == 0 &&
+            (DH_FAULT(DH_FAULT_CLI_WRITE) ? (errno = EIO, -1)
+                                          : rename(e->part_path, e->out_path)) != 0) {
             int err = errno;
             rc = mb_error("%s: cannot rename to %s: %s", e->part_path, e->out_path, strerror(err));
         }

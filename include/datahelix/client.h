@@ -155,6 +155,9 @@ typedef struct dh_rebalance_config {
                            * tests), at the cost of waiting */
     dh_rebalance_exchange_fn exchange_fn; /* NULL: DataServers forward cross-node moves */
     void *exchange_user;
+    int allow_unencrypted_exchange; /* with keys_dir, an exchange_fn is refused (DH_EINVAL:
+                                     * its payloads travel outside CURVE) unless this is 1;
+                                     * then a warning is logged (docs/security.md) */
 } dh_rebalance_config_t;
 
 typedef struct dh_client_config {

@@ -45,10 +45,25 @@ typedef enum {
                                   * at RLIMIT_NPROC) */
     DH_FAULT_PY_SEND = 19,       /* sendmsg to a Python worker process fails (EPIPE: it died) */
     DH_FAULT_PY_RECV = 20,       /* recv from a Python worker process fails (ECONNRESET: it died) */
-    DH_FAULT_CACHE_WRITE = 21,   /* writing a block of the remote cache's temporary file fails
+    DH_FAULT_WIRE_ZAP_START = 21, /* a step of starting the ZAP handler fails: its socket
+                                   * (EMFILE), binding inproc://zeromq.zap.01 or its control
+                                   * pair (ENOMEM), its thread (EAGAIN) */
+    DH_FAULT_WIRE_ZAP_IO = 22,    /* the ZAP handler's receive of a request or send of its reply
+                                   * is interrupted (EINTR); the request stays queued */
+    DH_FAULT_WIRE_PROBE = 23,     /* the connect probe's socket (EMFILE) or its read of the
+                                   * peer's greeting (ECONNRESET) fails */
+    DH_FAULT_CLI_WRITE = 24,      /* a CLI output file: a line's write (ENOSPC), its close or
+                                   * its rename into place (EIO) */
+    DH_FAULT_NOTICE_SEND = 25,    /* a DataServer's send of a DELIVER on a client's notice
+                                   * channel fails (EAGAIN: the channel is full) */
+    DH_FAULT_NOTICE_RECV = 26,    /* a client's read of a notice packet fails (ENOMEM: the
+                                   * kernel is short of memory) */
+    DH_FAULT_METRICS_HTTP = 27,   /* a step of answering GET /metrics fails for lack of memory:
+                                   * the render (a 500), the response (the connection closed) */
+    DH_FAULT_CACHE_WRITE = 28,   /* writing a block of the remote cache's temporary file fails
                                   * (ENOSPC) */
-    DH_FAULT_CACHE_RENAME = 22,  /* renaming a written block into the cache fails (EIO) */
-    DH_FAULT_SITE_COUNT = 23,
+    DH_FAULT_CACHE_RENAME = 29,  /* renaming a written block into the cache fails (EIO) */
+    DH_FAULT_SITE_COUNT = 30,
 } dh_fault_site_t;
 
 /* 1 if this build has the sites compiled in (DH_ENABLE_FAULTS), else 0. */

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -972,14 +973,28 @@ int dh_profile_row_write(FILE *f, const dh_profile_row_t *row)
     return ferror(f) ? DH_EIO : 0;
 }
 
+/* A file is written as PATH.part beside it and renamed over PATH once complete, so a failed
+ * write (the disk full, a close that reports a network file system's error, a refused
+ * rename) leaves the old file, or none, never a partial one; PATH.part is removed. Fault
+ * site DH_FAULT_PROFILE_WRITE: the write (ENOSPC), the close (EIO), the rename (EIO). */
 int dh_profile_set_write(const dh_profile_set_t *set, const char *path)
 {
     bool use_stdout = strcmp(path, "-") == 0;
     const char *name = use_stdout ? "<stdout>" : path;
-    FILE *f = use_stdout ? stdout : fopen(path, "w");
-    if (!f) {
-        int err = errno;
-        return dh__set_error(-err, "%s: cannot open for writing: %s", path, strerror(err));
+    char *part = NULL;
+    FILE *f = stdout;
+    if (!use_stdout) {
+        size_t len = strlen(path) + sizeof ".part";
+        if (!(part = dh_malloc(len)))
+            return dh__set_error(DH_ENOMEM, "%s: out of memory for its name", path);
+        snprintf(part, len, "%s.part", path);
+        if (!(f = fopen(part, "w"))) {
+            int err = errno;
+            dh__set_error(-err, "%s: cannot open for writing (as %s): %s", path, part,
+                          strerror(err));
+            dh_free(part);
+            return -err;
+        }
     }
     /* A 1 MiB stdio buffer (from our allocator) cuts write calls ~250x against 4 KiB. */
     char *iobuf = use_stdout ? NULL : dh_malloc(READ_CHUNK);
@@ -989,17 +1004,32 @@ int dh_profile_set_write(const dh_profile_set_t *set, const char *path)
     for (size_t i = 0; i < set->count && rc == 0; i++)
         rc = dh_profile_row_write(f, &set->rows[i]);
     int err = 0;
+    const char *step = "write";
     if (rc == 0 && DH_FAULT(DH_FAULT_PROFILE_WRITE)) /* the disk fills up */
         err = ENOSPC;
     else if (rc == 0 && fflush(f) != 0)
         err = errno;
     else if (rc < 0)
         err = errno ? errno : EIO;
-    if (!use_stdout && fclose(f) != 0 && !err)
-        err = errno;
+    if (!use_stdout) {
+        int closed = DH_FAULT(DH_FAULT_PROFILE_WRITE) ? (fclose(f), errno = EIO, EOF) : fclose(f);
+        if (closed != 0 && !err) {
+            err = errno;
+            step = "close";
+        }
+        if (!err && (DH_FAULT(DH_FAULT_PROFILE_WRITE) ? (errno = EIO, -1) : rename(part, path))) {
+            err = errno;
+            step = "rename";
+        }
+        if (err)
+            unlink(part);
+    }
     dh_free(iobuf);
-    if (err || rc < 0)
-        return dh__set_error(err ? -err : DH_EIO, "%s: write failed: %s", name,
-                             strerror(err ? err : EIO));
-    return 0;
+    if (err && strcmp(step, "rename") == 0)
+        rc = dh__set_error(-err, "%s: cannot rename %s to it: %s", path, part, strerror(err));
+    else if (err || rc < 0)
+        rc = dh__set_error(err ? -err : DH_EIO, "%s: %s failed: %s", name, step,
+                           strerror(err ? err : EIO));
+    dh_free(part);
+    return rc;
 }

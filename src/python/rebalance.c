@@ -253,9 +253,10 @@ fail:
 /* Every key of DataLoader(rebalance={...}), the one list (_C.REBALANCE_KEYS, the order of
  * docs/rebalancing.md). `spec`: the binding's parse below reads it; the others are the
  * DataLoader's (python/datahelix/rebalance.py turns client_ranks into groups, fanout into the
- * loader's fanout, process_group into an exchange_fn, and allow_unencrypted_exchange lets an
- * exchange run without CURVE) and never reach the parse (_C.REBALANCE_SPEC_KEYS: the spec
- * ones). */
+ * loader's fanout, process_group into an exchange_fn) and never reach the parse
+ * (_C.REBALANCE_SPEC_KEYS: the spec ones). allow_unencrypted_exchange is both: the DataLoader
+ * checks it (_exchange.py) and the parse hands it to the C client, which refuses an
+ * exchange_fn with CURVE keys without it (client.c), for a _C.Client made directly too. */
 static const struct {
     const char *name;
     int spec;
@@ -274,7 +275,7 @@ static const struct {
     {"fanout", 0},
     {"process_group", 0},
     {"exchange_fn", 1},
-    {"allow_unencrypted_exchange", 0},
+    {"allow_unencrypted_exchange", 1},
 };
 
 PyObject *dh__py_rebalance_keys(int spec_only)
@@ -364,6 +365,12 @@ int dh__py_rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
         spec_double(spec, "move_s_per_B", &cfg->move_s_per_B) < 0 ||
         (groups && groups != Py_None && spec_groups(groups, ranks, &br->group_of) < 0))
         goto fail;
+    PyObject *allow = PyDict_GetItemString(spec, "allow_unencrypted_exchange");
+    if (allow && allow != Py_None && !PyBool_Check(allow)) {
+        dh__py_raise_inval("rebalance['allow_unencrypted_exchange'] must be True or False, not %R",
+                           allow);
+        goto fail;
+    }
     if (n_features && !br->feature_fn) {
         dh__py_raise_inval("rebalance['n_features'] is the length of feature_fn's vector: it needs "
                            "a feature_fn");
@@ -416,6 +423,7 @@ int dh__py_rebalance_parse(PyObject *spec, uint32_t ranks, dh_rebalance_config_t
         cfg->exchange_fn = dh__py_exchange_cb;
         cfg->exchange_user = br;
     }
+    cfg->allow_unencrypted_exchange = allow == Py_True; /* the C client's guard (client.c) */
     *out = br;
     return 0;
 fail:

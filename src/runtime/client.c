@@ -317,6 +317,17 @@ static int check_config(const dh_client_config_t *cfg)
     if (cfg->keep_tail && cfg->rebalance.enabled)
         return dh__set_error(DH_EINVAL, "client: keep_tail (drop_last=False) does not work with "
                                         "tier 2 (rebalance): its rounds trade full batches");
+    /* No side door around CURVE (docs/security.md, "What travels where"): exchange_fn
+     * carries the tier-2 payloads that move across nodes outside the encrypted data plane. */
+    if (cfg->rebalance.enabled && cfg->rebalance.exchange_fn && cfg->keys_dir && cfg->keys_dir[0] &&
+        !cfg->rebalance.allow_unencrypted_exchange)
+        return dh__set_error(DH_EINVAL,
+                             "client: rebalance.exchange_fn with CURVE keys (keys_dir '%s') "
+                             "carries the tier-2 payloads that move across nodes outside "
+                             "CURVE, unencrypted; leave it NULL (the DataServers then forward "
+                             "them over CURVE) or opt in with "
+                             "rebalance.allow_unencrypted_exchange = 1 (docs/security.md)",
+                             cfg->keys_dir);
     if (cfg->prefetch == 0 || cfg->prefetch > 1024)
         return dh__set_error(DH_EINVAL, "client: prefetch must be in [1, 1024], got %u",
                              cfg->prefetch);
@@ -470,6 +481,11 @@ int dh_client_new(dh_client_t **out, const dh_client_config_t *cfg)
     if (cfg->keys_dir && cfg->keys_dir[0] &&
         (rc = dh_wire_keys_load(&c->keys, cfg->keys_dir, cfg->key_name)))
         goto fail;
+    if (c->keys && cfg->rebalance.enabled && cfg->rebalance.exchange_fn)
+        dh_log_warn("client '%s': rebalance.allow_unencrypted_exchange: tier-2 payloads that "
+                    "move across nodes cross in plaintext through exchange_fn, outside the "
+                    "CURVE encryption of '%s' (docs/security.md)",
+                    c->id, cfg->keys_dir);
     if (cfg->coordinator && cfg->coordinator[0]) {
         snprintf(c->coord_endpoint, sizeof c->coord_endpoint, "%s", cfg->coordinator);
     } else if ((rc = start_embedded(c, cfg))) {

@@ -375,6 +375,11 @@ static void notice_receive(dh_client_t *c)
         c->notice_fd = -1;
         return;
     }
+    if (got == DH__NOTICE_AGAIN) { /* out of memory: the packet stays queued; a pause, again */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        return;
+    }
     if (got == 1 && r.msg.type == DH_MSG_DELIVER) {
         dh__count(&c->counters.notices, 1);
         dh__client_on_deliver(c, &r);
@@ -393,13 +398,13 @@ void dh__client_drain_after_goodbye(dh_client_t *c)
     if (!c->data)
         return;
     uint64_t t0 = dh_clock_now_ns();
-    bool answered = false;
+    bool answered = false, stalled = false;
     for (;;) {
         long left_ms = 1000 - (long)(dh_clock_elapsed_s(t0, dh_clock_now_ns()) * 1000);
+        if (left_ms <= 0 && (!answered || stalled))
+            break; /* (a notice left unread for lack of memory: the process's exit frees it) */
         if (answered)
             left_ms = 0; /* the notices already written, then done */
-        else if (left_ms <= 0)
-            break;
         zmq_pollitem_t items[2] = {{NULL, c->notice_fd, ZMQ_POLLIN, 0},
                                    {dh_wire_socket_handle(c->data), 0, ZMQ_POLLIN, 0}};
         int first = c->notice_fd >= 0 ? 0 : 1, n = answered ? 1 - first : 2 - first;
@@ -413,9 +418,13 @@ void dh__client_drain_after_goodbye(dh_client_t *c)
         if (first == 0 && (items[0].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) {
             dh_msg_t m = {0};
             int got = dh__notice_receive(c->notice_fd, c->id, &m);
+            stalled = got == DH__NOTICE_AGAIN;
             if (got < 0) {
                 close(c->notice_fd);
                 c->notice_fd = -1;
+            } else if (stalled) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
             } else if (got == 1) {
                 if (m.type == DH_MSG_DELIVER)
                     drop_deliver_from(c, &m.deliver, 0);

@@ -443,6 +443,8 @@ void *dh__client_sender_main(void *arg)
                 dh_wire_recv(c->coord, 100, &r) == 0
                     ? (on_coord_message(c, &r), dh_wire_received_release(&r))
                     : (void)0;
+                if (!pl.rows) /* the scratch itself was out of memory: again (before, never) */
+                    pl.rows = dh_malloc(pl.cap * sizeof *pl.rows);
                 rc = pl.rows ? plan_batch(c, b, &pl) : rc;
             }
         }

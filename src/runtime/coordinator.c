@@ -203,10 +203,15 @@ static void handle(dh_coordinator_t *c, dh_wire_received_t *r)
     case DH_MSG_REBALANCE:
         dh__coord_on_rebalance(c, peer, r);
         break;
-    case DH_MSG_ERROR:
-        dh_log_warn("coordinator: '%s' reports %s: %s", peer, dh_err_name(r->msg.error.code),
-                    r->msg.error.message);
+    case DH_MSG_ERROR: {
+        int32_t si;
+        if (r->msg.error.code == DH_ENOMEM && dh__coord_find_server(c, peer, &si))
+            dh__coord_on_server_dropped(c, si, r->msg.error.message);
+        else
+            dh_log_warn("coordinator: '%s' reports %s: %s", peer, dh_err_name(r->msg.error.code),
+                        r->msg.error.message);
         break;
+    }
     default:
         dh_log_warn("coordinator: unexpected %s from '%s' ignored", dh_msg_type_name(r->msg.type),
                     peer);

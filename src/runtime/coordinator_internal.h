@@ -242,6 +242,12 @@ void dh__coord_touch(dh_coordinator_t *c, int32_t idx);
  * never will: delivered first, or re-placed from a dead server), and touches the server. */
 void dh__coord_unqueue(dh_coordinator_t *c, int32_t idx, const entry_t *e);
 
+/* DataServer idx dropped a message from the coordinator for lack of memory (its ERROR
+ * DH_ENOMEM, `text`): the requests dispatched to it that it has not reported are placed again
+ * (one of them is the lost DISPATCH; a copy of another that it still runs is a duplicate
+ * its client drops). Logged with text. */
+void dh__coord_on_server_dropped(dh_coordinator_t *c, int32_t idx, const char *text);
+
 /* Replaces the link from node `from` to node `to` (c->links and the index). O(nodes). */
 void dh__coord_set_link(dh_coordinator_t *c, uint32_t from, uint32_t to, dh_link_t link);
 

@@ -216,6 +216,27 @@ void dh__coord_declare_dead(dh_coordinator_t *c, int32_t idx, const char *why)
     c->pending_work = true;
 }
 
+void dh__coord_on_server_dropped(dh_coordinator_t *c, int32_t idx, const char *text)
+{
+    server_t *s = &c->servers[idx];
+    if (!s->alive)
+        return;
+    size_t replaced = 0;
+    for (size_t i = 0; i < c->n_book; i++) {
+        entry_t *e = &c->book[i];
+        if (e->server != idx || e->executed)
+            continue;
+        dh__coord_unqueue(c, idx, e);
+        e->server = -1;
+        replaced++;
+    }
+    dh__coord_touch(c, idx);
+    dh__count(&c->counters.redispatches, replaced);
+    dh_log_warn("coordinator: %s; %zu requests dispatched to it and not reported placed again",
+                text, replaced);
+    c->pending_work = true;
+}
+
 /* Corrects the book of server s from its heartbeat (docs/design.md §4.1, "Online feedback").
  * The book drifts: a COMPLETE lost with a connection, a request the server dropped (no
  * memory), a server revived after being declared dead that still runs what it had. The

@@ -189,15 +189,34 @@ static void drain_results(dh_dataserver_t *s)
     }
 }
 
+/* A message from the coordinator this server could not take for lack of memory (it could
+ * not be read, or a DISPATCH found no memory for its task): the coordinator is told
+ * (ERROR DH_ENOMEM), and places again the requests it dispatched here that this server has
+ * not reported (docs/wire-protocol.md, "Errors"), instead of their clients waiting out
+ * next()'s timeout. Counted as a DISPATCH seen: the coordinator sends a DataServer DISPATCHes
+ * and, rarely, an ERROR. */
+static void tell_coord_dropped(dh_dataserver_t *s, const char *what)
+{
+    char text[512];
+    snprintf(text, sizeof text, "DataServer '%s': dropped a message from the coordinator: %s",
+             s->name, what);
+    dh_log_warn("%s", text);
+    s->dispatches_seen++;
+    dh_msg_t m = {.type = DH_MSG_ERROR};
+    m.error.code = DH_ENOMEM;
+    m.error.message = text;
+    send_coord(s, &m);
+}
+
 static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
 {
     if (r->msg.type == DH_MSG_DISPATCH) {
-        s->dispatches_seen++;
         task_t *t = dh_calloc(1, sizeof *t);
         if (!t) {
-            dh_log_error("DataServer '%s': out of memory for a task", s->name);
+            tell_coord_dropped(s, "DISPATCH: out of memory for its task");
             return;
         }
+        s->dispatches_seen++;
         t->msg = r->msg;
         memset(&r->msg, 0, sizeof r->msg);
         t->enqueued_ns = dh_clock_now_ns();
@@ -355,7 +374,14 @@ int dh_dataserver_run(dh_dataserver_t *s)
         if ((rc = heartbeat_if_due(s, &last_hb)))
             break;
         if (items[0].revents & ZMQ_POLLIN)
-            for (int i = 0; i < 256 && dh_wire_recv(s->coord, 0, &r) == 0; i++) {
+            for (int i = 0; i < 256; i++) {
+                int got = dh_wire_recv(s->coord, 0, &r);
+                if (got == DH_ENOMEM) {
+                    tell_coord_dropped(s, dh_last_error());
+                    continue;
+                }
+                if (got)
+                    break;
                 on_coord_message(s, &r);
                 dh_wire_received_release(&r);
             }

@@ -23,6 +23,7 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "runtime/metrics.h"
 
@@ -49,8 +50,12 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned int status, const char *body,
                                size_t len, const char *content_type)
 {
+    /* Out of memory for the response (fault site DH_FAULT_METRICS_HTTP): MHD_NO, and MHD
+     * closes the connection without an answer (the scraper sees it closed and retries). */
     struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+        DH_FAULT(DH_FAULT_METRICS_HTTP)
+            ? NULL
+            : MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
@@ -89,7 +94,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, body, sizeof body - 1, text_plain);
     }
     size_t len = 0;
-    char *text = dh__metrics_render(h->registry, &len);
+    char *text = DH_FAULT(DH_FAULT_METRICS_HTTP) ? NULL /* out of memory rendering */
+                                                 : dh__metrics_render(h->registry, &len);
     if (!text) {
         static const char body[] = "out of memory rendering the metrics\n";
         return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, body, sizeof body - 1, text_plain);

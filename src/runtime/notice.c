@@ -23,6 +23,7 @@
 #include "core/internal.h"
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/log.h"
 #include "datahelix/shm.h"
 #include "runtime/notice.h"
@@ -193,7 +194,8 @@ bool dh__notice_server_send(dh__notice_server_t *ns, const char *client_id, cons
         return false;
     ssize_t n;
     do {
-        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        n = DH_FAULT(DH_FAULT_NOTICE_SEND) ? (errno = EAGAIN, -1) /* the channel is full */
+                                           : send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
     dh_free(buf);
     if (n != (ssize_t)len) {
@@ -265,6 +267,10 @@ int dh__notice_name(int conn, const char *client_id)
     return sent == (ssize_t)strlen(client_id) ? 0 : -1;
 }
 
+/* The packet is read with MSG_PEEK, decoded, and only then taken off the channel: a
+ * failure for lack of memory (the kernel's, the buffer, the decode) leaves it queued for the
+ * next call (DH__NOTICE_AGAIN), where before the channel was closed and the DELIVER lost (the
+ * batch then waited out next()'s timeout). */
 int dh__notice_receive(int conn, const char *owner, dh_msg_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -272,18 +278,41 @@ int dh__notice_receive(int conn, const char *owner, dh_msg_t *out)
     do {
         size = recv(conn, NULL, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
     } while (size < 0 && errno == EINTR);
-    if (size < 0 && errno == EAGAIN)
+    if (size < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return 0;
-    uint8_t *buf = size > 0 ? dh_malloc((size_t)size) : NULL;
-    ssize_t n = buf ? recv(conn, buf, (size_t)size, MSG_DONTWAIT) : -1;
-    if (size <= 0 || n != size) {
-        if (size > 0 && !buf)
-            dh_log_warn("client '%s': out of memory for a %zd-byte notice", owner, size);
+    if (size < 0 && (errno == ENOMEM || errno == ENOBUFS))
+        return DH__NOTICE_AGAIN;
+    if (size <= 0)
+        return -1; /* the DataServer's end (0), or the channel broke */
+    uint8_t *buf = dh_malloc((size_t)size);
+    if (!buf) {
+        dh_log_warn("client '%s': out of memory for a %zd-byte notice (left queued)", owner, size);
+        return DH__NOTICE_AGAIN;
+    }
+    ssize_t n;
+    do { /* fault site DH_FAULT_NOTICE_RECV: the kernel is short of memory (ENOMEM) */
+        n = DH_FAULT(DH_FAULT_NOTICE_RECV) ? (errno = ENOMEM, -1)
+                                           : recv(conn, buf, (size_t)size, MSG_PEEK | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n != size) {
+        int again = n < 0 && (errno == ENOMEM || errno == ENOBUFS);
         dh_free(buf);
-        return -1;
+        return again ? DH__NOTICE_AGAIN : -1;
     }
     int rc = dh_wire_decode_packet(buf, (size_t)n, out);
     dh_free(buf);
+    if (rc == DH_ENOMEM) {
+        dh_log_warn("client '%s': out of memory decoding a notice (left queued)", owner);
+        return DH__NOTICE_AGAIN;
+    }
+    ssize_t taken; /* the packet off the channel (a zero-length read drops it whole) */
+    do {
+        taken = recv(conn, NULL, 0, MSG_TRUNC | MSG_DONTWAIT);
+    } while (taken < 0 && errno == EINTR);
+    if (taken != size) {
+        dh_msg_clear(out);
+        return -1;
+    }
     if (rc) {
         dh_log_warn("client '%s': dropped a malformed notice from the local DataServer: %s", owner,
                     dh_last_error());

@@ -92,8 +92,10 @@ int dh__notice_name(int conn, const char *client_id);
 
 /* Client: the channel is readable. Returns 1 with the decoded packet in *out (the caller's:
  * dh_msg_clear), 0 when there was nothing to read or the packet was malformed (dropped,
- * logged), or -1 when the channel ended (the DataServer died or stopped; the caller closes
- * it). `owner` names the client in log lines. */
+ * logged), DH__NOTICE_AGAIN when it could not be read for lack of memory (it stays queued:
+ * call again a little later), or -1 when the channel ended (the DataServer died or stopped;
+ * the caller closes it). `owner` names the client in log lines. */
+#define DH__NOTICE_AGAIN 2
 int dh__notice_receive(int conn, const char *owner, dh_msg_t *out);
 
 #endif

@@ -93,7 +93,7 @@
     XX(COUNTER, requests, COUNTER, NULL, "datahelix_coordinator_requests_total", "REQUESTs received.") \
     XX(COUNTER, dispatches, COUNTER, NULL, "datahelix_coordinator_dispatches_total", "DISPATCHes sent.") \
     XX(COUNTER, redispatches, COUNTER, NULL, "datahelix_coordinator_redispatches_total",            \
-       "Requests placed again because their server was declared dead.")                             \
+       "Requests placed again because their server was declared dead or dropped a DISPATCH.")        \
     XX(COUNTER, completes, COUNTER, NULL, "datahelix_coordinator_completes_total",                  \
        "COMPLETE reports received (executors' and deliverers').")                                   \
     XX(COUNTER, delivered, COUNTER, NULL, "datahelix_coordinator_delivered_total",                  \

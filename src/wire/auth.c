@@ -333,7 +333,9 @@ static int recv_request(void *sock, zmq_msg_t *frames, int cap)
         zmq_msg_t scratch;
         zmq_msg_t *m = n < cap ? &frames[n] : &scratch;
         zmq_msg_init(m);
-        if (zmq_msg_recv(m, sock, 0) < 0) {
+        /* A signal interrupts a receive (EINTR); the request stays queued, as it would. */
+        if ((n == 0 && DH_FAULT(DH_FAULT_WIRE_ZAP_IO) ? (errno = EINTR, -1)
+                                                      : zmq_msg_recv(m, sock, 0)) < 0) {
             zmq_msg_close(m);
             for (int i = 0; i < n && i < cap; i++)
                 zmq_msg_close(&frames[i]);
@@ -348,9 +350,22 @@ static int recv_request(void *sock, zmq_msg_t *frames, int cap)
     return n;
 }
 
-static void send_str(void *sock, const void *data, size_t size, int more)
+static int send_str(void *sock, const void *data, size_t size, int more)
 {
-    zmq_send(sock, data, size, more ? ZMQ_SNDMORE : 0);
+    return zmq_send(sock, data, size, more ? ZMQ_SNDMORE : 0);
+}
+
+/* Sends a reply's first frame, again when a signal interrupts it (EINTR: nothing was sent,
+ * and the REP socket still owes its reply). Returns 0, or -1 (ETERM: the context ends). */
+static int send_first(void *sock)
+{
+    for (;;) {
+        int rc = DH_FAULT(DH_FAULT_WIRE_ZAP_IO) ? (errno = EINTR, -1) : send_str(sock, "1.0", 3, 1);
+        if (rc >= 0)
+            return 0;
+        if (zmq_errno() != EINTR)
+            return -1;
+    }
 }
 
 static void answer(dh_wire_auth_t *a, zmq_msg_t *f, int n)
@@ -389,8 +404,7 @@ static void answer(dh_wire_auth_t *a, zmq_msg_t *f, int n)
                         address);
         }
     }
-    if (n >= 2) {
-        send_str(a->zap, "1.0", 3, 1);
+    if (n >= 2 && send_first(a->zap) == 0) {
         send_str(a->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), 1);
         send_str(a->zap, status, 3, 1);
         send_str(a->zap, text, strlen(text), 1);
@@ -399,6 +413,12 @@ static void answer(dh_wire_auth_t *a, zmq_msg_t *f, int n)
     }
 }
 
+/* The handler's thread. It leaves only when told to (or when the context ends: ETERM), and
+ * it never closes the ZAP socket itself (dh_wire_auth_stop does, after the join): without a
+ * bound ZAP endpoint, libzmq admits every CURVE client that knows the server key ("Stonehouse":
+ * ZMQ_ZAP_ENFORCE_DOMAIN is a draft option), so a handler that gave up on a failed receive
+ * would open the door. A bound handler that has stopped answering fails closed: handshakes
+ * stall and time out. */
 static void *auth_thread(void *arg)
 {
     dh_wire_auth_t *a = arg;
@@ -406,25 +426,27 @@ static void *auth_thread(void *arg)
         zmq_pollitem_t items[2] = {{a->zap, 0, ZMQ_POLLIN, 0},
                                    {a->control_thread, 0, ZMQ_POLLIN, 0}};
         if (zmq_poll(items, 2, -1) < 0) {
-            if (zmq_errno() == EINTR)
-                continue;
-            break;
+            if (zmq_errno() == ETERM)
+                break;
+            continue; /* EINTR */
         }
         if (items[1].revents & ZMQ_POLLIN)
             break;
         if (items[0].revents & ZMQ_POLLIN) {
             zmq_msg_t frames[8];
             int n = recv_request(a->zap, frames, 8);
-            if (n < 0)
-                break;
+            if (n < 0) {
+                if (zmq_errno() == ETERM)
+                    break;
+                dh_log_debug("auth: receiving a ZAP request on %s: %s (again)", ZAP_ENDPOINT,
+                             zmq_strerror(zmq_errno()));
+                continue; /* EINTR: the request is still queued (or its rest dropped) */
+            }
             answer(a, frames, n);
             for (int i = 0; i < n; i++)
                 zmq_msg_close(&frames[i]);
         }
     }
-    zmq_close(a->zap);
-    zmq_close(a->control_thread);
-    a->zap = a->control_thread = NULL;
     return NULL;
 }
 
@@ -439,30 +461,41 @@ int dh_wire_auth_start(dh_wire_auth_t **out, void *zmq_ctx, const dh_wire_keys_t
     snprintf(a->control_endpoint, sizeof a->control_endpoint, "inproc://dh-zap-control-%p",
              (void *)a);
     int linger = 0, rc = 0;
-    a->zap = zmq_socket(zmq_ctx, ZMQ_REP);
-    a->control = zmq_socket(zmq_ctx, ZMQ_PAIR);
-    a->control_thread = zmq_socket(zmq_ctx, ZMQ_PAIR);
+    /* A step that fails (fault site DH_FAULT_WIRE_ZAP_START) fails as ZeroMQ or pthreads
+     * would: EMFILE for a socket (the context's socket limit), EAGAIN for the thread. */
+    a->zap =
+        DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? (errno = EMFILE, NULL) : zmq_socket(zmq_ctx, ZMQ_REP);
+    a->control = a->zap ? zmq_socket(zmq_ctx, ZMQ_PAIR) : NULL;
+    a->control_thread = a->control ? zmq_socket(zmq_ctx, ZMQ_PAIR) : NULL;
     if (!a->zap || !a->control || !a->control_thread) {
-        rc = dh__set_error(DH_ENOMEM, "ZAP handler: zmq_socket: %s", zmq_strerror(zmq_errno()));
+        int e = zmq_errno();
+        rc = dh__set_error(e == EMFILE ? -EMFILE : DH_ENOMEM, "ZAP handler %s: zmq_socket: %s",
+                           ZAP_ENDPOINT, zmq_strerror(e));
         goto fail;
     }
     zmq_setsockopt(a->zap, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(a->control, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(a->control_thread, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_bind(a->zap, ZAP_ENDPOINT) != 0) {
+    if ((DH_FAULT(DH_FAULT_WIRE_ZAP_START) ? (errno = ENOMEM, -1)
+                                           : zmq_bind(a->zap, ZAP_ENDPOINT)) != 0) {
         int e = zmq_errno();
-        rc = dh__set_error(e == EADDRINUSE ? -EADDRINUSE : DH_EIO,
-                           "ZAP handler: bind %s: %s (one handler per ZeroMQ context)",
-                           ZAP_ENDPOINT, zmq_strerror(e));
+        rc = dh__set_error(e == EADDRINUSE ? -EADDRINUSE : DH_EIO, "ZAP handler %s: bind: %s%s",
+                           ZAP_ENDPOINT, zmq_strerror(e),
+                           e == EADDRINUSE ? " (one handler per ZeroMQ context)" : "");
         goto fail;
     }
-    if (zmq_bind(a->control_thread, a->control_endpoint) != 0 ||
+    if ((DH_FAULT(DH_FAULT_WIRE_ZAP_START)
+             ? (errno = ENOMEM, -1)
+             : zmq_bind(a->control_thread, a->control_endpoint)) != 0 ||
         zmq_connect(a->control, a->control_endpoint) != 0) {
-        rc = dh__set_error(DH_EIO, "ZAP handler: control socket: %s", zmq_strerror(zmq_errno()));
+        rc = dh__set_error(DH_EIO, "ZAP handler %s: control socket %s: %s", ZAP_ENDPOINT,
+                           a->control_endpoint, zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = pthread_create(&a->thread, NULL, auth_thread, a)) != 0) {
-        rc = dh__set_error(-rc, "ZAP handler: pthread_create: %s", strerror(rc));
+    if ((rc = DH_FAULT(DH_FAULT_WIRE_ZAP_START)
+                  ? EAGAIN
+                  : pthread_create(&a->thread, NULL, auth_thread, a))) {
+        rc = dh__set_error(-rc, "ZAP handler %s: pthread_create: %s", ZAP_ENDPOINT, strerror(rc));
         goto fail;
     }
     a->started = 1;
@@ -488,6 +521,8 @@ void dh_wire_auth_stop(dh_wire_auth_t **pa)
         zmq_send(a->control, "", 0, 0);
         pthread_join(a->thread, NULL);
     }
+    zmq_close(a->zap); /* after the thread: never unbound while the handler runs */
+    zmq_close(a->control_thread);
     zmq_close(a->control);
     dh_free(a);
     *pa = NULL;

@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "datahelix/clock.h"
+#include "datahelix/fault.h"
+#include "core/internal.h"
 #include "wire/internal.h"
 
 static int remaining_ms(uint64_t deadline_ns)
@@ -53,8 +55,9 @@ static int connect_by(int fd, const struct sockaddr *addr, socklen_t len, uint64
 }
 
 /* Reads the peer's first bytes into buf (up to cap) by the deadline. Returns the count, 0
- * when the peer closed at once, or -1 when it sent nothing in time. */
-static ssize_t read_by(int fd, uint8_t *buf, size_t cap, uint64_t deadline_ns)
+ * when the peer closed at once, -1 when it sent nothing in time, or -2 with *err set when
+ * a read failed (a reset: that says nothing of the protocol the peer speaks). */
+static ssize_t read_by(int fd, uint8_t *buf, size_t cap, uint64_t deadline_ns, int *err)
 {
     size_t got = 0;
     while (got < cap) {
@@ -64,9 +67,14 @@ static ssize_t read_by(int fd, uint8_t *buf, size_t cap, uint64_t deadline_ns)
             continue;
         if (n <= 0)
             return got ? (ssize_t)got : -1;
-        ssize_t r = recv(fd, buf + got, cap - got, 0);
+        ssize_t r = DH_FAULT(DH_FAULT_WIRE_PROBE) ? (errno = ECONNRESET, -1)
+                                                  : recv(fd, buf + got, cap - got, 0);
         if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0) {
+            *err = errno;
+            return -2;
+        }
         if (r <= 0)
             return (ssize_t)got;
         got += (size_t)r;
@@ -78,9 +86,14 @@ static ssize_t read_by(int fd, uint8_t *buf, size_t cap, uint64_t deadline_ns)
 static dh__wire_probe_t classify_greeting(int fd, uint64_t deadline_ns, char *why, size_t cap)
 {
     uint8_t sig[10];
-    ssize_t n = read_by(fd, sig, sizeof sig, deadline_ns);
+    int err = 0;
+    ssize_t n = read_by(fd, sig, sizeof sig, deadline_ns, &err);
     if (n == (ssize_t)sizeof sig && sig[0] == 0xFF && (sig[9] & 1))
         return DH__WIRE_PROBE_ZMTP;
+    if (n == -2) {
+        snprintf(why, cap, "probe: reading its greeting: %s", strerror(err));
+        return DH__WIRE_PROBE_UNREACHABLE;
+    }
     if (n < 0)
         snprintf(why, cap, "it accepted the connection but sent no ZeroMQ greeting");
     else if (n == 0)
@@ -112,6 +125,23 @@ static dh__wire_probe_t unreachable(int err, char *why, size_t cap)
     return DH__WIRE_PROBE_UNREACHABLE;
 }
 
+/* The probe's own socket (fault site DH_FAULT_WIRE_PROBE: EMFILE, as at the fd limit). */
+static int probe_socket(int family, int type, int protocol)
+{
+    if (DH_FAULT(DH_FAULT_WIRE_PROBE)) {
+        errno = EMFILE;
+        return -1;
+    }
+    return socket(family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol);
+}
+
+/* The probe could not be made (this process's failure, not the peer's). */
+static dh__wire_probe_t probe_failed(int err, char *why, size_t cap)
+{
+    snprintf(why, cap, "probe: socket: %s", strerror(err));
+    return DH__WIRE_PROBE_UNREACHABLE;
+}
+
 static dh__wire_probe_t probe_ipc(const char *path, uint64_t deadline_ns, char *why, size_t cap)
 {
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
@@ -122,9 +152,9 @@ static dh__wire_probe_t probe_ipc(const char *path, uint64_t deadline_ns, char *
     memcpy(sun.sun_path, path, strlen(path));
     if (path[0] == '@') /* ZeroMQ's abstract namespace */
         sun.sun_path[0] = '\0';
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = probe_socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0)
-        return unreachable(errno, why, cap);
+        return probe_failed(errno, why, cap);
     int err = connect_by(fd, (struct sockaddr *)&sun, sizeof sun, deadline_ns);
     dh__wire_probe_t out =
         err ? unreachable(err, why, cap) : classify_greeting(fd, deadline_ns, why, cap);
@@ -159,10 +189,9 @@ static dh__wire_probe_t probe_tcp(const char *hostport, uint64_t deadline_ns, ch
     dh__wire_probe_t out = DH__WIRE_PROBE_UNREACHABLE;
     snprintf(why, cap, "no address");
     for (struct addrinfo *a = res; a; a = a->ai_next) {
-        int fd =
-            socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        int fd = probe_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) {
-            out = unreachable(errno, why, cap);
+            out = probe_failed(errno, why, cap);
             continue;
         }
         int err = connect_by(fd, a->ai_addr, a->ai_addrlen, deadline_ns);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dh_test.h"
 #include "datahelix/alloc.h"
@@ -663,32 +664,67 @@ static void add_survives_each_allocation_failure(void **state)
 
 /* Numbered fault sites (a faults build only): a read error and a full disk give a clean
  * error that names the file, and nothing leaks. */
-static void read_fault_names_the_file(void **state)
+/* Site 1 (faults build; skipped otherwise): a read error at each read of a load (the
+ * first read and the one that finds the end): -EIO naming the file and the line, the set
+ * as it was (empty), nothing left allocated; the complete run loads the row. */
+static const char *fault_path;
+
+static int load_fault_file(void *arg)
 {
-    if (!dh_fault_enabled())
-        skip();
-    const char *path = dh_test_path("fault-read.jsonl");
-    dh_test_write_file(path, "{\"id\":\"a\",\"uri\":\"u\",\"profile_key\":\"k\",\"frames\":1,"
-                             "\"height\":2,\"width\":2,\"tokens_est\":1,\"cpu_s_est\":0.1,"
-                             "\"in_bytes\":1,\"out_bytes\":12}\n");
-    long live = dh_alloc_live();
+    (void)arg;
     dh_profile_set_t *set = NULL;
     assert_int_equal(dh_profile_set_new(&set), 0);
-    dh_fault_arm(DH_FAULT_PROFILE_READ, 0);
-    assert_int_equal(dh_profile_set_load(set, path), -EIO);
-    dh_fault_disarm_all();
-    assert_non_null(strstr(dh_last_error(), path));
-    assert_non_null(strstr(dh_last_error(), "read error"));
+    int rc = dh_profile_set_load(set, fault_path);
+    if (rc) {
+        assert_int_equal(rc, -EIO);
+        assert_non_null(strstr(dh_last_error(), "read error"));
+    } else {
+        assert_int_equal(dh_profile_set_count(set), 1);
+    }
     dh_profile_set_destroy(&set);
-    assert_int_equal(dh_alloc_live(), live);
+    return rc;
+}
+
+static void read_fault_names_the_file(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    fault_path = dh_test_path("fault-read.jsonl");
+    dh_test_write_file(fault_path, "{\"id\":\"a\",\"uri\":\"u\",\"profile_key\":\"k\",\"frames\":1,"
+                                   "\"height\":2,\"width\":2,\"tokens_est\":1,\"cpu_s_est\":0.1,"
+                                   "\"in_bytes\":1,\"out_bytes\":12}\n");
+    assert_int_equal(dh_test_each_fault(DH_FAULT_PROFILE_READ, fault_path, load_fault_file, NULL),
+                     2);
+}
+
+/* Site 2: the write (ENOSPC), the close (EIO) and the rename (EIO) of a profile file fail in
+ * turn: each names the file and the step; the file written before (one row) is left whole
+ * and no PATH.part remains; the complete run replaces it with both rows. Before, the file
+ * was opened in place: a failed write left it truncated. */
+static dh_profile_set_t *fault_set;
+
+static int write_fault_file(void *arg)
+{
+    (void)arg;
+    int rc = dh_profile_set_write(fault_set, fault_path);
+    char part[600];
+    snprintf(part, sizeof part, "%s.part", fault_path);
+    assert_int_equal(access(part, F_OK), -1);
+    dh_profile_set_t *back = NULL;
+    assert_int_equal(dh_profile_set_new(&back), 0);
+    assert_int_equal(dh_profile_set_load(back, fault_path), 0);
+    assert_int_equal(dh_profile_set_count(back), rc ? 1 : 2);
+    dh_profile_set_destroy(&back);
+    return rc;
 }
 
 static void write_fault_names_the_file(void **state)
 {
+    (void)state;
     if (!dh_fault_enabled())
         skip();
-    dh_profile_set_t *set = NULL;
-    assert_int_equal(dh_profile_set_new(&set), 0);
+    assert_int_equal(dh_profile_set_new(&fault_set), 0);
     dh_profile_row_t row = {.id = "a",
                             .uri = "u",
                             .profile_key = "k",
@@ -699,14 +735,14 @@ static void write_fault_names_the_file(void **state)
                             .cpu_s_est = 0.1,
                             .in_bytes = 1,
                             .out_bytes = 12};
-    assert_int_equal(dh_profile_set_add(set, &row), 0);
-    const char *path = dh_test_path("fault-write.jsonl");
-    dh_fault_arm(DH_FAULT_PROFILE_WRITE, 0);
-    assert_int_equal(dh_profile_set_write(set, path), -ENOSPC);
-    dh_fault_disarm_all();
-    assert_non_null(strstr(dh_last_error(), path));
-    assert_int_equal(dh_profile_set_write(set, path), 0); /* the next write succeeds */
-    dh_profile_set_destroy(&set);
+    assert_int_equal(dh_profile_set_add(fault_set, &row), 0);
+    fault_path = dh_test_path("fault-write.jsonl");
+    assert_int_equal(dh_profile_set_write(fault_set, fault_path), 0); /* the old file */
+    row.id = "b";
+    assert_int_equal(dh_profile_set_add(fault_set, &row), 0);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_PROFILE_WRITE, fault_path, write_fault_file, NULL),
+                     3);
+    dh_profile_set_destroy(&fault_set);
 }
 
 static const struct CMUnitTest tests[] = {

@@ -92,7 +92,8 @@ def test_the_opt_in_allows_it_and_warns_once(datahelix, profiles, keys, fresh_wa
         for _ in range(3):
             dl = datahelix.DataLoader(profiles, keys=keys, rebalance=dict(spec), **LOADER)
             assert dl.rebalance
-            assert "allow_unencrypted_exchange" not in dl._client_kwargs["rebalance"]
+            # the opt-in reaches the C client, which checks it too (client.c)
+            assert dl._client_kwargs["rebalance"]["allow_unencrypted_exchange"] is True
             assert dl._client_kwargs["rebalance"]["exchange_fn"] is no_exchange
         # process_group with the opt-in passes the guard to its own next check
         with pytest.raises(datahelix.InvalidArgumentError, match="torch.distributed initialized"):
@@ -105,6 +106,22 @@ def test_the_opt_in_allows_it_and_warns_once(datahelix, profiles, keys, fresh_wa
     for what in ("plaintext", "torch.distributed", "exchange_fn", "CURVE", keys):
         assert what in msg, msg
     assert said[0].filename == __file__  # points at the caller's DataLoader(...)
+
+
+def test_a_client_made_directly_is_refused_too(datahelix, profiles, keys, fresh_warning):
+    """The C client's own check (dh_client_new): a _C.Client given CURVE keys and an
+    exchange_fn without the opt-in is refused before it starts, whoever made it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dl = datahelix.DataLoader(profiles, keys=keys, **LOADER, rebalance={
+            "exchange_fn": no_exchange, "allow_unencrypted_exchange": True})
+    kwargs = dict(dl._client_kwargs)
+    assert kwargs.get("keys_dir") == keys
+    kwargs["rebalance"] = {"exchange_fn": no_exchange}
+    with pytest.raises(datahelix.InvalidArgumentError) as info:
+        datahelix._C.Client(dl.profiles, dl.rank, dl.world_size, dl.batch_size, **kwargs)
+    for what in ("exchange_fn with CURVE keys", keys, "allow_unencrypted_exchange = 1"):
+        assert what in str(info.value), str(info.value)
 
 
 def test_without_keys_nothing_changes(datahelix, profiles, monkeypatch, fresh_warning):

@@ -226,8 +226,9 @@ def test_rebalance_keys_are_the_bindings(datahelix):
     from datahelix import rebalance
     assert rebalance.REBALANCE_KEYS is keys
     assert set(spec) < set(keys) and len(set(keys)) == len(keys)
-    assert set(keys) - set(spec) == {"client_ranks", "fanout", "process_group",
-                                      "allow_unencrypted_exchange"}
+    # (allow_unencrypted_exchange is both: the DataLoader checks it, and the parse hands it
+    # to the C client's own check)
+    assert set(keys) - set(spec) == {"client_ranks", "fanout", "process_group"}
     # every spec key gets past the binding's parse's key check; a DataLoader-only key does not
     with pytest.raises(datahelix.InvalidArgumentError) as info:
         datahelix._C.RebalanceSpec({"fanout": 1}, 2)

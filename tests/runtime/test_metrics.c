@@ -21,9 +21,11 @@
 #include "datahelix/alloc.h"
 #include "datahelix/client.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/metrics.h"
 #include "datahelix/runtime.h"
 #include "dh_test.h"
+#include "core/internal.h"
 #include "runtime/metrics.h"
 
 static void renders_counter_gauge_and_histogram_exactly(void **state)
@@ -272,6 +274,65 @@ static void http_serves_get_metrics_only(void **state)
     dh__metrics_destroy(&m);
 }
 
+/* Fault site 27 (faults build; skipped otherwise): each step of answering a GET /metrics
+ * fails in turn: the render (answered 500 "out of memory rendering the metrics"), the
+ * response (the connection closed without an answer). No crash, no connection or fd left
+ * (the endpoint runs unbound, served on this thread, so its fds are counted), and the same
+ * endpoint answers 200 with the metrics after. Two hits per request (the render, then the
+ * response of the 200). */
+static dh__metrics_http_t *fault_http;
+
+static int scrape_unbound(void *arg)
+{
+    (void)arg;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    assert_int_equal(dh__metrics_http_add(fault_http, sv[1]), 0);
+    static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    assert_int_equal(write(sv[0], req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    static char resp[65536];
+    size_t got = 0;
+    int eof = 0;
+    for (int rounds = 0; rounds < 20000 && !eof; rounds++) {
+        dh__metrics_http_run(fault_http);
+        ssize_t k;
+        while ((k = read(sv[0], resp + got, sizeof resp - 1 - got)) > 0)
+            got += (size_t)k;
+        eof = k == 0;
+    }
+    assert_true(eof); /* answered or closed: never left hanging */
+    close(sv[0]);
+    size_t open = 1;
+    for (int i = 0; i < 100 && open; i++)
+        open = dh__metrics_http_run(fault_http);
+    assert_int_equal(open, 0);
+    resp[got] = '\0';
+    if (strstr(resp, " 200 ") && strstr(resp, "\ndatahelix_test_total 42\n"))
+        return 0;
+    if (got == 0)
+        return dh__set_error(DH_EIO, "GET /metrics: the connection closed without an answer");
+    assert_non_null(strstr(resp, " 500 "));
+    assert_non_null(strstr(resp, "out of memory rendering the metrics"));
+    return dh__set_error(DH_ENOMEM, "GET /metrics: 500 out of memory rendering the metrics");
+}
+
+static void http_fails_cleanly_at_every_hit(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    dh__metrics_t *m = NULL;
+    assert_int_equal(dh__metrics_new(&m), 0);
+    dh__metric_t *c =
+        dh__metrics_add(m, "datahelix_test_total", "Adds.", DH__METRIC_COUNTER, NULL, NULL, 0);
+    dh__series_add(dh__metric_series(c, NULL), 42);
+    assert_int_equal(dh__metrics_http_start_unbound(&fault_http, m, "test"), 0);
+    assert_int_equal(
+        dh_test_each_fault(DH_FAULT_METRICS_HTTP, "GET /metrics", scrape_unbound, NULL), 2);
+    dh__metrics_http_stop(&fault_http);
+    dh__metrics_destroy(&m);
+}
+
 static void http_refuses_a_listen_that_is_not_host_port(void **state)
 {
     (void)state;
@@ -472,6 +533,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(allocation_failures_are_enomem_without_leaks),
     cmocka_unit_test(http_serves_get_metrics_only),
     cmocka_unit_test(http_refuses_a_listen_that_is_not_host_port),
+    cmocka_unit_test(http_fails_cleanly_at_every_hit),
     cmocka_unit_test(daemons_serve_metrics_while_a_client_runs),
 };
 DH_TEST_MAIN(tests)

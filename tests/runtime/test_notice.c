@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,6 +297,77 @@ static void notice_recv_fd_failure_fails_the_client_cleanly(void **state)
     sweep_notice(DH_FAULT_SHM_RECV_FD);
 }
 
+/* Fault sites 25 and 26 (faults build; skipped otherwise): DELIVER packets on a notice
+ * channel (a socketpair standing for an accepted, named channel). Both are recovered at every
+ * hit: a packet the DataServer could not send is sent over ZeroMQ instead (the send says
+ * false), and a packet the client could not read for lack of memory stays queued
+ * (DH__NOTICE_AGAIN) and is read by the next call; each of the 3 DELIVERs arrives once, in
+ * order, and the channel stays open. Before, a failed read closed the channel and lost the
+ * packet (its batch waited out next()'s timeout). */
+#define NOTICE_PACKETS 3
+
+static int notice_packets(void *arg)
+{
+    (void)arg;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    dh__notice_server_t ns;
+    dh__notice_server_init(&ns, "test");
+    ns.conns[0].fd = sv[0];
+    snprintf(ns.conns[0].name, sizeof ns.conns[0].name, "rank0");
+    ns.n_conns = 1;
+    bool over_zmq[NOTICE_PACKETS] = {0};
+    for (uint64_t seq = 0; seq < NOTICE_PACKETS; seq++) {
+        dh_msg_t m = {.type = DH_MSG_DELIVER};
+        m.deliver.client_id = "rank0";
+        m.deliver.seq = seq;
+        m.deliver.server = "ds0";
+        over_zmq[seq] = !dh__notice_server_send(&ns, "rank0", &m);
+    }
+    uint64_t next = 0;
+    for (int tries = 0; next < NOTICE_PACKETS && tries < 1000; tries++) {
+        while (next < NOTICE_PACKETS && over_zmq[next])
+            next++; /* went over ZeroMQ: not on this channel */
+        if (next == NOTICE_PACKETS)
+            break;
+        struct pollfd p = {.fd = sv[1], .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 5000), 1);
+        dh_msg_t got = {0};
+        int rc = dh__notice_receive(sv[1], "rank0", &got);
+        assert_true(rc == 1 || rc == DH__NOTICE_AGAIN);
+        if (rc == 1) {
+            assert_int_equal(got.type, DH_MSG_DELIVER);
+            assert_int_equal(got.deliver.seq, next);
+            next++;
+            dh_msg_clear(&got);
+        }
+    }
+    assert_int_equal(next, NOTICE_PACKETS);
+    dh_msg_t none = {0};
+    assert_int_equal(dh__notice_receive(sv[1], "rank0", &none), 0); /* nothing twice */
+    dh__notice_server_close(&ns);                                   /* closes sv[0] */
+    close(sv[1]);
+    return 0;
+}
+
+static void notice_send_failure_falls_back_to_zeromq(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    assert_int_equal(dh_test_each_fault(DH_FAULT_NOTICE_SEND, NULL, notice_packets, NULL),
+                     NOTICE_PACKETS);
+}
+
+static void notice_read_failure_leaves_the_packet_queued(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    assert_int_equal(dh_test_each_fault(DH_FAULT_NOTICE_RECV, NULL, notice_packets, NULL),
+                     NOTICE_PACKETS);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -306,6 +378,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(notice_allow_list_is_parsed_strictly, setup, teardown),
         cmocka_unit_test(notice_send_fd_failure_fails_the_client_cleanly),
         cmocka_unit_test(notice_recv_fd_failure_fails_the_client_cleanly),
+        cmocka_unit_test(notice_send_failure_falls_back_to_zeromq),
+        cmocka_unit_test(notice_read_failure_leaves_the_packet_queued),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

@@ -15,6 +15,7 @@
 #include "dh_test.h"
 #include "manifest_cli.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/manifest.h"
 #include "datahelix/profile.h"
 
@@ -642,6 +643,63 @@ static void from_dir_then_probe_profiles_every_clip(void **state)
     free(set);
 }
 
+/* Fault site 24 (faults build; skipped otherwise), armed in the CLI process through
+ * DH_FAULT_ARM: each line's write (2 clips), the close and the rename fail in turn. Each run
+ * exits 1 naming OUT.part and the step, the manifest written before is left whole and no
+ * OUT.part remains; the run past the last hit writes the new manifest (a leak in the
+ * process fails it under ASan). */
+static void manifest_write_fails_cleanly_at_every_hit(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    char *dir = scratch("wfault");
+    put(dir, "a.mp4", "");
+    char *out = join(dir, "m.jsonl"), *part = join(dir, "m.jsonl.part");
+    char *err_path = scratch("wfault.err"), args[4096];
+    snprintf(args, sizeof args, "--from-dir '%s' -o '%s'", dir, out);
+    manifest_ok(args); /* the old manifest: one clip */
+    char *old = read_all(out);
+    put(dir, "b.mp4", "");
+    static const char *const steps[] = {
+        ": write error: No space left on device", ": write error: No space left on device",
+        ": write error at close: Input/output error", ": cannot rename to "};
+    for (int n = 0;; n++) {
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd, "manifest %s", args);
+        char env[64];
+        snprintf(env, sizeof env, "%d:%d", DH_FAULT_CLI_WRITE, n);
+        assert_int_equal(setenv("DH_FAULT_ARM", env, 1), 0);
+        int status = run_cli(cmd, err_path);
+        unsetenv("DH_FAULT_ARM");
+        char *err = read_all(err_path);
+        assert_false(exists(part));
+        if (status == 0) {
+            assert_int_equal(n, 4); /* every hit was reached */
+            dh_manifest_t *m = load(out);
+            assert_int_equal(dh_manifest_count(m), 2);
+            dh_manifest_destroy(&m);
+            free(err);
+            break;
+        }
+        if (status != 1 || n >= 4 || !strstr(err, part) || !strstr(err, steps[n]))
+            print_error("hit %d: exit %d: %s\n", n, status, err);
+        assert_int_equal(status, 1);
+        assert_true(n < 4);
+        assert_non_null(strstr(err, part));
+        assert_non_null(strstr(err, steps[n]));
+        char *now = read_all(out);
+        assert_string_equal(now, old);
+        free(now);
+        free(err);
+    }
+    free(old);
+    free(err_path);
+    free(part);
+    free(out);
+    free(dir);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(from_dir_takes_listed_extensions_sorted_with_sidecar_captions),
     cmocka_unit_test(from_dir_defaults_to_video_extensions_and_takes_images_on_request),
@@ -656,6 +714,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(help_exits_0_and_names_every_option),
     cmocka_unit_test(progress_lines_every_n_files),
     cmocka_unit_test(from_dir_then_probe_profiles_every_clip),
+    cmocka_unit_test(manifest_write_fails_cleanly_at_every_hit),
 };
 
 DH_TEST_MAIN(tests)

@@ -3,16 +3,20 @@
  * listen (refused), an unknown host, a listener that says nothing or closes at once (not
  * ZeroMQ), and a ZeroMQ ROUTER (ZMTP). Every wait is a poll with a deadline. */
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "dh_test.h"
 #include "datahelix/clock.h"
 #include "datahelix/error.h"
+#include "datahelix/fault.h"
 #include "datahelix/wire.h"
+#include "core/internal.h"
 #include "wire/internal.h"
 
 /* A TCP socket on 127.0.0.1 with an OS-chosen port, listening or only bound. */
@@ -134,11 +138,109 @@ static void connect_names_a_foreign_peer_and_an_absent_one(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* Numbered fault site 23 (faults build; skipped otherwise): the probe's socket (EMFILE) and
+ * its read of the greeting (ECONNRESET). */
+static char fault_ep[64];
+
+/* The diagnosis of a coordinator nobody listens for: "connection refused" when the probe
+ * works (0), else the diagnosis's error, which must name the endpoint and the probe's step. */
+static int diagnose_absent(void *arg)
+{
+    (void)arg;
+    void *ctx = zmq_ctx_new();
+    dh_wire_socket_t *s = NULL;
+    assert_int_equal(dh_wire_socket_new(&s, ctx, ZMQ_DEALER, NULL), 0);
+    dh__wire_set_peer_role(s, "coordinator");
+    assert_int_equal(dh_wire_socket_connect(s, fault_ep), 0);
+    int rc = dh__wire_diagnose(s, 500);
+    assert_int_equal(rc, DH_EAGAIN);
+    if (strstr(dh_last_error(), "(connection refused)"))
+        rc = 0;
+    dh_wire_socket_destroy(&s);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+    return rc;
+}
+
+static void diagnosis_of_an_absent_peer_fails_cleanly_at_every_hit(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    int port, fd = tcp_socket(0, &port); /* bound, not listening: refused */
+    snprintf(fault_ep, sizeof fault_ep, "tcp://127.0.0.1:%d", port);
+    char want[128];
+    snprintf(want, sizeof want, "cannot reach the coordinator at %s (probe: socket: ", fault_ep);
+    assert_int_equal(dh_test_each_fault(DH_FAULT_WIRE_PROBE, want, diagnose_absent, NULL), 1);
+    close(fd);
+}
+
+/* The probe of a ZeroMQ peer: ZMTP when it works (0); a failed step says which and is never
+ * taken for a peer of another protocol (which the monitor's check makes a lasting -EPROTO:
+ * before, a reset while reading the greeting was "closed the connection without a ZeroMQ
+ * greeting"). */
+static int probe_zeromq(void *arg)
+{
+    (void)arg;
+    char why[256];
+    dh__wire_probe_t found = dh__wire_probe(fault_ep, 2000, why, sizeof why);
+    if (found == DH__WIRE_PROBE_ZMTP)
+        return 0;
+    assert_int_equal(found, DH__WIRE_PROBE_UNREACHABLE);
+    return dh__set_error(DH_EAGAIN, "%s: %s", fault_ep, why);
+}
+
+static void probe_of_a_zeromq_peer_fails_cleanly_at_every_hit(void **state)
+{
+    (void)state;
+    if (!dh_fault_enabled())
+        skip();
+    /* The ZeroMQ peer is a child process: the fds its I/O thread opens and closes for each
+     * probe are not this process's, which the sweep counts. */
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        void *ctx = zmq_ctx_new();
+        void *router = zmq_socket(ctx, ZMQ_ROUTER);
+        char ep[64];
+        size_t len = sizeof ep;
+        if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
+            zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) != 0)
+            _exit(1);
+        if (write(up[1], ep, strlen(ep) + 1) < 0)
+            _exit(1);
+        char c;
+        while (read(down[0], &c, 1) > 0) /* until the parent closes its end */
+            ;
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    struct pollfd p = {.fd = up[0], .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    ssize_t n = read(up[0], fault_ep, sizeof fault_ep);
+    assert_true(n > 6 && fault_ep[n - 1] == '\0');
+    /* the socket, then each read of the 10-byte greeting (one, or more when it comes in
+     * pieces) */
+    assert_true(dh_test_each_fault(DH_FAULT_WIRE_PROBE, ": probe: ", probe_zeromq, NULL) >= 2);
+    close(down[1]);
+    close(up[0]);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(probe_says_refused_for_a_port_nobody_listens_on),
     cmocka_unit_test(probe_says_host_not_found),
     cmocka_unit_test(probe_tells_a_silent_listener_from_zeromq),
     cmocka_unit_test(connect_refuses_an_endpoint_without_scheme),
     cmocka_unit_test(connect_names_a_foreign_peer_and_an_absent_one),
+    cmocka_unit_test(diagnosis_of_an_absent_peer_fails_cleanly_at_every_hit),
+    cmocka_unit_test(probe_of_a_zeromq_peer_fails_cleanly_at_every_hit),
 };
 DH_TEST_MAIN(tests)
