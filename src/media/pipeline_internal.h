@@ -43,6 +43,29 @@ int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
  * Keeps the error code; returns err. */
 int dh__name_tar_sample(int err, const char *path, const char *sample_id);
 
+/* Opens a container like avformat_open_input (*fmt NULL, or allocated with its interrupt
+ * callback set): a local path (subfile ranges included) through FFmpeg's protocols; an
+ * http://, https:// or s3:// URL, or a subfile range of one, through range reads
+ * (remote_input.c), which the interrupt callback stops. Returns 0 or an AVERROR; for a remote
+ * read that failed, dh__media_remote_error gives the remote module's error. Close with
+ * dh__media_close_input. */
+int dh__media_open_input(struct AVFormatContext **fmt, const char *path);
+void dh__media_close_input(struct AVFormatContext **fmt);
+
+/* The code of this thread's last failed remote read since its last dh__media_open_input
+ * (0: none), its message (naming the URL, the HTTP status and the byte range) put back as
+ * the last error. */
+int dh__media_remote_error(void);
+
+/* For an FFmpeg error that a failed remote read of this thread caused (EIO, ENOENT, EACCES,
+ * EXIT: interrupted): the remote error's text after its URL ("HTTP 404 for bytes 0-65535
+ * after 1 try"), else NULL. Thread-local, valid until the thread's next open. */
+const char *dh__media_remote_message(int averr);
+
+/* For a container opened from a URL: the bytes its reader handed the demuxer (returned) and
+ * those fetched (*fetched); -1 and 0 for a local file. */
+int64_t dh__media_input_bytes(const struct AVFormatContext *fmt, uint64_t *fetched);
+
 /* How many frames the last dh_pipeline_decode on `pipeline` had the decoder return at or
  * before an index it had returned already (a seek back over decoded frames: what an open
  * GOP's retry does, and what a keyframe misread from the container's index cost). For
