@@ -128,8 +128,9 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
     int averr = dh__media_open_input(&fmt, path); /* a file, or a URL's range reads */
     if (averr < 0) {
         const char *why = dh__media_remote_message(averr);
-        return dh__set_error(why ? dh__media_remote_error() : averr == AVERROR(ENOENT) ? -ENOENT
-                                                                                       : DH_EIO,
+        return dh__set_error(why                        ? dh__media_remote_error()
+                             : averr == AVERROR(ENOENT) ? -ENOENT
+                                                        : DH_EIO,
                              "%s: not a readable media file: %s", path,
                              why ? why : av_message(averr, msg, sizeof msg));
     }

@@ -118,12 +118,12 @@ static int open_remote(AVIOContext **out, const char *url, long long start, long
         return remember(rc);
     }
     if (interrupt && interrupt->callback)
-        dh__remote_file_set_interrupt(in->file, &(dh__remote_interrupt_t){interrupt->callback,
-                                                                          interrupt->opaque});
+        dh__remote_file_set_interrupt(
+            in->file, &(dh__remote_interrupt_t){interrupt->callback, interrupt->opaque});
     uint8_t *buffer = av_malloc(AVIO_BUFFER_BYTES);
-    AVIOContext *pb =
-        buffer ? avio_alloc_context(buffer, AVIO_BUFFER_BYTES, 0, in, read_remote, NULL, seek_remote)
-               : NULL;
+    AVIOContext *pb = buffer ? avio_alloc_context(buffer, AVIO_BUFFER_BYTES, 0, in, read_remote,
+                                                  NULL, seek_remote)
+                             : NULL;
     if (!pb) {
         av_free(buffer);
         dh__remote_file_close(&in->file);

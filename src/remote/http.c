@@ -169,15 +169,15 @@ int dh__http_add_header(dh__http_headers_t *headers, const char *name, const cha
 
 typedef struct xfer {
     CURL *h;
-    char *buf;        /* where the wanted bytes go (NULL: none wanted) */
-    size_t len;       /* bytes wanted */
-    size_t stored;    /* bytes stored so far, over every try */
-    int64_t from;     /* the first byte this try asks for */
-    int64_t skip;     /* body bytes to drop first (a 200 answering a range request) */
-    int64_t total;    /* the object's size from Content-Range or, for a 200, Content-Length */
-    long status;      /* of the current response */
-    char code[64];    /* an S3 error body's <Code>, if any */
-    char body[512];   /* the start of an error body, for <Code> */
+    char *buf;      /* where the wanted bytes go (NULL: none wanted) */
+    size_t len;     /* bytes wanted */
+    size_t stored;  /* bytes stored so far, over every try */
+    int64_t from;   /* the first byte this try asks for */
+    int64_t skip;   /* body bytes to drop first (a 200 answering a range request) */
+    int64_t total;  /* the object's size from Content-Range or, for a 200, Content-Length */
+    long status;    /* of the current response */
+    char code[64];  /* an S3 error body's <Code>, if any */
+    char body[512]; /* the start of an error body, for <Code> */
     size_t body_len;
     const dh__remote_interrupt_t *interrupt;
 } xfer_t;
@@ -441,7 +441,8 @@ static int request(const char *url, int64_t offset, size_t len, void *buf, size_
         curl_easy_cleanup(e);
         curl_slist_free_all(headers.list);
         if (cc == CURLE_ABORTED_BY_CALLBACK) {
-            rc = dh__set_error(DH_EIO, "%s: bytes %" PRId64 "-%" PRId64 ": interrupted (the "
+            rc = dh__set_error(DH_EIO,
+                               "%s: bytes %" PRId64 "-%" PRId64 ": interrupted (the "
                                "sample's time is up) after %d %s",
                                shown, from, to, attempt, attempt == 1 ? "try" : "tries");
             break;
@@ -480,7 +481,8 @@ static int request(const char *url, int64_t offset, size_t len, void *buf, size_
             break;
         }
         if (backoff(wait, interrupt)) {
-            rc = dh__set_error(DH_EIO, "%s: interrupted (the sample's time is up) while waiting "
+            rc = dh__set_error(DH_EIO,
+                               "%s: interrupted (the sample's time is up) while waiting "
                                "to retry bytes %" PRId64 "-%" PRId64 " after %s",
                                shown, from, to, why);
             break;
@@ -519,7 +521,8 @@ int dh__http_size(const char *url, int64_t *size, const dh__remote_interrupt_t *
         return rc;
     if (total < 0) {
         char shown[512];
-        return dh__set_error(DH_EIO, "%s: the server does not say the object's size "
+        return dh__set_error(DH_EIO,
+                             "%s: the server does not say the object's size "
                              "(no Content-Range or Content-Length)",
                              dh__url_redact(url, shown, sizeof shown));
     }

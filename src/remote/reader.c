@@ -76,7 +76,8 @@ int dh__remote_file_open(dh__remote_file_t **out, const char *url, int64_t start
     if (!f || !copy) {
         dh_free(f);
         dh_free(copy);
-        return dh__set_error(DH_ENOMEM, "%s: out of memory", dh__url_redact(url, shown, sizeof shown));
+        return dh__set_error(DH_ENOMEM, "%s: out of memory",
+                             dh__url_redact(url, shown, sizeof shown));
     }
     f->url = memcpy(copy, url, n);
     f->start = start;
@@ -112,7 +113,7 @@ static window_t *fetch_window(dh__remote_file_t *f, int64_t at, size_t want, int
 {
     const int64_t block = (int64_t)DH_REMOTE_BLOCK;
     bool sequential = at == f->next_pos;
-    f->readahead = !sequential ? DH_REMOTE_BLOCK
+    f->readahead = !sequential                                   ? DH_REMOTE_BLOCK
                    : f->readahead * 2 <= DH_REMOTE_READAHEAD_MAX ? f->readahead * 2
                                                                  : DH_REMOTE_READAHEAD_MAX;
     int64_t from = at / block * block;
@@ -162,11 +163,10 @@ static window_t *fetch_window(dh__remote_file_t *f, int64_t at, size_t want, int
         f->object_size = from + (int64_t)got; /* the object ended inside this fetch */
     if (f->end >= 0 && f->object_size >= 0 && f->end > f->object_size) {
         char shown[512];
-        *rc = dh__set_error(DH_ERANGE,
-                            "%s: bytes [%" PRId64 ", %" PRId64 ") lie outside the object (%" PRId64
-                            " bytes)",
-                            dh__url_redact(f->url, shown, sizeof shown), f->start, f->end,
-                            f->object_size);
+        *rc = dh__set_error(
+            DH_ERANGE,
+            "%s: bytes [%" PRId64 ", %" PRId64 ") lie outside the object (%" PRId64 " bytes)",
+            dh__url_redact(f->url, shown, sizeof shown), f->start, f->end, f->object_size);
         return NULL;
     }
     return w;
@@ -201,8 +201,8 @@ int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t le
             if (!(w = fetch_window(f, at, len, &rc)))
                 return rc;
             if (!window_holding(f, at))
-                break;  /* the object ends before `at` */
-            continue;   /* the limit may be known now */
+                break; /* the object ends before `at` */
+            continue;  /* the limit may be known now */
         }
         size_t off = (size_t)(at - w->off);
         size_t k = w->len - off < len ? w->len - off : len;

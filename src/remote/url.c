@@ -17,7 +17,8 @@ static const struct {
     const char *prefix;
     dh__url_scheme_t scheme;
     int port;
-} schemes[] = {{"http://", DH_URL_HTTP, 80}, {"https://", DH_URL_HTTPS, 443}, {"s3://", DH_URL_S3, 0}};
+} schemes[] = {
+    {"http://", DH_URL_HTTP, 80}, {"https://", DH_URL_HTTPS, 443}, {"s3://", DH_URL_S3, 0}};
 
 dh__url_scheme_t dh__url_scheme(const char *path)
 {
@@ -42,8 +43,8 @@ const char *dh__url_redact(const char *url, char *buf, size_t size)
 static int refuse(const char *url, const char *why)
 {
     char shown[512];
-    return dh__set_error(DH_EINVAL, "%s: not a usable URL: %s", dh__url_redact(url, shown, sizeof shown),
-                         why);
+    return dh__set_error(DH_EINVAL, "%s: not a usable URL: %s",
+                         dh__url_redact(url, shown, sizeof shown), why);
 }
 
 int dh__url_parse(const char *url, dh__url_t *out)

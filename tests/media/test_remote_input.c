@@ -17,9 +17,8 @@
 #include "remote/servers.h"
 
 /* 320x240, 96 frames at 24 fps, a keyframe every 24 frames */
-static const dh_synth_clip_t clips[3] = {{320, 240, 24.0, 4.0, 24, 1},
-                                         {320, 240, 24.0, 4.0, 24, 2},
-                                         {160, 120, 24.0, 2.0, 12, 3}};
+static const dh_synth_clip_t clips[3] = {
+    {320, 240, 24.0, 4.0, 24, 1}, {320, 240, 24.0, 4.0, 24, 2}, {160, 120, 24.0, 2.0, 12, 3}};
 static const char *names[3] = {"a.mp4", "b.mp4", "c.mp4"};
 
 static int setup(void **state)
@@ -70,7 +69,8 @@ static void assert_same_frames(const dh_pipeline_spec_t *spec, const char *local
         print_error("%s: %s\n", url, dh_last_error());
     assert_int_equal(rc, 0);
     assert_int_equal(a.frames.nbytes, b.frames.nbytes);
-    assert_memory_equal(a.plan.indices, b.plan.indices, sizeof a.plan.indices[0] * (size_t)a.plan.frames);
+    assert_memory_equal(a.plan.indices, b.plan.indices,
+                        sizeof a.plan.indices[0] * (size_t)a.plan.frames);
     assert_memory_equal(a.frames.data, b.frames.data, a.frames.nbytes);
     dh_sample_clear(&a);
     dh_sample_clear(&b);
@@ -164,7 +164,8 @@ static void a_member_of_a_url_shard_is_a_byte_range(void **state)
     for (int i = 1; i < 3; i++) {
         char local[700], member[1024];
         snprintf(local, sizeof local, "%s/%s", servers.www, names[i]);
-        snprintf(member, sizeof member, "subfile,,start,%lld,end,%lld,,:http://127.0.0.1:%d/shard.tar",
+        snprintf(member, sizeof member,
+                 "subfile,,start,%lld,end,%lld,,:http://127.0.0.1:%d/shard.tar",
                  (long long)offset[i], (long long)(offset[i] + size[i]), servers.http_port);
         dh__remote_stats_t before, after;
         dh__remote_stats(&before);
@@ -253,19 +254,23 @@ static void manifest_urls_are_not_joined_to_its_folder(void **state)
     dh_manifest_t *m = NULL;
     assert_int_equal(dh_manifest_load(path, &m), 0);
     assert_string_equal(dh_manifest_entry(m, 0)->path, "https://h/x/a.mp4");
-    assert_string_equal(dh_manifest_entry(m, 1)->path, "subfile,,start,512,end,612,,:http://h/s.tar");
+    assert_string_equal(dh_manifest_entry(m, 1)->path,
+                        "subfile,,start,512,end,612,,:http://h/s.tar");
     assert_non_null(strstr(dh_manifest_entry(m, 2)->path, "/c.mp4"));
     assert_int_equal(dh_manifest_entry(m, 2)->path[0], '/');
     dh_manifest_destroy(&m);
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(a_url_clip_decodes_to_the_files_frames, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(a_url_clip_decodes_to_the_files_frames, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(a_url_clip_probes_as_the_file, setup, servers_teardown),
-    cmocka_unit_test_setup_teardown(a_member_of_a_url_shard_is_a_byte_range, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(a_member_of_a_url_shard_is_a_byte_range, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(a_missing_url_clip_names_its_url_and_status, setup,
                                     servers_teardown),
-    cmocka_unit_test_setup_teardown(a_flaky_url_clip_decodes_after_retries, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(a_flaky_url_clip_decodes_after_retries, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(a_stalled_url_clip_stops_at_the_sample_deadline, setup,
                                     servers_teardown),
     cmocka_unit_test(manifest_urls_are_not_joined_to_its_folder),

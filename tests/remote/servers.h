@@ -26,9 +26,9 @@
 extern char **environ;
 
 typedef struct servers {
-    char dir[512];      /* scratch: configs, certificates, logs */
-    char www[600];      /* what both servers serve */
-    char ca[600];       /* the test CA's certificate (PEM) */
+    char dir[512]; /* scratch: configs, certificates, logs */
+    char www[600]; /* what both servers serve */
+    char ca[600];  /* the test CA's certificate (PEM) */
     char nginx_log[600];
     char fault_log[600];
     int http_port, https_port, fault_port;

@@ -317,10 +317,12 @@ static void s3_urls_go_through_the_s3_hooks(void **state)
     configure(NULL);
     uint8_t buf[100];
     size_t got;
-    assert_int_equal(dh__http_get_range("s3://bucket/data.bin", 0, sizeof buf, buf, &got, NULL, NULL),
-                     DH_EINVAL);
+    assert_int_equal(
+        dh__http_get_range("s3://bucket/data.bin", 0, sizeof buf, buf, &got, NULL, NULL),
+        DH_EINVAL);
     assert_non_null(strstr(dh_last_error(), "s3://bucket/data.bin: no S3 support"));
-    dh__remote_set_scheme(DH_URL_S3, &(dh__remote_scheme_t){resolve_test, NULL, &servers.fault_port});
+    dh__remote_set_scheme(DH_URL_S3,
+                          &(dh__remote_scheme_t){resolve_test, NULL, &servers.fault_port});
     read_ok("s3://bucket/data.bin", 7, 100, 100); /* through flaky/: resolved once, tried twice */
     dh__remote_set_scheme(DH_URL_S3, NULL);
 }
@@ -342,12 +344,14 @@ static void settings_out_of_range_are_refused(void **state)
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(range_reads_give_the_bytes_over_http_and_https, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(range_reads_give_the_bytes_over_http_and_https, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(https_is_verified, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(connections_are_pooled_per_host, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(server_errors_are_retried, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(a_body_cut_short_is_resumed, setup, servers_teardown),
-    cmocka_unit_test_setup_teardown(missing_and_forbidden_name_url_status_and_range, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(missing_and_forbidden_name_url_status_and_range, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(a_stalled_body_is_interrupted, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(the_sign_hook_runs_for_every_try, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(s3_urls_go_through_the_s3_hooks, setup, servers_teardown),

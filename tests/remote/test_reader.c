@@ -34,9 +34,9 @@ static int fake_fetch(void *ctx, const char *url, int64_t offset, size_t len, vo
     calls[n_calls].offset = offset;
     calls[n_calls].len = len;
     n_calls++;
-    *got = offset >= OBJECT_BYTES                   ? 0
+    *got = offset >= OBJECT_BYTES                 ? 0
            : (int64_t)len > OBJECT_BYTES - offset ? (size_t)(OBJECT_BYTES - offset)
-                                                    : len;
+                                                  : len;
     memcpy(buf, object + offset, *got);
     *total = give_total ? OBJECT_BYTES : -1;
     return 0;
@@ -77,7 +77,8 @@ static void sequential_reads_fetch_more_each_time(void **state)
     assert_int_equal(dh__remote_file_open(&f, "https://h/o.tar", 0, -1), 0);
     /* the demuxer's 32 KiB reads from the start, to the end */
     for (int64_t pos = 0; pos < OBJECT_BYTES; pos += 32768)
-        read_at(f, 0, pos, 32768, pos + 32768 <= OBJECT_BYTES ? 32768 : (size_t)(OBJECT_BYTES - pos));
+        read_at(f, 0, pos, 32768,
+                pos + 32768 <= OBJECT_BYTES ? 32768 : (size_t)(OBJECT_BYTES - pos));
     read_at(f, 0, OBJECT_BYTES, 10, 0);
     assert_int_equal(dh__remote_file_size(f), OBJECT_BYTES);
     /* 1, 2, 4, 8, 16, 16 blocks... capped at DH_REMOTE_READAHEAD_MAX */
@@ -163,7 +164,8 @@ static void a_range_past_the_object_is_erange(void **state)
     dh__remote_file_t *f = NULL;
     assert_int_equal(dh__remote_file_open(&f, "https://h/o.tar?sig=s3cr3t", 0, -1), 0);
     dh__remote_file_close(&f);
-    assert_int_equal(dh__remote_file_open(&f, "https://h/o.tar", OBJECT_BYTES - 10, OBJECT_BYTES + 10), 0);
+    assert_int_equal(
+        dh__remote_file_open(&f, "https://h/o.tar", OBJECT_BYTES - 10, OBJECT_BYTES + 10), 0);
     uint8_t buf[64];
     size_t got;
     assert_int_equal(dh__remote_file_read(f, 0, buf, sizeof buf, &got), DH_ERANGE);

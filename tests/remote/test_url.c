@@ -59,17 +59,10 @@ static void bad_urls_are_refused_by_name(void **state)
     static const struct {
         const char *url, *why;
     } bad[] = {
-        {"ftp://h/x", "scheme"},
-        {"http:///x", "no host"},
-        {"s3:///key", "no bucket"},
-        {"http://h:0/x", "port"},
-        {"http://h:65536/x", "port"},
-        {"http://h:12a/x", "port"},
-        {"http://h:/x", "port"},
-        {"http://[::1/x", "IPv6"},
-        {"http://[::1]x/y", "IPv6"},
-        {"s3://bucket:99/k", "bucket"},
-        {"http://h/a\tb", "control"},
+        {"ftp://h/x", "scheme"},        {"http:///x", "no host"},     {"s3:///key", "no bucket"},
+        {"http://h:0/x", "port"},       {"http://h:65536/x", "port"}, {"http://h:12a/x", "port"},
+        {"http://h:/x", "port"},        {"http://[::1/x", "IPv6"},    {"http://[::1]x/y", "IPv6"},
+        {"s3://bucket:99/k", "bucket"}, {"http://h/a\tb", "control"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dh__url_t u;
