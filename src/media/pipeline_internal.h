@@ -39,8 +39,9 @@ int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
 
 /* For a tar member read in place (a subfile path): rewrites the thread's last error
  * "PATH: WHAT" (PATH the subfile path) as "sample ID (member NAME of shard FILE): WHAT", the
- * member's name read from its tar header (tar_member.c). Any other path: nothing changes.
- * Keeps the error code; returns err. */
+ * member's name read from its tar header (tar_member.c; a shard at a URL: one range
+ * request). Then, for a URL path, its query string is taken out of the message
+ * (dh__media_redact_error). Keeps the error code; returns err. */
 int dh__name_tar_sample(int err, const char *path, const char *sample_id);
 
 /* Opens a container like avformat_open_input (*fmt NULL, or allocated with its interrupt
@@ -57,10 +58,18 @@ void dh__media_close_input(struct AVFormatContext **fmt);
  * the last error. */
 int dh__media_remote_error(void);
 
+/* Whether a remote read of this thread failed since its last dh__media_open_input. */
+bool dh__media_remote_failed(void);
+
 /* For an FFmpeg error that a failed remote read of this thread caused (EIO, ENOENT, EACCES,
  * EXIT: interrupted): the remote error's text after its URL ("HTTP 404 for bytes 0-65535
  * after 1 try"), else NULL. Thread-local, valid until the thread's next open. */
 const char *dh__media_remote_message(int averr);
+
+/* For a path that is a URL with a query string (a presigned URL's signature), or a
+ * subfile range of one: every copy of the query in the thread's last error becomes "?...".
+ * Keeps the code; returns err. */
+int dh__media_redact_error(int err, const char *path);
 
 /* For a container opened from a URL: the bytes its reader handed the demuxer (returned) and
  * those fetched (*fetched); -1 and 0 for a local file. */

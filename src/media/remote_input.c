@@ -8,8 +8,8 @@
  *
  * FFmpeg reports a failed read as an AVERROR, which would lose the URL, HTTP status and byte
  * range: the remote error is kept per thread and dh__media_remote_error puts it back.
- * Limit: the clip's path is printed as written in the decoder's other messages, query string
- * included. */
+ * The decoder's messages name the clip's path as written; dh__media_redact_error takes a
+ * URL's query string (a presigned signature) out of them. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +49,11 @@ int dh__media_remote_error(void)
     if (rc)
         dh__set_error(rc, "%s", remote_message);
     return rc;
+}
+
+bool dh__media_remote_failed(void)
+{
+    return remote_code != 0;
 }
 
 const char *dh__media_remote_message(int averr)
@@ -178,4 +183,27 @@ int64_t dh__media_input_bytes(const AVFormatContext *fmt, uint64_t *fetched)
     const remote_input_t *in = fmt->pb->opaque;
     *fetched = dh__remote_file_bytes_fetched(in->file);
     return (int64_t)dh__remote_file_bytes_read(in->file);
+}
+
+int dh__media_redact_error(int err, const char *path)
+{
+    long long start, end;
+    const char *file = dh__subfile_range(path, &start, &end);
+    const char *query = strchr(file, '?');
+    if (dh__url_scheme(file) == DH_URL_NONE || !query)
+        return err;
+    char msg[2048], out[2048];
+    snprintf(msg, sizeof msg, "%s", dh_last_error());
+    /* every copy of the URL's query (up to a fragment) becomes "?..." */
+    size_t qlen = strcspn(query, "#"), used = 0;
+    const char *at = msg, *hit;
+    while ((hit = strstr(at, query)) && qlen > 1) {
+        used += (size_t)snprintf(out + used, sizeof out - used, "%.*s?...", (int)(hit - at), at);
+        at = hit + qlen;
+        if (used >= sizeof out)
+            break;
+    }
+    if (used < sizeof out)
+        snprintf(out + used, sizeof out - used, "%s", at);
+    return dh__set_error(err, "%s", out);
 }

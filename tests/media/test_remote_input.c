@@ -182,6 +182,28 @@ static void a_member_of_a_url_shard_is_a_byte_range(void **state)
         assert_int_equal(info.file_bytes, size[i]);
         dh_media_info_clear(&info);
     }
+    /* a member that is no video: the error names the sample, the member (its tar header,
+     * one range request) and the shard */
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/bad.mp4", servers.www);
+    dh_test_write_file(bad, "not a video, only text");
+    snprintf(cmd, sizeof cmd, "cd %s && tar --format=ustar -cf shard2.tar a.mp4 bad.mp4 c.mp4",
+             servers.www);
+    sh(cmd);
+    snprintf(shard, sizeof shard, "%s/shard2.tar", servers.www);
+    tar_members(shard, offset, size);
+    char member[1024];
+    snprintf(member, sizeof member, "subfile,,start,%lld,end,%lld,,:http://127.0.0.1:%d/shard2.tar",
+             (long long)offset[1], (long long)(offset[1] + size[1]), servers.http_port);
+    dh_sample_t s;
+    dh_pipeline_spec_t spec = spec_of(4, 160, 120);
+    assert_int_equal(decode(&spec, member, &s), DH_EIO);
+    print_message("%s\n", s.error_message);
+    char want[256];
+    snprintf(want, sizeof want, "sample s (member bad.mp4 of shard http://127.0.0.1:%d/shard2.tar)",
+             servers.http_port);
+    assert_non_null(strstr(s.error_message, want));
+    dh_sample_clear(&s);
 }
 
 static void a_missing_url_clip_names_its_url_and_status(void **state)
@@ -197,6 +219,21 @@ static void a_missing_url_clip_names_its_url_and_status(void **state)
     assert_non_null(strstr(s.error_message, url));
     assert_non_null(strstr(s.error_message, "HTTP 404"));
     assert_non_null(strstr(s.error_message, "bytes 0-"));
+    dh_sample_clear(&s);
+    /* a presigned URL's query string is in no message */
+    char signed_url[800];
+    snprintf(signed_url, sizeof signed_url, "%s?X-Amz-Signature=s3cr3t&X-Amz-Date=1", url);
+    assert_int_equal(decode(&spec, signed_url, &s), -ENOENT);
+    print_message("%s\n", s.error_message);
+    assert_null(strstr(s.error_message, "s3cr3t"));
+    assert_non_null(strstr(s.error_message, "a.mp4?..."));
+    dh_sample_clear(&s);
+    char member[900];
+    snprintf(member, sizeof member, "subfile,,start,512,end,1000,,:%s", signed_url);
+    assert_int_equal(decode(&spec, member, &s), -ENOENT);
+    print_message("%s\n", s.error_message);
+    assert_null(strstr(s.error_message, "s3cr3t"));
+    assert_non_null(strstr(s.error_message, "sample s (the member at byte 512 of shard http://"));
     dh_sample_clear(&s);
     dh_media_info_t info;
     snprintf(url, sizeof url, "http://127.0.0.1:%d/forbidden/a.mp4", servers.fault_port);
