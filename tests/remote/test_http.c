@@ -153,6 +153,57 @@ static void connections_are_pooled_per_host(void **state)
     assert_int_not_equal(first_http, first_https);
 }
 
+static void *read_many(void *arg)
+{
+    const char *u = arg;
+    static _Thread_local uint8_t buf[20000];
+    for (int i = 0; i < 25; i++) {
+        size_t got = 0;
+        int64_t offset = (int64_t)(i * 7919) % (DATA_BYTES - (int64_t)sizeof buf);
+        if (dh__http_get_range(u, offset, sizeof buf, buf, &got, NULL, NULL) != 0 ||
+            got != sizeof buf || memcmp(buf, expected + offset, got) != 0)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* Four threads read at once over the shared pool: every byte right, and the connections
+ * opened are at most one per thread (nginx's log), whatever order they run in. */
+static void threads_share_the_pool(void **state)
+{
+    (void)state;
+    start_nginx();
+    configure(servers.ca);
+    char u[2][1024];
+    snprintf(u[0], sizeof u[0], "%s", url("http", servers.http_port, "data.bin"));
+    snprintf(u[1], sizeof u[1], "%s", url("https", servers.https_port, "data.bin"));
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, read_many, u[i % 2]), 0);
+    for (int i = 0; i < 4; i++) {
+        void *bad;
+        pthread_join(t[i], &bad);
+        assert_null(bad);
+    }
+    FILE *f = fopen(servers.nginx_log, "r");
+    assert_non_null(f);
+    long conn, reqs, seen[128];
+    int status, n = 0, distinct = 0;
+    char range[64];
+    while (fscanf(f, "%ld %ld %d %63s", &conn, &reqs, &status, range) == 4) {
+        bool known = false;
+        for (int k = 0; k < distinct; k++)
+            known |= seen[k] == conn;
+        if (!known && distinct < 128)
+            seen[distinct++] = conn;
+        n++;
+    }
+    fclose(f);
+    print_message("%d requests over %d connections\n", n, distinct);
+    assert_int_equal(n, 100);
+    assert_true(distinct <= 4);
+}
+
 static void server_errors_are_retried(void **state)
 {
     (void)state;
@@ -348,6 +399,7 @@ static const struct CMUnitTest tests[] = {
                                     servers_teardown),
     cmocka_unit_test_setup_teardown(https_is_verified, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(connections_are_pooled_per_host, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(threads_share_the_pool, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(server_errors_are_retried, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(a_body_cut_short_is_resumed, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(missing_and_forbidden_name_url_status_and_range, setup,
