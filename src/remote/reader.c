@@ -18,10 +18,12 @@
 #include "core/internal.h"
 #include "remote/remote_internal.h"
 
-/* The windows a file keeps: an MP4 written without faststart is read at its start, then
- * its index at the end, then from the start again; four windows serve that without a
- * second fetch. */
-#define WINDOWS 4
+/* The windows a file keeps, up to HELD_MAX bytes in all: an MP4 written without faststart
+ * is read at its start, then at its index at the end, then from its start again, and its
+ * index (at the end) once more when the reads get there; none of it is fetched twice while
+ * the clip's bytes fit. */
+#define WINDOWS 16
+#define HELD_MAX ((size_t)4 << 20)
 
 typedef struct window {
     uint8_t *data; /* whole blocks of the object from off */
@@ -127,14 +129,29 @@ static window_t *fetch_window(dh__remote_file_t *f, int64_t at, size_t want, int
             to = last;
     }
     window_t *w = &f->windows[0];
+    size_t held = 0;
     for (int i = 0; i < WINDOWS; i++) {
         window_t *o = &f->windows[i];
         if (o->len && o->off > from && o->off < to)
             to = o->off; /* held already */
         if (o->used < w->used)
-            w = o;
+            w = o; /* an empty window (used 0), else the least recently read */
+        held += o->cap;
     }
     size_t len = (size_t)(to - from);
+    /* within the bound: the least recently read windows give their memory back */
+    while (held - w->cap + len > HELD_MAX) {
+        window_t *lru = NULL;
+        for (int i = 0; i < WINDOWS; i++)
+            if (&f->windows[i] != w && f->windows[i].cap &&
+                (!lru || f->windows[i].used < lru->used))
+                lru = &f->windows[i];
+        if (!lru)
+            break;
+        held -= lru->cap;
+        dh_free(lru->data);
+        memset(lru, 0, sizeof *lru);
+    }
     if (len > w->cap) {
         uint8_t *grown = dh_realloc(w->data, len);
         if (!grown) {

@@ -157,7 +157,7 @@ void dh__remote_stats(dh__remote_stats_t *out);
  * come short: *got < len). Its contract is dh__http_get_range's, which is the default; a
  * cache installs itself in front (dh__remote_set_fetch) and calls dh__http_get_range on a
  * miss. */
-#define DH_REMOTE_BLOCK ((size_t)64 << 10)
+#define DH_REMOTE_BLOCK ((size_t)8 << 10)
 #define DH_REMOTE_READAHEAD_MAX ((size_t)1 << 20) /* the longest fetch of sequential reads */
 
 typedef int (*dh__remote_fetch_fn)(void *ctx, const char *url, int64_t offset, size_t len,

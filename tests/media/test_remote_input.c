@@ -104,6 +104,34 @@ static void a_url_clip_decodes_to_the_files_frames(void **state)
     }
 }
 
+/* A few frames of a long clip: the GOPs they need, not the file (range reads, not a
+ * download), and not much more than the demuxer reads. */
+static void a_few_frames_of_a_long_clip_fetch_a_fraction_of_it(void **state)
+{
+    (void)state;
+    start_nginx();
+    static const dh_synth_clip_t long_clip = {320, 240, 24.0, 40.0, 48, 9};
+    char local[700], url[700];
+    snprintf(local, sizeof local, "%s/long.mp4", servers.www);
+    assert_int_equal(dh_synth_write_clip(local, &long_clip), 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/long.mp4", servers.http_port);
+    struct stat sb;
+    assert_int_equal(stat(local, &sb), 0);
+    dh_pipeline_spec_t spec = spec_of(4, 320, 240);
+    dh__remote_stats_t before, after;
+    dh__remote_stats(&before);
+    assert_same_frames(&spec, local, url);
+    dh__remote_stats(&after);
+    uint64_t fetched = after.bytes_fetched - before.bytes_fetched;
+    uint64_t read = after.bytes_read - before.bytes_read;
+    print_message("4 of 960 frames: file %lld bytes, demuxer read %llu, fetched %llu (%.2fx of "
+                  "read, %.2f of the file) in %llu requests\n",
+                  (long long)sb.st_size, (unsigned long long)read, (unsigned long long)fetched,
+                  (double)fetched / (double)read, (double)fetched / (double)sb.st_size,
+                  (unsigned long long)(after.requests - before.requests));
+    assert_true(fetched < (uint64_t)sb.st_size / 2);
+}
+
 static void a_url_clip_probes_as_the_file(void **state)
 {
     (void)state;
@@ -300,6 +328,8 @@ static void manifest_urls_are_not_joined_to_its_folder(void **state)
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(a_url_clip_decodes_to_the_files_frames, setup,
+                                    servers_teardown),
+    cmocka_unit_test_setup_teardown(a_few_frames_of_a_long_clip_fetch_a_fraction_of_it, setup,
                                     servers_teardown),
     cmocka_unit_test_setup_teardown(a_url_clip_probes_as_the_file, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(a_member_of_a_url_shard_is_a_byte_range, setup,

@@ -37,7 +37,7 @@ typedef struct servers {
 
 static servers_t servers;
 
-static void sh(const char *cmd)
+static inline void sh(const char *cmd)
 {
     int rc = system(cmd);
     if (rc != 0)
@@ -45,7 +45,7 @@ static void sh(const char *cmd)
     assert_int_equal(rc, 0);
 }
 
-static int free_port(void)
+static inline int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -56,7 +56,7 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
-static int port_accepts(int port)
+static inline int port_accepts(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET,
@@ -69,7 +69,7 @@ static int port_accepts(int port)
 
 /* Polls cond until it holds; fails the test after 60 s (a loaded machine starts slowly), or
  * at once when the process pid has exited. */
-static void wait_for(int (*cond)(int), int arg, pid_t pid, const char *what)
+static inline void wait_for(int (*cond)(int), int arg, pid_t pid, const char *what)
 {
     uint64_t t0 = dh_clock_now_ns();
     while (!cond(arg)) {
@@ -87,7 +87,7 @@ static void wait_for(int (*cond)(int), int arg, pid_t pid, const char *what)
     }
 }
 
-static pid_t spawn(char *const argv[])
+static inline pid_t spawn(char *const argv[])
 {
     pid_t pid;
     int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
@@ -97,7 +97,7 @@ static pid_t spawn(char *const argv[])
     return pid;
 }
 
-static void stop(pid_t *pid)
+static inline void stop(pid_t *pid)
 {
     if (*pid > 0) {
         kill(*pid, SIGKILL);
@@ -107,13 +107,13 @@ static void stop(pid_t *pid)
 }
 
 static char port_file[700];
-static int port_file_written(int unused)
+static inline int port_file_written(int unused)
 {
     (void)unused;
     return access(port_file, F_OK) == 0;
 }
 
-static void start_fault_server(void)
+static inline void start_fault_server(void)
 {
     const char *py = getenv("DH_PYTHON_EXE") ? getenv("DH_PYTHON_EXE") : "python3";
     snprintf(port_file, sizeof port_file, "%s/fault.port", servers.dir);
@@ -130,7 +130,7 @@ static void start_fault_server(void)
 }
 
 /* The CA, and a server certificate for 127.0.0.1 and localhost signed by it. */
-static void make_certificates(void)
+static inline void make_certificates(void)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
@@ -147,7 +147,7 @@ static void make_certificates(void)
     snprintf(servers.ca, sizeof servers.ca, "%s/ca.crt", servers.dir);
 }
 
-static void start_nginx(void)
+static inline void start_nginx(void)
 {
     make_certificates();
     servers.http_port = free_port();
@@ -178,7 +178,7 @@ static void start_nginx(void)
     wait_for(port_accepts, servers.https_port, servers.nginx, "nginx (https)");
 }
 
-static int servers_setup(void **state)
+static inline int servers_setup(void **state)
 {
     (void)state;
     memset(&servers, 0, sizeof servers);
@@ -192,7 +192,7 @@ static int servers_setup(void **state)
     return 0;
 }
 
-static int servers_teardown(void **state)
+static inline int servers_teardown(void **state)
 {
     (void)state;
     stop(&servers.nginx);
@@ -201,7 +201,7 @@ static int servers_teardown(void **state)
 }
 
 /* The lines of a log file that contain `needle` (NULL: all). */
-static int count_lines(const char *path, const char *needle)
+static inline int count_lines(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
     if (!f)
@@ -212,6 +212,23 @@ static int count_lines(const char *path, const char *needle)
         n += !needle || strstr(line, needle) != NULL;
     fclose(f);
     return n;
+}
+
+static const char *lines_path;
+static int lines_wanted;
+static inline int enough_lines(int unused)
+{
+    (void)unused;
+    return count_lines(lines_path, NULL) >= lines_wanted;
+}
+
+/* Waits until a log holds n lines: nginx writes a request's line after its response, so a
+ * client can be done before the line is there. */
+static inline void wait_lines(const char *path, int n)
+{
+    lines_path = path;
+    lines_wanted = n;
+    wait_for(enough_lines, 0, 0, path);
 }
 
 #endif

@@ -93,6 +93,8 @@ static void range_reads_give_the_bytes_over_http_and_https(void **state)
         assert_int_equal(size, DATA_BYTES);
     }
     /* every range above went as one Range header, none as a whole-object GET */
+    wait_lines(servers.nginx_log, 12);
+    assert_int_equal(count_lines(servers.nginx_log, NULL), 12);
     assert_int_equal(count_lines(servers.nginx_log, " 200 "), 0);
     assert_true(count_lines(servers.nginx_log, " 206 bytes=123457-223456") == 2);
 }
@@ -133,6 +135,7 @@ static void connections_are_pooled_per_host(void **state)
         read_ok(url("http", servers.http_port, "data.bin"), i * 1000, 1000, 1000);
         read_ok(url("https", servers.https_port, "data.bin"), i * 1000, 1000, 1000);
     }
+    wait_lines(servers.nginx_log, 40);
     FILE *f = fopen(servers.nginx_log, "r");
     assert_non_null(f);
     long conn, reqs, first_http = -1, first_https = -1;
@@ -185,6 +188,7 @@ static void threads_share_the_pool(void **state)
         pthread_join(t[i], &bad);
         assert_null(bad);
     }
+    wait_lines(servers.nginx_log, 100);
     FILE *f = fopen(servers.nginx_log, "r");
     assert_non_null(f);
     long conn, reqs, seen[128];
