@@ -13,6 +13,8 @@ picks the fault; the rest names the file:
     /cut/F          the first request for F gets its headers and half its body, then the
                     connection is closed; later requests are served
     /slow/F         headers sent, then no body byte until the client goes away
+    /stallonce/F    the first request for F stalls as /slow/ does after half its body; later
+                    requests are served
     /missing/F      404
     /forbidden/F    403 with an S3-style XML body <Code>AccessDenied</Code>
     /signed/F       403 unless the request carries "X-Test-Sign: ok"
@@ -109,7 +111,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        if mode == "slow":
+        stall = mode == "slow" or (mode == "stallonce" and first_time(key))
+        if stall and mode == "stallonce":
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+        if stall:
             while True:  # until the client closes: the write below then fails
                 time.sleep(0.05)
                 try:

@@ -243,6 +243,43 @@ static void a_body_cut_short_is_resumed(void **state)
     assert_int_equal(after.bytes_fetched - before.bytes_fetched, 100000);
 }
 
+/* A body that stops coming is a timeout after stall_timeout_s, retried for the bytes still
+ * missing. */
+static void a_stalled_body_times_out_and_is_resumed(void **state)
+{
+    (void)state;
+    start_fault_server();
+    dh__http_config_t cfg;
+    dh__http_config_defaults(&cfg);
+    cfg.stall_timeout_s = 1;
+    cfg.backoff_s = 0.01;
+    assert_int_equal(dh__http_configure(&cfg), 0);
+    dh__remote_stats_t before, after;
+    dh__remote_stats(&before);
+    read_ok(url("http", servers.fault_port, "stallonce/data.bin"), 0, 80000, 80000);
+    dh__remote_stats(&after);
+    assert_int_equal(after.retries - before.retries, 1);
+    assert_int_equal(count_lines(servers.fault_log, "GET /stallonce/data.bin bytes=0-79999 206"),
+                     1);
+    assert_int_equal(
+        count_lines(servers.fault_log, "GET /stallonce/data.bin bytes=40000-79999 206"), 1);
+}
+
+/* A server that ignores Range answers 200 with the whole object: the bytes before the range
+ * are dropped, and the object's size is its Content-Length. */
+static void a_server_without_ranges_is_read_through(void **state)
+{
+    (void)state;
+    start_fault_server();
+    configure(NULL);
+    read_ok(url("http", servers.fault_port, "norange/data.bin"), 123456, 5000, 5000);
+    read_ok(url("http", servers.fault_port, "norange/data.bin"), DATA_BYTES - 7, 5000, 7);
+    int64_t size = 0;
+    assert_int_equal(
+        dh__http_size(url("http", servers.fault_port, "norange/data.bin"), &size, NULL), 0);
+    assert_int_equal(size, DATA_BYTES);
+}
+
 static void missing_and_forbidden_name_url_status_and_range(void **state)
 {
     (void)state;
@@ -406,6 +443,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(threads_share_the_pool, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(server_errors_are_retried, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(a_body_cut_short_is_resumed, setup, servers_teardown),
+    cmocka_unit_test_setup_teardown(a_stalled_body_times_out_and_is_resumed, setup,
+                                    servers_teardown),
+    cmocka_unit_test_setup_teardown(a_server_without_ranges_is_read_through, setup,
+                                    servers_teardown),
     cmocka_unit_test_setup_teardown(missing_and_forbidden_name_url_status_and_range, setup,
                                     servers_teardown),
     cmocka_unit_test_setup_teardown(a_stalled_body_is_interrupted, setup, servers_teardown),
