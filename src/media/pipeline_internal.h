@@ -71,10 +71,6 @@ const char *dh__media_remote_message(int averr);
  * Keeps the code; returns err. */
 int dh__media_redact_error(int err, const char *path);
 
-/* For a container opened from a URL: the bytes its reader handed the demuxer (returned) and
- * those fetched (*fetched); -1 and 0 for a local file. */
-int64_t dh__media_input_bytes(const struct AVFormatContext *fmt, uint64_t *fetched);
-
 /* How many frames the last dh_pipeline_decode on `pipeline` had the decoder return at or
  * before an index it had returned already (a seek back over decoded frames: what an open
  * GOP's retry does, and what a keyframe misread from the container's index cost). For

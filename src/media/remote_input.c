@@ -174,17 +174,6 @@ void dh__media_close_input(AVFormatContext **fmt)
     free_remote(&pb);
 }
 
-int64_t dh__media_input_bytes(const AVFormatContext *fmt, uint64_t *fetched)
-{
-    if (!(fmt->flags & AVFMT_FLAG_CUSTOM_IO) || !fmt->pb) {
-        *fetched = 0;
-        return -1;
-    }
-    const remote_input_t *in = fmt->pb->opaque;
-    *fetched = dh__remote_file_bytes_fetched(in->file);
-    return (int64_t)dh__remote_file_bytes_read(in->file);
-}
-
 int dh__media_redact_error(int err, const char *path)
 {
     long long start, end;

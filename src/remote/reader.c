@@ -265,11 +265,6 @@ uint64_t dh__remote_file_bytes_fetched(const dh__remote_file_t *f)
     return f->bytes_fetched;
 }
 
-const char *dh__remote_file_url(const dh__remote_file_t *f)
-{
-    return f->url;
-}
-
 void dh__remote_file_close(dh__remote_file_t **pf)
 {
     if (!pf || !*pf)

@@ -195,9 +195,6 @@ int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t le
 uint64_t dh__remote_file_bytes_read(const dh__remote_file_t *f);
 uint64_t dh__remote_file_bytes_fetched(const dh__remote_file_t *f);
 
-/* The URL the file reads (as given; redact before printing). Borrowed from f. */
-const char *dh__remote_file_url(const dh__remote_file_t *f);
-
 /* Closes and frees; safe on NULL, sets *f = NULL. */
 void dh__remote_file_close(dh__remote_file_t **f);
 
