@@ -10,4 +10,8 @@
  * (dh__remote_stats_t.bytes_read; http.c keeps the counters). */
 void dh__remote_count_read(uint64_t n);
 
+/* Bytes this file handed its reader, and bytes its fetches received (reader.c; for tests). */
+uint64_t dh__remote_file_bytes_read(const dh__remote_file_t *f);
+uint64_t dh__remote_file_bytes_fetched(const dh__remote_file_t *f);
+
 #endif

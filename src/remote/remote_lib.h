@@ -191,10 +191,6 @@ int64_t dh__remote_file_size(dh__remote_file_t *f);
  * DH_REMOTE_READAHEAD_MAX, never past the range's last block). Errors are the fetch's. */
 int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t len, size_t *got);
 
-/* Bytes this file handed its reader, and bytes its fetches received. */
-uint64_t dh__remote_file_bytes_read(const dh__remote_file_t *f);
-uint64_t dh__remote_file_bytes_fetched(const dh__remote_file_t *f);
-
 /* Closes and frees; safe on NULL, sets *f = NULL. */
 void dh__remote_file_close(dh__remote_file_t **f);
 

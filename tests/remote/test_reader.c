@@ -9,7 +9,7 @@
 #include "datahelix/error.h"
 #include "core/internal.h"
 #include "dh_test.h"
-#include "remote/remote_lib.h"
+#include "remote/remote_internal.h"
 
 #define BLOCK ((int64_t)DH_REMOTE_BLOCK)
 #define OBJECT_BYTES (700 * BLOCK + 1234) /* over the 4 MiB a file holds */
