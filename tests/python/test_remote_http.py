@@ -131,3 +131,29 @@ def test_url_clips_and_shards_decode_as_local_files(datahelix, dataset, tmp_path
         assert sorted(got) == sorted(ids) == sorted(want)
         for sid in ids:
             assert np.array_equal(got[sid], want[sid]), (where, sid)
+
+
+def test_missing_url_is_skipped_by_probe_naming_url_and_status(dataset, tmp_path, https_server):
+    """A manifest line whose URL is missing: probe skips it, and its message names the URL
+    (without a presigned query string), the HTTP status and the byte range."""
+    src, _ = dataset
+    www, base, ca = https_server
+    with open(os.path.join(src, "manifest.jsonl")) as f:
+        first = json.loads(f.readline())
+    shutil.copy(os.path.join(src, first["path"]), www / "good.mp4")
+    lines = [dict(first, path=f"{base}/good.mp4"),
+             dict(first, id="gone", path=f"{base}/gone.mp4?X-Amz-Signature=s3cr3t")]
+    where = tmp_path / "set"
+    where.mkdir()
+    (where / "manifest.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    env = dict(os.environ, DH_CA_BUNDLE=ca, DH_CALIBRATION_CACHE=str(tmp_path / "calib.json"))
+    r = subprocess.run([CLI, "probe", str(where / "manifest.jsonl"), "-o",
+                        str(where / "profiles.jsonl"), "-p", str(tmp_path / "spec.json")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "1 files skipped" in r.stderr, r.stderr
+    assert f"{base}/gone.mp4?..." in r.stderr and "HTTP 404" in r.stderr, r.stderr
+    assert "bytes 0-" in r.stderr and "s3cr3t" not in r.stderr, r.stderr
+    rows = [json.loads(x) for x in (where / "profiles.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == [first["id"]]
