@@ -14,7 +14,7 @@ PUBLIC = {
     "model": "cost mix profile",
     "sched": "deadline place plan rebalance sampler",
     "media": "calibrate manifest pipeline probe",
-    "wire": "wire", "shm": "shm", "runtime": "client runtime", "synth": "synth",
+    "wire": "wire", "shm": "shm", "runtime": "client cluster metrics runtime", "synth": "synth",
 }
 OWNER = {h: room for room, hs in PUBLIC.items() for h in hs.split()}
 OWNER["datahelix"] = "every room"
