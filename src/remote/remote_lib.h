@@ -128,8 +128,9 @@ typedef struct dh__remote_interrupt {
  * *got: the bytes read, len unless the object ends first; *total (may be NULL): the object's
  * size from Content-Range, -1 when the server does not say (a 200 to a range request: the
  * bytes before offset are skipped, not stored). Errors, each naming the URL (redacted), the
- * HTTP status and the byte range: -ENOENT (404, 410), -EACCES (401, 403), -ERANGE (416: the
- * range starts past the end), DH_EIO (other statuses, retries exhausted, interrupted: "...
+ * HTTP status and the byte range: -ENOENT (404, 410), -EACCES (401, 403), -ERANGE (a 416
+ * that does not say the object's size; one that does, for a range from its end on, is
+ * success with *got 0), DH_EIO (other statuses, retries exhausted, interrupted: "...
  * interrupted"), DH_EINVAL (a bad URL). len 0 is a no-op. Thread-safe. */
 int dh__http_get_range(const char *url, int64_t offset, size_t len, void *buf, size_t *got,
                        int64_t *total, const dh__remote_interrupt_t *interrupt);
