@@ -81,7 +81,7 @@ typedef struct dh__http_header {
 } dh__http_header_t;
 
 typedef struct dh__http_request {
-    const char *method;               /* "GET" or "HEAD" */
+    const char *method;               /* "GET" (the one method sent: sizes come from a range) */
     const char *url;                  /* the http(s) URL requested, query included */
     const dh__url_t *parsed;          /* its parts */
     const dh__http_header_t *headers; /* the headers already set: "Range" for a GET */
