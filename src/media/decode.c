@@ -104,6 +104,9 @@ const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline)
 
 static const char *av_message(int averr, char *buf, size_t size)
 {
+    const char *remote = dh__media_remote_message(averr); /* URL, HTTP status, byte range */
+    if (remote)
+        return remote;
     if (av_strerror(averr, buf, size) < 0)
         snprintf(buf, size, "FFmpeg error %d", averr);
     return buf;
@@ -128,7 +131,7 @@ static int read_packet(AVFormatContext *fmt, AVPacket *pkt)
 static void decoder_close(decoder_t *d)
 {
     avcodec_free_context(&d->codec);
-    avformat_close_input(&d->fmt);
+    dh__media_close_input(&d->fmt);
     av_packet_free(&d->pkt);
     av_frame_free(&d->frame);
     dh_free(d->pts_table);
@@ -346,12 +349,12 @@ static int open_container(decoder_t *d, const char *path)
         if (!(d->fmt = avformat_alloc_context()))
             return dh__set_error(DH_ENOMEM, "%s: out of memory", path);
         d->fmt->interrupt_callback = (AVIOInterruptCB){past_deadline, NULL};
-        averr = avformat_open_input(&d->fmt, path, NULL, NULL);
+        averr = dh__media_open_input(&d->fmt, path); /* a file, or a URL's range reads */
     }
     if (averr < 0) {
         int code = code_of(averr);
         /* A read error (EIO: a failing disk, a network file system) is not a bad file. */
-        bool bad_file = code == DH_EIO && averr != AVERROR(EIO);
+        bool bad_file = code == DH_EIO && averr != AVERROR(EIO) && !dh__media_remote_message(averr);
         const char *format = bad_file ? recognised_format(path) : NULL;
         if (format)
             return dh__set_error(code, "%s: cannot read its %s header (truncated or corrupt?): %s",
@@ -422,7 +425,7 @@ static int decoder_open_input(decoder_t *d, const char *path)
     } else if ((rc = build_pts_table(d))) {
         return rc;
     }
-    avformat_close_input(&d->fmt);
+    dh__media_close_input(&d->fmt);
     if ((rc = open_container(d, path)))
         return rc;
     d->rotation = rotation;

@@ -17,6 +17,7 @@
 #include "datahelix/fault.h"
 #include "datahelix/manifest.h"
 #include "core/internal.h"
+#include "remote/remote_lib.h"
 
 struct dh_manifest {
     dh_manifest_entry_t *entries;
@@ -128,7 +129,8 @@ static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const c
         m->entries = grown;
         m->cap = cap;
     }
-    bool absolute = rel[0] == '/';
+    /* an absolute path, or a URL (http, https, s3: read by range requests, docs/remote.md) */
+    bool absolute = rel[0] == '/' || dh__url_scheme(rel) != DH_URL_NONE;
     size_t id_len = strlen(id), dir_len = absolute ? 0 : strlen(dir), rel_len = strlen(rel),
            cap_len = strlen(caption), range_len = strlen(range);
     char *block = dh_malloc(id_len + 1 + range_len + dir_len + 1 + rel_len + 1 + cap_len + 1);

@@ -39,9 +39,37 @@ int dh__image_rotation(struct AVFormatContext *fmt, int stream, int *rotation);
 
 /* For a tar member read in place (a subfile path): rewrites the thread's last error
  * "PATH: WHAT" (PATH the subfile path) as "sample ID (member NAME of shard FILE): WHAT", the
- * member's name read from its tar header (tar_member.c). Any other path: nothing changes.
- * Keeps the error code; returns err. */
+ * member's name read from its tar header (tar_member.c; a shard at a URL: one range
+ * request). Then, for a URL path, its query string is taken out of the message
+ * (dh__media_redact_error). Keeps the error code; returns err. */
 int dh__name_tar_sample(int err, const char *path, const char *sample_id);
+
+/* Opens a container like avformat_open_input (*fmt NULL, or allocated with its interrupt
+ * callback set): a local path (subfile ranges included) through FFmpeg's protocols; an
+ * http://, https:// or s3:// URL, or a subfile range of one, through range reads
+ * (remote_input.c), which the interrupt callback stops. Returns 0 or an AVERROR; for a remote
+ * read that failed, dh__media_remote_error gives the remote module's error. Close with
+ * dh__media_close_input. */
+int dh__media_open_input(struct AVFormatContext **fmt, const char *path);
+void dh__media_close_input(struct AVFormatContext **fmt);
+
+/* The code of this thread's last failed remote read since its last dh__media_open_input
+ * (0: none), its message (naming the URL, the HTTP status and the byte range) put back as
+ * the last error. */
+int dh__media_remote_error(void);
+
+/* Whether a remote read of this thread failed since its last dh__media_open_input. */
+bool dh__media_remote_failed(void);
+
+/* For an FFmpeg error that a failed remote read of this thread caused (EIO, ENOENT, EACCES,
+ * EXIT: interrupted): the remote error's text after its URL ("HTTP 404 for bytes 0-65535
+ * after 1 try"), else NULL. Thread-local, valid until the thread's next open. */
+const char *dh__media_remote_message(int averr);
+
+/* For a path that is a URL with a query string (a presigned URL's signature), or a
+ * subfile range of one: every copy of the query in the thread's last error becomes "?...".
+ * Keeps the code; returns err. */
+int dh__media_redact_error(int err, const char *path);
 
 /* How many frames the last dh_pipeline_decode on `pipeline` had the decoder return at or
  * before an index it had returned already (a seek back over decoded frames: what an open

@@ -18,6 +18,7 @@
 #include "datahelix/probe.h"
 #include "core/internal.h"
 #include "media/pipeline_internal.h"
+#include "remote/remote_lib.h"
 
 /* FFmpeg's message for an error code. */
 static const char *av_message(int averr, char *buf, size_t size)
@@ -105,12 +106,15 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
     struct stat sb;
     long long start, end;
     const char *file = dh__subfile_range(path, &start, &end);
-    if (stat(file, &sb) != 0) {
+    bool remote = dh__url_scheme(file) != DH_URL_NONE; /* its size comes with the first read */
+    if (remote) {
+        sb.st_size = 0;
+    } else if (stat(file, &sb) != 0) {
         int err = errno;
         return dh__set_error(-err, "%s: %s", file, strerror(err));
     }
     info->file_bytes = (int64_t)sb.st_size;
-    if (start >= 0) {
+    if (start >= 0 && !remote) {
         if (start >= end || end > (long long)sb.st_size)
             return dh__set_error(DH_ERANGE,
                                  "%s: bytes [%lld, %lld) lie outside the file (%lld bytes)", file,
@@ -121,12 +125,20 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
 
     char msg[256];
     AVFormatContext *fmt = NULL;
-    int averr = avformat_open_input(&fmt, path, NULL, NULL);
-    if (averr < 0)
-        return dh__set_error(averr == AVERROR(ENOENT) ? -ENOENT : DH_EIO,
+    int averr = dh__media_open_input(&fmt, path); /* a file, or a URL's range reads */
+    if (averr < 0) {
+        const char *why = dh__media_remote_message(averr);
+        return dh__set_error(why                        ? dh__media_remote_error()
+                             : averr == AVERROR(ENOENT) ? -ENOENT
+                                                        : DH_EIO,
                              "%s: not a readable media file: %s", path,
-                             av_message(averr, msg, sizeof msg));
+                             why ? why : av_message(averr, msg, sizeof msg));
+    }
     int rc = 0;
+    if (remote && (info->file_bytes = avio_size(fmt->pb)) < 0) {
+        rc = dh__set_error(DH_EIO, "%s: cannot tell its size", path);
+        goto out;
+    }
     int idx = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, NULL, 0);
     if (idx < 0) {
         rc = dh__set_error(DH_EIO, "%s: no video stream (%s)", path,
@@ -190,7 +202,7 @@ int dh_media_probe(const char *path, dh_media_info_t *info)
     info->bit_rate = par->bit_rate > 0 ? par->bit_rate : fmt->bit_rate;
     rc = read_keyframes(path, st, info->fps, info);
 out:
-    avformat_close_input(&fmt);
+    dh__media_close_input(&fmt);
     if (rc != 0)
         dh_media_info_clear(info);
     return rc;

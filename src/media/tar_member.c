@@ -8,7 +8,8 @@
  * Limits: the ustar name field holds 100 bytes (plus a 155-byte prefix); for a longer name a
  * pax or GNU writer puts the full name in an extension header before it and leaves a
  * truncated one there, which is what is shown. A header that does not check (not ustar, a
- * bad checksum) gives "the member at byte S" instead. */
+ * bad checksum) gives "the member at byte S" instead. A shard at a URL costs one range
+ * request of the header's 512 bytes, made only then. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "datahelix/error.h"
 #include "core/internal.h"
 #include "media/pipeline_internal.h"
+#include "remote/remote_lib.h"
 
 #define TAR_BLOCK 512
 
@@ -27,11 +29,20 @@ static int member_name(const char *file, long long data_offset, char *name, size
     unsigned char h[TAR_BLOCK];
     if (data_offset < TAR_BLOCK)
         return -1;
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t got = pread(fd, h, sizeof h, (off_t)(data_offset - TAR_BLOCK));
-    close(fd);
+    ssize_t got = -1;
+    if (dh__url_scheme(file) != DH_URL_NONE) { /* a shard at a URL: one range request */
+        if (dh__media_remote_failed())
+            return -1; /* the server failed (or the deadline passed): do not ask it again */
+        size_t n = 0;
+        if (dh__http_get_range(file, data_offset - TAR_BLOCK, TAR_BLOCK, h, &n, NULL, NULL) == 0)
+            got = (ssize_t)n;
+    } else {
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return -1;
+        got = pread(fd, h, sizeof h, (off_t)(data_offset - TAR_BLOCK));
+        close(fd);
+    }
     if (got != TAR_BLOCK || memcmp(h + 257, "ustar", 5) != 0)
         return -1;
     /* the checksum: the header's bytes summed with its own 8-byte field taken as spaces */
@@ -59,15 +70,20 @@ int dh__name_tar_sample(int err, const char *path, const char *sample_id)
     long long start, end;
     const char *file = dh__subfile_range(path, &start, &end);
     if (start < 0)
-        return err;
+        return dh__media_redact_error(err, path);
     char what[2048], member[300];
     snprintf(what, sizeof what, "%s", dh_last_error());
     size_t n = strlen(path);
     const char *rest =
         strncmp(what, path, n) == 0 && what[n] == ':' && what[n + 1] == ' ' ? what + n + 2 : what;
+    char shown[1024]; /* a shard at a URL: printed without its query string */
+    const char *shard =
+        dh__url_scheme(file) != DH_URL_NONE ? dh__url_redact(file, shown, sizeof shown) : file;
     if (member_name(file, start, member, sizeof member) == 0)
-        return dh__set_error(err, "sample %s (member %s of shard %s): %s",
-                             sample_id && *sample_id ? sample_id : "?", member, file, rest);
-    return dh__set_error(err, "sample %s (the member at byte %lld of shard %s): %s",
-                         sample_id && *sample_id ? sample_id : "?", start, file, rest);
+        dh__set_error(err, "sample %s (member %s of shard %s): %s",
+                      sample_id && *sample_id ? sample_id : "?", member, shard, rest);
+    else
+        dh__set_error(err, "sample %s (the member at byte %lld of shard %s): %s",
+                      sample_id && *sample_id ? sample_id : "?", start, shard, rest);
+    return dh__media_redact_error(err, path);
 }

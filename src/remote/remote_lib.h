@@ -1,0 +1,198 @@
+/* remote/remote_lib.h: what the rest of the library (media's AVIO, the s3 module, the cache)
+ * uses of the remote module: URLs, the HTTP range reader on libcurl, its hooks and counters
+ * (dh__ prefix, not exported; docs/remote.md). No libcurl type crosses this header.
+ *
+ * Layers, each usable alone:
+ *   url.c      parse and redact http://, https://, s3:// URLs (pure);
+ *   http.c     one range GET or HEAD with retries and backoff, pooled connections, the
+ *              per-scheme hooks (s3:// resolution, signing) and the counters;
+ *   reader.c   an open remote file (or a byte range of one: a tar member) read through
+ *              block-aligned fetches, with a modest sequential read-ahead; every fetch goes
+ *              through one function, dh__http_get_range unless a cache installed its own. */
+#ifndef DH_REMOTE_LIB_H
+#define DH_REMOTE_LIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- URLs (url.c, pure) ------------------------------------------------------------------ */
+
+typedef enum dh__url_scheme {
+    DH_URL_NONE = 0, /* not a URL: a local path (subfile ranges included) */
+    DH_URL_HTTP,
+    DH_URL_HTTPS,
+    DH_URL_S3,
+} dh__url_scheme_t;
+
+/* The scheme of a path, by its prefix "http://", "https://" or "s3://" (case-insensitive);
+ * DH_URL_NONE for anything else. Pure. */
+dh__url_scheme_t dh__url_scheme(const char *path);
+
+/* A URL's parts. path and query point into the parsed string (borrowed: valid while it is). */
+typedef struct dh__url {
+    dh__url_scheme_t scheme;
+    char host[256];    /* lower-cased; an IPv6 literal without its brackets; s3: the bucket */
+    int port;          /* the one given, else 80 (http), 443 (https), 0 (s3) */
+    bool port_given;   /* the URL named a port */
+    const char *path;  /* from the '/' after the authority ("/" when absent); s3: "/KEY" */
+    size_t path_len;   /* up to the query or fragment */
+    const char *query; /* after '?', NULL when none; up to the fragment */
+    size_t query_len;
+} dh__url_t;
+
+/* Parses an http, https or s3 URL. Refused with DH_EINVAL and a message naming the URL
+ * (redacted): another scheme, an empty host, a bad port, a space or control character, and
+ * credentials in the URL ("user:pass@host": they would be printed in every error; use the
+ * scheme's hook instead). Pure. */
+int dh__url_parse(const char *url, dh__url_t *out);
+
+/* The URL as errors and logs print it: the query string (which may carry a presigned
+ * signature, X-Amz-Signature, a token) replaced by "?...". Writes into buf (truncated to
+ * size) and returns it. Pure. */
+const char *dh__url_redact(const char *url, char *buf, size_t size);
+
+/* ---- HTTP (http.c) ------------------------------------------------------------------------ */
+
+/* The process-wide client's settings. Defaults from the environment: DH_CA_BUNDLE (a PEM file
+ * of the CAs to trust instead of the system's), DH_HTTP_ATTEMPTS, DH_HTTP_RETRY_S,
+ * DH_HTTP_STALL_S. */
+typedef struct dh__http_config {
+    char ca_bundle[1024];     /* "" = the system's CAs; peers are always verified */
+    int attempts;             /* tries per request, 1..100 (6) */
+    double backoff_s;         /* the wait before the first retry, doubled each time (0.05) */
+    double backoff_max_s;     /* the longest wait (2) */
+    double retry_budget_s;    /* wall time for all tries of one request (60) */
+    double connect_timeout_s; /* per connection attempt (10) */
+    double stall_timeout_s;   /* no byte received for this long: a timeout, retried (30) */
+} dh__http_config_t;
+
+/* Fills cfg with the defaults above, read from the environment now. */
+void dh__http_config_defaults(dh__http_config_t *cfg);
+
+/* Replaces the process-wide settings (copied). Thread-safe: requests already under way keep
+ * the settings they started with. Returns 0, or DH_EINVAL naming the bad field. */
+int dh__http_configure(const dh__http_config_t *cfg);
+
+/* A request as a hook sees it (all borrowed for the call). */
+typedef struct dh__http_header {
+    const char *name;
+    const char *value;
+} dh__http_header_t;
+
+typedef struct dh__http_request {
+    const char *method;               /* "GET" (the one method sent: sizes come from a range) */
+    const char *url;                  /* the http(s) URL requested, query included */
+    const dh__url_t *parsed;          /* its parts */
+    const dh__http_header_t *headers; /* the headers already set: "Range" for a GET */
+    size_t n_headers;
+    int64_t unix_time_s; /* this try's wall-clock time (signatures carry it) */
+} dh__http_request_t;
+
+/* The headers a hook adds to a request (opaque). */
+typedef struct dh__http_headers dh__http_headers_t;
+
+/* Adds "name: value" to a request's headers (in a hook). 0 or DH_ENOMEM, DH_EINVAL for a
+ * name or value with a line break. Values never appear in messages or logs. */
+int dh__http_add_header(dh__http_headers_t *headers, const char *name, const char *value);
+
+/* The hooks of one scheme. resolve turns a URL of the scheme into the http(s) URL to request
+ * (s3://bucket/key -> the endpoint's URL; NULL: the URL is requested as it is, http and
+ * https only): 0 and *http_url (dh_malloc'd, freed by the caller), or a negative code with a
+ * message. sign adds headers to each try of each request of a URL of the scheme (SigV4's
+ * Authorization, x-amz-date, x-amz-content-sha256; NULL: none), called again for every
+ * retry with that try's time: 0, or a negative code with a message (the request fails with
+ * it). Both are called from any thread that reads: they must be thread-safe. */
+typedef struct dh__remote_scheme {
+    int (*resolve)(void *ctx, const char *url, char **http_url);
+    int (*sign)(void *ctx, const dh__http_request_t *request, dh__http_headers_t *headers);
+    void *ctx;
+} dh__remote_scheme_t;
+
+/* Installs the hooks of scheme (DH_URL_HTTP, DH_URL_HTTPS or DH_URL_S3), copied; NULL
+ * removes them. Without hooks an s3:// URL fails with DH_EINVAL ("no S3 support
+ * configured"). Call before reads start (not synchronised with requests in flight). */
+void dh__remote_set_scheme(dh__url_scheme_t scheme, const dh__remote_scheme_t *hooks);
+
+/* What stops a request early: FFmpeg's AVIOInterruptCB shape (nonzero = stop). Polled while
+ * a transfer waits (libcurl's progress callback, at least once a second) and during backoff. */
+typedef struct dh__remote_interrupt {
+    int (*callback)(void *opaque);
+    void *opaque;
+} dh__remote_interrupt_t;
+
+/* Reads bytes [offset, offset + len) of url (http, https, or a scheme with hooks) with one
+ * GET "Range: bytes=offset-(offset+len-1)" on a pooled connection, TLS verified. Retried
+ * with exponential backoff (dh__http_config_t) on 5xx, 429, a timeout or stall, a refused
+ * or reset connection, and a body cut short: a retry asks only for the bytes still missing.
+ * *got: the bytes read, len unless the object ends first; *total (may be NULL): the object's
+ * size from Content-Range, -1 when the server does not say (a 200 to a range request: the
+ * bytes before offset are skipped, not stored). Errors, each naming the URL (redacted), the
+ * HTTP status and the byte range: -ENOENT (404, 410), -EACCES (401, 403), -ERANGE (a 416
+ * that does not say the object's size; one that does, for a range from its end on, is
+ * success with *got 0), DH_EIO (other statuses, retries exhausted, interrupted: "...
+ * interrupted"), DH_EINVAL (a bad URL). len 0 is a no-op. Thread-safe. */
+int dh__http_get_range(const char *url, int64_t offset, size_t len, void *buf, size_t *got,
+                       int64_t *total, const dh__remote_interrupt_t *interrupt);
+
+/* The object's size (a HEAD; Content-Length), with the retries and errors of
+ * dh__http_get_range. Thread-safe. */
+int dh__http_size(const char *url, int64_t *size, const dh__remote_interrupt_t *interrupt);
+
+/* Process-wide counters since start (relaxed atomics): what the benchmark divides by the
+ * bytes the demuxers asked for (docs/remote.md, "Counters"). */
+typedef struct dh__remote_stats {
+    uint64_t requests;      /* HTTP requests sent (each try counts) */
+    uint64_t retries;       /* tries after the first */
+    uint64_t bytes_fetched; /* body bytes received (stored or skipped) */
+    uint64_t errors;        /* requests that failed for good */
+    uint64_t bytes_read;    /* bytes remote files handed their readers (reader.c) */
+} dh__remote_stats_t;
+
+void dh__remote_stats(dh__remote_stats_t *out);
+
+/* ---- remote files (reader.c) --------------------------------------------------------------- */
+
+/* Every byte of a remote file is read through this function, in block-aligned ranges:
+ * offset a multiple of DH_REMOTE_BLOCK, len a multiple of it (the object's last block may
+ * come short: *got < len). Its contract is dh__http_get_range's, which is the default; a
+ * cache installs itself in front (dh__remote_set_fetch) and calls dh__http_get_range on a
+ * miss. */
+#define DH_REMOTE_BLOCK ((size_t)8 << 10)
+#define DH_REMOTE_READAHEAD_MAX ((size_t)1 << 20) /* the longest fetch of sequential reads */
+
+typedef int (*dh__remote_fetch_fn)(void *ctx, const char *url, int64_t offset, size_t len,
+                                   void *buf, size_t *got, int64_t *total,
+                                   const dh__remote_interrupt_t *interrupt);
+
+/* Installs fn (with ctx) as the fetch of every remote file opened from now on; NULL restores
+ * dh__http_get_range. Call before reads start. */
+void dh__remote_set_fetch(dh__remote_fetch_fn fn, void *ctx);
+
+/* An open remote object, or a byte range of one. One thread at a time. */
+typedef struct dh__remote_file dh__remote_file_t;
+
+/* Opens url for reads of its bytes [start, end) (a tar member; start 0 and end -1: the whole
+ * object). Makes no request: the size comes with the first read, or from
+ * dh__remote_file_size. 0, DH_EINVAL (a bad URL, a bad range), DH_ENOMEM. *out is the
+ * caller's (dh__remote_file_close). */
+int dh__remote_file_open(dh__remote_file_t **out, const char *url, int64_t start, int64_t end);
+
+/* What stops this file's requests (the decode's sample_timeout); NULL callback = nothing. */
+void dh__remote_file_set_interrupt(dh__remote_file_t *f, const dh__remote_interrupt_t *interrupt);
+
+/* The readable size: end - start for a range (checked against the object's size on the
+ * first read), else the object's size (a HEAD unless a read already learned it). The size
+ * or a negative code (dh__http_size's). */
+int64_t dh__remote_file_size(dh__remote_file_t *f);
+
+/* Reads up to len bytes at pos (0 = the range's start) into buf: *got = len unless the range
+ * ends first (0 at or past its end). Served from the file's window when it holds them,
+ * else one fetch of whole blocks, longer while the reads run sequentially (doubling up to
+ * DH_REMOTE_READAHEAD_MAX, never past the range's last block). Errors are the fetch's. */
+int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t len, size_t *got);
+
+/* Closes and frees; safe on NULL, sets *f = NULL. */
+void dh__remote_file_close(dh__remote_file_t **f);
+
+#endif
