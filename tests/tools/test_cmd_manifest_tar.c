@@ -482,12 +482,12 @@ static void tar_usage_errors_exit_2_naming_the_problem(void **state)
     static const struct {
         const char *args, *names;
     } cases[] = {
-        {"--from-tar 'x{1..}.tar' -o x.jsonl", "{1..} is neither a range"},
-        {"--from-tar 'x{a}.tar' -o x.jsonl", "{a} is neither a range"},
-        {"--from-tar 'x{1..2.tar' -o x.jsonl", "'{' without '}'"},
-        {"--from-tar 'x}.tar' -o x.jsonl", "'}' without '{'"},
+        {"--from-tar 'x{1..}.tar' -o x.jsonl", "position 2: a brace with neither ',' nor '..' inside"},
+        {"--from-tar 'x{a}.tar' -o x.jsonl", "position 2: a brace with neither ',' nor '..' inside"},
+        {"--from-tar 'x{1..2.tar' -o x.jsonl", "position 2: a '{' that is never closed"},
+        {"--from-tar 'x}.tar' -o x.jsonl", "position 2: a '}' that closes no '{'"},
         {"--from-tar 'a.tar::' -o x.jsonl", "an empty shard name"},
-        {"--from-tar 'x{0..9999999}.tar' -o x.jsonl", "more than 1000000 shards"},
+        {"--from-tar 'x{0..9999999}.tar' -o x.jsonl", "more than 1000000 names"},
         {"--from-tar a.tar --path-col p -o x.jsonl", "--path-col"},
         {"--from-tar a.tar --from-dir d -o x.jsonl", "--from-tar"},
         {"--from-tar a.tar --ext mp4,,mkv -o x.jsonl", "--ext"},
