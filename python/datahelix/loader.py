@@ -325,6 +325,9 @@ class DataLoader:
             import tempfile
             self._blend_dir = tempfile.mkdtemp(prefix="datahelix-blend-")
             source = blend(source, self._blend_dir, seed=seed)
+        # the remote reader's settings as the environment says now (DH_CA_BUNDLE, the AWS
+        # variables): this loader's and its embedded DataServers' reads (docs/remote.md)
+        _C.remote_reload_settings()
         paths = resolve_source(source)
         self.source = os.fspath(source)
         self.profiles = paths["profiles"]

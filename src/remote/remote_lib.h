@@ -195,6 +195,11 @@ int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t le
 /* Closes and frees; safe on NULL, sets *f = NULL. */
 void dh__remote_file_close(dh__remote_file_t **f);
 
+/* Reads a whole object at url (http, https, s3) into *data (dh_malloc'd, the caller's,
+ * NUL-terminated past *len): its size, then one range GET. Errors are dh__http_get_range's;
+ * DH_ERANGE (naming the URL) for an object larger than max_bytes. Thread-safe. (whole.c) */
+int dh__remote_read_whole(const char *url, size_t max_bytes, char **data, size_t *len);
+
 /* ---- S3 (s3_hooks.c, over the S3 half of s3.h) --------------------------------------------- */
 
 /* What a command says of S3 (--s3-endpoint, --s3-profile, --s3-anonymous); NULL or "" falls
@@ -213,6 +218,10 @@ typedef struct dh__remote_s3_settings {
  * for anonymous access) unless other hooks were set with dh__remote_set_scheme. Thread-safe.
  * 0, or dh__s3_config_load's codes. */
 int dh__remote_s3_configure(const dh__remote_s3_settings_t *settings);
+
+/* Forgets the settings resolved so far: the next s3:// request resolves them again from the
+ * environment and the AWS files (the Python binding, when a DataLoader is made). Thread-safe. */
+void dh__remote_s3_forget(void);
 
 /* An object of a listing: its s3:// URL (the caller's) and size. */
 typedef struct dh__remote_object {

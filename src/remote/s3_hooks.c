@@ -60,6 +60,15 @@ int dh__remote_s3_configure(const dh__remote_s3_settings_t *s)
     return 0;
 }
 
+void dh__remote_s3_forget(void)
+{
+    pthread_mutex_lock(&lock);
+    if (loaded)
+        dh__s3_config_clear(&settings);
+    loaded = false;
+    pthread_mutex_unlock(&lock);
+}
+
 /* s3://bucket/key -> the endpoint's URL (the key URI-encoded once, as it is signed). */
 static int resolve(void *ctx, const char *url, char **http_url)
 {
