@@ -61,17 +61,19 @@ int dh_cli_write_port_file(const char *cmd, const char *path, unsigned port);
  * option table, pass each getopt_long value to dh_cli_s3_option (1: it was one), then call
  * dh_cli_s3_apply before reading. */
 enum { DH_CLI_OPT_S3_ENDPOINT = 0x300, DH_CLI_OPT_S3_PROFILE, DH_CLI_OPT_S3_ANONYMOUS };
-#define DH_CLI_S3_LONGOPTS                                                                     \
-    {"s3-endpoint", required_argument, NULL, DH_CLI_OPT_S3_ENDPOINT},                          \
-        {"s3-profile", required_argument, NULL, DH_CLI_OPT_S3_PROFILE},                        \
-        {"s3-anonymous", no_argument, NULL, DH_CLI_OPT_S3_ANONYMOUS}
-#define DH_CLI_S3_USAGE                                                                        \
-    "      --s3-endpoint URL       the S3-compatible endpoint of s3:// URLs, http(s)://HOST[:PORT]\n" \
-    "                              (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the\n"    \
-    "                              profile's endpoint_url, else AWS)\n"                         \
-    "      --s3-profile NAME       the AWS profile of the keys and settings (default:\n"       \
-    "                              $AWS_PROFILE, else the keys of the environment, else\n"     \
-    "                              'default')\n"                                                \
+#define DH_CLI_S3_LONGOPTS                                                                         \
+    {"s3-endpoint", required_argument, NULL, DH_CLI_OPT_S3_ENDPOINT},                              \
+        {"s3-profile", required_argument, NULL, DH_CLI_OPT_S3_PROFILE},                            \
+    {                                                                                              \
+        "s3-anonymous", no_argument, NULL, DH_CLI_OPT_S3_ANONYMOUS                                 \
+    }
+#define DH_CLI_S3_USAGE                                                                            \
+    "      --s3-endpoint URL       the endpoint of s3:// URLs, http(s)://HOST[:PORT]\n"            \
+    "                              (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the\n"       \
+    "                              profile's endpoint_url, else AWS)\n"                            \
+    "      --s3-profile NAME       the AWS profile of the keys and settings (default:\n"           \
+    "                              $AWS_PROFILE, else the keys of the environment, else\n"         \
+    "                              'default')\n"                                                   \
     "      --s3-anonymous          send s3:// requests unsigned (public buckets)\n"
 typedef struct dh_cli_s3 {
     const char *endpoint, *profile;

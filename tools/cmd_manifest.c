@@ -60,7 +60,8 @@ static void usage(FILE *out)
             "kept), a brace list ('{train,val}.tar'), or several joined by '::'; --from-tar may\n"
             "be repeated. A shard may be a URL (http://, https://, s3://bucket/key: its headers\n"
             "are read by range requests) and 's3://bucket/prefix/' (a trailing '/') takes every\n"
-            ".tar object listed under the prefix. A member's key is its path up to the first dot of its basename\n"
+            ".tar object listed under the prefix. A member's key is its path up to the first dot "
+            "of its basename\n"
             "(dir/abc.seg1.mp4: key dir/abc); consecutive members with one key are a sample.\n"
             "A sample has exactly one media member (its last extension in the list; two are\n"
             "an error, none: the key is skipped and counted); its caption is the key's .txt\n"
@@ -100,8 +101,7 @@ static void usage(FILE *out)
             "  -o, --output OUT         the manifest to write (required)\n"
             "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
             "                           scanned and every N entries written (default 10000,\n"
-            "                           0: none)\n"
-            DH_CLI_S3_USAGE
+            "                           0: none)\n" DH_CLI_S3_USAGE
             "  -h, --help               this text\n"
             "\n"
             "Errors name the file, line, row and column at fault (a missing column, a file that\n"

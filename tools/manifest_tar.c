@@ -620,9 +620,8 @@ static int read_archive(shard_t *sh)
     /* every filter, so a compressed shard is recognised and refused by name */
     archive_read_support_filter_all(sh->a);
     archive_read_support_format_tar(sh->a);
-    int opened = sh->remote
-                     ? archive_read_open2(sh->a, sh, NULL, remote_read, remote_skip, NULL)
-                     : archive_read_open_fd(sh->a, sh->fd, BLOCK_SIZE);
+    int opened = sh->remote ? archive_read_open2(sh->a, sh, NULL, remote_read, remote_skip, NULL)
+                            : archive_read_open_fd(sh->a, sh->fd, BLOCK_SIZE);
     if (opened != ARCHIVE_OK)
         return mb_error("%s: %s", sh->name, archive_why(sh->a));
     if (archive_filter_count(sh->a) > 1 || archive_filter_code(sh->a, 0) != ARCHIVE_FILTER_NONE)

@@ -107,7 +107,9 @@ class DataLoader:
     seeds); ``set_epoch(e)`` pins the next pass to epoch e, as ``DistributedSampler``.
 
     Args:
-        source: a synth/probe directory, a manifest or a profile file (resolve_source); or
+        source: a synth/probe directory, a manifest or a profile file (resolve_source), local
+            or at an http(s):// or s3:// URL (``s3://bucket/prefix/manifest.jsonl`` with its
+            ``profiles.jsonl`` next to it; docs/datasets.md "Data in object storage"); or
             ``[(source, weight), ...]``: the sources blended by weight (:func:`blend`, with
             this loader's seed), each sample keeping its source's plan (frames, size).
         pipeline: the decode spec (dict, JSON text or a path; docs/pipeline.md) of the

@@ -118,7 +118,8 @@ static char *decode_path(const char *p, size_t len)
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         int hi, lo;
-        if (p[i] == '%' && i + 2 < len && (hi = hex_digit(p[i + 1])) >= 0 && (lo = hex_digit(p[i + 2])) >= 0) {
+        if (p[i] == '%' && i + 2 < len && (hi = hex_digit(p[i + 1])) >= 0 &&
+            (lo = hex_digit(p[i + 2])) >= 0) {
             out[n++] = (char)(hi * 16 + lo);
             i += 2;
         } else {

@@ -195,7 +195,8 @@ static void a_prefix_lists_every_object(void **state)
     assert_int_equal(objects[3].size_B, 1000);
     dh__remote_objects_free(objects, count);
     assert_int_equal(dh__remote_s3_list("s3://no-such-bucket/x/", &objects, &count), DH_ENOENT);
-    assert_non_null(strstr(dh_last_error(), "listing s3://no-such-bucket/x/: HTTP 404 NoSuchBucket"));
+    assert_non_null(
+        strstr(dh_last_error(), "listing s3://no-such-bucket/x/: HTTP 404 NoSuchBucket"));
 }
 
 static const struct CMUnitTest tests[] = {

@@ -482,8 +482,10 @@ static void tar_usage_errors_exit_2_naming_the_problem(void **state)
     static const struct {
         const char *args, *names;
     } cases[] = {
-        {"--from-tar 'x{1..}.tar' -o x.jsonl", "position 2: a brace with neither ',' nor '..' inside"},
-        {"--from-tar 'x{a}.tar' -o x.jsonl", "position 2: a brace with neither ',' nor '..' inside"},
+        {"--from-tar 'x{1..}.tar' -o x.jsonl",
+         "position 2: a brace with neither ',' nor '..' inside"},
+        {"--from-tar 'x{a}.tar' -o x.jsonl",
+         "position 2: a brace with neither ',' nor '..' inside"},
         {"--from-tar 'x{1..2.tar' -o x.jsonl", "position 2: a '{' that is never closed"},
         {"--from-tar 'x}.tar' -o x.jsonl", "position 2: a '}' that closes no '{'"},
         {"--from-tar 'a.tar::' -o x.jsonl", "an empty shard name"},
