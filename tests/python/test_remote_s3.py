@@ -18,7 +18,7 @@ import pytest
 
 from conftest import CLI, ROOT
 from test_remote_http import https_server  # noqa: F401 (a fixture)
-from test_tar_shards import SPEC, frames_by_id
+from test_tar_shards import SPEC, frames_by_id, pack_shards
 
 
 def free_port():
@@ -160,3 +160,20 @@ def test_https_manifest_reads_as_the_local_set(datahelix, dataset, tmp_path,
     assert sorted(got) == sorted(ids)
     for sid in ids:
         assert np.array_equal(got[sid], want[sid]), sid
+
+
+def test_https_shards_by_brace_pattern(dataset, tmp_path, https_server):  # noqa: F811
+    """`manifest --from-tar 'https://host/shard-{000..002}.tar'`: the tar headers read by range
+    requests give tarfile's own offsets, each path the shard's URL."""
+    src, ids = dataset
+    www, base, ca = https_server
+    members = pack_shards(src, str(www), per_shard=5)
+    out = tmp_path / "m.jsonl"
+    env = dict(os.environ, DH_CA_BUNDLE=ca)
+    r = subprocess.run([CLI, "manifest", "--from-tar", f"{base}/shard-{{000..002}}.tar", "-o",
+                        str(out)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(g["path"], g["offset"], g["size"], g["caption"]) for g in got] == \
+        [(f"{base}/{m['path']}", m["offset"], m["size"], m["caption"]) for m in members]
+    assert sorted(g["id"].split("/", 1)[1] for g in got) == sorted(ids)

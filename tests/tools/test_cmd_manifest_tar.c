@@ -506,6 +506,16 @@ static void tar_usage_errors_exit_2_naming_the_problem(void **state)
         assert_non_null(strstr(err, cases[i].names));
         free(err);
     }
+    /* "::" joins patterns, but not inside an IPv6 literal: the shard is the whole URL (port 1
+     * refuses; before, the pattern was cut at "[::" into two local names) */
+    const char *ipv6 = "manifest --from-tar 'http://[::1]:1/a.tar' -o x.jsonl";
+    int status = run_cli(ipv6, err_path);
+    char *err = read_all(err_path);
+    if (status != 1 || !strstr(err, "http://[::1]:1/a.tar: "))
+        print_error("'%s': exit %d, stderr: %s\n", ipv6, status, err);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(err, "cannot open the shard: http://[::1]:1/a.tar: "));
+    free(err);
     free(err_path);
 }
 
