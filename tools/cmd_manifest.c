@@ -101,13 +101,15 @@ static void usage(FILE *out)
             "  -o, --output OUT         the manifest to write (required)\n"
             "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
             "                           scanned and every N entries written (default 10000,\n"
-            "                           0: none)\n" DH_CLI_S3_USAGE
+            "                           0: none)\n"
+            "%s"
             "  -h, --help               this text\n"
             "\n"
             "Errors name the file, line, row and column at fault (a missing column, a file that\n"
             "does not exist, a duplicate id, malformed quoting, an unreadable folder), or the\n"
             "shard and member (a missing or compressed shard, two media members).\n"
-            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
+            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n",
+            DH_CLI_S3_USAGE);
 }
 
 static int usage_error(const char *what)

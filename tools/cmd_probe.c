@@ -18,35 +18,38 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: datahelix probe MANIFEST -o PROFILES.jsonl [--pipeline SPEC.json] [--jobs N]\n"
-            "                       [--calibration FILE] [--recalibrate] [--check N] [--seed S]\n"
-            "                       [--strict] [--s3-endpoint URL] [--s3-profile NAME]\n"
-            "                       [--s3-anonymous]\n\n"
-            "Reads the container metadata of every clip of a data set (no decoding) and writes\n"
-            "one profile row per readable clip (docs/profiles.md): the pipeline's sampling plan,\n"
-            "its tokens, and cpu_s_est from a cost model calibrated on this machine. The first\n"
-            "probe with a given pipeline spec times a few real decodes per codec and resolution\n"
-            "bucket and caches the result; later probes reuse it. A clip that cannot be used\n"
-            "(missing, unreadable, too short for the plan, no frames) is skipped: the summary\n"
-            "says how many of the manifest's clips were kept, how many were skipped for each\n"
-            "reason, and names the first 10 skipped (--strict: fail instead).\n\n"
-            "options:\n"
-            "  -o, --output FILE       where to write the profile rows (required; '-' = stdout)\n"
-            "  -p, --pipeline SPEC     pipeline spec JSON (docs/pipeline.md; default: defaults)\n"
-            "  -j, --jobs N            metadata reader threads (default: CPUs)\n"
-            "      --calibration FILE  calibration cache (default $XDG_CACHE_HOME or\n"
-            "                          ~/.cache/datahelix/calibration.json)\n"
-            "      --recalibrate       time decodes again even if the cache has this machine\n"
-            "      --check N           afterwards, decode N random clips and print the median\n"
-            "                          and p90 of |predicted - measured| / measured CPU time\n"
-            "  -s, --seed S            which clips calibration and --check time (default 1)\n"
-            "      --strict            fail (exit 1, no profiles written) when any clip is "
-            "skipped\n" DH_CLI_S3_USAGE "  -h, --help              this text\n\n"
-            "Progress and a closing summary (rows, skipped clips by reason) go to stderr.\n"
-            "Exit status: 0 success (some clips may be skipped: see the summary), 1 failure\n"
-            "(also: no clip kept, or --strict and a clip skipped; no profiles written),\n"
-            "2 usage error.\n");
+    fprintf(
+        out,
+        "usage: datahelix probe MANIFEST -o PROFILES.jsonl [--pipeline SPEC.json] [--jobs N]\n"
+        "                       [--calibration FILE] [--recalibrate] [--check N] [--seed S]\n"
+        "                       [--strict] [--s3-endpoint URL] [--s3-profile NAME]\n"
+        "                       [--s3-anonymous]\n\n"
+        "Reads the container metadata of every clip of a data set (no decoding) and writes\n"
+        "one profile row per readable clip (docs/profiles.md): the pipeline's sampling plan,\n"
+        "its tokens, and cpu_s_est from a cost model calibrated on this machine. The first\n"
+        "probe with a given pipeline spec times a few real decodes per codec and resolution\n"
+        "bucket and caches the result; later probes reuse it. A clip that cannot be used\n"
+        "(missing, unreadable, too short for the plan, no frames) is skipped: the summary\n"
+        "says how many of the manifest's clips were kept, how many were skipped for each\n"
+        "reason, and names the first 10 skipped (--strict: fail instead).\n\n"
+        "options:\n"
+        "  -o, --output FILE       where to write the profile rows (required; '-' = stdout)\n"
+        "  -p, --pipeline SPEC     pipeline spec JSON (docs/pipeline.md; default: defaults)\n"
+        "  -j, --jobs N            metadata reader threads (default: CPUs)\n"
+        "      --calibration FILE  calibration cache (default $XDG_CACHE_HOME or\n"
+        "                          ~/.cache/datahelix/calibration.json)\n"
+        "      --recalibrate       time decodes again even if the cache has this machine\n"
+        "      --check N           afterwards, decode N random clips and print the median\n"
+        "                          and p90 of |predicted - measured| / measured CPU time\n"
+        "  -s, --seed S            which clips calibration and --check time (default 1)\n"
+        "      --strict            fail (exit 1, no profiles written) when any clip is skipped\n"
+        "%s"
+        "  -h, --help              this text\n\n"
+        "Progress and a closing summary (rows, skipped clips by reason) go to stderr.\n"
+        "Exit status: 0 success (some clips may be skipped: see the summary), 1 failure\n"
+        "(also: no clip kept, or --strict and a clip skipped; no profiles written),\n"
+        "2 usage error.\n",
+        DH_CLI_S3_USAGE);
 }
 
 typedef struct progress_state {
