@@ -98,7 +98,7 @@ MUTANTS = [
      "dh_rng_seed(&rng, dh_rng_mix(s->seed, 0));",
      r"^sched\.test_sampler\."),
     ("sampler-stale-epoch-kept", "src/sched/sampler.c",
-     "if (!sampler->have_epoch || sampler->epoch != epoch)",
+     "if (!sampler->have_epoch || sampler->epoch != w.epoch)",
      "if (!sampler->have_epoch)",
      r"^sched\.test_sampler\."),
     ("sampler-shuffle-sattolo", "src/sched/sampler.c",
