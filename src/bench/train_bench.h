@@ -65,8 +65,9 @@ typedef struct dh_bench_system_result {
     double peak_rss_mb;        /* the bench process's peak resident memory when this system's run
                                 * ended (getrusage: a running maximum over the systems so far) */
     double peak_pss_mb;        /* the most memory the process held during this system's run
-                                * (proportional set size, sampled every 100 ms: an arena page
-                                * mapped twice counts once) */
+                                * (proportional set size, sampled every 100 ms or less often,
+                                * at most 2% of a core: train_run.h; an arena page mapped
+                                * twice counts once) */
     double pss_sampler_cpu_s;  /* CPU seconds the Pss sampler's readings took (train_run.h) */
     double task_budget_mb;     /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
     double task_heap_peak_mb;  /* the most of it reserved at once during this run: at most the
