@@ -71,7 +71,7 @@ struct run {
  * twice), sampled from /proc/self/smaps_rollup by a thread of its own. 0 where the file
  * cannot be read. A reading walks every page table entry of the process, so its cost grows
  * with the memory mapped: with helix's 5 GB of arena on the large-samples run, reading every
- * 100 ms took a fifth of the process's CPU time, on the cores its decoders needed
+ * 100 ms took a quarter of the process's CPU time, on the cores its decoders needed
  * (docs/benchmarks.md, "Large samples"). So after each reading the sampler pauses 100 ms, or
  * long enough that its readings take at most DH__TRAIN_MEM_DUTY of one core if longer
  * (dh__train_mem_pause_s of the reading's CPU seconds). */

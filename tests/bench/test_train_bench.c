@@ -640,7 +640,7 @@ static void bench_pool_copies_off_the_training_thread(void **state)
 
 /* The memory sampler paces itself by what a reading costs (train_run.h): a reading of
  * smaps_rollup walks every page table entry, and with helix's 5 GB of arena one every 100 ms
- * took a fifth of the large-samples run's CPU. The pause: 100 ms for a cheap reading, 49x
+ * took a quarter of the large-samples run's CPU. The pause: 100 ms for a cheap reading, 49x
  * its CPU seconds for a dear one (at most 2% of a core). Then the sampler itself, with a
  * reading that spins 20 ms of CPU: after its first reading it pauses about 1 s, so over
  * the 0.5 s of wall time after it at most one more reading is taken (a loaded machine only
