@@ -275,6 +275,8 @@ double dh__train_mem_sampler_stop(mem_sampler_t *m)
     atomic_store(&m->stop, 1);
     pthread_join(m->thread, NULL);
     m->started = false;
+    uint64_t c0 = dh_clock_thread_cpu_ns();
     double mb = m->read_mb(); /* the last moment too */
+    m->cpu_s += (double)(dh_clock_thread_cpu_ns() - c0) / 1e9;
     return mb > m->peak_mb ? mb : m->peak_mb;
 }
