@@ -254,6 +254,9 @@ typedef struct dh_dataserver_stats {
                                    * bytes are in bytes_forwarded and bytes_cross_node) */
     uint64_t output_waits;        /* tasks for another node that waited for the process's
                                    * output budget (DH_OUTPUT_BUDGET; docs/runtime.md) */
+    double fetch_s;               /* seconds its workers waited for remote bytes (the samples'
+                                   * fetch_s; 0 for local files; docs/remote.md) */
+    uint64_t fetch_bytes;         /* bytes they fetched from remote sources */
 } dh_dataserver_stats_t;
 
 DH_EXTERN void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);
