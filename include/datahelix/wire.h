@@ -154,12 +154,12 @@ typedef struct dh_msg_dispatch {
 } dh_msg_dispatch_t;
 
 typedef struct dh_wire_sample_status {
-    int32_t status; /* 0 or a negative DH_E* code */
-    char *error;    /* "" when status is 0 */
-    double cpu_s;   /* measured CPU seconds of this sample on the executor (0 = not measured:
-                     * a delivery-only COMPLETE); the coordinator's cost model learns from it */
-    double fetch_s; /* seconds the executor waited for this sample's remote bytes (0 for a
-                     * local file); the coordinator's fetch model learns from it */
+    int32_t status;       /* 0 or a negative DH_E* code */
+    char *error;          /* "" when status is 0 */
+    double cpu_s;         /* measured CPU seconds of this sample on the executor (0 = not measured:
+                           * a delivery-only COMPLETE); the coordinator's cost model learns from it */
+    double fetch_s;       /* seconds the executor waited for this sample's remote bytes (0 for a
+                           * local file); the coordinator's fetch model learns from it */
     uint64_t fetch_bytes; /* remote bytes it fetched for this sample (0 for a local file) */
 } dh_wire_sample_status_t;
 

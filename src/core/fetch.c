@@ -45,10 +45,21 @@ static size_t scheme_len(const char *uri)
     return strncmp(uri + n, "://", 3) == 0 ? n : 0;
 }
 
+/* Whether a scheme of n bytes at uri is one of the remote sources (issue 34): http, https,
+ * s3. Others (file, synthetic, ...) are read where they lie, or not at all. */
+static int remote_scheme(const char *uri, size_t n)
+{
+    static const char *const remote[] = {"http", "https", "s3"};
+    for (size_t i = 0; i < sizeof remote / sizeof remote[0]; i++)
+        if (strlen(remote[i]) == n && strncasecmp(uri, remote[i], n) == 0)
+            return 1;
+    return 0;
+}
+
 size_t dh__fetch_source_key(const char *uri, char out[DH__FETCH_SOURCE_MAX])
 {
     size_t scheme = uri ? scheme_len(uri) : 0;
-    if (scheme == 0 || (scheme == 4 && strncasecmp(uri, "file", 4) == 0)) {
+    if (scheme == 0 || !remote_scheme(uri, scheme)) {
         memcpy(out, DH__FETCH_SOURCE_LOCAL, sizeof DH__FETCH_SOURCE_LOCAL);
         return sizeof DH__FETCH_SOURCE_LOCAL - 1;
     }

@@ -82,8 +82,8 @@ int dh__pin_to_current_cpu(void);
  * never call it: their tally stays 0. Not shared between threads: a read-ahead thread's
  * fetch counts where a reader waits for its bytes. */
 typedef struct dh__fetch_tally {
-    uint64_t wait_ns;  /* wall time waited for remote bytes */
-    uint64_t bytes;    /* bytes fetched from the remote source (not from the local cache) */
+    uint64_t wait_ns; /* wall time waited for remote bytes */
+    uint64_t bytes;   /* bytes fetched from the remote source (not from the local cache) */
 } dh__fetch_tally_t;
 
 /* Makes `tally` the calling thread's (NULL: none) and returns the one bound before. */
@@ -93,8 +93,9 @@ dh__fetch_tally_t *dh__fetch_tally_bind(dh__fetch_tally_t *tally);
 void dh__fetch_note(uint64_t wait_ns, uint64_t bytes);
 
 /* The source a sample's bytes come from, the key the coordinator learns fetch costs under:
- * "scheme://host[:port]" of a URL (scheme and host lower-cased, user information left out,
- * so no password reaches a key), DH__FETCH_SOURCE_LOCAL for a path or a file:// URL. Writes
+ * "scheme://host[:port]" of an http, https or s3 URL (scheme and host lower-cased, user
+ * information left out, so no password reaches a key), DH__FETCH_SOURCE_LOCAL for anything
+ * else (a path, a tar member's range, file://, the emulation's synthetic://). Writes
  * a NUL-terminated key of at most DH__FETCH_SOURCE_MAX - 1 bytes (longer ones cut there)
  * and returns its length. uri NULL counts as a path. Pure, any thread. */
 #define DH__FETCH_SOURCE_MAX 272

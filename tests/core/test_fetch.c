@@ -24,7 +24,8 @@ static void fetch_source_key_is_scheme_and_host(void **state)
     expect_key("FILE:///data/abc.mp4", "local");
     expect_key("", "local");
     expect_key(NULL, "local");
-    expect_key("synthetic://s0.mp4", "synthetic://s0.mp4"); /* any scheme: its "host" */
+    expect_key("synthetic://s0.mp4", "local"); /* the emulation's: read nowhere */
+    expect_key("gs://bucket/x.mp4", "local");  /* not a remote source (yet) */
     expect_key("https://data.example.org/webvid/000/1.mp4", "https://data.example.org");
     expect_key("HTTPS://Data.Example.ORG:8443/x.mp4?sig=abc", "https://data.example.org:8443");
     expect_key("http://10.0.0.7:8080", "http://10.0.0.7:8080");

@@ -53,8 +53,8 @@ typedef struct truth {
 static void fetch_model_converges_per_server_and_source(void **state)
 {
     static const truth_t pairs[4] = {
-        {0, "s3://videos", 0.080, 40e6},         /* the training node, far from the bucket */
-        {1, "s3://videos", 0.010, 400e6},        /* the sidecar beside it */
+        {0, "s3://videos", 0.080, 40e6},  /* the training node, far from the bucket */
+        {1, "s3://videos", 0.010, 400e6}, /* the sidecar beside it */
         {0, "https://cdn.example.org", 0.020, 200e6},
         {1, "https://cdn.example.org", 0.025, 150e6},
     };
@@ -67,8 +67,8 @@ static void fetch_model_converges_per_server_and_source(void **state)
             double bytes = (0.5 + 15.5 * dh_rng_uniform(&rng)) * MIB;
             double t = (pairs[p].latency_s + bytes / pairs[p].bytes_per_s) *
                        exp(0.05 * dh_rng_normal(&rng));
-            assert_int_equal(
-                dh__fetch_model_observe(m, pairs[p].source, pairs[p].server, bytes, t), 0);
+            assert_int_equal(dh__fetch_model_observe(m, pairs[p].source, pairs[p].server, bytes, t),
+                             0);
         }
     for (int p = 0; p < 4; p++) {
         dh__fetch_estimate_t e;

@@ -134,8 +134,8 @@ static void draw_request(dh_rng_t *rng, const world_t *w, dh_request_cost_t *r)
     static const double few_fetch[] = {0.0, 0.25, 0.5};
     if (dh_rng_uniform(rng) < 0.3) {
         for (uint32_t i = 0; i < w->n_servers; i++) {
-            double v = w->draw == DRAW_CONTINUOUS ? dh_rng_uniform(rng) * 2
-                                                  : pick(rng, few_fetch, 3);
+            double v =
+                w->draw == DRAW_CONTINUOUS ? dh_rng_uniform(rng) * 2 : pick(rng, few_fetch, 3);
             double odd = dh_rng_uniform(rng);
             fetch[i] = odd < 0.02 ? -v - 1 : odd < 0.04 ? NAN : v;
         }

@@ -27,8 +27,8 @@ static dh_wire_sample_t samples[] = {
 };
 static dh_wire_sample_result_t results[] = {
     {(char *)"kinetics/abc123", 1024, 0, (char *)"", 0.25, 0.125, 3u << 20},
-    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found",
-     0, 0, 0},
+    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found", 0,
+     0, 0},
 };
 static dh_wire_sample_status_t statuses[] = {
     {0, (char *)"", 0.375, 0.0625, 1u << 20},
