@@ -124,6 +124,8 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
             st[i].status = r->samples[i].status;
             st[i].error = r->samples[i].error ? r->samples[i].error : "";
             st[i].cpu_s = r->sample_cpu_s && r->sample_cpu_s[i] > 0 ? r->sample_cpu_s[i] : 0;
+            st[i].fetch_s = r->samples[i].fetch_s > 0 ? r->samples[i].fetch_s : 0;
+            st[i].fetch_bytes = r->samples[i].fetch_bytes;
         }
         m.complete.n_samples = r->n_samples;
         m.complete.samples = st;

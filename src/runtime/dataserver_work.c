@@ -510,6 +510,13 @@ void *dh__ds_worker_main(void *arg)
         dh__count(&s->counters.tasks, 1);
         dh__count(&s->counters.samples, t->result.n_samples);
         dh__count(&s->counters.sample_errors, t->result.failed);
+        uint64_t fetch_ns = 0, fetch_bytes = 0;
+        for (uint32_t i = 0; i < t->result.n_samples; i++) {
+            fetch_ns += (uint64_t)(t->result.samples[i].fetch_s * 1e9);
+            fetch_bytes += t->result.samples[i].fetch_bytes;
+        }
+        dh__count(&s->counters.fetch_s_ns, fetch_ns);
+        dh__count(&s->counters.fetch_bytes, fetch_bytes);
         if (t->result.read_s > 0 && t->result.read_bytes > 0) {
             double bw = (double)t->result.read_bytes / t->result.read_s;
             s->read_bytes_per_s =
