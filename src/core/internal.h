@@ -75,12 +75,11 @@ int dh__pin_to_current_cpu(void);
 
 /* ---- The fetch tally (core/fetch.c; docs/remote.md, "The fetch tally") ----
  * What the thread executing a sample waited for remote bytes. The DataServer's worker binds
- * one (zeroed) around each sample it executes and reads it after; the remote range reader
- * (src/remote/, the http branch of issue 34) MUST call dh__fetch_note on the thread that
- * waits for each range it reads, with the wall time it waited (a cache hit: its read's time,
- * bytes 0 fetched), so the sample's result carries fetch_s and fetch_bytes. Local files
- * never call it: their tally stays 0. Not shared between threads: a read-ahead thread's
- * fetch counts where a reader waits for its bytes. */
+ * one (zeroed) around each sample it executes and reads it after; every range GET of the
+ * remote module (dh__http_get_range, remote/http.c) notes its wall time and bytes on the
+ * thread that made it, so the sample's result carries fetch_s and fetch_bytes. Local files
+ * never call it: their tally stays 0. Not shared between threads: a read-ahead thread binds
+ * none, so what it fetches counts nowhere. */
 typedef struct dh__fetch_tally {
     uint64_t wait_ns; /* wall time waited for remote bytes */
     uint64_t bytes;   /* bytes fetched from the remote source (not from the local cache) */
