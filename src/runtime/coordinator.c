@@ -262,6 +262,8 @@ size_t dh__coord_drain(dh_coordinator_t *c, size_t max)
     return n;
 }
 
+#define POLL_MS 20 /* the loop's poll: its tick's period at most, when nothing arrives */
+
 int dh_coordinator_run(dh_coordinator_t *c)
 {
     dh_log_info("coordinator: listening on %s (policy %s, dead after %u ms)", c->endpoint,
@@ -270,7 +272,9 @@ int dh_coordinator_run(dh_coordinator_t *c)
     uint64_t last_tick = 0;
     int rc = 0;
     while (!atomic_load(&c->stop)) {
-        int got = dh_wire_recv(c->sock, 20, &r);
+        int got = dh_wire_recv(c->sock, POLL_MS, &r);
+        /* before a heartbeat it brought is handled: its gap excludes our own absence */
+        dh__coord_liveness_turn(c, POLL_MS * 1000000ull);
         if (got == 0) {
             handle(c, &r);
             dh_wire_received_release(&r);

@@ -19,6 +19,7 @@
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
 #include "model/model_lib.h"
+#include "runtime/awake.h"
 #include "runtime/counters.h"
 #include "runtime/stats_table.h"
 
@@ -145,6 +146,7 @@ struct dh_coordinator {
     uint64_t start_ns;
     uint64_t incarnation; /* random id of this process, in the HELLOs it sends (wire.h) */
     bool pending_work;    /* entries to place exist */
+    dh__awake_t awake;    /* the loop's own absence (coordinator_liveness.c) */
 
     dh__coord_counters_t counters; /* any thread (counters.h) */
 
@@ -238,6 +240,11 @@ void dh__coord_liveness_reset(server_t *s);
 
 /* Server s was heard from at now (before last_seen_ns is updated): learn its gap. */
 void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now);
+
+/* The loop's turn began (its poll returned, before what it brought is handled): the time
+ * this thread was not running since the last turn is not counted against any server (their
+ * last_seen_ns move forward by it). poll_ns: the loop's poll timeout. */
+void dh__coord_liveness_turn(dh_coordinator_t *c, uint64_t poll_ns);
 
 /* Declares dead (dh__coord_declare_dead) each live server silent past its limit and not in
  * this process, after draining the socket (dh__coord_drain). Called by the loop's tick. */
