@@ -658,7 +658,7 @@ class DataLoader:
         count = int(state.get("step", step))
         if elastic:
             g2 = self.world_size * self.batch_size
-            count = max(count, -(-int(state.get("position", 0)) // g2))
+            count = max(count, -(-(first + step * g2) // g2))  # ceil(position / G)
         self.set_epoch(int(state.get("epoch", 0)))
         self._resume_step = step
         self._resume_sample = self._pass_sample = first
