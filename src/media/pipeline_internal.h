@@ -63,7 +63,7 @@ int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t
 /* Output buffers kept for reuse (spares.c): at most DH_SPARES_MAX buffers, DH_SPARES_MAX_BYTES
  * in all, the oldest dropped first. One thread at a time (the pipeline's). */
 #define DH_SPARES_MAX 8
-#define DH_SPARES_MAX_BYTES ((size_t)256 << 20)
+#define DH_SPARES_MAX_BYTES ((size_t)64 << 20)
 typedef struct dh__spares {
     struct {
         void *data;
