@@ -606,8 +606,12 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     out->cpu_s = (double)(dh_clock_thread_cpu_ns() - cpu0) / 1e9;
 done:
     dh__fetch_tally_bind(outer_tally);
-    for (uint32_t i = 0; i < n; i++)
-        dh_sample_clear(&decoded[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        if (rc == DH__RT_ABANDONED) /* the pipeline is no longer ours to touch */
+            dh_sample_clear(&decoded[i]);
+        else /* the frames were copied into the batch: their buffers serve the next task */
+            dh__pipeline_recycle(w->pipeline, &decoded[i]);
+    }
     dh_free(decoded);
     return rc;
 }
