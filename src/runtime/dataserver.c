@@ -60,6 +60,7 @@
 #include "runtime/notice.h"
 #include "shm/shm_lib.h"
 #include "runtime/rt.h"
+#include "remote/remote_lib.h"
 #include "wire/wire_lib.h"
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
@@ -303,6 +304,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
             goto fail;
         }
         s->cfg.cache_dir = s->cache_dir;
+        /* every remote read of this process goes through it (docs/remote.md) */
+        if ((rc = dh__remote_cache_use(s->cache_dir, cfg->cache_bytes)))
+            goto fail;
+        s->cache_used = true;
     }
     rc = dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_json ? NULL : cfg->pipeline_path,
                               &s->pipeline);
@@ -478,6 +483,8 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->arena_lock);
     pthread_cond_destroy(&s->task_cond);
+    if (s->cache_used)
+        dh__remote_cache_release(); /* after the workers: nothing of ours fetches now */
     dh_free(s->cache_dir);
     dh_free(s);
     *ps = NULL;
