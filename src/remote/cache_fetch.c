@@ -13,11 +13,12 @@
  *
  * Thread-safe: the cache is; the counters are relaxed atomics; a read-write lock keeps the
  * cache open while a fetch uses it (release takes it for writing). Two threads missing the
- * same block both fetch it; the cache keeps the first put. */
+ * same blocks make one request: the second waits for the first's (the in-flight claims). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "datahelix/alloc.h"
 #include "datahelix/error.h"
@@ -34,7 +35,7 @@ static struct {
     char *dir;
     uint64_t bytes_max;
     unsigned refs;
-    _Atomic uint64_t hits, misses, bytes_network, gets, put_errors;
+    _Atomic uint64_t hits, misses, bytes_network, gets, put_errors, waited_hits;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .rw = PTHREAD_RWLOCK_INITIALIZER};
 
 #define COUNT(field, n) atomic_fetch_add_explicit(&g.field, (n), memory_order_relaxed)
@@ -74,6 +75,89 @@ static void cache_size(dh__cache_t *c, const char *key, int64_t size)
         COUNT(put_errors, 1);
 }
 
+/* Blocks being fetched, so that two threads missing the same blocks (a decode and the
+ * read-ahead of its sample) make one request: a fetch claims its run of missing blocks;
+ * one that finds part of its run claimed waits until that claim is released, then looks
+ * the blocks up again. A full table claims nothing (both fetch). */
+#define INFLIGHT 64
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct {
+        bool used;
+        uint64_t key, first, last;
+    } e[INFLIGHT];
+} fl = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static uint64_t key_hash(const char *key)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return h;
+}
+
+/* 0 and *slot (-1: not recorded) when [first, last] of key is claimed for this thread; 1
+ * after waiting for another claim that overlapped it; DH_EIO when the interrupt fired while
+ * waiting. */
+static int claim(uint64_t key, uint64_t first, uint64_t last,
+                 const dh__remote_interrupt_t *interrupt, int *slot)
+{
+    *slot = -1;
+    pthread_mutex_lock(&fl.mu);
+    bool waited = false;
+    for (;;) {
+        int busy = -1, free_slot = -1;
+        for (int i = 0; i < INFLIGHT; i++) {
+            if (!fl.e[i].used) {
+                if (free_slot < 0)
+                    free_slot = i;
+            } else if (fl.e[i].key == key && fl.e[i].first <= last && first <= fl.e[i].last) {
+                busy = i;
+            }
+        }
+        if (busy < 0) {
+            if (waited) {
+                pthread_mutex_unlock(&fl.mu);
+                return 1;
+            }
+            if (free_slot >= 0) {
+                fl.e[free_slot].used = true;
+                fl.e[free_slot].key = key;
+                fl.e[free_slot].first = first;
+                fl.e[free_slot].last = last;
+                *slot = free_slot;
+            }
+            pthread_mutex_unlock(&fl.mu);
+            return 0;
+        }
+        if (interrupt && interrupt->callback && interrupt->callback(interrupt->opaque)) {
+            pthread_mutex_unlock(&fl.mu);
+            return dh__set_error(DH_EIO, "cached fetch: interrupted while another fetch of the "
+                                         "same blocks ran");
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000; /* the interrupt polled every 100 ms */
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&fl.cv, &fl.mu, &ts);
+        waited = true;
+    }
+}
+
+static void release(int slot)
+{
+    if (slot < 0)
+        return;
+    pthread_mutex_lock(&fl.mu);
+    fl.e[slot].used = false;
+    pthread_cond_broadcast(&fl.cv);
+    pthread_mutex_unlock(&fl.mu);
+}
+
 /* Fetch [offset, offset + len) of url through cache c (see the file's comment). */
 static int fetch_cached(dh__cache_t *c, const char *url, int64_t offset, size_t len, void *buf,
                         size_t *got, int64_t *total, const dh__remote_interrupt_t *interrupt)
@@ -83,6 +167,7 @@ static int fetch_cached(dh__cache_t *c, const char *url, int64_t offset, size_t 
     if (rc)
         return rc;
     const int64_t B = (int64_t)dh__cache_block_bytes(c);
+    const uint64_t kh = key_hash(key);
     int64_t size = cached_size(c, key);
     if (size >= 0 && offset >= size) {
         if (total)
@@ -122,13 +207,31 @@ static int fetch_cached(dh__cache_t *c, const char *url, int64_t offset, size_t 
         size_t j = i;
         while (j + 1 < n && !have[j + 1])
             j++;
+        int slot = -1;
+        if ((rc = claim(kh, first + i, first + j, interrupt, &slot)) == 1) {
+            /* another thread fetched some of them meanwhile: look again */
+            rc = 0;
+            for (size_t k = i; k <= j; k++) {
+                size_t bl = (size_t)B;
+                if (dh__cache_get(c, key, first + k, span + k * (size_t)B, &bl) == 1 && bl > 0) {
+                    have[k] = bl;
+                    COUNT(waited_hits, 1);
+                }
+            }
+            i--; /* the run again, from its first block still missing */
+            continue;
+        }
+        if (rc)
+            break;
         int64_t from = (int64_t)(first + i) * B;
         size_t want = (j - i + 1) * (size_t)B;
         size_t r_got = 0;
         int64_t r_total = -1;
         rc = dh__http_get_range(url, from, want, span + i * (size_t)B, &r_got, &r_total, interrupt);
-        if (rc)
+        if (rc) {
+            release(slot);
             break;
+        }
         COUNT(bytes_network, r_got);
         if (r_total >= 0 && size < 0) {
             size = r_total;
@@ -150,6 +253,7 @@ static int fetch_cached(dh__cache_t *c, const char *url, int64_t offset, size_t 
         }
         if (r_got < want && !(size >= 0 && from + (int64_t)r_got >= size))
             have[j] = 0; /* cut short without the object ending: not held */
+        release(slot);
         i = j;
     }
     if (rc == 0 && size_new)
@@ -269,6 +373,7 @@ void dh__remote_cache_stats(dh__remote_cache_stats_t *out)
     out->misses = atomic_load_explicit(&g.misses, memory_order_relaxed);
     out->bytes_network = atomic_load_explicit(&g.bytes_network, memory_order_relaxed);
     out->put_errors = atomic_load_explicit(&g.put_errors, memory_order_relaxed);
+    out->waited_hits = atomic_load_explicit(&g.waited_hits, memory_order_relaxed);
     dh__remote_readahead_counts(out);
     pthread_rwlock_rdlock(&g.rw);
     if (g.cache) {

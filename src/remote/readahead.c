@@ -91,7 +91,8 @@ static void fetch_item(item_t *it, uint8_t *buf)
     int64_t at = it->start / B * B;
     uint64_t got_all = 0;
     while (at < it->end && !atomic_load(&it->cancel)) {
-        size_t want = CHUNK;
+        int64_t stop = (it->end + B - 1) / B * B; /* the range's last block, no further */
+        size_t want = stop - at < (int64_t)CHUNK ? (size_t)(stop - at) : CHUNK;
         size_t got = 0;
         int rc = dh__remote_cache_fetch(it->url, at, want, buf, &got, NULL, &intr);
         if (rc) {

@@ -227,6 +227,7 @@ typedef struct dh__remote_cache_stats {
     uint64_t hits, misses;  /* cache blocks found / not found by them */
     uint64_t bytes_network; /* bytes their range GETs received */
     uint64_t put_errors;    /* blocks that could not be stored (no room, I/O): fetched only */
+    uint64_t waited_hits;   /* blocks found after waiting for another thread's fetch of them */
     uint64_t bytes_held, bytes_max, evictions; /* the directory's, and this process's */
     /* read-ahead: ranges queued, fetched, cancelled (by their task, or a stop), dropped
      * (over the byte bound), failed (their fetch's error; the decode meets it again), and

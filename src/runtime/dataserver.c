@@ -483,6 +483,20 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->arena_lock);
     pthread_cond_destroy(&s->task_cond);
+    /* what the process's remote reads cost (the benchmark of docs/remote.md reads this) */
+    dh__remote_stats_t rs;
+    dh__remote_cache_stats_t cs;
+    dh__remote_stats(&rs);
+    dh__remote_cache_stats(&cs);
+    if (rs.requests || s->cache_used)
+        dh_log_info("DataServer '%s': remote reads: requests=%llu bytes_fetched=%llu "
+                    "bytes_read=%llu cache_hits=%llu cache_misses=%llu ra_queued=%llu "
+                    "ra_done=%llu ra_cancelled=%llu ra_dropped=%llu ra_bytes=%llu",
+                    s->name, (unsigned long long)rs.requests, (unsigned long long)rs.bytes_fetched,
+                    (unsigned long long)rs.bytes_read, (unsigned long long)cs.hits,
+                    (unsigned long long)cs.misses, (unsigned long long)cs.ra_queued,
+                    (unsigned long long)cs.ra_done, (unsigned long long)cs.ra_cancelled,
+                    (unsigned long long)cs.ra_dropped, (unsigned long long)cs.ra_bytes);
     if (s->cache_used)
         dh__remote_cache_release(); /* after the workers: nothing of ours fetches now */
     dh_free(s->cache_dir);
