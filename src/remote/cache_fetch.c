@@ -2,7 +2,7 @@
  * docs/remote.md). A process opens one cache directory (dh__remote_cache_use, reference
  * counted: every DataServer of the process with --cache-dir shares it) and installs
  * cache_fetch as the fetch of every remote file (dh__remote_set_fetch). A fetch, whatever
- * its range, looks up the cache blocks (DH_REMOTE_CACHE_BLOCK) that hold it, fetches each
+ * its range, looks up the cache blocks (64 KiB, DH_CACHE_BLOCK) that hold it, fetches each
  * run of missing blocks with one range GET, stores them, and hands back the bytes asked for.
  *
  * Keys: the URL without its query string (a presigned URL's signature changes from one
@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -303,6 +304,32 @@ int dh__remote_cache_fetch(const char *url, int64_t offset, size_t len, void *bu
     return cache_fetch(NULL, url, offset, len, buf, got, total, interrupt);
 }
 
+/* DH_CACHE_BLOCK: the cache's block size in bytes, a multiple of DH_REMOTE_BLOCK from 8 KiB
+ * to 1 MiB (default DH_REMOTE_CACHE_BLOCK). */
+static int block_setting(size_t *block)
+{
+    const char *v = getenv("DH_CACHE_BLOCK");
+    if (!v || !*v)
+        return 0;
+    char *e;
+    unsigned long long n = strtoull(v, &e, 10);
+    if (*e || n < DH_REMOTE_BLOCK || n > ((size_t)1 << 20) || n % DH_REMOTE_BLOCK)
+        return dh__set_error(DH_EINVAL,
+                             "DH_CACHE_BLOCK=%s: expected a multiple of 8192 bytes from 8192 to "
+                             "1048576",
+                             v);
+    *block = (size_t)n;
+    return 0;
+}
+
+size_t dh__remote_cache_block(void)
+{
+    pthread_rwlock_rdlock(&g.rw);
+    size_t b = g.cache ? dh__cache_block_bytes(g.cache) : DH_REMOTE_CACHE_BLOCK;
+    pthread_rwlock_unlock(&g.rw);
+    return b;
+}
+
 int dh__remote_cache_use(const char *dir, uint64_t bytes_max)
 {
     pthread_mutex_lock(&g.mu);
@@ -320,10 +347,13 @@ int dh__remote_cache_use(const char *dir, uint64_t bytes_max)
     }
     char *copy = dh_strdup(dir);
     dh__cache_t *c = NULL;
+    size_t block = DH_REMOTE_CACHE_BLOCK;
     if (!copy)
         rc = dh__set_error(DH_ENOMEM, "cache directory %s: out of memory", dir);
     else
-        rc = dh__cache_open(&c, dir, bytes_max, DH_REMOTE_CACHE_BLOCK);
+        rc = block_setting(&block);
+    if (!rc)
+        rc = dh__cache_open(&c, dir, bytes_max, block);
     if (rc) {
         dh_free(copy);
         pthread_mutex_unlock(&g.mu);

@@ -86,7 +86,7 @@ static int interrupted(void *opaque)
 
 static void fetch_item(item_t *it, uint8_t *buf)
 {
-    const int64_t B = (int64_t)DH_REMOTE_CACHE_BLOCK;
+    const int64_t B = (int64_t)dh__remote_cache_block();
     dh__remote_interrupt_t intr = {interrupted, it};
     int64_t at = it->start / B * B;
     uint64_t got_all = 0;

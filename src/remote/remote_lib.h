@@ -197,8 +197,9 @@ void dh__remote_file_close(dh__remote_file_t **f);
 
 /* ---- the cache in use (cache_fetch.c) and read-ahead (readahead.c) ------------------------ */
 
-/* The cache's blocks: a miss of one 8 KiB reader block fetches its whole 64 KiB cache block
- * (docs/remote.md, "The cache in use": the bytes-fetched trade). */
+/* The cache's blocks by default: a miss of one 8 KiB reader block fetches its whole 64 KiB
+ * cache block (docs/remote.md, "The cache in use": the bytes-fetched trade). DH_CACHE_BLOCK
+ * (bytes, a multiple of 8 KiB up to 1 MiB) sets another size at dh__remote_cache_use. */
 #define DH_REMOTE_CACHE_BLOCK ((size_t)64 << 10)
 /* Read-ahead of a whole object (a clip at a URL, size unknown): its first bytes. */
 #define DH_READAHEAD_HEAD ((size_t)1 << 20)
@@ -206,16 +207,19 @@ void dh__remote_file_close(dh__remote_file_t **f);
 #define DH_READAHEAD_RANGE_MAX ((size_t)8 << 20)
 
 /* Opens the cache directory dir bounded to bytes_max (dh__cache_open with blocks of
- * DH_REMOTE_CACHE_BLOCK) and reads every remote file opened from now on through it (installs
- * its fetch with dh__remote_set_fetch). Process-wide and reference counted: a second use of
- * the same dir shares it; another dir is refused (DH_EINVAL naming both: one cache per
- * process). 0 or the open's error. Each successful use is paired with a release. */
+ * DH_REMOTE_CACHE_BLOCK, or DH_CACHE_BLOCK's; DH_EINVAL naming it when malformed) and reads every
+ * remote file opened from now on through it (installs its fetch with dh__remote_set_fetch).
+ * Process-wide and reference counted: a second use of the same dir shares it; another dir is
+ * refused (DH_EINVAL naming both: one cache per process). 0 or the open's error. Each successful
+ * use is paired with a release. */
 int dh__remote_cache_use(const char *dir, uint64_t bytes_max);
 /* Drops a use; the last stops read-ahead, restores the plain fetch and closes the cache
  * (waiting for fetches under way). */
 void dh__remote_cache_release(void);
 /* Whether a cache is in use. */
 bool dh__remote_cache_active(void);
+/* The block size of the cache in use (DH_REMOTE_CACHE_BLOCK when none). */
+size_t dh__remote_cache_block(void);
 
 /* A fetch through the cache in use (the installed fetch; dh__http_get_range's contract for
  * any offset and length; the plain range GET when none is in use). Thread-safe. */
