@@ -234,6 +234,8 @@ static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
         dh__ds_push(&s->tasks, t);
         pthread_cond_signal(&s->task_cond);
         pthread_mutex_unlock(&s->lock);
+        if (s->cache_used) /* its bytes fetched while the queue ahead of it decodes */
+            dh__ds_readahead(s, t);
     } else if (r->msg.type == DH_MSG_ERROR) {
         if (r->msg.error.code == DH_EUNKNOWN) {
             dh_log_info("DataServer '%s': the coordinator does not know us; registering again",
