@@ -99,17 +99,18 @@ test-asan: $(VENV_PY)
 	    DH_PYTHON_PATH=$(abspath $(ASAN_BUILD))/python $(VENV_PY) -m pytest -q -p no:cacheprovider tests/python
 
 # ThreadSanitizer over the runtime tests (the client, the DataServer and the coordinator, in
-# process and as real processes built with TSan too), and the remote cache shared by threads.
+# process and as real processes built with TSan too), the remote cache shared by threads, and
+# the cache in use with its read-ahead threads.
 # Every tests/runtime/test_*.c executable (runtime_test_*), so a new runtime test file is
 # built here as well as run by the -R filter below.
 TSAN_TESTS := $(patsubst tests/runtime/%.c,runtime_%,$(wildcard tests/runtime/test_*.c)) \
-              remote_test_cache_shared
+              remote_test_cache_shared remote_test_cache_fetch
 test-tsan:
 	$(call configure,$(TSAN_BUILD),$(TSAN_FLAGS))
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target datahelix_cli $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	    ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) \
-	        -R '^(runtime\.|remote\.test_cache_shared\.)'
+	        -R '^(runtime\.|remote\.test_cache_(shared|fetch)\.)'
 
 # The libFuzzer targets of the parsers of untrusted input (tests/fuzz, docs/testing.md
 # "Fuzzing"): the wire codec, manifests, profiles JSONL, pipeline specs, mix files, the Python

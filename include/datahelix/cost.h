@@ -6,7 +6,10 @@
  *
  *   C_cpu   = predicted CPU seconds (speed 1) x the server's speed factor; a request runs on
  *             one worker of the server
- *   C_io    = input bytes / the server's storage bandwidth
+ *   C_io    = input bytes / the server's storage bandwidth, plus, for samples read from a
+ *             remote source (http, https, s3), the request's predicted fetch seconds on that
+ *             server (dh_request_cost_t.fetch_s: learned per server and source from
+ *             completions, docs/profiles.md "The fetch model")
  *   C_queue = 0 when the server has a free worker (queue_len < workers), else the predicted
  *             work queued on it / its workers
  *   C_net   = output bytes / the bandwidth of the link from the server's node to the
@@ -77,11 +80,17 @@ typedef struct dh_snapshot {
 /* The costs of one request (a rank's batch, or one microbatch of it). */
 typedef struct dh_request_cost {
     double cpu_s;           /* predicted CPU seconds at speed factor 1 */
-    double in_bytes;        /* encoded bytes to read */
+    double in_bytes;        /* encoded bytes to read from the server's storage (local files) */
     double out_bytes;       /* decoded bytes to deliver */
     double deadline_s;      /* D: seconds from now until the rank needs it */
     uint32_t consumer_node; /* node of the consuming rank */
     int32_t local_server;   /* index of the rank's local DataServer in the snapshot, or -1 */
+    /* The predicted seconds of fetching the request's remote bytes on each server (n_servers
+     * entries, index = server index; borrowed for the call), added to C_io; NULL when the
+     * request reads only local files (every fetch 0). An entry that is negative or NaN
+     * counts as 0. The caller computes it from learned estimates (the coordinator's fetch
+     * model): placement stays pure, and reads it once per server. */
+    const double *fetch_s;
 } dh_request_cost_t;
 
 /* ---- Online refinement ------------------------------------------------------------- */

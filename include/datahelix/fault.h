@@ -60,9 +60,9 @@ typedef enum {
                                    * kernel is short of memory) */
     DH_FAULT_METRICS_HTTP = 27,   /* a step of answering GET /metrics fails for lack of memory:
                                    * the render (a 500), the response (the connection closed) */
-    DH_FAULT_CACHE_WRITE = 28,   /* writing a block of the remote cache's temporary file fails
-                                  * (ENOSPC) */
-    DH_FAULT_CACHE_RENAME = 29,  /* renaming a written block into the cache fails (EIO) */
+    DH_FAULT_CACHE_WRITE = 28,    /* writing a block of the remote cache's temporary file fails
+                                   * (ENOSPC) */
+    DH_FAULT_CACHE_RENAME = 29,   /* renaming a written block into the cache fails (EIO) */
     DH_FAULT_SITE_COUNT = 30,
 } dh_fault_site_t;
 

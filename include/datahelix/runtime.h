@@ -57,6 +57,10 @@ typedef struct dh_coordinator_config {
                                  * docs/security.md): a tcp:// listen endpoint admits only its
                                  * listed keys; NULL = plaintext, anyone admitted */
     const char *key_name;       /* this process's key in keys_dir (NULL = "server") */
+    double fetch_latency_s;     /* the fetch model's prior (docs/profiles.md, "The fetch
+                                 * model"): a remote sample's fetch latency before any
+                                 * completion teaches it (0.05; <= 0: the default) */
+    double fetch_bytes_per_s;   /* ... and its bandwidth (100e6; <= 0: the default) */
 } dh_coordinator_config_t;
 
 /* Fills *cfg with the defaults above (listen NULL: must be set). */
@@ -118,6 +122,10 @@ typedef struct dh_prediction {
     double actual_cpu_s;   /* measured by the executor */
     double pred_ready_s;   /* T predicted at the decision */
     double actual_ready_s; /* DISPATCH to the executor's COMPLETE, on the coordinator's clock */
+    double pred_fetch_s;   /* the chosen server's predicted fetch of the request's remote
+                            * samples (part of pred_ready_s; 0 for local files) */
+    double fetch_s;        /* the executor's reported fetch: its samples' fetch_s summed */
+    uint64_t fetch_bytes;  /* the bytes it fetched for them */
 } dh_prediction_t;
 
 /* The most records a coordinator keeps; past it the oldest are overwritten. */
@@ -254,6 +262,9 @@ typedef struct dh_dataserver_stats {
                                    * bytes are in bytes_forwarded and bytes_cross_node) */
     uint64_t output_waits;        /* tasks for another node that waited for the process's
                                    * output budget (DH_OUTPUT_BUDGET; docs/runtime.md) */
+    double fetch_s;               /* seconds its workers waited for remote bytes (the samples'
+                                   * fetch_s; 0 for local files; docs/remote.md) */
+    uint64_t fetch_bytes;         /* bytes they fetched from remote sources */
 } dh_dataserver_stats_t;
 
 DH_EXTERN void dh_dataserver_stats(const dh_dataserver_t *s, dh_dataserver_stats_t *out);

@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define DH_WIRE_MAGIC "DHX1"
-#define DH_WIRE_VERSION 5
+#define DH_WIRE_VERSION 6
 #define DH_WIRE_HEADER_SIZE 20
 #define DH_WIRE_MAX_NDIM DH_TENSOR_MAX_DIMS
 /* Most payload frames one message may carry; a peer sending more is refused (DH_EPARSE). */
@@ -154,10 +154,13 @@ typedef struct dh_msg_dispatch {
 } dh_msg_dispatch_t;
 
 typedef struct dh_wire_sample_status {
-    int32_t status; /* 0 or a negative DH_E* code */
-    char *error;    /* "" when status is 0 */
-    double cpu_s;   /* measured CPU seconds of this sample on the executor (0 = not measured:
-                     * a delivery-only COMPLETE); the coordinator's cost model learns from it */
+    int32_t status;       /* 0 or a negative DH_E* code */
+    char *error;          /* "" when status is 0 */
+    double cpu_s;         /* measured CPU seconds of this sample on the executor (0 = not measured:
+                           * a delivery-only COMPLETE); the coordinator's cost model learns from it */
+    double fetch_s;       /* seconds the executor waited for this sample's remote bytes (0 for a
+                           * local file); the coordinator's fetch model learns from it */
+    uint64_t fetch_bytes; /* remote bytes it fetched for this sample (0 for a local file) */
 } dh_wire_sample_status_t;
 
 typedef struct dh_msg_complete {
@@ -191,6 +194,8 @@ typedef struct dh_wire_sample_result {
     int32_t status; /* 0 or a negative DH_E* code */
     char *error;    /* "" when status is 0; else names the sample, path and cause */
     double cpu_s;   /* measured decode seconds on the executor (0 = not measured) */
+    double fetch_s; /* seconds the executor waited for its remote bytes (0 for a local file) */
+    uint64_t fetch_bytes; /* remote bytes fetched for it (0 for a local file) */
 } dh_wire_sample_result_t;
 
 typedef struct dh_msg_deliver {

@@ -396,6 +396,11 @@ class DataLoader:
         self._resume_step = 0  # load_state_dict: batches of the next pass already yielded
         self._resume_sample = 0  # and the sample its epoch is cut from (an elastic resume)
         self._pass_sample = 0  # the sample the current (or last) pass's epoch was cut from
+        # the loader's count minus the pass's own step (an elastic resume keeping the per-rank
+        # batch goes on counting from the saved step): of the next pass, of the current one
+        self._resume_shift = 0
+        self._pass_shift = 0
+        self._len_told: Optional[int] = None  # what len() last returned (load_state_dict)
         self._keep: Optional[str] = None  # what the last elastic resume kept fixed
         self._yielded = 0      # batches of the current pass yielded (or raised) so far
         self._pass_first = 0   # the pass's first batch (its resume step)
@@ -430,7 +435,8 @@ class DataLoader:
                                  max_steps=self.max_steps, first_step=self._resume_step,
                                  first_sample=self._resume_sample, **kwargs)
         self._client_epoch = epoch
-        self._len = int(self._client.stats()["steps_total"]) + self._resume_step
+        self._len = int(self._client.stats()["steps_total"]) + self._resume_step + \
+            self._resume_shift
         return self._client
 
     def _persistent_cluster(self, pipeline_json: Optional[str]) -> Cluster:
@@ -502,16 +508,19 @@ class DataLoader:
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
             self._resume_step = self._resume_sample = self._pass_sample = 0
+            self._resume_shift = self._pass_shift = 0
             self._yielded = 0
         self._pinned = True
         self._load_pinned = False
 
     def __len__(self) -> int:
         """Batches this rank gets per pass (one epoch's; ``epochs`` times that with
-        ``epochs`` > 1; the same on every rank), resumed batches included."""
+        ``epochs`` > 1; the same on every rank), resumed batches included: after
+        ``load_state_dict``, ``state_dict()["step"]`` plus the batches left."""
         if self._len is None:
             self._open(self._epoch)
         assert self._len is not None
+        self._len_told = self._len
         return self._len
 
     def __iter__(self) -> "_Pass":
@@ -526,21 +535,23 @@ class DataLoader:
             self._client_epoch = self._epoch
             self._resume_step = self._pass_first
             self._resume_sample = self._pass_sample
+            self._resume_shift = self._pass_shift
             self._pinned = True
         if not self._pinned and self._passes:
             self._epoch += max(1, self.epochs)  # a new pass is the next epoch's
-            self._resume_step = self._resume_sample = 0
+            self._resume_step = self._resume_sample = self._resume_shift = 0
         resumed, self._load_pinned = self._load_pinned, False
         self._pinned = False
         self._passes += 1
         client = self._open(self._epoch)
-        if resumed and self._resume_step and self.epochs and self._len == self._resume_step:
+        if resumed and self._resume_step and self.epochs and \
+                self._len == self._resume_step + self._resume_shift:
             # a state taken after the pass's last batch, iterated without set_epoch (as
             # Lightning does after a checkpoint at an epoch's end): the next epoch, from its
             # first step, not an empty pass
             self._close_client()
             self._epoch += max(1, self.epochs)
-            self._resume_step = self._resume_sample = 0
+            self._resume_step = self._resume_sample = self._resume_shift = 0
             client = self._open(self._epoch)
         self._untouched = True
         # The client is consumed by this pass; a new pass opens a new one.
@@ -548,7 +559,8 @@ class DataLoader:
         self._yielded = self._resume_step
         self._pass_first = self._resume_step
         self._pass_sample = self._resume_sample
-        self._resume_step = self._resume_sample = 0
+        self._pass_shift = self._resume_shift
+        self._resume_step = self._resume_sample = self._resume_shift = 0
         it = _Pass(self, client)
         self._pass_ref = weakref.ref(it)
         return it
@@ -567,18 +579,21 @@ class DataLoader:
         the settings the order depends on. ``load_state_dict`` of it on a new loader with
         the same settings makes the next pass yield exactly the batches that were left, in
         the order an uninterrupted run would have; on a loader of another world size it
-        resumes elastically (docs/python.md, "Elastic resume"). ``position`` is where the
-        next step's window starts in the epoch's order (``step x world_size x batch_size``,
-        plus the sample the pass was cut from after an elastic resume inside a step),
-        ``keep`` what the last elastic resume kept fixed (None: none happened). A plain dict
+        resumes elastically (docs/python.md, "Elastic resume"). ``step`` goes on from the
+        saved count after an elastic resume (not the pass's own steps), ``position`` is
+        where the next step's window starts in the epoch's order (``first_sample`` plus the
+        pass's own steps x world_size x batch_size), ``first_sample`` the sample the pass's
+        epoch was cut from (0 but after an elastic resume inside a step), ``keep`` what the
+        last elastic resume kept fixed (None: none happened). A plain dict
         of ints, str, bool and None: it goes in a ``torch.save`` or a
         ``torch.distributed.checkpoint`` state as it is."""
-        step = self._resume_step or self._yielded
+        own = self._resume_step or self._yielded  # the pass's own steps
         state: Dict[str, Any] = {"version": 1, "rank": self.rank, "epoch": self._epoch,
-                                 "step": step}
+                                 "step": own + self._pass_shift}
         for key in self._STATE_KEYS:
             state[key] = getattr(self, key)
-        state["position"] = self._pass_sample + step * self.world_size * self.batch_size
+        state["position"] = self._pass_sample + own * self.world_size * self.batch_size
+        state["first_sample"] = self._pass_sample
         state["keep"] = self._keep
         return state
 
@@ -592,12 +607,11 @@ class DataLoader:
         a rank given twice or outside the states' world size."""
         return _resume.merge_states(states)
 
-    def _elastic_step(self, state: Dict[str, Any], step: int,
-                      keep: Optional[str]) -> Tuple[int, int]:
-        """The step, and the sample the pass is cut from, at which this loader resumes a
-        state of another world size (resume.elastic_step). Sets self._keep."""
+    def _elastic_step(self, state: Dict[str, Any], keep: Optional[str]) -> Tuple[int, int]:
+        """The pass's own step, and the sample the pass is cut from, at which this loader
+        resumes a state of another world size (resume.elastic_step). Sets self._keep."""
         step2, first, self._keep = _resume.elastic_step(
-            state, step, keep, world_size=self.world_size, batch_size=self.batch_size,
+            state, keep, world_size=self.world_size, batch_size=self.batch_size,
             epochs=self.epochs, max_steps=self.max_steps, plan_window=self.plan_window)
         return step2, first
 
@@ -637,16 +651,38 @@ class DataLoader:
             if "batch_size" not in state:
                 raise InvalidArgumentError("state_dict: no batch_size, cannot resume at "
                                            "another world size")
-            step, first = self._elastic_step(state, step, keep)
+            step, first = self._elastic_step(state, keep)
         else:
             self._keep = state.get("keep")
+        # the loader's count goes on from the saved one: the resumed pass's first batch is
+        # step state["step"] (not its own step when the global batch changed), and len() is
+        # that plus the batches left, so a trainer's restored batch counter and it agree.
+        # On a smaller global batch the samples consumed fill more (smaller) steps: the
+        # count then starts at those, ceil(position / G), so that len() is never less than
+        # a fresh epoch's at this size (Lightning keeps the first epoch's len() for all)
+        count = int(state.get("step", step))
+        if elastic:
+            g2 = self.world_size * self.batch_size
+            count = max(count, -(-(first + step * g2) // g2))  # ceil(position / G)
         self.set_epoch(int(state.get("epoch", 0)))
         self._resume_step = step
         self._resume_sample = self._pass_sample = first
+        self._resume_shift = self._pass_shift = count - step
         self._yielded = 0
         self._pinned = True
         self._len = None  # len() counts from the resumed pass's client
         self._load_pinned = True
+        told, self._len_told = self._len_told, None
+        if told is not None and len(self) > told:
+            import warnings
+            warnings.warn(
+                f"DataLoader.load_state_dict: len() was {told} before this state was loaded, "
+                f"the resumed pass has {self._len} batches (step {count} and "
+                f"{self._len - count} left, world size {state.get('world_size')} -> "
+                f"{self.world_size}): a trainer that took len() before (Lightning's epoch "
+                f"limit) stops {self._len - told} batches early; load the state before len() "
+                f"(docs/python.md, \"PyTorch Lightning\")", stacklevel=2)
+        self._len_told = None  # len() here told no one
 
     def stats(self) -> Dict[str, Any]:
         """The client's counters (batches, samples, samples_failed, wait_s, notices,

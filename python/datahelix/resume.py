@@ -51,35 +51,48 @@ def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def resume_point(state: Dict[str, Any]) -> Tuple[int, int]:
-    """The saved step and the sample its pass was cut from (``position - step x world_size x
-    batch_size``: 0 but after an elastic resume from inside a step, docs/python.md)."""
+    """The saved pass's own step and the sample its epoch was cut from (``first_sample``: 0
+    but after an elastic resume from inside a step, docs/python.md). Its steps are counted
+    from that sample: the own step is ``(position - first_sample) / (world_size x
+    batch_size)``, which differs from the state's ``step`` (the loader's count, which goes on
+    from the count it was resumed at) after an elastic resume that kept the per-rank batch. A
+    state without ``first_sample`` (written before it existed) counts its own steps in
+    ``step`` and was cut from ``position - step x world_size x batch_size``."""
     step = int(state.get("step", 0))
     if step < 0:
         raise InvalidArgumentError(f"state_dict: step {step} < 0")
     g = int(state.get("world_size", 1)) * int(state.get("batch_size", 1))
     position = int(state.get("position", step * g))
-    first = position - step * g
-    if first < 0:
+    if "first_sample" not in state:
+        first = position - step * g
+        if first < 0:
+            raise InvalidArgumentError(
+                f"state_dict: position {position} is before step {step}'s window (step x "
+                f"world_size x batch_size = {step * g}): not a DataLoader state_dict")
+        return step, first
+    first = int(state["first_sample"])
+    if first < 0 or position < first or (position - first) % g:
         raise InvalidArgumentError(
-            f"state_dict: position {position} is before step {step}'s window (step x "
-            f"world_size x batch_size = {step * g}): not a DataLoader state_dict")
-    return step, first
+            f"state_dict: position {position} is not first_sample {first} plus whole steps "
+            f"of world_size x batch_size = {g}: not a DataLoader state_dict")
+    return (position - first) // g, first
 
 
-def elastic_step(state: Dict[str, Any], step: int, keep: Optional[str], *, world_size: int,
+def elastic_step(state: Dict[str, Any], keep: Optional[str], *, world_size: int,
                  batch_size: int, epochs: int, max_steps: int,
                  plan_window: int) -> Tuple[int, int, str]:
     """Where a loader (world size W2, batch B2) resumes a state saved at world size W1,
-    batch B1, step k of a pass cut from sample F (0 but after an elastic resume from inside
-    a step): the same position P = F + k x W1 x B1 of the order, at W2 x B2 samples a step.
-    Returns (step, first sample, keep): the step of a pass cut from that sample (the
+    batch B1, own step k of a pass cut from sample F (0 but after an elastic resume from
+    inside a step): the same position P = F + k x W1 x B1 of the order, at W2 x B2 samples a
+    step. Returns (step, first sample, keep): the own step of a pass cut from that sample (the
     client's first_step and first_sample), and what the resume keeps ("global_batch" or
     "rank_batch"). From a step boundary of the new global batch the pass is the epoch's own
-    (first sample 0); else it is cut from P, its plan windows counted from there."""
+    (first sample 0); else it is cut from P, its plan windows counted from there. (The
+    loader's count, ``step``, goes on from the saved one either way: DataLoader.)"""
+    step, first1 = resume_point(state)
     w1, b1 = int(state["world_size"]), int(state["batch_size"])
     w2, b2 = world_size, batch_size
     g1 = w1 * b1
-    _, first1 = resume_point(dict(state, step=step))
     pos = first1 + step * g1
     if keep is None:  # what the new loader's batch_size keeps (both only when w1 == w2)
         keep = "rank_batch" if b2 == b1 else "global_batch" if w2 * b2 == g1 else None

@@ -84,9 +84,16 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
                 s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s,
                 s->peak_rss_mb);
-        fprintf(f, ",\"peak_pss_mb\":%.1f,\"task_budget_mb\":%.1f,\"task_heap_peak_mb\":%.1f",
-                s->peak_pss_mb, s->task_budget_mb, s->task_heap_peak_mb);
+        fprintf(f,
+                ",\"peak_pss_mb\":%.1f,\"pss_sampler_cpu_s\":%.3f,\"task_budget_mb\":%.1f,"
+                "\"task_heap_peak_mb\":%.1f",
+                s->peak_pss_mb, s->pss_sampler_cpu_s, s->task_budget_mb, s->task_heap_peak_mb);
         fprintf(f, ",\"client_start_s\":%.6g", s->client_start_s);
+        fprintf(f,
+                ",\"window_user_s_per_sample\":%.6g,\"window_sys_s_per_sample\":%.6g,"
+                "\"window_minflt_per_sample\":%.6g",
+                s->window_user_s_per_sample, s->window_sys_s_per_sample,
+                s->window_minflt_per_sample);
         /* transfers */
         fprintf(f, ",\"cross_node_bytes\":%.6g,\"copy_bytes\":%.6g", s->cross_node_bytes,
                 s->copy_bytes);

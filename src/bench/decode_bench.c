@@ -40,6 +40,7 @@
 #include "bench/decode_bench.h"
 #include "bench/decode_peers.h"
 #include "core/internal.h"
+#include "media/media_lib.h"
 
 typedef struct clip_plan {
     const dh_manifest_entry_t *entry;
@@ -155,7 +156,7 @@ static double run_datahelix(const dh_pipeline_spec_t *spec, clip_plan_t *plans, 
                                      plans[i].entry->width};
         int rc =
             dh_pipeline_decode(pipeline, plans[i].entry->path, &ovr, plans[i].entry->id, &sample);
-        dh_sample_clear(&sample);
+        dh__pipeline_recycle(pipeline, &sample); /* as the data server does after its collate */
         if (rc) {
             dh_pipeline_destroy(&pipeline);
             return -1;
@@ -380,7 +381,7 @@ static int pixel_check(const dh_decode_bench_config_t *cfg, const dh_pipeline_sp
                                plans[i].entry->path, sample.frames.nbytes, bytes);
         if (rc == 0)
             ours_sum += abs_diff_sum(sample.frames.data, ref, bytes);
-        dh_sample_clear(&sample);
+        dh__pipeline_recycle(pipeline, &sample); /* the next clip's frames reuse its buffer */
         if (ff_ok && ffmpeg_run(&plans[i], 1, ff, bytes) == (long long)bytes)
             ff_sum += abs_diff_sum(ff, ref, bytes);
         else

@@ -88,6 +88,17 @@ static int server_index(run_t *run, const char *name)
 /* A progress line to the caller's callback (bench/progress.h). */
 #define progress(opt, ...) dh__bench_progress((opt)->progress, (opt)->ctx, __VA_ARGS__)
 
+/* The process's CPU seconds and minor page faults so far into slot i of the run's. */
+static void usage_at(run_t *run, int i)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return;
+    run->user_s[i] = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6;
+    run->sys_s[i] = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+    run->minflt[i] = (double)ru.ru_minflt;
+}
+
 static void *rank_main(void *arg)
 {
     rank_ctx_t *rc = arg;
@@ -96,8 +107,10 @@ static void *rank_main(void *arg)
     uint32_t total = opt->warmup + opt->steps;
     if (opt->warmup == 0) {
         pthread_barrier_wait(&run->barrier);
-        if (rc->rank == 0)
+        if (rc->rank == 0) {
             run->t_begin = dh_clock_now_ns();
+            usage_at(run, 0);
+        }
     }
     for (uint32_t s = 0; s < total; s++) {
         step_rec_t *st = &rc->steps[s];
@@ -144,10 +157,14 @@ static void *rank_main(void *arg)
         uint64_t t3 = dh_clock_now_ns();
         st->barrier_s = dh_clock_elapsed_s(t2, t3);
         if (rc->rank == 0) {
-            if (s + 1 == opt->warmup)
+            if (s + 1 == opt->warmup) {
                 run->t_begin = t3;
-            if (s + 1 == total)
+                usage_at(run, 0);
+            }
+            if (s + 1 == total) {
                 run->t_end = t3;
+                usage_at(run, 1);
+            }
             uint32_t every = opt->steps >= 10 ? opt->steps / 5 : 1;
             if (s + 1 > opt->warmup && (s + 1 - opt->warmup) % every == 0) {
                 double el = dh_clock_elapsed_s(run->t_begin, t3);
@@ -342,6 +359,12 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         res->peak_rss_mb = (double)ru.ru_maxrss / 1024.0;
     res->throughput_sps = res->wall_s > 0 ? samples / res->wall_s : 0;
+    /* the whole process over the window: workers, loop, clients, ranks (per consumed sample) */
+    if (samples > 0) {
+        res->window_user_s_per_sample = (run.user_s[1] - run.user_s[0]) / samples;
+        res->window_sys_s_per_sample = (run.sys_s[1] - run.sys_s[0]) / samples;
+        res->window_minflt_per_sample = (run.minflt[1] - run.minflt[0]) / samples;
+    }
     res->input_wait_p50_s = dh_stats_percentile(waits, 50);
     res->input_wait_p95_s = dh_stats_percentile(waits, 95);
     res->input_wait_p99_s = dh_stats_percentile(waits, 99);
@@ -411,6 +434,11 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
              sp->name, res->throughput_sps, res->ideal_sps, res->efficiency, res->balance,
              res->balance_bound, res->input_wait_p95_s, 100 * res->ddl_miss_rate,
              res->prefetch_reached);
+    progress(opt,
+             "%s: the process over the measured steps, a sample: %.4f CPU s user, %.4f "
+             "system, %.0f minor page faults",
+             sp->name, res->window_user_s_per_sample, res->window_sys_s_per_sample,
+             res->window_minflt_per_sample);
     if (tier2)
         progress(opt,
                  "%s: tier 2: %llu rounds, %llu applied, %llu kept by the gate; %llu samples "
@@ -439,12 +467,15 @@ done:
     dh_free(ranks);
     dh_free(group_of);
     res->peak_pss_mb = dh__train_mem_sampler_stop(&mem); /* before the arenas go */
+    res->pss_sampler_cpu_s = mem.cpu_s;
     res->task_heap_peak_mb = (double)dh__out_peak() / 1048576.0;
     if (rc == 0 && opt->dataset)
         progress(opt,
-                 "%s: memory: peak %.0f MB held by the process (Pss), of which tasks' heap "
-                 "%.0f MB at most (budget %.0f MB, DH_OUTPUT_BUDGET)",
-                 sp->name, res->peak_pss_mb, res->task_heap_peak_mb, res->task_budget_mb);
+                 "%s: memory: peak %.0f MB held by the process (Pss; its readings took %.2f "
+                 "CPU s), of which tasks' heap %.0f MB at most (budget %.0f MB, "
+                 "DH_OUTPUT_BUDGET)",
+                 sp->name, res->peak_pss_mb, res->pss_sampler_cpu_s, res->task_heap_peak_mb,
+                 res->task_budget_mb);
     dh_bench_cluster_stop(&cl);
     pthread_barrier_destroy(&run.barrier);
     pthread_mutex_destroy(&run.names_lock);

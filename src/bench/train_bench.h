@@ -65,8 +65,10 @@ typedef struct dh_bench_system_result {
     double peak_rss_mb;        /* the bench process's peak resident memory when this system's run
                                 * ended (getrusage: a running maximum over the systems so far) */
     double peak_pss_mb;        /* the most memory the process held during this system's run
-                                * (proportional set size, sampled every 100 ms: an arena page
-                                * mapped twice counts once) */
+                                * (proportional set size, sampled every 100 ms or less often,
+                                * at most 2% of a core: train_run.h; an arena page mapped
+                                * twice counts once) */
+    double pss_sampler_cpu_s;  /* CPU seconds the Pss sampler's readings took (train_run.h) */
     double task_budget_mb;     /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
     double task_heap_peak_mb;  /* the most of it reserved at once during this run: at most the
                                 * budget, or one task alone larger than it */
@@ -80,9 +82,14 @@ typedef struct dh_bench_system_result {
     double max_compute_sum_s;  /* the largest rank's compute, summed per step */
     double mean_compute_sum_s; /* the mean rank's compute, summed per step */
     double samples;            /* consumed in the measured steps */
-    uint32_t bound_cores;      /* cores of the ideal bound: cores, capped at the real CPUs
-                                * in dataset mode. ideal_sps = samples / max(cpu_work_s /
-                                * bound_cores, max_compute_sum_s); balance = mean / max */
+    /* The process's CPU seconds (user, system) and minor page faults over the measured window
+     * (getrusage between its first and last barrier), per sample consumed in it: everything
+     * the process ran (decode, copies, first touch of fresh pages, clients, ranks), so
+     * comparable between systems where the other load on the machine is not */
+    double window_user_s_per_sample, window_sys_s_per_sample, window_minflt_per_sample;
+    uint32_t bound_cores; /* cores of the ideal bound: cores, capped at the real CPUs
+                           * in dataset mode. ideal_sps = samples / max(cpu_work_s /
+                           * bound_cores, max_compute_sum_s); balance = mean / max */
     /* Transfers over the whole run (warm-up included), emulated bytes (payload /
      * bytes_scale): */
     double cross_node_bytes; /* forwarded from a DataServer to another node's */

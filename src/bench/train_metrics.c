@@ -1,6 +1,7 @@
 /* train_metrics.c: what `bench` measures from one system's run (train_run.h): the trace
  * events, the online prediction errors against the actual costs, the balance bound of each
- * measured step, and the memory sampler (a thread reading the process's PSS every 100 ms). */
+ * measured step, and the memory sampler (a thread reading the process's PSS every 100 ms, or
+ * less often where a reading costs more than 2% of that: train_run.h). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -225,24 +226,46 @@ static double pss_mb(void)
     return kb / 1024.0;
 }
 
+double dh__train_mem_pause_s(double read_cpu_s)
+{
+    double pause = read_cpu_s > 0 ? read_cpu_s * (1 / DH__TRAIN_MEM_DUTY - 1) : 0;
+    return pause > DH__TRAIN_MEM_PAUSE_MIN_S ? pause : DH__TRAIN_MEM_PAUSE_MIN_S;
+}
+
 static void *mem_sampler_main(void *arg)
 {
     mem_sampler_t *m = arg;
     while (!atomic_load(&m->stop)) {
-        double mb = pss_mb();
+        uint64_t c0 = dh_clock_thread_cpu_ns();
+        double mb = m->read_mb();
+        double cost = (double)(dh_clock_thread_cpu_ns() - c0) / 1e9;
+        double pause = dh__train_mem_pause_s(cost);
+        m->cpu_s += cost;
         if (mb > m->peak_mb)
             m->peak_mb = mb;
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
+        atomic_fetch_add(&m->readings, 1);
+        /* in steps of the shortest pause, so that stopping never waits longer */
+        for (double slept = 0; slept < pause && !atomic_load(&m->stop);
+             slept += DH__TRAIN_MEM_PAUSE_MIN_S) {
+            struct timespec ts = {0, (long)(DH__TRAIN_MEM_PAUSE_MIN_S * 1e9)};
+            nanosleep(&ts, NULL);
+        }
     }
     return NULL;
 }
 
-void dh__train_mem_sampler_start(mem_sampler_t *m)
+void dh__train_mem_sampler_start_with(mem_sampler_t *m, double (*read_mb)(void))
 {
     memset(m, 0, sizeof *m);
     atomic_init(&m->stop, 0);
+    atomic_init(&m->readings, 0);
+    m->read_mb = read_mb;
     m->started = pthread_create(&m->thread, NULL, mem_sampler_main, m) == 0;
+}
+
+void dh__train_mem_sampler_start(mem_sampler_t *m)
+{
+    dh__train_mem_sampler_start_with(m, pss_mb);
 }
 
 double dh__train_mem_sampler_stop(mem_sampler_t *m)
@@ -252,6 +275,8 @@ double dh__train_mem_sampler_stop(mem_sampler_t *m)
     atomic_store(&m->stop, 1);
     pthread_join(m->thread, NULL);
     m->started = false;
-    double mb = pss_mb(); /* the last moment too */
+    uint64_t c0 = dh_clock_thread_cpu_ns();
+    double mb = m->read_mb(); /* the last moment too */
+    m->cpu_s += (double)(dh_clock_thread_cpu_ns() - c0) / 1e9;
     return mb > m->peak_mb ? mb : m->peak_mb;
 }

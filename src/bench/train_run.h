@@ -58,6 +58,9 @@ struct run {
     double a, b; /* seconds (already time-scaled) */
     pthread_barrier_t barrier;
     uint64_t t_begin, t_end;
+    /* the process's CPU seconds (user, system) and minor page faults at t_begin and t_end
+     * (getrusage, taken by rank 0 just after the barrier) */
+    double user_s[2], sys_s[2], minflt[2];
     char server_names[DH_BENCH_MAX_SERVERS][64];
     size_t n_server_names;
     pthread_mutex_t names_lock;
@@ -65,14 +68,29 @@ struct run {
 
 /* The memory the process holds while a system runs: its proportional set size (Pss, where a
  * page of an arena mapped by both its DataServer and a client counts once; RSS counts it
- * twice), sampled every 100 ms from /proc/self/smaps_rollup by a thread of its own. 0 where
- * the file cannot be read. */
+ * twice), sampled from /proc/self/smaps_rollup by a thread of its own. 0 where the file
+ * cannot be read. A reading walks every page table entry of the process, so its cost grows
+ * with the memory mapped: with helix's 5 GB of arena on the large-samples run, reading every
+ * 100 ms took a quarter of the process's CPU time, on the cores its decoders needed
+ * (docs/benchmarks.md, "Large samples"). So after each reading the sampler pauses 100 ms, or
+ * long enough that its readings take at most DH__TRAIN_MEM_DUTY of one core if longer
+ * (dh__train_mem_pause_s of the reading's CPU seconds). */
 typedef struct mem_sampler {
     pthread_t thread;
     atomic_int stop;
     bool started;
     double peak_mb;
+    double (*read_mb)(void); /* the reading (MB): Pss from smaps_rollup, or a test's */
+    atomic_uint readings;    /* taken so far */
+    double cpu_s;            /* CPU seconds its readings took (read after stop) */
 } mem_sampler_t;
+
+#define DH__TRAIN_MEM_DUTY 0.02
+#define DH__TRAIN_MEM_PAUSE_MIN_S 0.1
+
+/* The sampler's pause after a reading that cost read_cpu_s CPU seconds (of its thread):
+ * max(DH__TRAIN_MEM_PAUSE_MIN_S, read_cpu_s x (1 / DH__TRAIN_MEM_DUTY - 1)). */
+double dh__train_mem_pause_s(double read_cpu_s);
 
 /* ---- train_metrics.c ---- */
 
@@ -84,6 +102,9 @@ int dh__train_prediction_metrics(const dh_bench_options_t *opt, const dh_coordin
 int dh__train_balance_bound(const dh_bench_options_t *opt, const rank_ctx_t *ranks, double a,
                             double b, double mean_sum, dh_bench_system_result_t *res);
 void dh__train_mem_sampler_start(mem_sampler_t *m);
+/* The same with another reading in place of the Pss (tests). */
+void dh__train_mem_sampler_start_with(mem_sampler_t *m, double (*read_mb)(void));
+/* Stops it: returns the peak (MB) of its readings and a last one; m->cpu_s is then set. */
 double dh__train_mem_sampler_stop(mem_sampler_t *m);
 
 #endif

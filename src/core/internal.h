@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Records a formatted message as this thread's last error and returns err, so callers can
  * write `return dh__set_error(DH_EPARSE, "%s:%zu: ...", path, line);`. */
@@ -71,6 +72,34 @@ int dh__make_parent_dirs(const char *path);
 /* Pins the calling thread (and the children it forks) to the CPU it runs on, for
  * single-core benchmarks. Returns 0 or -errno (-ENOSYS where unsupported). */
 int dh__pin_to_current_cpu(void);
+
+/* ---- The fetch tally (core/fetch.c; docs/remote.md, "The fetch tally") ----
+ * What the thread executing a sample waited for remote bytes. The DataServer's worker binds
+ * one (zeroed) around each sample it executes and reads it after; every range GET of the
+ * remote module (dh__http_get_range, remote/http.c) notes its wall time and bytes on the
+ * thread that made it, so the sample's result carries fetch_s and fetch_bytes. Local files
+ * never call it: their tally stays 0. Not shared between threads: a read-ahead thread binds
+ * none, so what it fetches counts nowhere. */
+typedef struct dh__fetch_tally {
+    uint64_t wait_ns; /* wall time waited for remote bytes */
+    uint64_t bytes;   /* bytes fetched from the remote source (not from the local cache) */
+} dh__fetch_tally_t;
+
+/* Makes `tally` the calling thread's (NULL: none) and returns the one bound before. */
+dh__fetch_tally_t *dh__fetch_tally_bind(dh__fetch_tally_t *tally);
+
+/* Adds to the calling thread's tally, if one is bound (else nothing). O(1), no lock. */
+void dh__fetch_note(uint64_t wait_ns, uint64_t bytes);
+
+/* The source a sample's bytes come from, the key the coordinator learns fetch costs under:
+ * "scheme://host[:port]" of an http, https or s3 URL (scheme and host lower-cased, user
+ * information left out, so no password reaches a key), DH__FETCH_SOURCE_LOCAL for anything
+ * else (a path, a tar member's range, file://, the emulation's synthetic://). Writes
+ * a NUL-terminated key of at most DH__FETCH_SOURCE_MAX - 1 bytes (longer ones cut there)
+ * and returns its length. uri NULL counts as a path. Pure, any thread. */
+#define DH__FETCH_SOURCE_MAX 272
+#define DH__FETCH_SOURCE_LOCAL "local"
+size_t dh__fetch_source_key(const char *uri, char out[DH__FETCH_SOURCE_MAX]);
 
 #define DH_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -39,6 +39,7 @@
 struct dh_pipeline {
     dh_pipeline_spec_t spec;
     dh__converter_t converter; /* its scaler and scratch are reused across samples */
+    dh__spares_t spares;       /* output buffers handed back (dh__pipeline_recycle) */
     int64_t redecoded;         /* of the last sample: dh__pipeline_redecoded */
 };
 
@@ -86,6 +87,7 @@ void dh_pipeline_destroy(dh_pipeline_t **pp)
     if (!pp || !*pp)
         return;
     dh__converter_clear(&(*pp)->converter);
+    dh__spares_clear(&(*pp)->spares);
     dh_free(*pp);
     *pp = NULL;
 }
@@ -642,7 +644,7 @@ static int alloc_output(dh_pipeline_t *p, dh_sample_t *s, const char *path, int 
     memcpy(t->shape, spec->layout == DH_LAYOUT_TCHW ? tchw : thwc, sizeof tchw);
     dh_tensor_set_contiguous(t); /* nbytes: T x 3 x H x W x dtype size */
     /* the converter may write DH_CONVERT_SLACK bytes past the last frame (convert.h) */
-    if (!(t->data = dh_malloc(t->nbytes + DH_CONVERT_SLACK)))
+    if (!(t->data = dh__spares_take(&p->spares, t->nbytes + DH_CONVERT_SLACK)))
         return dh__set_error(DH_ENOMEM, "%s: out of memory for %zu output bytes", path, t->nbytes);
     if (dh__converter_reserve(&p->converter, (int32_t)H, (int32_t)W, rotation) < 0)
         return dh__set_error(DH_ENOMEM, "%s: out of memory for the conversion scratch", path);
@@ -793,6 +795,16 @@ int dh_pipeline_decode(dh_pipeline_t *pipeline, const char *path,
     return rc;
 }
 
+void dh__pipeline_recycle(dh_pipeline_t *pipeline, dh_sample_t *sample)
+{
+    if (sample && sample->frames.data) {
+        dh__spares_give(&pipeline->spares, sample->frames.data,
+                        sample->frames.nbytes + DH_CONVERT_SLACK);
+        sample->frames.data = NULL;
+    }
+    dh_sample_clear(sample);
+}
+
 void dh_sample_clear(dh_sample_t *sample)
 {
     if (!sample)
@@ -817,7 +829,7 @@ int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t
     const dh_pipeline_spec_t *spec = dh_pipeline_spec(pipeline);
     int rc = dh_collate(samples, count, spec->dtype, spec->layout, out);
     for (size_t i = 0; i < count; i++)
-        dh_sample_clear(&samples[i]);
+        dh__pipeline_recycle(pipeline, &samples[i]);
     dh_free(samples);
     return rc;
 }

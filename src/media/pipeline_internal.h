@@ -88,4 +88,30 @@ int dh__pipeline_clip_info(const char *path, dh_clip_info_t *clip);
 int dh__pipeline_decode_batch(dh_pipeline_t *pipeline, const dh_sample_request_t *requests,
                               size_t count, dh_batch_t **out);
 
+/* Output buffers kept for reuse (spares.c): at most DH_SPARES_MAX buffers, DH_SPARES_MAX_BYTES
+ * in all, the oldest dropped first. One thread at a time (the pipeline's). */
+#define DH_SPARES_MAX 8
+#define DH_SPARES_MAX_BYTES ((size_t)64 << 20)
+typedef struct dh__spares {
+    struct {
+        void *data;
+        size_t cap; /* bytes usable at data */
+    } buf[DH_SPARES_MAX];
+    int count;
+    size_t bytes; /* sum of cap */
+} dh__spares_t;
+
+/* Frees every kept buffer; the pool is empty (and may be used again). */
+void dh__spares_clear(dh__spares_t *spares);
+
+/* A buffer of at least `need` bytes: the smallest kept one that fits and is at most twice
+ * `need` (taken out of the pool), else a new one (dh_malloc). Its contents are undefined.
+ * NULL when out of memory. dh_free it, or hand it back with dh__spares_give. */
+void *dh__spares_take(dh__spares_t *spares, size_t need);
+
+/* Keeps `data` (from dh_malloc, `cap` usable bytes) for a later dh__spares_take; when the pool
+ * is full it frees its oldest buffers, or `data` itself when that alone is over the byte cap.
+ * NULL: nothing. */
+void dh__spares_give(dh__spares_t *spares, void *data, size_t cap);
+
 #endif

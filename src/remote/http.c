@@ -514,7 +514,13 @@ int dh__http_get_range(const char *url, int64_t offset, size_t len, void *buf, s
         return 0;
     if (offset < 0 || (uint64_t)len > (uint64_t)INT64_MAX - (uint64_t)offset)
         return dh__set_error(DH_EINVAL, "range read: bad range at %" PRId64, offset);
-    return request(url, offset, len, buf, got, total, interrupt);
+    /* the wait and the bytes go to this thread's fetch tally, if a sample bound one (a
+     * decode worker: its result's fetch_s/fetch_bytes, which the coordinator learns from;
+     * core/internal.h) */
+    uint64_t started = dh_clock_now_ns();
+    int rc = request(url, offset, len, buf, got, total, interrupt);
+    dh__fetch_note(dh_clock_now_ns() - started, *got);
+    return rc;
 }
 
 int dh__http_size(const char *url, int64_t *size, const dh__remote_interrupt_t *interrupt)

@@ -10,6 +10,7 @@
  * fetched beyond those read are at most a block at each end of the range, plus the
  * read-ahead past the reader's last read. */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,13 +54,15 @@ static int http_fetch(void *ctx, const char *url, int64_t offset, size_t len, vo
     return dh__http_get_range(url, offset, len, buf, got, total, interrupt);
 }
 
-static dh__remote_fetch_fn fetch_fn = http_fetch;
-static void *fetch_ctx;
+/* Atomic: a DataServer installs the cache's fetch while another's threads may open files
+ * (a file keeps the pair it opened with). The context is published before the function. */
+static _Atomic(dh__remote_fetch_fn) fetch_fn = http_fetch;
+static _Atomic(void *) fetch_ctx;
 
 void dh__remote_set_fetch(dh__remote_fetch_fn fn, void *ctx)
 {
-    fetch_fn = fn ? fn : http_fetch;
-    fetch_ctx = fn ? ctx : NULL;
+    atomic_store_explicit(&fetch_ctx, fn ? ctx : NULL, memory_order_release);
+    atomic_store_explicit(&fetch_fn, fn ? fn : http_fetch, memory_order_release);
 }
 
 int dh__remote_file_open(dh__remote_file_t **out, const char *url, int64_t start, int64_t end)
@@ -85,8 +88,8 @@ int dh__remote_file_open(dh__remote_file_t **out, const char *url, int64_t start
     f->start = start;
     f->end = end;
     f->object_size = -1;
-    f->fetch = fetch_fn;
-    f->fetch_ctx = fetch_ctx;
+    f->fetch = atomic_load_explicit(&fetch_fn, memory_order_acquire);
+    f->fetch_ctx = atomic_load_explicit(&fetch_ctx, memory_order_acquire);
     f->next_pos = -1;
     f->readahead = DH_REMOTE_BLOCK;
     *out = f;

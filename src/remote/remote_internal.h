@@ -14,4 +14,7 @@ void dh__remote_count_read(uint64_t n);
 uint64_t dh__remote_file_bytes_read(const dh__remote_file_t *f);
 uint64_t dh__remote_file_bytes_fetched(const dh__remote_file_t *f);
 
+/* read-ahead's counters into a stats record (readahead.c, for cache_fetch.c). */
+void dh__remote_readahead_counts(dh__remote_cache_stats_t *out);
+
 #endif

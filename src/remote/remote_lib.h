@@ -247,4 +247,64 @@ void dh__remote_objects_free(dh__remote_object_t *objects, size_t count);
 long dh__brace_expand(const char *pattern, size_t max_count, char ***out);
 void dh__brace_free(char **strings, size_t count);
 
+/* ---- the cache in use (cache_fetch.c) and read-ahead (readahead.c) ------------------------ */
+
+/* The cache's blocks by default: a miss of one 8 KiB reader block fetches its whole 64 KiB
+ * cache block (docs/remote.md, "The cache in use": the bytes-fetched trade). DH_CACHE_BLOCK
+ * (bytes, a multiple of 8 KiB up to 1 MiB) sets another size at dh__remote_cache_use. */
+#define DH_REMOTE_CACHE_BLOCK ((size_t)64 << 10)
+/* Read-ahead of a whole object (a clip at a URL, size unknown): its first bytes. */
+#define DH_READAHEAD_HEAD ((size_t)1 << 20)
+/* Read-ahead of a byte range (a tar member): at most its first bytes. */
+#define DH_READAHEAD_RANGE_MAX ((size_t)8 << 20)
+
+/* Opens the cache directory dir bounded to bytes_max (dh__cache_open with blocks of
+ * DH_REMOTE_CACHE_BLOCK, or DH_CACHE_BLOCK's; DH_EINVAL naming it when malformed) and reads every
+ * remote file opened from now on through it (installs its fetch with dh__remote_set_fetch).
+ * Process-wide and reference counted: a second use of the same dir shares it; another dir is
+ * refused (DH_EINVAL naming both: one cache per process). 0 or the open's error. Each successful
+ * use is paired with a release. */
+int dh__remote_cache_use(const char *dir, uint64_t bytes_max);
+/* Drops a use; the last stops read-ahead, restores the plain fetch and closes the cache
+ * (waiting for fetches under way). */
+void dh__remote_cache_release(void);
+/* Whether a cache is in use. */
+bool dh__remote_cache_active(void);
+/* The block size of the cache in use (DH_REMOTE_CACHE_BLOCK when none). */
+size_t dh__remote_cache_block(void);
+
+/* A fetch through the cache in use (the installed fetch; dh__http_get_range's contract for
+ * any offset and length; the plain range GET when none is in use). Thread-safe. */
+int dh__remote_cache_fetch(const char *url, int64_t offset, size_t len, void *buf, size_t *got,
+                           int64_t *total, const dh__remote_interrupt_t *interrupt);
+
+typedef struct dh__remote_cache_stats {
+    uint64_t fetches;       /* calls of the cache's fetch (reader fetches and read-ahead's) */
+    uint64_t hits, misses;  /* cache blocks found / not found by them */
+    uint64_t bytes_network; /* bytes their range GETs received */
+    uint64_t put_errors;    /* blocks that could not be stored (no room, I/O): fetched only */
+    uint64_t waited_hits;   /* blocks found after waiting for another thread's fetch of them */
+    uint64_t bytes_held, bytes_max, evictions; /* the directory's, and this process's */
+    /* read-ahead: ranges queued, fetched, cancelled (by their task, or a stop), dropped
+     * (over the byte bound), failed (their fetch's error; the decode meets it again), and
+     * the bytes they covered */
+    uint64_t ra_queued, ra_done, ra_cancelled, ra_dropped, ra_failed, ra_bytes;
+} dh__remote_cache_stats_t;
+
+/* Process-wide counters since start (zero when no cache was ever used). */
+void dh__remote_cache_stats(dh__remote_cache_stats_t *out);
+
+/* Queues bytes [start, end) of url (end -1: the object's first DH_READAHEAD_HEAD bytes;
+ * longer ranges are cut to DH_READAHEAD_RANGE_MAX) to be fetched into the cache in the
+ * background, tagged with tag. No-op without a cache, with DH_READAHEAD_BYTES=0, or when
+ * the queue's bytes would pass DH_READAHEAD_BYTES (64 MiB; counted as dropped). Threads:
+ * DH_READAHEAD_THREADS (2), started at the first range. 0 or DH_ENOMEM. Thread-safe. */
+int dh__remote_readahead(const char *url, int64_t start, int64_t end, uint64_t tag);
+/* Drops the queued ranges tagged tag and stops its running ones at their next request. */
+void dh__remote_readahead_cancel(uint64_t tag);
+/* Waits until no range is queued or running (tests). */
+void dh__remote_readahead_wait_idle(void);
+/* Cancels everything and joins the threads (the cache's last release calls it). */
+void dh__remote_readahead_stop(void);
+
 #endif

@@ -18,6 +18,7 @@
 #include "datahelix/sampler.h"
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
+#include "runtime/awake.h"
 #include "runtime/counters.h"
 #include "runtime/rt.h"
 #include "runtime/stats_table.h"
@@ -202,6 +203,7 @@ struct dh_client {
     uint64_t no_local_since_ns; /* the coordinator has said since then that this node has no
                                  * live local DataServer (0: it has one) */
     bool coord_rehello, coord_resend;
+    dh__awake_t awake; /* the sender thread's own absence: not the coordinator's silence */
 
     rb_state_t rb; /* tier 2 */
 

@@ -296,7 +296,9 @@ static void refuse_next(dh_client_t *c, int code, const char *why)
 
 /* The coordinator's liveness, on the sender thread: a HELLO every PING_NS (and at once after
  * "unknown client"), whose answer carries the incarnation; the requests again after a
- * restart; and an error for next() when it stays silent past coordinator_timeout_ms. */
+ * restart; and an error for next() when it stays silent past coordinator_timeout_ms, counted
+ * over the time this thread ran to hear it (the sender's loop forgives its own absence,
+ * runtime/awake.h). */
 #define PING_NS 500000000ull
 static void coordinator_liveness(dh_client_t *c)
 {
@@ -387,6 +389,8 @@ static void on_coord_message(dh_client_t *c, dh_wire_received_t *r)
     }
 }
 
+#define SENDER_POLL_MS 2
+
 void *dh__client_sender_main(void *arg)
 {
     dh_client_t *c = arg;
@@ -399,7 +403,14 @@ void *dh__client_sender_main(void *arg)
                                : c->cfg.batch};
     pl.rows = dh_malloc(pl.cap * sizeof *pl.rows);
     while (!atomic_load(&c->stop)) {
-        if (dh_wire_recv(c->coord, 2, &r) == 0) {
+        int got = dh_wire_recv(c->coord, SENDER_POLL_MS, &r);
+        uint64_t away = dh__awake_turn(&c->awake, SENDER_POLL_MS * 1000000ull);
+        if (away) { /* this thread did not run (stopped, starved): not the coordinator's fault */
+            uint64_t now = dh_clock_now_ns();
+            c->coord_heard_ns = dh__awake_forgive(c->coord_heard_ns, away, now);
+            c->no_local_since_ns = dh__awake_forgive(c->no_local_since_ns, away, now);
+        }
+        if (got == 0) {
             on_coord_message(c, &r);
             dh_wire_received_release(&r);
         }

@@ -53,6 +53,8 @@ void dh_coordinator_config_default(dh_coordinator_config_t *cfg)
     cfg->queue_cap = 4;
     cfg->default_link_Bps = 1.25e9;
     cfg->default_latency_s = 100e-6;
+    cfg->fetch_latency_s = 0.05;
+    cfg->fetch_bytes_per_s = 100e6;
 }
 
 int dh__coord_grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -98,6 +100,14 @@ int dh_coordinator_new(dh_coordinator_t **out, const dh_coordinator_config_t *cf
         c->links[i] = dh_link_make(cfg->default_link_Bps > 0 ? cfg->default_link_Bps : 1.25e9,
                                    cfg->default_latency_s);
     if ((rc = dh_cost_model_new(&c->model, NULL)))
+        goto fail;
+    dh__fetch_config_t fetch_cfg;
+    dh__fetch_config_default(&fetch_cfg);
+    if (cfg->fetch_latency_s > 0)
+        fetch_cfg.prior_latency_s = cfg->fetch_latency_s;
+    if (cfg->fetch_bytes_per_s > 0)
+        fetch_cfg.prior_bytes_per_s = cfg->fetch_bytes_per_s;
+    if ((rc = dh__fetch_model_new(&c->fetch, &fetch_cfg)))
         goto fail;
     c->cfg.keys_dir = c->cfg.key_name = NULL;
     if ((rc = dh__wire_secure(c->ctx, cfg->keys_dir, cfg->key_name, cfg->listen, &c->keys,
@@ -252,6 +262,8 @@ size_t dh__coord_drain(dh_coordinator_t *c, size_t max)
     return n;
 }
 
+#define POLL_MS 20 /* the loop's poll: its tick's period at most, when nothing arrives */
+
 int dh_coordinator_run(dh_coordinator_t *c)
 {
     dh_log_info("coordinator: listening on %s (policy %s, dead after %u ms)", c->endpoint,
@@ -260,7 +272,9 @@ int dh_coordinator_run(dh_coordinator_t *c)
     uint64_t last_tick = 0;
     int rc = 0;
     while (!atomic_load(&c->stop)) {
-        int got = dh_wire_recv(c->sock, 20, &r);
+        int got = dh_wire_recv(c->sock, POLL_MS, &r);
+        /* before a heartbeat it brought is handled: its gap excludes our own absence */
+        dh__coord_liveness_turn(c, POLL_MS * 1000000ull);
         if (got == 0) {
             handle(c, &r);
             dh_wire_received_release(&r);
@@ -336,6 +350,8 @@ void dh_coordinator_destroy(dh_coordinator_t **pc)
     dh_free(c->snap);
     dh_free(c->cand);
     dh_cost_model_destroy(&c->model);
+    dh__fetch_model_destroy(&c->fetch);
+    dh_free(c->fetch_cost);
     dh_wire_socket_destroy(&c->sock);
     dh__wire_secure_end(c->ctx, &c->keys, c->auth_ref);
     if (c->telemetry)

@@ -106,7 +106,12 @@ void dh__coord_on_request(dh_coordinator_t *c, const char *peer, dh_wire_receive
         dh_profile_row_t row;
         dh__rt_row_of_sample(&e->msg.request.samples[i], &row);
         e->pred_cpu_s += dh_cost_model_predict(c->model, &row, NULL);
-        e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
+        /* A remote sample's bytes are fetched, not read from the server's storage: its C_io
+         * is the fetch model's (coordinator_place.c), not in_bytes x storage_s_per_B. */
+        if (dh__coord_is_remote(e->msg.request.samples[i].uri))
+            e->n_remote++;
+        else
+            e->in_bytes += (double)e->msg.request.samples[i].in_bytes;
         e->out_bytes += (double)e->msg.request.samples[i].out_bytes;
     }
     dh__count(&c->counters.requests, 1);

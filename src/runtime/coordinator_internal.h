@@ -18,6 +18,8 @@
 #include "datahelix/place.h"
 #include "datahelix/runtime.h"
 #include "datahelix/wire.h"
+#include "model/model_lib.h"
+#include "runtime/awake.h"
 #include "runtime/counters.h"
 #include "runtime/stats_table.h"
 
@@ -73,11 +75,13 @@ typedef struct entry {
     bool executed;  /* the executor reported COMPLETE (delivered=0) */
     uint64_t arrival_ns;
     double pred_cpu_s, in_bytes, out_bytes; /* pred_cpu_s: the model's, speed 1, set at each
-                                             * placement (what the executor's book holds) */
+                                             * placement (what the executor's book holds);
+                                             * in_bytes: of its local samples only */
+    uint32_t n_remote; /* samples from a remote source (their C_io: the fetch model) */
     uint32_t placements;
     /* the last placement's prediction, for the record of predicted vs actual */
     uint64_t dispatch_ns;
-    double pred_c_cpu_s, pred_t_s, deadline_s, profile_cpu_s;
+    double pred_c_cpu_s, pred_t_s, deadline_s, profile_cpu_s, pred_fetch_s;
 } entry_t;
 
 /* The coordinator's counters (counters.h): one per COUNTER or SECONDS row of its table
@@ -118,6 +122,12 @@ struct dh_coordinator {
     dh_link_t links[MAX_NODES * MAX_NODES];
 
     dh_cost_model_t *model;
+    /* The fetch model (src/model/fetch.c): remote samples' fetch seconds per (server index,
+     * source), learned from executors' COMPLETEs under learn_lock, read by placement on the
+     * loop thread; fetch_cost: placement's per-server scratch (cap_fetch_cost entries). */
+    dh__fetch_model_t *fetch;
+    double *fetch_cost;
+    size_t cap_fetch_cost;
     /* Placement's view of the servers, kept current between decisions (coordinator_place.c):
      * snap[i] is server i's state, refreshed before a decision for the servers touched since
      * (dirty, n_dirty of them; stale_all: refresh all), and pindex decides over a copy of
@@ -136,6 +146,7 @@ struct dh_coordinator {
     uint64_t start_ns;
     uint64_t incarnation; /* random id of this process, in the HELLOs it sends (wire.h) */
     bool pending_work;    /* entries to place exist */
+    dh__awake_t awake;    /* the loop's own absence (coordinator_liveness.c) */
 
     dh__coord_counters_t counters; /* any thread (counters.h) */
 
@@ -212,6 +223,9 @@ void dh__coord_drop_late(dh_coordinator_t *c, int32_t server, int32_t client);
 
 /* Learns from executor si's COMPLETE m for the book's entry e (the cost model, the
  * server's speed) and records the prediction against the measurement. Takes learn_lock. */
+/* Whether a sample's uri names a remote source (its dh__fetch_source_key is not "local"). */
+bool dh__coord_is_remote(const char *uri);
+
 void dh__coord_learn(dh_coordinator_t *c, int32_t si, const entry_t *e, const dh_msg_complete_t *m);
 
 /* Anchors the speed factors at their median over the live executing servers, the model
@@ -226,6 +240,11 @@ void dh__coord_liveness_reset(server_t *s);
 
 /* Server s was heard from at now (before last_seen_ns is updated): learn its gap. */
 void dh__coord_liveness_heard(dh_coordinator_t *c, server_t *s, uint64_t now);
+
+/* The loop's turn began (its poll returned, before what it brought is handled): the time
+ * this thread was not running since the last turn is not counted against any server (their
+ * last_seen_ns move forward by it). poll_ns: the loop's poll timeout. */
+void dh__coord_liveness_turn(dh_coordinator_t *c, uint64_t poll_ns);
 
 /* Declares dead (dh__coord_declare_dead) each live server silent past its limit and not in
  * this process, after draining the socket (dh__coord_drain). Called by the loop's tick. */
@@ -272,5 +291,10 @@ void dh__coord_rb_destroy(dh_coordinator_t *c);
 /* The speed factor learned for the server named `server` (NAN if no such server). Takes the
  * coordinator's learn lock: call it while the loop runs or after. For tests. */
 double dh__coord_server_speed(const dh_coordinator_t *c, const char *server);
+/* The fetch model's estimate for a sample of `source` (a dh__fetch_source_key) on the named
+ * server (the pair's fit, else the source's, else the prior). Returns 0, or DH_EUNKNOWN
+ * for a server never registered. Any thread (takes learn_lock). */
+int dh__coord_fetch_estimate(const dh_coordinator_t *c, const char *server, const char *source,
+                             dh__fetch_estimate_t *out);
 
 #endif

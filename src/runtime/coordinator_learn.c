@@ -1,7 +1,8 @@
 /* coordinator_learn.c: what the coordinator learns from an executor's COMPLETE
  * (docs/design.md §4.1, "Online feedback"): the cost model's per-key CPU seconds, each
- * server's speed factor (anchored at their median on the loop's tick), and the record of
- * predicted against actual costs (dh_coordinator_predictions, the telemetry's "complete"
+ * server's speed factor (anchored at their median on the loop's tick), the fetch model's
+ * per-(server, source) fetch of remote samples (docs/profiles.md, "The fetch model"), and the
+ * record of predicted against actual costs (dh_coordinator_predictions, the telemetry's "complete"
  * lines, the metrics). The loop thread writes under learn_lock; the dh_coordinator_* readers
  * here take it from any thread.
  */
@@ -22,6 +23,29 @@
 #include "runtime/coordinator_internal.h"
 #include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
+#include "core/internal.h"
+
+/* The fetch model learns each remote sample's fetch on the server that executed it: its
+ * source's line in the sample's encoded size (what placement will know of the next one), from
+ * the seconds its executor waited for the bytes. A local sample teaches nothing (its C_io is
+ * the server's storage bandwidth), nor a failed one (it may have stopped half-way). A
+ * remote sample that waited 0 s (all in the server's cache) is learned as such: that server
+ * is cheap for the source. O(samples x sources). */
+static void learn_fetch(dh_coordinator_t *c, uint32_t server, const dh_msg_request_t *q,
+                        const dh_msg_complete_t *m, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (m->samples[i].status != 0)
+            continue;
+        char key[DH__FETCH_SOURCE_MAX];
+        dh__fetch_source_key(q->samples[i].uri, key);
+        if (strcmp(key, DH__FETCH_SOURCE_LOCAL) == 0)
+            continue;
+        if (dh__fetch_model_observe(c->fetch, key, server, (double)q->samples[i].in_bytes,
+                                    m->samples[i].fetch_s) != 0)
+            dh_log_debug("coordinator: fetch model: %s", dh_last_error());
+    }
+}
 
 /* Learns from an executor's COMPLETE (learn_lock held): the cost model observes each
  * sample's measured CPU seconds per profile key, and the server's speed factor learns only
@@ -57,6 +81,7 @@ static void learn(dh_coordinator_t *c, server_t *s, const entry_t *e, const dh_m
         if (dh_cost_model_observe(c->model, &row, m->samples[i].cpu_s, s->speed) != 0)
             dh_log_debug("coordinator: cost model: %s", dh_last_error());
     }
+    learn_fetch(c, (uint32_t)(s - c->servers), q, m, n);
     if (!per_sample) { /* a sender without per-sample measurements */
         known_measured = m->cpu_s;
         known_predicted = e->pred_cpu_s * s->speed;
@@ -79,7 +104,12 @@ static void record_prediction(dh_coordinator_t *c, int32_t si, const entry_t *e,
                          .profile_cpu_s = e->profile_cpu_s,
                          .actual_cpu_s = m->cpu_s,
                          .pred_ready_s = e->pred_t_s,
-                         .actual_ready_s = dh_clock_elapsed_s(e->dispatch_ns, dh_clock_now_ns())};
+                         .actual_ready_s = dh_clock_elapsed_s(e->dispatch_ns, dh_clock_now_ns()),
+                         .pred_fetch_s = e->pred_fetch_s};
+    for (uint32_t i = 0; i < m->n_samples; i++) {
+        p.fetch_s += m->samples[i].fetch_s;
+        p.fetch_bytes += m->samples[i].fetch_bytes;
+    }
     if (c->n_predictions < DH_COORDINATOR_PREDICTIONS_MAX) {
         /* capacities double from 16: the last growth lands on the maximum exactly */
         if (dh__coord_grow((void **)&c->predictions, &c->cap_predictions, c->n_predictions + 1,
@@ -95,10 +125,12 @@ static void record_prediction(dh_coordinator_t *c, int32_t si, const entry_t *e,
         fprintf(c->telemetry,
                 "{\"t_s\":%.6f,\"event\":\"complete\",\"client\":\"%s\",\"seq\":%llu,"
                 "\"rank\":%u,\"server\":\"%s\",\"samples\":%u,\"deadline_s\":%.6f,"
-                "\"pred_cpu_s\":%.6f,\"cpu_s\":%.6f,\"pred_t_s\":%.6f,\"t_actual_s\":%.6f}\n",
+                "\"pred_cpu_s\":%.6f,\"cpu_s\":%.6f,\"pred_fetch_s\":%.6f,\"fetch_s\":%.6f,"
+                "\"fetch_bytes\":%llu,\"pred_t_s\":%.6f,\"t_actual_s\":%.6f}\n",
                 dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), e->msg.request.client_id,
                 (unsigned long long)p.seq, p.rank, c->servers[si].name, p.n_samples, p.deadline_s,
-                p.pred_cpu_s, p.actual_cpu_s, p.pred_ready_s, p.actual_ready_s);
+                p.pred_cpu_s, p.actual_cpu_s, p.pred_fetch_s, p.fetch_s,
+                (unsigned long long)p.fetch_bytes, p.pred_ready_s, p.actual_ready_s);
 }
 
 void dh__coord_learn(dh_coordinator_t *c, int32_t si, const entry_t *e, const dh_msg_complete_t *m)
@@ -141,6 +173,22 @@ double dh__coord_server_speed(const dh_coordinator_t *cc, const char *server)
             speed = c->servers[i].speed;
     pthread_mutex_unlock(&c->learn_lock);
     return speed;
+}
+
+int dh__coord_fetch_estimate(const dh_coordinator_t *cc, const char *server, const char *source,
+                             dh__fetch_estimate_t *out)
+{
+    dh_coordinator_t *c = (dh_coordinator_t *)cc;
+    int rc = dh__set_error(DH_EUNKNOWN, "coordinator: no server '%s'", server);
+    pthread_mutex_lock(&c->learn_lock);
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (strcmp(c->servers[i].name, server) == 0) {
+            dh__fetch_model_estimate(c->fetch, source, (uint32_t)i, out);
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&c->learn_lock);
+    return rc;
 }
 
 /* Anchors the speed factors at their median over the live executing servers, the model

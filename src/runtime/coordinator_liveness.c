@@ -16,13 +16,22 @@
  *     heartbeats once LIMIT_MIN_GAPS were seen. Gaps longer than the limit at the time (a
  *     stopped process, declared dead, that came back) are not learned, so one long stop
  *     does not stretch the next verdict.
- * Cost: a sort of GAP_RING floats every LIMIT_EVERY heartbeats of a server.
+ * Silence is counted only over time the coordinator's loop was running to hear it: every
+ * turn, what the turn took beyond its poll's timeout and the thread's CPU time (the thread
+ * stopped, or runnable and not scheduled: awake.h) moves every server's last-heard time
+ * forward (dh__coord_liveness_turn). Without it, a coordinator that did not run for 1.7 s
+ * on a saturated CPU declared every server dead at once when it woke, before its ZeroMQ
+ * I/O thread had taken in the heartbeats waiting in the kernel (the drain before a verdict,
+ * below, did not find them). A gap learned from a heartbeat excludes that absence too.
+ * Cost: a sort of GAP_RING floats every LIMIT_EVERY heartbeats of a server; two clock reads
+ * a turn.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "datahelix/clock.h"
+#include "datahelix/log.h"
 #include "runtime/coordinator_internal.h"
 #include "runtime/inprocess.h"
 
@@ -96,6 +105,20 @@ static bool overdue(dh_coordinator_t *c, const server_t *s, uint64_t now, char *
         snprintf(why, cap, "silent for %.0f ms (limit %u ms)",
                  (double)(now - s->last_seen_ns) / 1e6, limit);
     return true;
+}
+
+void dh__coord_liveness_turn(dh_coordinator_t *c, uint64_t poll_ns)
+{
+    uint64_t away = dh__awake_turn(&c->awake, poll_ns);
+    if (!away)
+        return;
+    uint64_t now = dh_clock_now_ns();
+    for (size_t i = 0; i < c->n_servers; i++)
+        c->servers[i].last_seen_ns = dh__awake_forgive(c->servers[i].last_seen_ns, away, now);
+    if (away >= (uint64_t)c->cfg.dead_after_ms * 500000ull) /* half the limit, or more */
+        dh_log_info("coordinator: this thread did not run for %.0f ms (stopped, or a saturated "
+                    "CPU): not counted as any server's silence",
+                    (double)away / 1e6);
 }
 
 void dh__coord_check_liveness(dh_coordinator_t *c)

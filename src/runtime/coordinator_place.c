@@ -13,7 +13,9 @@
  * does not make: the exhaustive dh_place decides then, on the same kept states.
  * DH_PLACE_CHECK=1 checks every decision against dh_place on a snapshot rebuilt from every
  * server (the tests run with it). A request that no server can take now stays in the book
- * for the next pass.
+ * for the next pass. A request with samples from a remote source (http, https, s3) carries
+ * their predicted fetch per server (the fetch model, learned per (server, source) in
+ * coordinator_learn.c) into placement's C_io: O(servers) more for such a request.
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@
 #include "runtime/coordinator_internal.h"
 #include "runtime/coordinator_metrics.h"
 #include "runtime/descriptor.h"
+#include "core/internal.h"
 
 static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_request_cost_t *req,
                             const dh_decision_t *d, int rc)
@@ -42,9 +45,13 @@ static void write_telemetry(dh_coordinator_t *c, const entry_t *e, const dh_requ
             dh_clock_elapsed_s(c->start_ns, dh_clock_now_ns()), q->client_id,
             (unsigned long long)q->seq, q->rank, dh_policy_name(c->cfg.place.policy),
             req->deadline_s, req->cpu_s, req->out_bytes, e->placements);
-    if (rc == 0) /* the chosen server's C_cpu and T: its "complete" line has the actuals */
-        fprintf(f, "\"server\":\"%s\",\"pred_cpu_s\":%.6f,\"pred_t_s\":%.6f,",
+    if (rc == 0) /* the chosen server's C_cpu, fetch and T: its "complete" line has the
+                  * actuals */
+        fprintf(f,
+                "\"server\":\"%s\",\"pred_cpu_s\":%.6f,\"pred_fetch_s\":%.6f,"
+                "\"pred_t_s\":%.6f,",
                 c->servers[d->server].name, req->cpu_s * c->servers[d->server].speed,
+                req->fetch_s && req->fetch_s[d->server] > 0 ? req->fetch_s[d->server] : 0.0,
                 c->cand[d->server].t_s);
     else
         fprintf(f, "\"server\":null,\"error\":\"%s\",", dh_err_name(rc));
@@ -242,6 +249,63 @@ static void check_decision(dh_coordinator_t *c, const dh_request_cost_t *req,
         abort();
 }
 
+/* Sources of one request grouped before their costs are added (more distinct sources in one
+ * request add their samples one at a time: the same sums, more passes over the servers). */
+#define FETCH_GROUPS 8
+
+typedef struct fetch_group {
+    int32_t source; /* -1: never observed, the prior (the same for all such sources) */
+    uint32_t samples;
+    double bytes;
+} fetch_group_t;
+
+/* The predicted fetch seconds of the entry's remote samples on each server, in c->fetch_cost
+ * (n_servers entries): per sample, its source's latency + its bytes / bandwidth from each
+ * server's estimate (dh__fetch_model_add_costs). NULL for an entry of local files only, or
+ * without memory for the scratch (placement then sees no fetch, as before the model).
+ * O(samples x sources) to find the sources, O(servers) per distinct source. */
+static const double *fetch_costs(dh_coordinator_t *c, const entry_t *e)
+{
+    size_t n = c->n_servers;
+    if (e->n_remote == 0 || n == 0 ||
+        dh__coord_grow((void **)&c->fetch_cost, &c->cap_fetch_cost, n, sizeof *c->fetch_cost))
+        return NULL;
+    memset(c->fetch_cost, 0, n * sizeof *c->fetch_cost);
+    fetch_group_t group[FETCH_GROUPS];
+    size_t n_groups = 0;
+    const dh_msg_request_t *q = &e->msg.request;
+    for (uint32_t i = 0; i < q->n_samples; i++) {
+        char key[DH__FETCH_SOURCE_MAX];
+        dh__fetch_source_key(q->samples[i].uri, key);
+        if (strcmp(key, DH__FETCH_SOURCE_LOCAL) == 0)
+            continue;
+        int32_t source = dh__fetch_model_source(c->fetch, key);
+        double bytes = (double)q->samples[i].in_bytes;
+        size_t g = 0;
+        while (g < n_groups && group[g].source != source)
+            g++;
+        if (g == n_groups && n_groups == FETCH_GROUPS) {
+            dh__fetch_model_add_costs(c->fetch, source, 1, bytes, c->fetch_cost, (uint32_t)n);
+            continue;
+        }
+        if (g == n_groups)
+            group[n_groups++] = (fetch_group_t){source, 0, 0};
+        group[g].samples++;
+        group[g].bytes += bytes;
+    }
+    for (size_t g = 0; g < n_groups; g++)
+        dh__fetch_model_add_costs(c->fetch, group[g].source, group[g].samples, group[g].bytes,
+                                  c->fetch_cost, (uint32_t)n);
+    return c->fetch_cost;
+}
+
+bool dh__coord_is_remote(const char *uri)
+{
+    char key[DH__FETCH_SOURCE_MAX];
+    dh__fetch_source_key(uri, key);
+    return strcmp(key, DH__FETCH_SOURCE_LOCAL) != 0;
+}
+
 /* Places one entry and dispatches it. Returns 0 (dispatched), or DH_EAGAIN / DH_ENOSERVER
  * (stays in the book to place later). */
 static int place_entry(dh_coordinator_t *c, entry_t *e)
@@ -271,6 +335,7 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
                      dh_clock_elapsed_s(e->arrival_ns, dh_clock_now_ns());
     req.consumer_node = cl->node;
     req.local_server = target;
+    req.fetch_s = fetch_costs(c, e);
     dh_decision_t d = {.candidates = c->pindex ? NULL : c->cand};
     t0 = dh_clock_now_ns();
     int rc;
@@ -310,6 +375,8 @@ static int place_entry(dh_coordinator_t *c, entry_t *e)
     e->deadline_s = req.deadline_s;
     e->pred_c_cpu_s = pred * s->speed;
     e->pred_t_s = d.t_s;
+    e->pred_fetch_s =
+        req.fetch_s && req.fetch_s[d.server] > 0 ? req.fetch_s[d.server] : 0; /* as placement */
     e->profile_cpu_s = profile;
     s->queue_len++;
     s->queued_cpu_s += pred;

@@ -60,6 +60,7 @@
 #include "runtime/notice.h"
 #include "shm/shm_lib.h"
 #include "runtime/rt.h"
+#include "remote/remote_lib.h"
 #include "wire/wire_lib.h"
 
 void dh_dataserver_config_default(dh_dataserver_config_t *cfg)
@@ -303,6 +304,10 @@ int dh_dataserver_new(dh_dataserver_t **out, const dh_dataserver_config_t *cfg)
             goto fail;
         }
         s->cfg.cache_dir = s->cache_dir;
+        /* every remote read of this process goes through it (docs/remote.md) */
+        if ((rc = dh__remote_cache_use(s->cache_dir, cfg->cache_bytes)))
+            goto fail;
+        s->cache_used = true;
     }
     rc = dh__rt_pipeline_load(cfg->pipeline_json, cfg->pipeline_json ? NULL : cfg->pipeline_path,
                               &s->pipeline);
@@ -478,6 +483,22 @@ void dh_dataserver_destroy(dh_dataserver_t **ps)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->arena_lock);
     pthread_cond_destroy(&s->task_cond);
+    /* what the process's remote reads cost (the benchmark of docs/remote.md reads this) */
+    dh__remote_stats_t rs;
+    dh__remote_cache_stats_t cs;
+    dh__remote_stats(&rs);
+    dh__remote_cache_stats(&cs);
+    if (rs.requests || s->cache_used)
+        dh_log_info("DataServer '%s': remote reads: requests=%llu bytes_fetched=%llu "
+                    "bytes_read=%llu cache_hits=%llu cache_misses=%llu ra_queued=%llu "
+                    "ra_done=%llu ra_cancelled=%llu ra_dropped=%llu ra_bytes=%llu",
+                    s->name, (unsigned long long)rs.requests, (unsigned long long)rs.bytes_fetched,
+                    (unsigned long long)rs.bytes_read, (unsigned long long)cs.hits,
+                    (unsigned long long)cs.misses, (unsigned long long)cs.ra_queued,
+                    (unsigned long long)cs.ra_done, (unsigned long long)cs.ra_cancelled,
+                    (unsigned long long)cs.ra_dropped, (unsigned long long)cs.ra_bytes);
+    if (s->cache_used)
+        dh__remote_cache_release(); /* after the workers: nothing of ours fetches now */
     dh_free(s->cache_dir);
     dh_free(s);
     *ps = NULL;

@@ -119,6 +119,7 @@ typedef struct pending {
 struct dh_dataserver {
     dh_dataserver_config_t cfg;
     char *cache_dir; /* cfg.cache_dir's copy (cfg.cache_dir points here), or NULL */
+    bool cache_used; /* remote reads go through it (dh__remote_cache_use; released at destroy) */
     char name[NAME_CAP];
     char node[NAME_CAP];
     char coord_endpoint[ENDPOINT_CAP];
@@ -191,6 +192,10 @@ void dh__ds_unbook(dh_dataserver_t *s, task_t *t);
 /* The task and result FIFOs: append, and take the oldest (NULL when empty). Under s->lock. */
 void dh__ds_push(queue_t *q, task_t *t);
 task_t *dh__ds_pop(queue_t *q);
+
+/* A queued task's remote samples (URLs, tar members at URLs) handed to the remote module's
+ * read-ahead, tagged with the task (cancelled when it is freed). No-op without a cache. */
+void dh__ds_readahead(dh_dataserver_t *s, task_t *t);
 
 /* Frees a task: its message and its result's strings (not its output buffers). Safe on NULL. */
 void dh__ds_task_free(task_t *t);

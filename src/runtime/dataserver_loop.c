@@ -124,6 +124,8 @@ void dh__ds_send_complete(dh_dataserver_t *s, const char *client_id, uint64_t se
             st[i].status = r->samples[i].status;
             st[i].error = r->samples[i].error ? r->samples[i].error : "";
             st[i].cpu_s = r->sample_cpu_s && r->sample_cpu_s[i] > 0 ? r->sample_cpu_s[i] : 0;
+            st[i].fetch_s = r->samples[i].fetch_s > 0 ? r->samples[i].fetch_s : 0;
+            st[i].fetch_bytes = r->samples[i].fetch_bytes;
         }
         m.complete.n_samples = r->n_samples;
         m.complete.samples = st;
@@ -232,6 +234,8 @@ static void on_coord_message(dh_dataserver_t *s, dh_wire_received_t *r)
         dh__ds_push(&s->tasks, t);
         pthread_cond_signal(&s->task_cond);
         pthread_mutex_unlock(&s->lock);
+        if (s->cache_used) /* its bytes fetched while the queue ahead of it decodes */
+            dh__ds_readahead(s, t);
     } else if (r->msg.type == DH_MSG_ERROR) {
         if (r->msg.error.code == DH_EUNKNOWN) {
             dh_log_info("DataServer '%s': the coordinator does not know us; registering again",

@@ -501,8 +501,13 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     if (!decoded)
         return dh__set_error(DH_ENOMEM, "out of memory for a video task");
     int rc = 0;
+    /* What each sample waits for remote bytes: the remote reader adds to this thread's tally
+     * (core/internal.h, "The fetch tally"); a local file leaves it 0. Unbound at `done`. */
+    dh__fetch_tally_t tally;
+    dh__fetch_tally_t *outer_tally = dh__fetch_tally_bind(&tally);
     for (uint32_t i = 0; i < n; i++) {
         dh_sample_overrides_t ov = dh__rt_overrides_of_sample(&samples[i]);
+        tally = (dh__fetch_tally_t){0};
         /* Under a deadline (a watch), the blocking part below may be abandoned: it reads
          * only its own copies of the sample's id and path (samples[] is the task's). */
         char *path = dh_strdup(samples[i].uri ? samples[i].uri : "");
@@ -549,6 +554,8 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
         /* The sample's own CPU time (open, demux, decode, resize); the timed read above and
          * the batch's collate and copy below are in the request's total only. */
         out->sample_cpu_s[i] = (double)(dh_clock_thread_cpu_ns() - sample_cpu0) / 1e9;
+        out->samples[i].fetch_s = (double)tally.wait_ns / 1e9;
+        out->samples[i].fetch_bytes = tally.bytes;
         if (drc == DH_ENOMEM) {
             rc = drc;
             goto done;
@@ -598,8 +605,13 @@ static int execute_video(dh__rt_worker_t *w, const dh_wire_sample_t *samples, ui
     dh_batch_destroy(&batch);
     out->cpu_s = (double)(dh_clock_thread_cpu_ns() - cpu0) / 1e9;
 done:
-    for (uint32_t i = 0; i < n; i++)
-        dh_sample_clear(&decoded[i]);
+    dh__fetch_tally_bind(outer_tally);
+    for (uint32_t i = 0; i < n; i++) {
+        if (rc == DH__RT_ABANDONED) /* the pipeline is no longer ours to touch */
+            dh_sample_clear(&decoded[i]);
+        else /* the frames were copied into the batch: their buffers serve the next task */
+            dh__pipeline_recycle(w->pipeline, &decoded[i]);
+    }
     dh_free(decoded);
     return rc;
 }

@@ -46,6 +46,8 @@
 #include "datahelix/shm.h"
 #include "datahelix/wire.h"
 #include "runtime/dataserver_internal.h"
+#include "media/media_lib.h"
+#include "remote/remote_lib.h"
 #include "runtime/rt.h"
 
 /* The nice value of worker threads (setpriority on the thread): see dh__ds_worker_main. */
@@ -76,10 +78,30 @@ task_t *dh__ds_pop(queue_t *q)
     return t;
 }
 
+void dh__ds_readahead(dh_dataserver_t *s, task_t *t)
+{
+    const dh_msg_dispatch_t *d = &t->msg.dispatch;
+    for (uint32_t i = 0; i < d->request.n_samples; i++) {
+        const char *uri = d->request.samples[i].uri;
+        if (!uri || !uri[0])
+            continue;
+        long long start, end; /* a tar member's range, else start -1 */
+        const char *file = dh__subfile_range(uri, &start, &end);
+        if (!file || dh__url_scheme(file) == DH_URL_NONE)
+            continue;
+        if (dh__remote_readahead(file, start < 0 ? 0 : start, start < 0 ? -1 : end,
+                                 (uint64_t)(uintptr_t)t))
+            dh_log_warn("DataServer '%s': no read-ahead for %s: %s", s->name,
+                        d->request.samples[i].id ? d->request.samples[i].id : "a sample",
+                        dh_last_error());
+    }
+}
+
 void dh__ds_task_free(task_t *t)
 {
     if (!t)
         return;
+    dh__remote_readahead_cancel((uint64_t)(uintptr_t)t); /* (none queued: a no-op) */
     for (uint32_t i = 0; t->stalled && i < t->msg.dispatch.request.n_samples; i++)
         dh_free(t->stalled[i]);
     dh_free(t->stalled);
@@ -510,6 +532,13 @@ void *dh__ds_worker_main(void *arg)
         dh__count(&s->counters.tasks, 1);
         dh__count(&s->counters.samples, t->result.n_samples);
         dh__count(&s->counters.sample_errors, t->result.failed);
+        uint64_t fetch_ns = 0, fetch_bytes = 0;
+        for (uint32_t i = 0; i < t->result.n_samples; i++) {
+            fetch_ns += (uint64_t)(t->result.samples[i].fetch_s * 1e9);
+            fetch_bytes += t->result.samples[i].fetch_bytes;
+        }
+        dh__count(&s->counters.fetch_s_ns, fetch_ns);
+        dh__count(&s->counters.fetch_bytes, fetch_bytes);
         if (t->result.read_s > 0 && t->result.read_bytes > 0) {
             double bw = (double)t->result.read_bytes / t->result.read_s;
             s->read_bytes_per_s =

@@ -172,6 +172,10 @@
        "Tier-2 parts its clients moved to another node.")                                           \
     XX(COUNTER, output_waits, COUNTER, NULL, "datahelix_dataserver_output_waits_total",             \
        "Tasks for another node that waited for the process's output budget (DH_OUTPUT_BUDGET).")    \
+    XX(SECONDS, fetch_s, COUNTER, NULL, "datahelix_dataserver_fetch_seconds_total",                \
+       "Seconds its workers waited for remote bytes (http, https, s3 sources; 0 for local files).") \
+    XX(COUNTER, fetch_bytes, COUNTER, NULL, "datahelix_dataserver_fetch_bytes_total",               \
+       "Bytes its workers fetched from remote sources (not from the local cache).")                 \
     XX(METRIC, info, GAUGE, "server", "datahelix_dataserver_info",                                  \
        "1, labelled with the DataServer's name (node-role-pid by default).")                        \
     XX(METRIC, queue_depth, GAUGE, NULL, "datahelix_dataserver_queue_depth",                        \

@@ -109,7 +109,7 @@ scan_servers(const dh_snapshot_t *snap, const dh_request_cost_t *req, const doub
         ss->eligible += st == DH_CANDIDATE_OK;
         double net = net_table ? net_table[s->node] : net_time(snap, req, s->node);
         double t = dh__place_t(cpu_s, in_bytes, s->speed_factor, s->storage_s_per_B,
-                               dh__place_queue_s(s), net);
+                               dh__place_fetch_s(req, i), dh__place_queue_s(s), net);
         if (cand) {
             double t_reported = t + reported_penalty[st];
             double miss = t_reported - deadline;

@@ -17,10 +17,12 @@
  *     vertex whose bound is above the best T found so far (equal is still visited: a tie may
  *     hold a lower index).
  *
- * Why the bound is exact, not approximate: T = ((cpu x speed + in x storage) + queue) + net
- * is computed in the same order everywhere (place_internal.h, compiled without FMA
- * contraction), and with cpu, in and out bytes finite and >= 0 every rounded step is
- * non-decreasing in its operands. So T on per-field minima, rounded the same way, is <= the
+ * Why the bound is exact, not approximate: T = (((cpu x speed + in x storage) + fetch) +
+ * queue) + net is computed in the same order everywhere (place_internal.h, compiled without
+ * FMA contraction), and with cpu, in and out bytes finite and >= 0 every rounded step is
+ * non-decreasing in its operands. So T on per-field minima (and fetch 0: a remote sample's
+ * per-server fetch term is >= 0 and not in the tree, so it only weakens the cut), rounded
+ * the same way, is <= the
  * rounded T of every server below: no epsilon is needed, and the server found is the one
  * place.c finds, with the same bits in T. A request outside that domain (a negative or
  * non-finite cost) turns the bounds off, and the search visits every leaf.
@@ -298,6 +300,7 @@ int dh_place_index_set_link(dh_place_index_t *idx, uint32_t from, uint32_t to, d
 
 /* The search for the best eligible server off the consumer's node. */
 typedef struct search {
+    const dh_request_cost_t *req; /* its fetch term, per server */
     double cpu_s, in_bytes, out_bytes;
     double net_lb_s;           /* the least transfer term of any other node */
     const dh_link_t *links_to; /* the consumer's row */
@@ -325,10 +328,11 @@ static inline int cut(const search_t *s, double lb)
     return lb > s->t_best || (s->gain && !gains(s, lb));
 }
 
+/* A lower bound of T under v: the fetch term, >= 0 per server, is bounded by 0. */
 static inline double bound(const search_t *s, const vertex_t *v)
 {
-    return dh__place_t(s->cpu_s, s->in_bytes, v->min_speed, v->min_storage_s_per_B, v->min_queue_s,
-                       s->net_lb_s);
+    return dh__place_t(s->cpu_s, s->in_bytes, v->min_speed, v->min_storage_s_per_B, 0.0,
+                       v->min_queue_s, s->net_lb_s);
 }
 
 static void search_other(const dh_place_index_t *idx, search_t *s)
@@ -355,7 +359,8 @@ static void search_other(const dh_place_index_t *idx, search_t *s)
                 continue;
             double t =
                 dh__place_t(s->cpu_s, s->in_bytes, leaf->min_speed, leaf->min_storage_s_per_B,
-                            leaf->min_queue_s, dh__place_link_s(&s->links_to[node], s->out_bytes));
+                            dh__place_fetch_s(s->req, (uint32_t)server), leaf->min_queue_s,
+                            dh__place_link_s(&s->links_to[node], s->out_bytes));
             if ((t < s->t_best || (t == s->t_best && server < s->best)) &&
                 (!s->gain || gains(s, t))) {
                 s->t_best = t;
@@ -412,7 +417,7 @@ int dh_place_index_decide(const dh_place_index_t *idx, const dh_place_config_t *
             local_ok = 1;
             t_local = dh__place_t(
                 req->cpu_s, req->in_bytes, s->speed_factor, s->storage_s_per_B,
-                dh__place_queue_s(s),
+                dh__place_fetch_s(req, (uint32_t)local), dh__place_queue_s(s),
                 s->node == consumer ? 0.0 : dh__place_link_s(&links_to[s->node], req->out_bytes));
         }
     }
@@ -424,7 +429,8 @@ int dh_place_index_decide(const dh_place_index_t *idx, const dh_place_config_t *
         int32_t fewest = idx->tree[1].fewest;
         const dh_server_state_t *s = &idx->servers[fewest];
         double t = dh__place_t(
-            req->cpu_s, req->in_bytes, s->speed_factor, s->storage_s_per_B, dh__place_queue_s(s),
+            req->cpu_s, req->in_bytes, s->speed_factor, s->storage_s_per_B,
+            dh__place_fetch_s(req, (uint32_t)fewest), dh__place_queue_s(s),
             s->node == consumer ? 0.0 : dh__place_link_s(&links_to[s->node], req->out_bytes));
         return dh__place_finish(out, fewest, t, deadline, DH_REASON_LEAST_REQUEST, 0);
     }
@@ -439,7 +445,7 @@ int dh_place_index_decide(const dh_place_index_t *idx, const dh_place_config_t *
         if ((int32_t)i == local || dh__place_status(s) != DH_CANDIDATE_OK)
             continue;
         double t = dh__place_t(req->cpu_s, req->in_bytes, s->speed_factor, s->storage_s_per_B,
-                               dh__place_queue_s(s), 0.0);
+                               dh__place_fetch_s(req, i), dh__place_queue_s(s), 0.0);
         if (t < t_best_same) {
             t_best_same = t;
             best_same = (int32_t)i;
@@ -447,6 +453,7 @@ int dh_place_index_decide(const dh_place_index_t *idx, const dh_place_config_t *
     }
 
     search_t s = {
+        .req = req,
         .cpu_s = req->cpu_s,
         .in_bytes = req->in_bytes,
         .out_bytes = req->out_bytes,

@@ -6,7 +6,11 @@
  * multiply and an add in one place and not in the other: T is evaluated as written,
  * ((cpu x speed + in x storage) + queue) + net, each step rounded. Every step is monotone
  * (non-decreasing) in its operands when cpu_s, in_bytes and out_bytes are >= 0, which is
- * what lets the index bound T from below with per-subtree minima (place_index.c).
+ * what lets the index bound T from below with per-subtree minima (place_index.c). The
+ * fetch term (a remote sample's C_io, per server: dh_request_cost_t.fetch_s) is added
+ * after the storage term, ((cpu x speed + in x storage) + fetch) + queue + net, and is
+ * >= 0 (dh__place_fetch_s), so a bound taken with fetch 0 is still a lower bound; with no
+ * fetch (NULL) the term is +0.0, which changes no sum: T is bit for bit what it was.
  */
 #ifndef DH_SCHED_PLACE_INTERNAL_H
 #define DH_SCHED_PLACE_INTERNAL_H
@@ -39,11 +43,22 @@ static inline double dh__place_link_s(const dh_link_t *link, double out_bytes)
     return out_bytes * link->s_per_B + link->latency_s;
 }
 
+/* The request's fetch seconds on server i: its fetch_s[i], or +0.0 when it has none, or
+ * the entry is negative or NaN (so the term is >= 0 and the index's bounds hold). */
+static inline double dh__place_fetch_s(const dh_request_cost_t *req, uint32_t i)
+{
+    if (!req->fetch_s)
+        return 0.0;
+    double f = req->fetch_s[i];
+    return f > 0.0 ? f : 0.0;
+}
+
 /* T, in the one order of evaluation both paths use. */
 static inline double dh__place_t(double cpu_s, double in_bytes, double speed_factor,
-                                 double storage_s_per_B, double queue_s, double net_s)
+                                 double storage_s_per_B, double fetch_s, double queue_s,
+                                 double net_s)
 {
-    return cpu_s * speed_factor + in_bytes * storage_s_per_B + queue_s + net_s;
+    return cpu_s * speed_factor + in_bytes * storage_s_per_B + fetch_s + queue_s + net_s;
 }
 
 /* dh_candidate_status_t of a server: dead (not alive, or no workers), full (at its cap; cap
@@ -96,7 +111,7 @@ static inline double dh__place_server_t(const dh_snapshot_t *snap, const dh_requ
             : dh__place_link_s(&snap->links[(size_t)s->node * snap->n_nodes + req->consumer_node],
                                req->out_bytes);
     return dh__place_t(req->cpu_s, req->in_bytes, s->speed_factor, s->storage_s_per_B,
-                       dh__place_queue_s(s), net);
+                       dh__place_fetch_s(req, i), dh__place_queue_s(s), net);
 }
 
 /* Rule 2's hysteresis: the gain a remote needs over a local server whose T is t_local. */

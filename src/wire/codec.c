@@ -146,7 +146,9 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
 #define SAMPLE_STATUS_FIELDS(XX)                                                                   \
     XX(STATUS, status)                                                                             \
     XX(STR, error)                                                                                 \
-    XX(F64, cpu_s)
+    XX(F64, cpu_s)                                                                                 \
+    XX(F64, fetch_s)                                                                               \
+    XX(U64, fetch_bytes)
 
 #define COMPLETE_FIELDS(XX)                                                                        \
     XX(STR, client_id)                                                                             \
@@ -162,7 +164,9 @@ const char *dh__wire_tensor_check(const dh_tensor_t *t, uint64_t limit, uint64_t
     XX(TOKENS, tokens)                                                                             \
     XX(STATUS, status)                                                                             \
     XX(STR, error)                                                                                 \
-    XX(F64, cpu_s)
+    XX(F64, cpu_s)                                                                                 \
+    XX(F64, fetch_s)                                                                               \
+    XX(U64, fetch_bytes)
 
 #define DELIVER_FIELDS(XX)                                                                         \
     XX(STR, client_id)                                                                             \

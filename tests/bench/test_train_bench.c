@@ -11,10 +11,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dh_test.h"
 #include "datahelix/error.h"
 #include "bench/train_bench.h"
+#include "bench/train_run.h"
+#include "datahelix/clock.h"
 #include "runtime/cluster.h"
 #include "runtime/rt.h"
 
@@ -635,6 +638,51 @@ static void bench_pool_copies_off_the_training_thread(void **state)
     cl_assert_no_leftovers();
 }
 
+/* The memory sampler paces itself by what a reading costs (train_run.h): a reading of
+ * smaps_rollup walks every page table entry, and with helix's 5 GB of arena one every 100 ms
+ * took a quarter of the large-samples run's CPU. The pause: 100 ms for a cheap reading, 49x
+ * its CPU seconds for a dear one (at most 2% of a core). Then the sampler itself, with a
+ * reading that spins 20 ms of CPU: after its first reading it pauses about 1 s, so over
+ * the 0.5 s of wall time after it at most one more reading is taken (a loaded machine only
+ * slows it: fewer readings); at the old fixed 100 ms, about four. And stop does not wait out
+ * the pause: it returns the peak of the readings and the final one. */
+static double dear_reading_mb(void)
+{
+    uint64_t c0 = dh_clock_thread_cpu_ns();
+    while (dh_clock_thread_cpu_ns() - c0 < 20000000) {
+    }
+    return 42;
+}
+
+static void bench_memory_sampler_paces_itself_by_its_cost(void **state)
+{
+    (void)state;
+    assert_true(fabs(dh__train_mem_pause_s(0) - 0.1) < 1e-12);
+    assert_true(fabs(dh__train_mem_pause_s(0.001) - 0.1) < 1e-12);
+    assert_true(fabs(dh__train_mem_pause_s(0.01) - 0.49) < 1e-9);
+    assert_true(fabs(dh__train_mem_pause_s(0.1) - 4.9) < 1e-9);
+    assert_true(fabs(dh__train_mem_pause_s(-1) - 0.1) < 1e-12);
+    mem_sampler_t m;
+    dh__train_mem_sampler_start_with(&m, dear_reading_mb);
+    assert_true(m.started);
+    while (atomic_load(&m.readings) < 1) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    uint64_t t0 = dh_clock_now_ns();
+    struct timespec half = {0, 500000000};
+    while (nanosleep(&half, &half) != 0) {
+    }
+    unsigned n = atomic_load(&m.readings);
+    print_message("readings %u in %.2f s after the first\n", n,
+                  dh_clock_elapsed_s(t0, dh_clock_now_ns()));
+    assert_true(n <= 2);
+    assert_true(dh__train_mem_sampler_stop(&m) == 42);
+    assert_false(m.started);
+    /* each reading's 20 ms counted, the last one's (at stop) too */
+    assert_true(m.cpu_s >= 0.0199 * (atomic_load(&m.readings) + 1));
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bench_cli_real_decode_with_plots),
     cmocka_unit_test(bench_runs_every_system_within_definitions),
@@ -646,5 +694,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bench_rebalance_option_switches_tier2),
     cmocka_unit_test(bench_rejects_bad_options_by_name),
     cmocka_unit_test(bench_table_leads_with_equal_budget_ratios),
+    cmocka_unit_test(bench_memory_sampler_paces_itself_by_its_cost),
 };
 DH_TEST_MAIN(tests)

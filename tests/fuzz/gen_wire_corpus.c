@@ -23,10 +23,11 @@ static dh_wire_sample_t samples[] = {
      2408448, 1024, 42},
     {(char *)"", 0, 0, 0, (char *)"", (char *)"", 0.0, 0, 0, 0, 0},
 };
-static dh_wire_sample_status_t statuses[] = {{0, (char *)"", 0.375},
-                                             {DH_EPARSE, (char *)"x.mp4: bad", 0}};
-static dh_wire_sample_result_t results[] = {{(char *)"k/abc", 1024, 0, (char *)"", 0.25},
-                                            {(char *)"u/x", 0, DH_EIO, (char *)"moov", 0}};
+static dh_wire_sample_status_t statuses[] = {{0, (char *)"", 0.375, 0.0625, 1u << 20},
+                                             {DH_EPARSE, (char *)"x.mp4: bad", 0, 0, 0}};
+static dh_wire_sample_result_t results[] = {
+    {(char *)"k/abc", 1024, 0, (char *)"", 0.25, 0.125, 3u << 20},
+    {(char *)"u/x", 0, DH_EIO, (char *)"moov", 0, 0, 0}};
 static uint8_t video[2 * 3 * 4];
 static float mask[2 * 3];
 static dh_wire_tensor_t frame_tensors[] = {

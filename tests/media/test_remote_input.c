@@ -4,6 +4,7 @@
  * fetched bounded; a missing clip names its URL and status, a stalled one stops at the
  * sample's deadline. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "datahelix/error.h"
@@ -134,6 +135,56 @@ static void a_few_frames_of_a_long_clip_fetch_a_fraction_of_it(void **state)
                   (double)fetched / (double)read, (double)fetched / (double)sb.st_size,
                   (unsigned long long)(after.requests - before.requests));
     assert_true(fetched < (uint64_t)sb.st_size / 2);
+}
+
+/* Through the local cache (remote/cache_fetch.c): the first decode fetches the 64 KiB cache
+ * blocks its reads touch, a second decode of the same clip makes no request. Prints what
+ * the cache's blocks cost over the demuxer's sparse reads of a long clip (docs/remote.md). */
+static void a_second_decode_through_the_cache_makes_no_request(void **state)
+{
+    (void)state;
+    start_nginx();
+    static const dh_synth_clip_t long_clip = {320, 240, 24.0, 40.0, 48, 9};
+    char local[700], url[700], dir[700];
+    snprintf(local, sizeof local, "%s/long.mp4", servers.www);
+    assert_int_equal(dh_synth_write_clip(local, &long_clip), 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/long.mp4", servers.http_port);
+    dh_pipeline_spec_t spec = spec_of(4, 320, 240);
+    uint64_t first_fetch[2] = {0, 0};
+    for (int setting = 0; setting < 2; setting++) { /* 64 KiB blocks, then 16 KiB */
+        if (setting)
+            setenv("DH_CACHE_BLOCK", "16384", 1);
+        snprintf(dir, sizeof dir, "%s/cache-%d", servers.dir, setting);
+        assert_int_equal(dh__remote_cache_use(dir, 64u << 20), 0);
+        assert_int_equal(dh__remote_cache_block(), setting ? 16384 : 65536);
+        for (int round = 0; round < 2; round++) {
+            dh__remote_stats_t before, after;
+            dh__remote_stats(&before);
+            assert_same_frames(&spec, local, url);
+            dh__remote_stats(&after);
+            uint64_t fetched = after.bytes_fetched - before.bytes_fetched;
+            uint64_t read = after.bytes_read - before.bytes_read;
+            uint64_t requests = after.requests - before.requests;
+            print_message("%zu KiB cache blocks, decode %d: demuxer read %llu, fetched %llu "
+                          "(%.2fx) in %llu requests\n",
+                          dh__remote_cache_block() >> 10, round + 1, (unsigned long long)read,
+                          (unsigned long long)fetched, (double)fetched / (double)read,
+                          (unsigned long long)requests);
+            if (round == 0) {
+                assert_true(requests > 0);
+                first_fetch[setting] = fetched;
+            } else {
+                assert_int_equal(requests, 0);
+            }
+        }
+        dh__remote_cache_release();
+    }
+    unsetenv("DH_CACHE_BLOCK");
+    assert_true(first_fetch[1] <= first_fetch[0]); /* smaller blocks: the same reads, less */
+    setenv("DH_CACHE_BLOCK", "5000", 1);
+    assert_int_equal(dh__remote_cache_use(dir, 64u << 20), DH_EINVAL);
+    assert_non_null(strstr(dh_last_error(), "DH_CACHE_BLOCK=5000"));
+    unsetenv("DH_CACHE_BLOCK");
 }
 
 static void a_url_clip_probes_as_the_file(void **state)
@@ -334,6 +385,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(a_url_clip_decodes_to_the_files_frames, setup,
                                     servers_teardown),
     cmocka_unit_test_setup_teardown(a_few_frames_of_a_long_clip_fetch_a_fraction_of_it, setup,
+                                    servers_teardown),
+    cmocka_unit_test_setup_teardown(a_second_decode_through_the_cache_makes_no_request, setup,
                                     servers_teardown),
     cmocka_unit_test_setup_teardown(a_url_clip_probes_as_the_file, setup, servers_teardown),
     cmocka_unit_test_setup_teardown(a_member_of_a_url_shard_is_a_byte_range, setup,

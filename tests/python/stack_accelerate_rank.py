@@ -44,6 +44,9 @@ def main():
     steps = len(loader)  # as scripts do for their schedule, before load_state
     if resume:
         accelerator.load_state(ckpt)
+        # the resumed pass: its count goes on from the saved step, len() is that plus the
+        # batches left (more than a fresh epoch's on a larger global batch)
+        steps = len(loader)
     first = loader.state_dict()["step"]
     rank = accelerator.process_index
     assert loader.rank == rank and loader.world_size == accelerator.num_processes

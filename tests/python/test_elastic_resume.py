@@ -51,7 +51,7 @@ def run(dls, steps=None):
     end, which must then come on every rank)."""
     its = [iter(dl) for dl in dls]
     out = []
-    n = len(dls[0]) - dls[0]._yielded if steps is None else steps
+    n = len(dls[0]) - dls[0].state_dict()["step"] if steps is None else steps
     for _ in range(n):
         step = []
         for it in its:
@@ -122,10 +122,19 @@ def test_resume_on_another_world_size(datahelix, profiles, keep, w2, k, pw, drop
         assert all((dl._resume_step, dl._resume_sample) == at for dl in fresh)
         assert fresh[0].state_dict()["keep"] == keep
         assert fresh[0].state_dict()["position"] == pos
+        # the loader's count goes on from the saved step k, or on a smaller global batch
+        # from the steps of it the consumed samples fill, ceil(pos / g2), if more: len() is
+        # that plus the batches left, the state's step that plus those yielded
+        count = max(k, -(-pos // g2))
+        assert fresh[0].state_dict()["step"] == count
         tail = run(fresh)
-        assert len(fresh[0]) == at[0] + len(tail)
+        assert len(fresh[0]) == count + len(tail)
+        fresh_len = (N // g2) if drop_last else -(-N // g2)  # a fresh epoch's at g2
+        assert len(fresh[0]) >= fresh_len
         after = fresh[0].state_dict()
-        assert (after["keep"], after["position"]) == (keep, pos + len(tail) * g2)
+        assert (after["keep"], after["position"], after["step"]) == \
+            (keep, pos + len(tail) * g2, count + len(tail))
+        assert after["first_sample"] == at[1]
         for dl in fresh:
             dl.close()
     # each step is the next window of the order; with plan_window, each window of steps
@@ -176,8 +185,10 @@ def test_second_resume_keeps_position_and_keep(datahelix, profiles):
     after 1 step (sample 18); resumed on 4 x 3 again from that state (the same cut, not an
     elastic resume), stopped after 1 more (sample 30); resumed on 3 x 3 from the merged
     states (30 is inside a step of 9: cut from 30) to the end. Each state's position is
-    where the next window starts, keep says "rank_batch" from the first elastic resume on;
-    every run's steps are the next windows of the order, every sample once."""
+    where the next window starts, keep says "rank_batch" from the first elastic resume on,
+    first_sample the cut, and step goes on counting from the saved step (1, 2, 3), on the
+    smaller global batch of the last run from the 9-sample steps 30 samples fill, 4; every
+    run's steps are the next windows of the order, every sample once."""
     perm = order(datahelix, profiles)
     runs = []  # (steps, global batch, first position)
     with datahelix.start_cluster(profiles, workers=2, pipeline=SYNTH,
@@ -195,14 +206,17 @@ def test_second_resume_keeps_position_and_keep(datahelix, profiles):
             return states
 
         s1 = leg(W1, None, 1)
-        assert [(s["position"], s["keep"]) for s in s1] == [(6, None)] * W1
+        assert [(s["step"], s["position"], s["keep"]) for s in s1] == [(1, 6, None)] * W1
         s2 = leg(4, datahelix.DataLoader.merge_states(s1), 1, keep="rank_batch")
-        assert [(s["step"], s["position"], s["keep"]) for s in s2] == [(1, 18, "rank_batch")] * 4
+        assert [(s["step"], s["position"], s["first_sample"], s["keep"]) for s in s2] == \
+            [(2, 18, 6, "rank_batch")] * 4
         s3 = leg(4, s2[3], 1)  # the same world size: the same cut, step 2 of it
-        assert [(s["step"], s["position"], s["keep"]) for s in s3] == [(2, 30, "rank_batch")] * 4
+        assert [(s["step"], s["position"], s["first_sample"], s["keep"]) for s in s3] == \
+            [(3, 30, 6, "rank_batch")] * 4
         s4 = leg(3, datahelix.DataLoader.merge_states(s3), None, keep="rank_batch")
         end = 30 + (N - 30) // 9 * 9
-        assert [(s["position"], s["keep"]) for s in s4] == [(end, "rank_batch")] * 3
+        assert [(s["step"], s["position"], s["first_sample"], s["keep"]) for s in s4] == \
+            [(4 + (end - 30) // 9, end, 30, "rank_batch")] * 3
     assert [first for _, _, first in runs] == [0, 6, 18, 30]
     seen = []
     for steps, g, first in runs:
@@ -249,10 +263,16 @@ def test_refusals(datahelix, profiles):
         inside = new(3, 3)
         inside.load_state_dict(st, keep="rank_batch")
         assert (inside._resume_step, inside._resume_sample) == (0, 24)
-        assert inside.state_dict()["position"] == 24 and len(inside) == (N - 24) // 9
+        assert inside.state_dict()["position"] == 24 and len(inside) == 4 + (N - 24) // 9
+        assert inside.state_dict()["step"] == 4  # the saved count: 24 / 9 fills 3 steps
         inside.close()
+        # a state without first_sample (an older DataHelix's) counts its own steps in step
+        old = {k: v for k, v in st.items() if k != "first_sample"}
         with pytest.raises(datahelix.InvalidArgumentError, match=r"position 12 is before step 4"):
-            new(3, 3).load_state_dict(dict(st, position=12), keep="rank_batch")
+            new(3, 3).load_state_dict(dict(old, position=12), keep="rank_batch")
+        with pytest.raises(datahelix.InvalidArgumentError,
+                           match=r"position 24 is not first_sample 5 plus whole steps of .* 6"):
+            new(3, 3).load_state_dict(dict(st, first_sample=5), keep="rank_batch")
         # plan_window 2: step 3 is inside a plan window
         with pytest.raises(datahelix.InvalidArgumentError, match=r"plan_window 2"):
             new(1, 6).load_state_dict(states[0])

@@ -10,6 +10,10 @@ saturate the machine from before the servers start until the epoch's last batch.
       loader dropped no duplicate, and the servers executed each sample once (their
       samples_total add up to the epoch);
   (c) the epoch completed with every sample, each index once.
+And with the same processes, no load: the coordinator stopped (SIGSTOP) for 4 x its limit in
+the middle of an epoch declares no server dead when it resumes (it does not count its own
+absence as their silence), while a server stopped itself still is
+(test_stopped_coordinator_declares_no_server_dead).
 
 Size: 320 samples (gen-profiles kinetics-mixed) whose work is a sleep of 0.1 x their profiled
 CPU seconds (the synthetic pipeline's "sleep" cost, in C workers: the epoch's length hardly
@@ -23,6 +27,8 @@ were learned.
 """
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -93,42 +99,75 @@ def saturate():
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
 
 
-def test_saturated_cpu_declares_no_server_dead(datahelix, tmp_path):
+def with_logs(tmp_path, run, *args):
+    """run(*args); a failure's message carries the daemons' logs (they say what they saw)."""
     try:
-        run_saturated_epoch(datahelix, tmp_path)
-    except AssertionError as e:  # the daemons' logs say what they saw
+        run(*args)
+    except AssertionError as e:
         logs = "".join(f"\n--- {p.name}:\n{p.read_text()[-4000:]}"
                        for p in sorted(tmp_path.glob("*.log")))
         raise AssertionError(f"{e}{logs}") from e
 
 
-def run_saturated_epoch(datahelix, tmp_path):
-    profiles, pipeline = tmp_path / "profiles.jsonl", tmp_path / "synthetic.json"
-    subprocess.run([CLI, "gen-profiles", "--mix", "kinetics-mixed", "--count", str(SAMPLES),
-                    "--seed", "7", "-o", str(profiles)], check=True, capture_output=True)
+def test_saturated_cpu_declares_no_server_dead(datahelix, tmp_path):
+    with_logs(tmp_path, run_saturated_epoch, datahelix, tmp_path)
+
+
+def start_daemons(tmp_path, coordinator_args=()):
+    """`datahelix coordinator` and two `datahelix server` processes (a local DataServer on n1
+    and a remote sidecar on n2, 2 workers each, the synthetic pipeline), each with its
+    metrics on a port of its own; returns (endpoint, procs, port of each, their log files).
+    The caller ends the processes and closes the logs (stop_daemons)."""
+    pipeline = tmp_path / "synthetic.json"
     pipeline.write_text(PIPELINE)
     endpoint = f"tcp://127.0.0.1:{torchrun_port()}"
     ports = {k: tmp_path / f"{k}.port" for k in ("coordinator", "local", "sidecar")}
     metrics = ["--metrics-listen", "127.0.0.1:0", "--metrics-port-file"]
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ports}
-    busy, procs = [], []
+    procs = []
+    procs.append(subprocess.Popen([CLI, "coordinator", "--listen", endpoint] +
+                                  list(coordinator_args) + metrics + [str(ports["coordinator"])],
+                                  stderr=logs["coordinator"]))
+    for key, role, node in (("local", "local", "n1"), ("sidecar", "remote", "n2")):
+        procs.append(subprocess.Popen(
+            [CLI, "server", "--coordinator", endpoint, "--role", role, "--node", node,
+             "--workers", "2", "--name", f"{node}-{key}", "--pipeline", str(pipeline)] +
+            metrics + [str(ports[key])], stderr=logs[key]))
+    port = {k: wait_for(lambda p=p: read_port(p), f"{k}'s metrics port file", procs)
+            for k, p in ports.items()}
+    wait_for(lambda: value(scrape(port["coordinator"]),
+                           "datahelix_coordinator_servers_alive") == 2,
+             "both DataServers registered", procs)
+    return endpoint, procs, port, logs
+
+
+def stop_daemons(procs, logs):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)  # a stopped one must be running to end
+            p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
+    for f in logs.values():
+        f.close()
+
+
+def make_profiles(tmp_path):
+    profiles = tmp_path / "profiles.jsonl"
+    subprocess.run([CLI, "gen-profiles", "--mix", "kinetics-mixed", "--count", str(SAMPLES),
+                    "--seed", "7", "-o", str(profiles)], check=True, capture_output=True)
+    return profiles
+
+
+def run_saturated_epoch(datahelix, tmp_path):
+    profiles = make_profiles(tmp_path)
+    busy, procs, logs = [], [], {}
     try:
         # saturated from before the servers start: their registration and the coordinator's
         # first verdicts on them (before it has learned their jitter) happen under load too
         busy.extend(saturate())
         # default liveness: neither --dead-after-ms nor --heartbeat-ms
-        procs.append(subprocess.Popen([CLI, "coordinator", "--listen", endpoint] + metrics +
-                                      [str(ports["coordinator"])], stderr=logs["coordinator"]))
-        for key, role, node in (("local", "local", "n1"), ("sidecar", "remote", "n2")):
-            procs.append(subprocess.Popen(
-                [CLI, "server", "--coordinator", endpoint, "--role", role, "--node", node,
-                 "--workers", "2", "--name", f"{node}-{key}", "--pipeline", str(pipeline)] +
-                metrics + [str(ports[key])], stderr=logs[key]))
-        port = {k: wait_for(lambda p=p: read_port(p), f"{k}'s metrics port file", procs)
-                for k, p in ports.items()}
-        wait_for(lambda: value(scrape(port["coordinator"]),
-                               "datahelix_coordinator_servers_alive") == 2,
-                 "both DataServers registered", procs)
+        endpoint, procs, port, logs = start_daemons(tmp_path)
         n = SAMPLES
         seen = []
         start = time.monotonic()
@@ -152,12 +191,7 @@ def run_saturated_epoch(datahelix, tmp_path):
             p.kill()
         for p in busy:
             p.wait()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
-        for f in logs.values():
-            f.close()
+        stop_daemons(procs, logs)
 
     print(f"epoch of {n} samples under {len(busy)} busy loops: {epoch_s:.1f} s; samples "
           f"executed: local {value(local, 'datahelix_dataserver_samples_total'):.0f}, sidecar "
@@ -179,3 +213,80 @@ def run_saturated_epoch(datahelix, tmp_path):
     assert len(ids) == n and sorted(seen) == sorted(ids)
     assert client["samples"] == n and client["samples_failed"] == 0
 
+
+
+STOP_S = 4.0  # the coordinator's SIGSTOP: 4 x the default 1 s limit (a deliberate interval)
+VERDICT_MAX_S = 15.0  # a stopped server's verdict: within the 10 s cap, and slack for load
+
+
+def test_stopped_coordinator_declares_no_server_dead(datahelix, tmp_path):
+    """The coordinator judges silence only over time it was running to hear it
+    (docs/runtime.md, "Liveness"): the `datahelix coordinator` process is stopped (SIGSTOP)
+    for 4 x its default 1 s limit in the middle of an epoch while both servers run and
+    heartbeat; after SIGCONT no server is declared dead and nothing runs twice. Control: a
+    server really stopped is still declared dead (within the limit's cap) and taken back once
+    it resumes."""
+    with_logs(tmp_path, run_stopped_coordinator, datahelix, tmp_path)
+
+
+def run_stopped_coordinator(datahelix, tmp_path):
+    profiles = make_profiles(tmp_path)
+    procs, logs = [], {}
+    try:
+        endpoint, procs, port, logs = start_daemons(tmp_path)
+        coordinator, sidecar = procs[0], procs[2]
+        n, seen, stopped_s = SAMPLES, [], None
+        with datahelix.DataLoader(str(profiles), batch_size=BATCH, coordinator=endpoint,
+                                  rank=0, world_size=1, node="n1", timeout=60) as dl:
+            for batch in dl:
+                seen.extend(batch["sample_ids"])
+                if stopped_s is None and len(seen) >= n // 4:
+                    # mid-epoch: the loader's prefetched requests are on both servers
+                    t0 = time.monotonic()
+                    coordinator.send_signal(signal.SIGSTOP)
+                    time.sleep(STOP_S)
+                    coordinator.send_signal(signal.SIGCONT)
+                    stopped_s = time.monotonic() - t0
+            client = dl.stats()
+        assert stopped_s is not None, "the epoch ended before the coordinator was stopped"
+        coord = wait_for(lambda: (lambda c: c if value(
+            c, "datahelix_coordinator_delivered_total") >= n // BATCH else None)(
+                scrape(port["coordinator"])), "the coordinator's reports", procs)
+        local, remote = scrape(port["local"]), scrape(port["sidecar"])
+        log = (tmp_path / "coordinator.log").read_text()
+        print(f"coordinator stopped for {stopped_s:.1f} s mid-epoch; heartbeat gaps (s, "
+              f"cumulative): {gap_buckets(coord)}")
+        # no server declared dead, nothing ran twice, every sample once
+        dead = value(coord, "datahelix_coordinator_servers_declared_dead_total")
+        assert dead == 0, f"{dead:.0f} servers declared dead after the coordinator's stop"
+        assert "declared dead" not in log
+        assert "did not run for" in log, "the coordinator did not see its own stop"
+        assert value(coord, "datahelix_coordinator_redispatches_total") == 0
+        assert client["duplicates_dropped"] == 0
+        executed = (value(local, "datahelix_dataserver_samples_total") +
+                    value(remote, "datahelix_dataserver_samples_total"))
+        assert executed == n, f"{executed:.0f} samples executed for an epoch of {n}"
+        ids = [json.loads(line)["id"] for line in profiles.read_text().splitlines()
+               if line.strip()]
+        assert sorted(seen) == sorted(ids)
+
+        # control: a server that is itself stopped is still dead within its limit
+        t0 = time.monotonic()
+        sidecar.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: value(scrape(port["coordinator"]),
+                                   "datahelix_coordinator_servers_declared_dead_total") == 1,
+                     "the stopped sidecar declared dead", procs, timeout=VERDICT_MAX_S)
+            verdict_s = time.monotonic() - t0
+        finally:
+            sidecar.send_signal(signal.SIGCONT)
+        log = (tmp_path / "coordinator.log").read_text()
+        said = re.search(r"'n2-sidecar' \(pid \d+\) declared dead: (silent for \d+ ms "
+                         r"\(limit \d+ ms[^)]*\))", log)
+        assert said, "no verdict on the sidecar in the coordinator's log"
+        print(f"sidecar stopped: declared dead after {verdict_s:.1f} s ({said.group(1)})")
+        wait_for(lambda: value(scrape(port["coordinator"]),
+                               "datahelix_coordinator_servers_alive") == 2,
+                 "the sidecar taken back after SIGCONT", procs)
+    finally:
+        stop_daemons(procs, logs)

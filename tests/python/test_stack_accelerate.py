@@ -36,9 +36,12 @@ def test_killed_job_resumes_on_another_world_size(tmp_path, world2, keep, batch2
     resumed = stack_job.records(str(out), "resumed", world2)
     start = stack_job.check_exactly_once(ids, first, resumed, SAVE_AT, HANG_AT, batch2,
                                          world2)
-    # position 3 x (2 x 3) = 18 of the order: step 3 of 6-sample steps, 2 of 9-sample ones
-    assert start == SAVE_AT * W1 * B1 // (world2 * batch2)
-    assert start + len(resumed[0]) == N // (world2 * batch2)
+    # position 3 x (2 x 3) = 18 of the order: step 3 of 6-sample steps, 2 of 9-sample ones;
+    # the loader's count goes on from the saved step 3 (or from the steps 18 samples fill
+    # on a smaller global batch), the batches left are (54 - 18) / the new global batch
+    pos, g2 = SAVE_AT * W1 * B1, world2 * batch2
+    assert start == max(SAVE_AT, -(-pos // g2))
+    assert len(resumed[0]) == (N - pos) // g2
 
 
 def test_example_saves_and_resumes_on_another_world_size(dataset, tmp_path):

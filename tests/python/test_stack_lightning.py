@@ -57,12 +57,25 @@ def job(argv):
             super().__init__()
             self.w = torch.nn.Parameter(torch.zeros(1))
             self.loader = None
+            self.loader_state = None
+
+        def on_load_checkpoint(self, checkpoint):
+            # called before train_dataloader(): the loader's state, for a resume on more
+            # ranks (docs/python.md, "PyTorch Lightning")
+            (self.loader_state,) = checkpoint["loops"]["fit_loop"]["state_dict"][
+                "combined_loader"]
 
         def train_dataloader(self):
             # made here, once the process group exists: rank and world size are its own
             self.loader = datahelix.DataLoader(args.profiles, batch_size=args.batch, seed=SEED,
                                                pipeline=SYNTH, workers=1, prefetch=2,
                                                timeout=60, log_level="warn")
+            st = self.loader_state
+            if st is not None and st["world_size"] < self.loader.world_size:
+                # more ranks: load the state before Lightning takes len() as the epoch's
+                # limit (with the per-rank batch kept, the resumed epoch has more batches
+                # than a fresh one); Lightning loads it again, which changes nothing
+                self.loader.load_state_dict(st)
             return self.loader
 
         def training_step(self, batch, batch_idx):
@@ -261,6 +274,65 @@ def test_killed_job_resumes_on_another_world_size(datahelix, profiles, killed, t
     assert sorted(seen) == sorted(perm[:N // 6 * 6])  # drop_last: the last full step's end
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_killed_job_resumes_keeping_the_per_rank_batch(datahelix, profiles, killed, tmp_path,
+                                                       world):
+    """The same checkpoint (batch 3 of epoch 1, 3 x 6 = 18 samples in) resumed on `world`
+    ranks with the per-rank batch kept (batch 3: global batch 3 or 9). The resumed epoch
+    has other steps (18 samples are 6 steps of 3, 2 of 9). On three ranks the loader's
+    count goes on from the saved step 3 (len() = 3 + the 2 steps left), so Lightning's
+    restored batch_idx and the loader's step agree and Lightning ends the epoch with the
+    loader's last batch; the job loads the state in train_dataloader() too (the documented
+    recipe: Lightning takes len() before it loads the state, as its batches per epoch for
+    the whole fit). On one rank (a smaller global batch) the count starts at the 6 steps of
+    3 the 18 samples fill, so that len() is a fresh epoch's 13 (Lightning keeps that number
+    for the epochs after): Lightning's batch_idx runs 3 behind the loader's step in the
+    resumed epoch, which Lightning ends when the loader's pass ends. Counting from the
+    first run only what the checkpoint covers, epoch 1's samples are each seen once, up to
+    the last full step of the new global batch (drop_last); epoch 2 follows whole, with
+    its own order, batch_idx and the loader's step from 0 again, equal."""
+    first, ckpt_path, _ = killed
+    covered = [i for rs in records(first, 2).values() for x in rs
+               if x["epoch"] == 1 and x["global_step"] < EVERY for i in x["ids"]]
+    out = str(tmp_path / f"rank_batch{world}")
+    args = ["--epochs", "3", "--batch", str(B), "--ckpt-path", ckpt_path]
+    if world == 1:
+        os.makedirs(out)
+        job(["--profiles", profiles, "--out", out, "--devices", "1"] + args)
+    else:
+        finish(start(profiles, out, world, *args), out)
+    recs = records(out, world)
+    g = world * B
+    left = (N - 18) // g                      # epoch 1's steps after position 18
+    per_epoch = N // g
+    ahead = max(3, -(-18 // g)) - 3           # the loader's count - Lightning's, epoch 1
+    assert ahead == (3 if world == 1 else 0)
+    want = [(1, 3 + j) for j in range(left)] + [(2, j) for j in range(per_epoch)]
+    for r, rank_recs in recs.items():
+        assert [(x["epoch"], x["batch_idx"]) for x in rank_recs] == want, r
+        assert [x["global_step"] for x in rank_recs] == \
+            list(range(EVERY, EVERY + left + per_epoch)), r
+        # the loader's step after yielding batch i is i + 1 (+ ahead in epoch 1)
+        assert [x["state"]["step"] for x in rank_recs] == \
+            [b + 1 + (ahead if e == 1 else 0) for e, b in want], r
+        assert [x["state"]["epoch"] for x in rank_recs] == [e for e, _ in want], r
+        assert all(x["state"]["keep"] == "rank_batch" and x["state"]["world_size"] == world
+                   and len(x["ids"]) == B for x in rank_recs), r
+    by_step, count = steps(recs)
+    assert set(count.values()) == {world}
+    perm1, perm2 = order(datahelix, profiles, 1), order(datahelix, profiles, 2)
+    for (epoch, gs), ids in by_step.items():  # each step: the next window of the order
+        at = 18 + (gs - EVERY) * g if epoch == 1 else (gs - EVERY - left) * g
+        perm = perm1 if epoch == 1 else perm2
+        assert sorted(ids) == sorted(perm[at:at + g]), (epoch, gs)
+    resumed = [i for (e, _), ids in by_step.items() if e == 1 for i in ids]
+    seen = collections.Counter(covered + resumed)
+    assert max(seen.values()) == 1, [i for i, c in seen.items() if c > 1]
+    assert sorted(seen) == sorted(perm1[:18 + left * g])
+    epoch2 = [i for (e, _), ids in by_step.items() if e == 2 for i in ids]
+    assert sorted(epoch2) == sorted(perm2[:per_epoch * g])
+
+
 def test_resume_from_an_epoch_end_checkpoint_starts_the_next_epoch(datahelix, profiles,
                                                                     tmp_path):
     """One device, in this process: a checkpoint after an epoch's last batch holds the
@@ -310,8 +382,9 @@ def test_the_example_resumes_mid_epoch(dataset, tmp_path, monkeypatch, capsys):
 # -- what Lightning relies on, without Lightning ---------------------------------------------
 
 def loader(datahelix, profiles, **kw):
-    return datahelix.DataLoader(profiles, batch_size=2 * B, seed=SEED, pipeline=SYNTH,
-                                workers=1, prefetch=2, timeout=60, log_level="warn", **kw)
+    kw.setdefault("batch_size", 2 * B)
+    return datahelix.DataLoader(profiles, seed=SEED, pipeline=SYNTH, workers=1, prefetch=2,
+                                timeout=60, log_level="warn", **kw)
 
 
 def ids_of(it, n=None):
@@ -363,6 +436,50 @@ def test_a_state_at_the_end_of_a_pass(datahelix, profiles):
         dl.load_state_dict(state)
         dl.set_epoch(0)
         assert ids_of(iter(dl)) == []
+
+
+def test_len_and_step_after_a_resume_keeping_the_per_rank_batch(datahelix, profiles):
+    """What the Lightning resume keeping the per-rank batch relies on, and a hand-written
+    loop too: after load_state_dict of a 2 x 3 state at step 3 (position 18), the loader's
+    count goes on from step 3 on 3 x 3 (len() 3 + 2 left = 5, more than a fresh epoch's 4:
+    a len() taken before the load was too small, which load_state_dict warns about, naming
+    both), and from the 6 steps 18 samples fill on 1 x 3 (len() 6 + 7 = 13, a fresh
+    epoch's); enumerate(loader, start=state_dict()["step"]) ends at len() - 1."""
+    import warnings
+    with loader(datahelix, profiles, batch_size=B) as one:
+        assert len(one) == N // B
+        st = dict(one.state_dict(), epoch=1, step=3, position=18, first_sample=0,
+                  world_size=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # len() 13 before, 13 after: nothing to say
+            one.load_state_dict(st)
+        assert (one.state_dict()["step"], len(one)) == (6, 13)
+        got = [(i, b["sample_ids"]) for i, b in enumerate(one, start=one.state_dict()["step"])]
+        assert [i for i, _ in got] == list(range(6, 13))
+        assert [i for _, ids in got for i in ids] == order(datahelix, profiles, 1)[18:39]
+    with datahelix.start_cluster(profiles, workers=1, pipeline=SYNTH,
+                                 arena_bytes=64 << 20) as cluster:
+        def rank0_of_3():
+            return datahelix.DataLoader(profiles, batch_size=B, seed=SEED, pipeline=SYNTH,
+                                        coordinator=cluster.endpoint, rank=0, world_size=3,
+                                        timeout=60, log_level="warn")
+        dl = rank0_of_3()
+        assert len(dl) == N // 9
+        with pytest.warns(UserWarning, match=r"len\(\) was 4 before .* has 5 batches \(step "
+                          r"3 and 2 left, world size 2 -> 3\).* stops 1 batches early"):
+            dl.load_state_dict(st)
+        assert (dl.state_dict()["step"], dl.state_dict()["keep"], len(dl)) == \
+            (3, "rank_batch", 5)
+        dl.close()
+        dl = rank0_of_3()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dl.load_state_dict(st)     # before len(): what the Lightning recipe does
+            assert len(dl) == 5
+            iter(dl)                   # Lightning's check
+            dl.load_state_dict(st)     # Lightning loads it again: the same
+        assert (dl.state_dict()["step"], len(dl)) == (3, 5)
+        dl.close()
 
 
 def test_rank_and_world_size_from_the_process_group(datahelix, profiles, monkeypatch):

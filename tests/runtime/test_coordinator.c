@@ -386,6 +386,152 @@ static void answer_dispatches(dh_wire_socket_t *s, uint64_t *seen)
     }
 }
 
+/* n one-sample REQUESTs (seq seq0..) of 8 MiB clips in an S3 bucket, 50 ms of CPU each. */
+static void remote_requests(dh_wire_socket_t *cl, uint64_t seq0, int n)
+{
+    for (uint64_t seq = seq0; seq < seq0 + (uint64_t)n; seq++) {
+        char id[32], uri[64];
+        snprintf(id, sizeof id, "r%llu", (unsigned long long)seq);
+        snprintf(uri, sizeof uri, "s3://clips/r%llu.mp4", (unsigned long long)seq);
+        dh_wire_sample_t sample = {
+            .id = id, .uri = uri, .key = "k", .cpu_s = 0.05, .in_bytes = 8u << 20};
+        dh_msg_t q = {.type = DH_MSG_REQUEST};
+        q.request.client_id = "fake-client";
+        q.request.seq = seq;
+        q.request.deadline_ns = 1000000000;
+        q.request.delivery_node = "test-node";
+        q.request.n_samples = 1;
+        q.request.samples = &sample;
+        assert_int_equal(dh_wire_send(cl, NULL, 0, &q, NULL, 0, 1000), 0);
+    }
+}
+
+/* Waits for `want` DISPATCHes at the two fake servers (10 s at most), then answers them
+ * all as executor and deliverer, each sample's fetch that server's: fetch_s[k] seconds for
+ * 8 MiB. Counts them per server in got[k]. */
+static void answer_with_fetch(dh_wire_socket_t *const srv[2], const double fetch_s[2], int want,
+                              int got[2])
+{
+    enum { MAX = 16 };
+    uint64_t seqs[MAX];
+    int at[MAX];
+    uint64_t t0 = dh_clock_now_ns();
+    int n = 0;
+    assert_true(want <= MAX);
+    while (n < want && dh_clock_elapsed_s(t0, dh_clock_now_ns()) < 10) {
+        for (int k = 0; k < 2 && n < want; k++) {
+            dh_wire_received_t r = {0};
+            if (dh_wire_recv(srv[k], 20, &r) != 0)
+                continue;
+            if (r.msg.type == DH_MSG_DISPATCH) {
+                seqs[n] = r.msg.dispatch.request.seq;
+                at[n++] = k;
+            }
+            dh_wire_received_release(&r);
+        }
+    }
+    assert_int_equal(n, want);
+    for (int i = 0; i < n; i++) {
+        int k = at[i];
+        dh_wire_sample_status_t st = {.status = 0,
+                                      .error = "",
+                                      .cpu_s = 0.05,
+                                      .fetch_s = fetch_s[k],
+                                      .fetch_bytes = 8u << 20};
+        dh_msg_t m = {.type = DH_MSG_COMPLETE};
+        m.complete.client_id = "fake-client";
+        m.complete.seq = seqs[i];
+        m.complete.n_samples = 1;
+        m.complete.samples = &st;
+        m.complete.cpu_s = 0.05;
+        m.complete.delivered = 1;
+        assert_int_equal(dh_wire_send(srv[k], NULL, 0, &m, NULL, 0, 1000), 0);
+        got[k]++;
+    }
+}
+
+/* Costs that include the fetch (issue 34): clips in s3://clips; the rank's local DataServer
+ * fetches them slowly (0.8 s per 8 MiB clip: far from the bucket), a sidecar on another
+ * node quickly (0.02 s: beside it). First 8 requests at once: the local server takes 4 (one
+ * per worker, with the prior's fetch everywhere), the rest go to the sidecar, whose T has no
+ * queue wait, so both learn (an untried server is predicted with the source's fit over the
+ * others, so only such overflow teaches the model about it); the coordinator's fetch model then
+ * holds each pair's own estimate, and later requests go to the sidecar, which the
+ * prior alone (the same fetch everywhere) would not do: the local server meets D and is
+ * kept. */
+static void coordinator_learns_fetch_and_places_near_the_data(void **state)
+{
+    void *ctx = zmq_ctx_new();
+    char coord_ep[128];
+    snprintf(coord_ep, sizeof coord_ep, "inproc://coord-fetch-%d", (int)getpid());
+    dh_coordinator_t *coord = start_coordinator(coord_ep, ctx);
+    dh_wire_socket_t *srv[2] = {dealer(ctx, "fake-local", coord_ep),
+                                dealer(ctx, "fake-sidecar", coord_ep)};
+    hello_server(srv[0], "fake-local", DH_WIRE_ROLE_LOCAL, "test-node", 4);
+    hello_server(srv[1], "fake-sidecar", DH_WIRE_ROLE_REMOTE, "near-the-bucket", 4);
+    wait_alive(coord, 2);
+    dh_wire_socket_t *cl = dealer(ctx, "fake-client", coord_ep);
+    dh_msg_t hello = {.type = DH_MSG_HELLO};
+    hello.hello.role = DH_WIRE_ROLE_CLIENT;
+    hello.hello.node = "test-node";
+    hello.hello.name = "fake-client";
+    assert_int_equal(dh_wire_send(cl, NULL, 0, &hello, NULL, 0, 1000), 0);
+    const double fetch_s[2] = {0.8, 0.02};
+
+    /* Before any completion: the prior, for both */
+    dh__fetch_estimate_t e;
+    assert_int_equal(dh__coord_fetch_estimate(coord, "fake-local", "s3://clips", &e), 0);
+    assert_int_equal(e.from, DH__FETCH_FROM_PRIOR);
+    assert_int_equal(dh__coord_fetch_estimate(coord, "nobody", "s3://clips", &e), DH_EUNKNOWN);
+
+    /* Learning: 8 requests at once, 4 to the local server, 4 overflow to the sidecar; then
+     * 8 more, which go where the first taught. */
+    int got[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        remote_requests(cl, (uint64_t)round * 8, 8);
+        answer_with_fetch(srv, fetch_s, 8, got);
+        wait_delivered(coord, (uint64_t)(round + 1) * 8);
+    }
+    print_message("learning: %d at the local server, %d at the sidecar\n", got[0], got[1]);
+    assert_true(got[0] >= 3 && got[1] >= 3);
+    double cost[2];
+    const char *names[2] = {"fake-local", "fake-sidecar"};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(dh__coord_fetch_estimate(coord, names[k], "s3://clips", &e), 0);
+        assert_int_equal(e.from, DH__FETCH_FROM_SERVER);
+        cost[k] = e.latency_s + (8u << 20) / e.bytes_per_s;
+        print_message("%s: %d requests, learned fetch of 8 MiB %.3f s (true %.3f)\n", names[k],
+                      got[k], cost[k], fetch_s[k]);
+    }
+    assert_true(cost[0] > 0.4); /* the prior's 0.13 s pulled toward 0.8 */
+    assert_true(cost[1] < 0.1);
+
+    /* Placing: one request at a time, answered before the next; each goes to the sidecar
+     * (remote gain: T 0.07 s there, 0.85 s or more at the local server, which still meets
+     * D = 1 s and would be kept without the fetch). */
+    int placed[2] = {0, 0};
+    for (int i = 0; i < 6; i++) {
+        remote_requests(cl, 16 + (uint64_t)i, 1);
+        answer_with_fetch(srv, fetch_s, 1, placed);
+        wait_delivered(coord, 17 + (uint64_t)i);
+    }
+    assert_int_equal(placed[0], 0);
+    assert_int_equal(placed[1], 6);
+    /* the record of the last one: the sidecar's predicted and reported fetch */
+    dh_prediction_t p[64];
+    size_t n = dh_coordinator_predictions(coord, p, 64);
+    assert_true(n >= 22);
+    assert_close(p[n - 1].fetch_s, 0.02, 1e-12);
+    assert_int_equal(p[n - 1].fetch_bytes, 8u << 20);
+    assert_true(p[n - 1].pred_fetch_s > 0 && p[n - 1].pred_fetch_s < 0.1);
+
+    dh_wire_socket_destroy(&cl);
+    dh_wire_socket_destroy(&srv[0]);
+    dh_wire_socket_destroy(&srv[1]);
+    dh_coordinator_destroy(&coord);
+    zmq_ctx_term(ctx);
+}
+
 /* Placement among many servers (docs/scheduler.md, "The index"): 1,024 fake DataServers on
  * 64 nodes (one local per node, the rest remote) and 4 clients on 4 of the nodes. In 32
  * rounds each client sends 16 one-sample requests, every one is placed, executed and
@@ -522,5 +668,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(coordinator_learns_from_a_report_the_delivery_overtook),
     cmocka_unit_test(coordinator_heartbeat_corrects_its_book),
     cmocka_unit_test(coordinator_places_among_many_servers),
+    cmocka_unit_test(coordinator_learns_fetch_and_places_near_the_data),
 };
 DH_TEST_MAIN(tests)

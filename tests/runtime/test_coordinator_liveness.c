@@ -2,7 +2,9 @@
  * in the coordinator's process is never declared dead by timing, even with the CPU saturated
  * by busy loops and a limit below its heartbeat period; another server's limit follows the
  * heartbeat gaps it has shown; and a server that goes silent (as after kill -9) is still
- * declared dead, within the capped limit, even when its HELLO carries this process's pid. */
+ * declared dead, within the capped limit, even when its HELLO carries this process's pid; and
+ * a loop stopped (SIGSTOP) counts that time as its own absence (runtime/awake.h), which the
+ * coordinator does not count as any server's silence. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,6 +284,50 @@ static void limit_rules_on_a_record(void **state)
     free(c);
 }
 
+/* runtime/awake.h, what the coordinator's and the client's loops count as their own absence:
+ * a child process runs a loop of 20 ms sleeps (its poll) and reports its summed absence
+ * after every turn; stopped (SIGSTOP) for STOP_MS, it counts at least most of that. */
+#define STOP_MS 600
+static void a_stopped_loop_counts_its_absence(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(60);
+        dh__awake_t a = {0};
+        for (;;) {
+            usleep(20000);
+            dh__awake_turn(&a, 20000000ull);
+            if (write(fds[1], &a.absent_ns, sizeof a.absent_ns) != sizeof a.absent_ns)
+                _exit(1);
+        }
+    }
+    close(fds[1]);
+    uint64_t absent = 0;
+    for (int turns = 0; turns < 3; turns++) /* running: its first turns */
+        assert_int_equal(read(fds[0], &absent, sizeof absent), (ssize_t)sizeof absent);
+    uint64_t before = absent;
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    usleep(STOP_MS * 1000); /* a deliberate interval: the stop */
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    /* the turn that was stopped reports it; the pipe holds at most a few turns before it */
+    uint64_t deadline = dh_clock_now_ns() + 10000000000ull;
+    while (absent - before < (uint64_t)(STOP_MS * 3 / 4) * 1000000ull &&
+           dh_clock_now_ns() < deadline)
+        assert_int_equal(read(fds[0], &absent, sizeof absent), (ssize_t)sizeof absent);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(fds[0]);
+    print_message("absence counted over a %d ms stop: %.0f ms\n", STOP_MS,
+                  (double)(absent - before) / 1e6);
+    assert_true(absent - before >= (uint64_t)(STOP_MS * 3 / 4) * 1000000ull);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +335,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(limit_follows_the_gaps_and_silence_is_still_death),
         cmocka_unit_test(limit_rises_from_the_first_gaps),
         cmocka_unit_test(limit_rules_on_a_record),
+        cmocka_unit_test(a_stopped_loop_counts_its_absence),
     };
     return dh_test_main(argc, argv, tests, sizeof tests / sizeof tests[0], __FILE__);
 }

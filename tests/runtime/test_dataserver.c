@@ -22,6 +22,7 @@
 #include "datahelix/client.h"
 #include "datahelix/error.h"
 #include "datahelix/shm.h"
+#include "remote/remote_lib.h"
 #include "runtime/dataserver_internal.h"
 #include "shm/shm_internal.h"
 
@@ -372,7 +373,8 @@ static void dataserver_bad_cache_settings_fail_at_start(void **state)
 }
 
 /* In process: a DataServer given a cache directory that does not exist yet makes it (its
- * parents too), leaves no probe file, and keeps its own copy of the settings; the settings
+ * parents too), leaves no probe file, opens the cache there for the process's remote reads
+ * (released with the server), and keeps its own copy of the settings; the settings
  * are both or neither. */
 static void dataserver_keeps_cache_settings(void **state)
 {
@@ -404,14 +406,19 @@ static void dataserver_keeps_cache_settings(void **state)
     struct dirent *e;
     int files = 0;
     while ((e = readdir(d)))
-        files += e->d_name[0] != '.';
+        if (e->d_name[0] != '.') {
+            files++;
+            assert_string_equal(e->d_name, "cache.lock"); /* the cache's record */
+        }
     closedir(d);
-    assert_int_equal(files, 0); /* the probe removed */
+    assert_int_equal(files, 1);             /* the probe removed, the cache opened */
+    assert_true(dh__remote_cache_active()); /* remote reads go through it */
     assert_string_equal(s->cfg.cache_dir, dir);
     assert_ptr_not_equal(s->cfg.cache_dir, dir); /* its own copy */
     assert_int_equal(s->cfg.cache_bytes, (uint64_t)64 << 20);
     dh_dataserver_destroy(&s);
     assert_null(s);
+    assert_false(dh__remote_cache_active()); /* released with its server */
 }
 
 int main(int argc, char **argv)

@@ -351,6 +351,62 @@ static void place_decision_reports_chosen_t_and_miss(void **state)
 }
 
 /* Over random snapshots, every deadline decision satisfies what its reason claims. */
+/* A remote sample (issue 34): the rank's local server is far from the data (its learned
+ * fetch 0.8 s), a sidecar on another node near it (0.05 s). The fetch is C_io: the sidecar
+ * is chosen where, without the fetch, the local server meets D and is kept. */
+static void place_prefers_the_server_whose_fetch_is_cheaper(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 1.0), server(1, 1.0)};
+    dh_request_cost_t r = request(0.5);
+    r.cpu_s = 0.1;
+    dh_decision_t d;
+    dh_candidate_t c[2];
+    /* local files only: both meet D, the local one is kept */
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 0);
+    assert_int_equal(d.reason, DH_REASON_LOCAL_MEETS);
+    double t_local = c[0].t_s, t_sidecar = c[1].t_s;
+
+    const double fetch[2] = {0.8, 0.05};
+    r.fetch_s = fetch;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 1);
+    assert_int_equal(d.reason, DH_REASON_LEAST_TRANSFER); /* the local one misses D now */
+    assert_close(c[0].t_s, t_local + 0.8, 1e-12);
+    assert_close(c[1].t_s, t_sidecar + 0.05, 1e-12);
+    assert_close(d.t_s, c[1].t_s, 0);
+    assert_close(c[0].miss_s, t_local + 0.8 - 0.5, 1e-12);
+
+    /* both meet a later D: the sidecar's gain (0.75 s) beats the hysteresis */
+    r.deadline_s = 2.0;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 1);
+    assert_int_equal(d.reason, DH_REASON_REMOTE_GAIN);
+
+    /* the sidecar far from the data instead: the local server is kept */
+    const double fetch_far[2] = {0.05, 0.8};
+    r.fetch_s = fetch_far;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_int_equal(d.server, 0);
+    assert_int_equal(d.reason, DH_REASON_LOCAL_MEETS);
+}
+
+/* A fetch entry that is negative or NaN counts as 0 (the term stays >= 0, as the index's
+ * bounds need): every T is bit for bit the T without a fetch. */
+static void place_fetch_entries_below_zero_or_nan_count_as_zero(void **state)
+{
+    dh_server_state_t s[2] = {server(0, 1.0), server(1, 1.0)};
+    dh_request_cost_t r = request(0.5);
+    dh_decision_t d;
+    dh_candidate_t c[2], none[2];
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, none), 0);
+    const double odd[2] = {-3.0, NAN};
+    r.fetch_s = odd;
+    assert_int_equal(place(DH_POLICY_DEADLINE, s, 2, &r, &d, c), 0);
+    assert_true(memcmp(&c[0].t_s, &none[0].t_s, sizeof(double)) == 0);
+    assert_true(memcmp(&c[1].t_s, &none[1].t_s, sizeof(double)) == 0);
+}
+
 static void place_rules_hold_on_random_snapshots(void **state)
 {
     enum { N = 24, NODES = 4 };
@@ -447,5 +503,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(place_policy_names_round_trip),
     cmocka_unit_test(place_decision_reports_chosen_t_and_miss),
     cmocka_unit_test(place_rules_hold_on_random_snapshots),
+    cmocka_unit_test(place_prefers_the_server_whose_fetch_is_cheaper),
+    cmocka_unit_test(place_fetch_entries_below_zero_or_nan_count_as_zero),
 };
 DH_TEST_MAIN(tests)

@@ -127,6 +127,20 @@ static void draw_request(dh_rng_t *rng, const world_t *w, dh_request_cost_t *r)
     /* Outside the domain where the index's bounds hold: it must still agree. */
     if (dh_rng_uniform(rng) < 0.01)
         r->in_bytes = -r->in_bytes - 1;
+    /* A third of the requests read remote samples: a fetch term per server (not in the
+     * index's tree), from a few values (ties) or continuous, now and then negative or NaN
+     * (counted as 0). */
+    static double fetch[MAX_SERVERS];
+    static const double few_fetch[] = {0.0, 0.25, 0.5};
+    if (dh_rng_uniform(rng) < 0.3) {
+        for (uint32_t i = 0; i < w->n_servers; i++) {
+            double v =
+                w->draw == DRAW_CONTINUOUS ? dh_rng_uniform(rng) * 2 : pick(rng, few_fetch, 3);
+            double odd = dh_rng_uniform(rng);
+            fetch[i] = odd < 0.02 ? -v - 1 : odd < 0.04 ? NAN : v;
+        }
+        r->fetch_s = fetch;
+    }
 }
 
 static void draw_config(dh_rng_t *rng, dh_place_config_t *cfg)

@@ -1,4 +1,4 @@
-/* Tests of the tier-1 planner (src/sched/plan.c): invariants of every algorithm in both
+/* Tests of the tier-1 planner (src/sched/plan*.c): invariants of every algorithm in both
  * modes over seeded random instances, the quality ordering (default <= greedy, exact <= all,
  * exact == brute force), errors, fanout, allocation failures and the `plan` command. */
 #include <math.h>

@@ -1,6 +1,6 @@
 /* Tests of a rank's share of a step (dh_plan_rank_share, dh_plan_step_share,
  * dh_plan_window_share and
- * dh_plan_min_rows in src/sched/plan.c): each mode's rows per rank, that the ranks' shares
+ * dh_plan_min_rows in src/sched/plan_share.c): each mode's rows per rank, that the ranks' shares
  * cover the window (or the window of steps) exactly once, the minimum-rows rule and its
  * edges, planning across steps, errors and allocation failures. */
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-/* Tests of synthetic video data sets (src/synth/synth.c) and of the `datahelix synth`
+/* Tests of synthetic video data sets (src/synth/) and of the `datahelix synth`
  * command (run through $DH_CLI). Clips are decoded back with libavformat/libavcodec here,
  * independently of the library's own decode pipeline. Clips are small (64x64 to 160x128,
  * under a second) so the whole file runs in a few seconds. */

@@ -26,13 +26,13 @@ static dh_wire_sample_t samples[] = {
      INT64_MAX, UINT64_MAX},
 };
 static dh_wire_sample_result_t results[] = {
-    {(char *)"kinetics/abc123", 1024, 0, (char *)"", 0.25},
-    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found",
-     0},
+    {(char *)"kinetics/abc123", 1024, 0, (char *)"", 0.25, 0.125, 3u << 20},
+    {(char *)"ucf/x", 0, DH_EIO, (char *)"sample 'ucf/x' (/data/ucf/x.mp4): moov atom not found", 0,
+     0, 0},
 };
 static dh_wire_sample_status_t statuses[] = {
-    {0, (char *)"", 0.375},
-    {DH_EPARSE, (char *)"ucf/x.mp4: moov atom not found", 0},
+    {0, (char *)"", 0.375, 0.0625, 1u << 20},
+    {DH_EPARSE, (char *)"ucf/x.mp4: moov atom not found", 0, 0, 0},
 };
 static uint8_t video_bytes[2 * 3 * 4];
 static float mask_bytes[2 * 3];
@@ -280,6 +280,9 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
             assert_int_equal(a->complete.samples[i].status, b->complete.samples[i].status);
             assert_string_equal(a->complete.samples[i].error, b->complete.samples[i].error);
             assert_true(a->complete.samples[i].cpu_s == b->complete.samples[i].cpu_s);
+            assert_true(a->complete.samples[i].fetch_s == b->complete.samples[i].fetch_s);
+            assert_int_equal(a->complete.samples[i].fetch_bytes,
+                             b->complete.samples[i].fetch_bytes);
         }
         assert_true(a->complete.cpu_s == b->complete.cpu_s);
         assert_int_equal(a->complete.bytes, b->complete.bytes);
@@ -313,6 +316,9 @@ static void assert_msg_equal(const dh_msg_t *a, const dh_msg_t *b)
             assert_int_equal(a->deliver.samples[i].tokens, b->deliver.samples[i].tokens);
             assert_int_equal(a->deliver.samples[i].status, b->deliver.samples[i].status);
             assert_string_equal(a->deliver.samples[i].error, b->deliver.samples[i].error);
+            assert_true(a->deliver.samples[i].cpu_s == b->deliver.samples[i].cpu_s);
+            assert_true(a->deliver.samples[i].fetch_s == b->deliver.samples[i].fetch_s);
+            assert_int_equal(a->deliver.samples[i].fetch_bytes, b->deliver.samples[i].fetch_bytes);
         }
         assert_int_equal(a->deliver.ready_ns, b->deliver.ready_ns);
         assert_string_equal(a->deliver.server, b->deliver.server);
@@ -471,10 +477,13 @@ static void wire_bodies_keep_their_bytes(void **state)
         /* 299: each sample's seed (u64, 3 samples) */
         [DH_MSG_REQUEST] = {299, 0x099caf7387e8b944ull},
         [DH_MSG_DISPATCH] = {361, 0x285e841c680645cdull},
-        [DH_MSG_COMPLETE] = {111, 0x0187a04a218cb67bull},
-        /* 344: each sample result's cpu_s (f64, 2 results) */
-        [DH_MSG_DELIVER] = {344, 0x002d4f89f164db4cull},
-        [DH_MSG_REBALANCE] = {489, 0x94de86d84d809b84ull},
+        /* 143: each sample status's fetch_s (f64) and fetch_bytes (u64, 2 statuses) */
+        [DH_MSG_COMPLETE] = {143, 0x9bd50d07088008a0ull},
+        /* 376: each sample result's fetch_s (f64) and fetch_bytes (u64) after its cpu_s
+         * (2 results) */
+        [DH_MSG_DELIVER] = {376, 0x2b8e269d7af667ebull},
+        /* 505: the parts' sample results' fetch_s and fetch_bytes (1 result) */
+        [DH_MSG_REBALANCE] = {505, 0x72fa263d20be9de7ull},
         [DH_MSG_ERROR] = {37, 0xcdfb63b239f772cfull},
         [DH_MSG_GOODBYE] = {0, 0xcbf29ce484222325ull},
     };
@@ -503,7 +512,7 @@ static void wire_header_layout_is_little_endian(void **state)
     in.sender_seq = 0x1122334455667788ull;
     encoded_t e = encode(&in);
     const uint8_t want[DH_WIRE_HEADER_SIZE] = {
-        'D', 'H', 'X', '1', 5, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+        'D', 'H', 'X', '1', 6, 0, 8, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
     assert_memory_equal(e.header, want, sizeof want);
     assert_int_equal(e.body_len, 0);
     dh_wire_header_t h;
@@ -522,7 +531,7 @@ static void wire_refuses_another_version(void **state)
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
                      DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "version 1"));
-    assert_non_null(strstr(dh_last_error(), "version 5"));
+    assert_non_null(strstr(dh_last_error(), "version 6"));
     e.header[4] = 0;
     e.header[5] = 1; /* version 256 */
     assert_int_equal(decode_copy(e.header, sizeof e.header, e.body, e.body_len, NULL, 0, &out),
@@ -813,7 +822,7 @@ static void wire_rejects_bad_values(void **state)
     dh_free(e.body);
 
     in = fixture(DH_MSG_COMPLETE);
-    dh_wire_sample_status_t bad_status[1] = {{5, (char *)"", 0}};
+    dh_wire_sample_status_t bad_status[1] = {{5, (char *)"", 0, 0, 0}};
     in.complete.samples = bad_status;
     in.complete.n_samples = 1;
     e = encode(&in);
@@ -844,10 +853,22 @@ static void wire_rejects_bad_values(void **state)
     assert_non_null(strstr(dh_last_error(), "COMPLETE: field 'delivered'"));
     dh_free(e.body);
 
-    dh_wire_sample_result_t bad_results[2][1] = {{{(char *)"a", -1, 0, (char *)"", 0}},
-                                                 {{(char *)"a", 0, 3, (char *)"x", 0}}};
-    const char *const bad_field[2] = {"samples[0].tokens", "samples[0].status"};
-    for (int k = 0; k < 2; k++) {
+    /* a sample's fetch seconds are finite and >= 0, as every f64 (wire version 6) */
+    dh_wire_sample_status_t bad_fetch[1] = {{0, (char *)"", 0.5, -0.25, 100}};
+    in = fixture(DH_MSG_COMPLETE);
+    in.complete.samples = bad_fetch;
+    in.complete.n_samples = 1;
+    e = encode(&in);
+    assert_int_equal(decode_copy(e.header, 20, e.body, e.body_len, NULL, 0, &out), DH_EPARSE);
+    assert_non_null(strstr(dh_last_error(), "COMPLETE: field 'samples[0].fetch_s'"));
+    dh_free(e.body);
+
+    dh_wire_sample_result_t bad_results[3][1] = {{{(char *)"a", -1, 0, (char *)"", 0, 0, 0}},
+                                                 {{(char *)"a", 0, 3, (char *)"x", 0, 0, 0}},
+                                                 {{(char *)"a", 0, 0, (char *)"", 0, NAN, 7}}};
+    const char *const bad_field[3] = {"samples[0].tokens", "samples[0].status",
+                                      "samples[0].fetch_s"};
+    for (int k = 0; k < 3; k++) {
         in = fixture(DH_MSG_DELIVER);
         in.deliver.samples = bad_results[k];
         in.deliver.n_samples = 1;

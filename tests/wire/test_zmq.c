@@ -313,7 +313,9 @@ static void zmq_recv_refuses_malformed_and_stays_aligned(void **state)
     assert_int_equal(got.n_frames_, 0);
     assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "version 7"));
-    assert_non_null(strstr(dh_last_error(), "version 5"));
+    char ours[32];
+    snprintf(ours, sizeof ours, "version %d", DH_WIRE_VERSION);
+    assert_non_null(strstr(dh_last_error(), ours));
     assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), "needs a header and a body"));
     assert_int_equal(dh_wire_recv(pull, TIMEOUT_MS, &got), 0);
