@@ -57,4 +57,31 @@ int dh_cli_experiment_option(const char *cmd, unsigned command, int val, const c
  * -1 after printing "datahelix CMD: --metrics-port-file PATH: ERROR" (cli_port_file.c). */
 int dh_cli_write_port_file(const char *cmd, const char *path, unsigned port);
 
+/* The S3 options of the commands that read data (cli_s3.c): put DH_CLI_S3_LONGOPTS in the
+ * option table, pass each getopt_long value to dh_cli_s3_option (1: it was one), then call
+ * dh_cli_s3_apply before reading. */
+enum { DH_CLI_OPT_S3_ENDPOINT = 0x300, DH_CLI_OPT_S3_PROFILE, DH_CLI_OPT_S3_ANONYMOUS };
+#define DH_CLI_S3_LONGOPTS                                                                         \
+    {"s3-endpoint", required_argument, NULL, DH_CLI_OPT_S3_ENDPOINT},                              \
+        {"s3-profile", required_argument, NULL, DH_CLI_OPT_S3_PROFILE},                            \
+    {                                                                                              \
+        "s3-anonymous", no_argument, NULL, DH_CLI_OPT_S3_ANONYMOUS                                 \
+    }
+#define DH_CLI_S3_USAGE                                                                            \
+    "      --s3-endpoint URL       the endpoint of s3:// URLs, http(s)://HOST[:PORT]\n"            \
+    "                              (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the\n"       \
+    "                              profile's endpoint_url, else AWS)\n"                            \
+    "      --s3-profile NAME       the AWS profile of the keys and settings (default:\n"           \
+    "                              $AWS_PROFILE, else the keys of the environment, else\n"         \
+    "                              'default')\n"                                                   \
+    "      --s3-anonymous          send s3:// requests unsigned (public buckets)\n"
+typedef struct dh_cli_s3 {
+    const char *endpoint, *profile;
+    int anonymous, given;
+} dh_cli_s3_t;
+int dh_cli_s3_option(dh_cli_s3_t *s, int val, const char *arg);
+/* Resolves the S3 settings now when an option was given: 0, or -1 after printing
+ * "datahelix CMD: S3 settings: MESSAGE". */
+int dh_cli_s3_apply(const char *cmd, const dh_cli_s3_t *s);
+
 #endif

@@ -263,9 +263,11 @@ static void server_usage(FILE *out)
             "                              --cache-bytes\n"
             "      --cache-bytes N         the bound on the cache's files, bytes or with a K,\n"
             "                              M or G suffix (KiB, MiB, GiB); at least 2M\n"
+            "%s"
             "  -h, --help                  show this help\n"
             "\n"
-            "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n");
+            "Exit status: 0 after a clean stop, 1 failure, 2 usage error.\n",
+            DH_CLI_S3_USAGE);
 }
 
 int dh_cmd_server(int argc, char **argv)
@@ -291,6 +293,7 @@ int dh_cmd_server(int argc, char **argv)
                                             {"sample-timeout", required_argument, NULL, 0x102},
                                             {"cache-dir", required_argument, NULL, 0x103},
                                             {"cache-bytes", required_argument, NULL, 0x104},
+                                            DH_CLI_S3_LONGOPTS,
                                             {"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
     dh_dataserver_config_t cfg;
@@ -303,7 +306,10 @@ int dh_cmd_server(int argc, char **argv)
     bool have_sample_timeout = false;
     unsigned long long v;
     int opt;
+    dh_cli_s3_t s3 = {0};
     while ((opt = getopt_long(argc, argv, "c:r:n:w:p:d:a:B:U:N:D:A:b:K:h", options, NULL)) != -1) {
+        if (dh_cli_s3_option(&s3, opt, optarg))
+            continue;
         switch (opt) {
         case 'c':
             cfg.coordinator = optarg;
@@ -446,6 +452,8 @@ int dh_cmd_server(int argc, char **argv)
         fprintf(stderr, "datahelix server: --metrics-port-file needs --metrics-listen\n");
         return 2;
     }
+    if (dh_cli_s3_apply("server", &s3) < 0)
+        return 1;
     char spec[5200];
     if (dataset) { /* the python pipeline, the current directory importable */
         char cwd[4096];

@@ -50,13 +50,18 @@ static void usage(FILE *out)
             ".tsv or .tab extension, or --delimiter), or JSON lines (.jsonl, .ndjson, .json:\n"
             "one object a line, the keys as columns). The first CSV/TSV line is the header.\n"
             "The id is the --id-col value, else the path as written in the table. Every\n"
-            "path must name an existing file. The --meta-col columns are the row's meta (an\n"
+            "local path must name an existing file; a URL path, or a relative one under a URL\n"
+            "--root (s3://bucket/prefix, https://host/dir: joined to it), is not checked here\n"
+            "(probe names what cannot be read). The --meta-col columns are the row's meta (an\n"
             "empty cell is left out).\n"
             "\n"
             "--from-tar PATTERN reads WebDataset tar shards without extracting them: PATTERN is\n"
             "a shard ('shards/000.tar'), a brace range ('shards/{000..099}.tar': zero padding\n"
             "kept), a brace list ('{train,val}.tar'), or several joined by '::'; --from-tar may\n"
-            "be repeated. A member's key is its path up to the first dot of its basename\n"
+            "be repeated. A shard may be a URL (http://, https://, s3://bucket/key: its headers\n"
+            "are read by range requests) and 's3://bucket/prefix/' (a trailing '/') takes every\n"
+            ".tar object listed under the prefix. A member's key is its path up to the first dot "
+            "of its basename\n"
             "(dir/abc.seg1.mp4: key dir/abc); consecutive members with one key are a sample.\n"
             "A sample has exactly one media member (its last extension in the list; two are\n"
             "an error, none: the key is skipped and counted); its caption is the key's .txt\n"
@@ -97,12 +102,14 @@ static void usage(FILE *out)
             "      --progress-every N   a progress line on stderr every N files (or tar members)\n"
             "                           scanned and every N entries written (default 10000,\n"
             "                           0: none)\n"
+            "%s"
             "  -h, --help               this text\n"
             "\n"
             "Errors name the file, line, row and column at fault (a missing column, a file that\n"
             "does not exist, a duplicate id, malformed quoting, an unreadable folder), or the\n"
             "shard and member (a missing or compressed shard, two media members).\n"
-            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n");
+            "Exit status: 0 success, 1 failure (no manifest written), 2 usage error.\n",
+            DH_CLI_S3_USAGE);
 }
 
 static int usage_error(const char *what)
@@ -166,6 +173,7 @@ int dh_cmd_manifest(int argc, char **argv)
         {"skip-bad-captions", no_argument, NULL, OPT_SKIP_BAD_CAPTIONS},
         {"output", required_argument, NULL, 'o'},
         {"progress-every", required_argument, NULL, OPT_PROGRESS},
+        DH_CLI_S3_LONGOPTS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -177,9 +185,12 @@ int dh_cmd_manifest(int argc, char **argv)
     const char *meta_cols[MAX_PATTERNS];
     const char *meta_ext_list = NULL;
     unsigned long long progress_every = 10000;
+    dh_cli_s3_t s3 = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "d:e:c:t:p:r:o:h", options, NULL)) != -1) {
+        if (dh_cli_s3_option(&s3, c, optarg))
+            continue;
         switch (c) {
         case 'd':
             from_dir = optarg;
@@ -255,6 +266,8 @@ int dh_cmd_manifest(int argc, char **argv)
         return usage_error("give one of --from-dir DIR, --from-csv FILE and --from-tar PATTERN");
     if (!output || !*output)
         return usage_error("-o/--output is required");
+    if (dh_cli_s3_apply(CMD, &s3) < 0)
+        return 1;
     if (!table.file &&
         (table.path_col || table.caption_col || table.id_col || table.root || table.delimiter))
         return usage_error("--path-col, --caption-col, --id-col, --root and --delimiter go with "
@@ -285,11 +298,15 @@ int dh_cmd_manifest(int argc, char **argv)
         return 2;
     mb_shard_list_t shards = {0};
     for (size_t i = 0; i < n_patterns; i++) {
-        char why[256], what[512];
-        if (mb_shards_expand(patterns[i], &shards, why, sizeof why) < 0) {
+        char why[1024], what[2048];
+        int expanded = mb_shards_expand(patterns[i], &shards, why, sizeof why);
+        if (expanded < 0) {
             mb_shards_free(&shards);
             snprintf(what, sizeof what, "--from-tar '%s': %s", patterns[i], why);
-            return usage_error(what);
+            if (expanded == -1)
+                return usage_error(what);
+            fprintf(stderr, "datahelix %s: %s\n", CMD, what);
+            return 1;
         }
     }
 

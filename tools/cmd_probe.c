@@ -22,7 +22,8 @@ static void usage(FILE *out)
         out,
         "usage: datahelix probe MANIFEST -o PROFILES.jsonl [--pipeline SPEC.json] [--jobs N]\n"
         "                       [--calibration FILE] [--recalibrate] [--check N] [--seed S]\n"
-        "                       [--strict]\n\n"
+        "                       [--strict] [--s3-endpoint URL] [--s3-profile NAME]\n"
+        "                       [--s3-anonymous]\n\n"
         "Reads the container metadata of every clip of a data set (no decoding) and writes\n"
         "one profile row per readable clip (docs/profiles.md): the pipeline's sampling plan,\n"
         "its tokens, and cpu_s_est from a cost model calibrated on this machine. The first\n"
@@ -42,11 +43,13 @@ static void usage(FILE *out)
         "                          and p90 of |predicted - measured| / measured CPU time\n"
         "  -s, --seed S            which clips calibration and --check time (default 1)\n"
         "      --strict            fail (exit 1, no profiles written) when any clip is skipped\n"
+        "%s"
         "  -h, --help              this text\n\n"
         "Progress and a closing summary (rows, skipped clips by reason) go to stderr.\n"
         "Exit status: 0 success (some clips may be skipped: see the summary), 1 failure\n"
         "(also: no clip kept, or --strict and a clip skipped; no profiles written),\n"
-        "2 usage error.\n");
+        "2 usage error.\n",
+        DH_CLI_S3_USAGE);
 }
 
 typedef struct progress_state {
@@ -131,15 +134,19 @@ int dh_cmd_probe(int argc, char **argv)
         {"check", required_argument, NULL, OPT_CHECK},
         {"seed", required_argument, NULL, 's'},
         {"strict", no_argument, NULL, OPT_STRICT},
+        DH_CLI_S3_LONGOPTS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *output = NULL, *spec_path = NULL;
     unsigned long long jobs = 0, check = 0, seed = 1;
     int strict = 0;
     dh_probe_options_t opt = {0};
+    dh_cli_s3_t s3 = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:p:j:s:h", options, NULL)) != -1) {
+        if (dh_cli_s3_option(&s3, c, optarg))
+            continue;
         switch (c) {
         case 'o':
             output = optarg;
@@ -184,6 +191,8 @@ int dh_cmd_probe(int argc, char **argv)
         return 2;
     }
     const char *manifest_path = argv[optind];
+    if (dh_cli_s3_apply(CMD, &s3) < 0)
+        return 1;
 
     dh_pipeline_spec_t spec;
     dh_pipeline_spec_defaults(&spec);

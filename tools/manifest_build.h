@@ -145,8 +145,10 @@ typedef struct mb_shard_list {
 } mb_shard_list_t;
 
 /* Appends the shards a pattern names: "a.tar", brace ranges "{000..099}" (zero padding kept
- * when an end has a leading zero), brace lists "{train,val}", several joined by "::". On a
- * malformed pattern returns -1 with the reason in why (no message printed). */
+ * when an end has a leading zero), brace lists "{train,val}", several joined by "::" (not
+ * inside an IPv6 literal's brackets), and for "s3://bucket/prefix/" every .tar object listed
+ * under the prefix. On a malformed pattern returns -1, on a listing that fails (network, S3's
+ * error) -2, with the reason in why (no message printed). */
 int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size_t why_size);
 void mb_shards_free(mb_shard_list_t *list);
 

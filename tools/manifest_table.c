@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "manifest_build.h"
+#include "remote/remote_lib.h"
 
 typedef struct field {
     char *text;
@@ -60,12 +61,16 @@ static int take_row(table_t *t, const mb_where_t *where, const char *path, const
     t->report->rows++;
     if (!path[0])
         return mb_error("%s: empty path", mb_where_text(w, sizeof w, where, t->opt->path_col));
-    char *abs = path[0] == '/' ? strdup(path) : mb_join(t->root, path);
+    int url = dh__url_scheme(path) != DH_URL_NONE;
+    char *abs = path[0] == '/' || url ? strdup(path) : mb_join(t->root, path);
     if (!abs)
         return mb_error("out of memory");
-    struct stat st;
+    /* a URL (given, or under a URL --root) is not checked here: one request a row; probe
+     * skips what cannot be read, naming it */
+    url = url || dh__url_scheme(abs) != DH_URL_NONE;
+    struct stat st = {.st_mode = S_IFREG};
     int rc = 0;
-    if (stat(abs, &st) != 0) {
+    if (!url && stat(abs, &st) != 0) {
         int err = errno;
         if (err == ENOENT && t->opt->skip_missing) {
             if (t->report->skipped_missing++ < 10)
@@ -437,7 +442,8 @@ int mb_from_table(const mb_table_options_t *opt, mb_emitter_t *e, mb_table_repor
     }
     if (!root_dir)
         return mb_error("out of memory");
-    t.root = realpath(root_dir, NULL);
+    /* a URL root (s3://bucket/prefix, https://host/dir): relative paths are joined to it */
+    t.root = dh__url_scheme(root_dir) != DH_URL_NONE ? strdup(root_dir) : realpath(root_dir, NULL);
     if (!t.root) {
         int err = errno;
         mb_error("%s: cannot open the root folder: %s", root_dir, strerror(err));

@@ -41,7 +41,9 @@
 #include <archive_entry.h>
 #include <jansson.h>
 
+#include "datahelix/error.h"
 #include "manifest_build.h"
+#include "remote/remote_lib.h"
 
 #define MAX_SHARDS 1000000
 #define CHECK_BYTES 4096                      /* compared at each media member's offset */
@@ -72,124 +74,53 @@ static int push_shard(mb_shard_list_t *list, char *shard, char *why, size_t why_
     return 0;
 }
 
-/* prefix + middle + suffix, malloc'd. */
-static char *join3(const char *prefix, size_t prefix_len, const char *middle, size_t middle_len,
-                   const char *suffix)
+/* The next "::" of a pattern list outside an IPv6 literal's brackets ("http://[::1]:8080/"). */
+static const char *next_separator(const char *s)
 {
-    size_t suffix_len = strlen(suffix);
-    char *s = malloc(prefix_len + middle_len + suffix_len + 1);
-    if (!s)
-        return NULL;
-    memcpy(s, prefix, prefix_len);
-    memcpy(s + prefix_len, middle, middle_len);
-    memcpy(s + prefix_len + middle_len, suffix, suffix_len + 1);
-    return s;
+    int in_brackets = 0;
+    for (; *s; s++) {
+        if (*s == '[')
+            in_brackets = 1;
+        else if (*s == ']')
+            in_brackets = 0;
+        else if (!in_brackets && s[0] == ':' && s[1] == ':')
+            return s;
+    }
+    return NULL;
 }
 
-/* "A..B": two runs of 1 to 18 digits. */
-static int parse_range(const char *inner, size_t len, unsigned long long *a, unsigned long long *b,
-                       int *width)
+/* "s3://bucket/prefix/": every object under the prefix whose name ends in .tar, in key order
+ * (ListObjectsV2, paginated). */
+static int push_listing(const char *prefix_url, mb_shard_list_t *list, char *why, size_t why_size)
 {
-    const char *dots = memmem(inner, len, "..", 2);
-    if (!dots)
-        return 0;
-    size_t a_len = (size_t)(dots - inner), b_len = len - a_len - 2;
-    if (a_len == 0 || b_len == 0 || a_len > 18 || b_len > 18)
-        return 0;
-    for (size_t i = 0; i < len; i++)
-        if (i != a_len && i != a_len + 1 && (inner[i] < '0' || inner[i] > '9'))
-            return 0;
-    *a = strtoull(inner, NULL, 10);
-    *b = strtoull(dots + 2, NULL, 10);
-    /* braceexpand's rule (WebDataset's): an end with a leading zero pads to the longer end */
-    int padded = (a_len > 1 && inner[0] == '0') || (b_len > 1 && dots[2] == '0');
-    *width = padded ? (int)(a_len > b_len ? a_len : b_len) : 0;
-    return 1;
-}
-
-/* Expands the first brace group of s and recurses on each result. */
-static int expand_one(const char *s, mb_shard_list_t *list, char *why, size_t why_size)
-{
-    const char *open = strchr(s, '{'), *close = strchr(s, '}');
-    if (!open && !close) {
-        char *copy = strdup(s);
+    dh__remote_object_t *objects = NULL;
+    size_t count = 0;
+    if (dh__remote_s3_list(prefix_url, &objects, &count) < 0) {
+        snprintf(why, why_size, "%s", dh_last_error());
+        return -2;
+    }
+    int rc = 0;
+    size_t taken = 0;
+    for (size_t i = 0; rc == 0 && i < count; i++) {
+        size_t len = strlen(objects[i].url);
+        if (len < 4 || strcasecmp(objects[i].url + len - 4, ".tar") != 0)
+            continue;
+        char *copy = strdup(objects[i].url);
         if (!copy) {
             snprintf(why, why_size, "out of memory");
-            return -1;
+            rc = -1;
+        } else {
+            rc = push_shard(list, copy, why, why_size);
+            taken++;
         }
-        return push_shard(list, copy, why, why_size);
     }
-    if (!open || (close && close < open)) {
-        snprintf(why, why_size, "'}' without '{'");
-        return -1;
+    dh__remote_objects_free(objects, count);
+    if (rc == 0 && taken == 0) {
+        snprintf(why, why_size, "%s: no .tar objects under this prefix (%zu objects listed)",
+                 prefix_url, count);
+        rc = -1;
     }
-    int depth = 0;
-    const char *end = open;
-    for (; *end; end++) {
-        depth += *end == '{';
-        depth -= *end == '}';
-        if (depth == 0)
-            break;
-    }
-    if (!*end) {
-        snprintf(why, why_size, "'{' without '}'");
-        return -1;
-    }
-    const char *inner = open + 1, *suffix = end + 1;
-    size_t inner_len = (size_t)(end - inner), prefix_len = (size_t)(open - s);
-    unsigned long long a, b;
-    int width;
-    if (parse_range(inner, inner_len, &a, &b, &width)) {
-        unsigned long long step_count = (a <= b ? b - a : a - b) + 1;
-        if (step_count > MAX_SHARDS - list->n) {
-            snprintf(why, why_size, "{%.*s} names more than %d shards", (int)inner_len, inner,
-                     MAX_SHARDS);
-            return -1;
-        }
-        for (unsigned long long i = 0; i < step_count; i++) {
-            char num[32];
-            int n = snprintf(num, sizeof num, "%0*llu", width, a <= b ? a + i : a - i);
-            char *next = join3(s, prefix_len, num, (size_t)n, suffix);
-            if (!next) {
-                snprintf(why, why_size, "out of memory");
-                return -1;
-            }
-            int rc = expand_one(next, list, why, why_size);
-            free(next);
-            if (rc < 0)
-                return -1;
-        }
-        return 0;
-    }
-    /* {a,b,c}: the alternatives, split at the commas outside nested braces */
-    const char *alt = inner, *p = inner;
-    int alternatives = 0;
-    for (depth = 0; p <= end; p++) {
-        if (p < end && *p != ',') {
-            depth += *p == '{';
-            depth -= *p == '}';
-            continue;
-        }
-        if (p < end && depth > 0)
-            continue;
-        if (p == end && alternatives == 0) {
-            snprintf(why, why_size, "{%.*s} is neither a range {A..B} of numbers nor a list {a,b}",
-                     (int)inner_len, inner);
-            return -1;
-        }
-        char *next = join3(s, prefix_len, alt, (size_t)(p - alt), suffix);
-        if (!next) {
-            snprintf(why, why_size, "out of memory");
-            return -1;
-        }
-        int rc = expand_one(next, list, why, why_size);
-        free(next);
-        if (rc < 0)
-            return -1;
-        alternatives++;
-        alt = p + 1;
-    }
-    return 0;
+    return rc;
 }
 
 int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size_t why_size)
@@ -197,7 +128,7 @@ int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size
     /* WebDataset's separator between patterns: "a/{0..3}.tar::b/{0..9}.tar" */
     const char *start = pattern;
     for (;;) {
-        const char *sep = strstr(start, "::");
+        const char *sep = next_separator(start);
         size_t len = sep ? (size_t)(sep - start) : strlen(start);
         if (len == 0) {
             snprintf(why, why_size, "an empty shard name");
@@ -208,10 +139,32 @@ int mb_shards_expand(const char *pattern, mb_shard_list_t *list, char *why, size
             snprintf(why, why_size, "out of memory");
             return -1;
         }
-        int rc = expand_one(piece, list, why, why_size);
+        /* WebDataset's braces, the library's expansion (s3_braces.c, as braceexpand does) */
+        char **names = NULL;
+        long n = dh__brace_expand(piece, MAX_SHARDS - list->n, &names);
         free(piece);
-        if (rc < 0)
+        if (n < 0) {
+            snprintf(why, why_size, "%s", dh_last_error());
             return -1;
+        }
+        int rc = 0;
+        for (long i = 0; rc == 0 && i < n; i++) {
+            size_t name_len = strlen(names[i]);
+            if (dh__url_scheme(names[i]) == DH_URL_S3 && names[i][name_len - 1] == '/') {
+                rc = push_listing(names[i], list, why, why_size);
+                continue;
+            }
+            char *copy = strdup(names[i]);
+            if (!copy) {
+                snprintf(why, why_size, "out of memory");
+                rc = -1;
+            } else {
+                rc = push_shard(list, copy, why, why_size);
+            }
+        }
+        dh__brace_free(names, (size_t)n);
+        if (rc < 0)
+            return rc;
         if (!sep)
             return 0;
         start = sep + 2;
@@ -248,6 +201,9 @@ typedef struct shard {
     const char *stem; /* its basename without ".tar": the id's first part */
     size_t stem_len;
     int fd;
+    dh__remote_file_t *remote; /* a shard at a URL: read by range requests (docs/remote.md) */
+    long long remote_pos;      /* the next byte libarchive reads of it */
+    char *remote_buf;          /* BLOCK_SIZE bytes */
     long long file_size;
     struct archive *a;
     sample_t s;
@@ -365,8 +321,13 @@ static int check_offset(shard_t *sh, const char *name, long long offset, long lo
                             n < 0 ? archive_why(sh->a) : "the member ends early");
         got += (size_t)n;
     }
-    ssize_t n = pread(sh->fd, via_file, want, (off_t)offset);
-    if (n < 0) {
+    ssize_t n;
+    if (sh->remote) {
+        size_t read_bytes = 0;
+        if (dh__remote_file_read(sh->remote, offset, via_file, want, &read_bytes) < 0)
+            return mb_error("%s: cannot read: %s", sh->name, dh_last_error());
+        n = (ssize_t)read_bytes;
+    } else if ((n = pread(sh->fd, via_file, want, (off_t)offset)) < 0) {
         int err = errno;
         return mb_error("%s: cannot read: %s", sh->name, strerror(err));
     }
@@ -564,9 +525,66 @@ static int read_members(shard_t *sh)
     return rc;
 }
 
-/* Opens the shard for libarchive and for pread; refuses what cannot be read in place. */
+static int read_archive(shard_t *sh);
+
+/* libarchive's reads of a shard at a URL: BLOCK_SIZE bytes at a time through the remote
+ * reader (range requests; it fetches ahead while reads run on), and skips over the members'
+ * data without a request, so a shard of large clips costs about a request per member. */
+static la_ssize_t remote_read(struct archive *a, void *ud, const void **buf)
+{
+    shard_t *sh = ud;
+    size_t got = 0;
+    if (dh__remote_file_read(sh->remote, sh->remote_pos, sh->remote_buf, BLOCK_SIZE, &got) < 0) {
+        archive_set_error(a, EIO, "%s", dh_last_error());
+        return -1;
+    }
+    sh->remote_pos += (long long)got;
+    *buf = sh->remote_buf;
+    return (la_ssize_t)got;
+}
+
+static la_int64_t remote_skip(struct archive *a, void *ud, la_int64_t request)
+{
+    (void)a;
+    shard_t *sh = ud;
+    long long left = sh->file_size - sh->remote_pos;
+    if (request > left)
+        request = left > 0 ? left : 0;
+    sh->remote_pos += request;
+    return request;
+}
+
+/* A shard at a URL (http, https, s3): its size (one range request); a missing one is skipped
+ * with --skip-missing. 1 when skipped. */
+static int open_remote_shard(shard_t *sh)
+{
+    if (dh__remote_file_open(&sh->remote, sh->name, 0, -1) < 0)
+        return mb_error("%s", dh_last_error());
+    int64_t size = dh__remote_file_size(sh->remote);
+    if (size == -ENOENT && sh->opt->skip_missing) {
+        if (sh->report->shards_missing++ < 10)
+            fprintf(stderr, "manifest: skipped %s: %s\n", sh->name, dh_last_error());
+        return 1;
+    }
+    if (size < 0)
+        return mb_error("cannot open the shard: %s%s", dh_last_error(),
+                        size == -ENOENT ? " (--skip-missing skips missing shards)" : "");
+    sh->file_size = (long long)size;
+    if (!(sh->abs = strdup(sh->name)) || !(sh->remote_buf = malloc(BLOCK_SIZE)))
+        return mb_error("out of memory");
+    return 0;
+}
+
+/* Opens the shard for libarchive and for pread (or range reads: a URL); refuses what cannot
+ * be read in place. */
 static int read_shard(shard_t *sh)
 {
+    if (dh__url_scheme(sh->name) != DH_URL_NONE) {
+        int rc = open_remote_shard(sh);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+        return read_archive(sh);
+    }
     sh->fd = open(sh->name, O_RDONLY | O_CLOEXEC);
     if (sh->fd < 0) {
         int err = errno;
@@ -586,6 +604,12 @@ static int read_shard(shard_t *sh)
         int err = errno;
         return mb_error("%s: %s", sh->name, strerror(err));
     }
+    return read_archive(sh);
+}
+
+/* The tar reader over the open shard: the stem of ids, then every member. */
+static int read_archive(shard_t *sh)
+{
     const char *slash = strrchr(sh->name, '/');
     sh->stem = slash ? slash + 1 : sh->name;
     sh->stem_len = strlen(sh->stem);
@@ -596,7 +620,9 @@ static int read_shard(shard_t *sh)
     /* every filter, so a compressed shard is recognised and refused by name */
     archive_read_support_filter_all(sh->a);
     archive_read_support_format_tar(sh->a);
-    if (archive_read_open_fd(sh->a, sh->fd, BLOCK_SIZE) != ARCHIVE_OK)
+    int opened = sh->remote ? archive_read_open2(sh->a, sh, NULL, remote_read, remote_skip, NULL)
+                            : archive_read_open_fd(sh->a, sh->fd, BLOCK_SIZE);
+    if (opened != ARCHIVE_OK)
         return mb_error("%s: %s", sh->name, archive_why(sh->a));
     if (archive_filter_count(sh->a) > 1 || archive_filter_code(sh->a, 0) != ARCHIVE_FILTER_NONE)
         return mb_error("%s: compressed (%s): a member of a compressed tar has no byte range "
@@ -619,6 +645,8 @@ int mb_from_tar(const mb_tar_options_t *opt, mb_emitter_t *e, mb_tar_report_t *r
             archive_read_free(sh.a);
         if (sh.fd >= 0)
             close(sh.fd);
+        dh__remote_file_close(&sh.remote);
+        free(sh.remote_buf);
         free(sh.abs);
     }
     return rc;

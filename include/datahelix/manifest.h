@@ -36,9 +36,11 @@ typedef struct dh_manifest_entry {
 
 typedef struct dh_manifest dh_manifest_t;
 
-/* Reads a manifest file. Returns 0, -errno (cannot open or read; the message names the
- * path), DH_EPARSE / DH_ESCHEMA on the first bad line ("PATH:LINE: field 'NAME': ..."), or
- * DH_ENOMEM. *out is the caller's (dh_manifest_destroy). */
+/* Reads a manifest file, or a manifest at an http://, https:// or s3:// URL (read whole, up
+ * to 4 GiB; its relative paths are joined to the URL's folder; errors as the remote reader's:
+ * -ENOENT, -EACCES, DH_EIO naming the URL and the HTTP status). Returns 0, -errno (cannot
+ * open or read; the message names the path), DH_EPARSE / DH_ESCHEMA on the first bad line
+ * ("PATH:LINE: field 'NAME': ..."), or DH_ENOMEM. *out is the caller's (dh_manifest_destroy). */
 DH_EXTERN int dh_manifest_load(const char *path, dh_manifest_t **out);
 
 /* The same over `len` bytes of JSONL text in memory (not necessarily NUL-terminated);

@@ -107,7 +107,9 @@ class DataLoader:
     seeds); ``set_epoch(e)`` pins the next pass to epoch e, as ``DistributedSampler``.
 
     Args:
-        source: a synth/probe directory, a manifest or a profile file (resolve_source); or
+        source: a synth/probe directory, a manifest or a profile file (resolve_source), local
+            or at an http(s):// or s3:// URL (``s3://bucket/prefix/manifest.jsonl`` with its
+            ``profiles.jsonl`` next to it; docs/datasets.md "Data in object storage"); or
             ``[(source, weight), ...]``: the sources blended by weight (:func:`blend`, with
             this loader's seed), each sample keeping its source's plan (frames, size).
         pipeline: the decode spec (dict, JSON text or a path; docs/pipeline.md) of the
@@ -325,6 +327,9 @@ class DataLoader:
             import tempfile
             self._blend_dir = tempfile.mkdtemp(prefix="datahelix-blend-")
             source = blend(source, self._blend_dir, seed=seed)
+        # the remote reader's settings as the environment says now (DH_CA_BUNDLE, the AWS
+        # variables): this loader's and its embedded DataServers' reads (docs/remote.md)
+        _C.remote_reload_settings()
         paths = resolve_source(source)
         self.source = os.fspath(source)
         self.profiles = paths["profiles"]

@@ -4,6 +4,7 @@ Python dataset's profile set, learned costs and pickle for the worker processes.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -140,6 +141,63 @@ def _worker_path() -> List[str]:
     return path
 
 
+_URL_SCHEMES = ("http://", "https://", "s3://")
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an http://, https:// or s3:// URL (read by the C remote reader)."""
+    return path[:8].lower().startswith(_URL_SCHEMES)
+
+
+def _resolve_url(url: str) -> Dict[str, Optional[str]]:
+    """A data set at a URL: ``.../manifest.jsonl`` (its ``profiles.jsonl`` next to it) or a
+    profile file (its ``manifest.jsonl`` next to it, optional). Both are read whole through
+    the C remote reader (its S3 settings: the AWS environment and files) into a local folder
+    that lives as long as the process; the clips stay where they are, read by range requests
+    from the profile rows' URLs."""
+    import tempfile
+    base, _, name = url.split("?", 1)[0].rpartition("/")
+    if name == "manifest.jsonl" or name.endswith(".manifest.jsonl"):
+        manifest_url, profiles_url = url, base + "/profiles.jsonl"
+    else:
+        manifest_url, profiles_url = base + "/manifest.jsonl", url
+    manifest_data: Optional[bytes] = None
+    if manifest_url == url:  # the manifest named: its own error first (a 404 names it)
+        manifest_data = _C.remote_read(manifest_url)
+    try:
+        profiles_data = _C.remote_read(profiles_url)
+    except NotFoundError:
+        raise NotFoundError(
+            f"{profiles_url}: no profile set; make it with `datahelix probe {manifest_url} "
+            f"-o profiles.jsonl` and put it next to the manifest") from None
+    if manifest_data is None:
+        try:
+            manifest_data = _C.remote_read(manifest_url)
+        except NotFoundError:
+            pass  # a profile file alone: no captions
+    local = tempfile.mkdtemp(prefix="datahelix-remote-")
+    _remote_dirs.append(local)
+    profiles = os.path.join(local, "profiles.jsonl")
+    with open(profiles, "wb") as f:
+        f.write(profiles_data)
+    manifest = None
+    if manifest_data is not None:
+        manifest = os.path.join(local, "manifest.jsonl")
+        with open(manifest, "wb") as f:
+            f.write(manifest_data)
+    return {"profiles": profiles, "manifest": manifest}
+
+
+_remote_dirs: List[str] = []
+
+
+@atexit.register
+def _remove_remote_dirs() -> None:
+    import shutil
+    for d in _remote_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def resolve_source(source: Union[str, os.PathLike]) -> Dict[str, Optional[str]]:
     """Finds the profile set and the manifest of a data set.
 
@@ -149,6 +207,8 @@ def resolve_source(source: Union[str, os.PathLike]) -> Dict[str, Optional[str]]:
     the missing file and how to make it.
     """
     path = os.fspath(source)
+    if is_url(path):
+        return _resolve_url(path)
     if os.path.isdir(path):
         profiles = os.path.join(path, "profiles.jsonl")
         manifest = os.path.join(path, "manifest.jsonl")

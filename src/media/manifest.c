@@ -19,6 +19,9 @@
 #include "core/internal.h"
 #include "remote/remote_lib.h"
 
+/* The largest manifest read from a URL (read whole, then parsed). */
+#define MANIFEST_URL_MAX_BYTES ((size_t)4 << 30)
+
 struct dh_manifest {
     dh_manifest_entry_t *entries;
     size_t count, cap;
@@ -233,6 +236,16 @@ static int load_line(loader_t *ld, const char *line, size_t len, size_t line_no)
 int dh_manifest_load(const char *path, dh_manifest_t **out)
 {
     *out = NULL;
+    if (dh__url_scheme(path) != DH_URL_NONE) {
+        /* a manifest at a URL: read whole; its relative paths join the URL's folder */
+        char *data = NULL;
+        size_t len = 0;
+        int rc = dh__remote_read_whole(path, MANIFEST_URL_MAX_BYTES, &data, &len);
+        if (rc == 0)
+            rc = dh_manifest_load_buffer(data, len, path, out);
+        dh_free(data);
+        return rc;
+    }
     FILE *f = fopen(path, "r");
     if (!f) {
         int err = errno;

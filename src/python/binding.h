@@ -197,6 +197,9 @@ extern PyTypeObject dh__py_rebalance_spec_type; /* rebalance_spec.c */
 /* arena_budget_default(), parse_bytes(text, what=), write_profiles(path, rows): entries of
  * module.c's method table. */
 PyObject *dh__py_arena_budget_default(PyObject *m, PyObject *unused);
+/* remote.c */
+PyObject *dh__py_remote_read(PyObject *m, PyObject *args);
+PyObject *dh__py_remote_reload_settings(PyObject *m, PyObject *unused);
 PyObject *dh__py_parse_bytes(PyObject *m, PyObject *args, PyObject *kwargs);
 PyObject *dh__py_write_profiles(PyObject *m, PyObject *args);
 

@@ -306,6 +306,16 @@ static PyMethodDef module_methods[] = {
      "write_profiles($module, path, rows, /)\n--\n\nWrites each dict of `rows` as one "
      "profiles.jsonl line to path by the C writer (dh_profile_row_write), fields it does "
      "not know verbatim; returns the number of rows. A bad row raises SchemaError"},
+    /* remote.c */
+    {"remote_read", dh__py_remote_read, METH_VARARGS,
+     "remote_read($module, url, /)\n--\n\nThe bytes of the object at an http://, https:// or "
+     "s3:// URL, read whole through the C remote reader (its S3 settings, TLS trust and "
+     "retries); a missing object raises NotFoundError, a refused one PermissionDeniedError "
+     "or the class of the C error, naming the URL and the HTTP status"},
+    {"remote_reload_settings", dh__py_remote_reload_settings, METH_NOARGS,
+     "remote_reload_settings($module, /)\n--\n\nThe remote reader's settings taken from the "
+     "environment as it is now: DH_CA_BUNDLE and DH_HTTP_* at once, the AWS variables and "
+     "files at the next s3:// request (process-wide; every DataLoader does it when made)"},
     {NULL, NULL, 0, NULL},
 };
 

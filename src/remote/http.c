@@ -28,6 +28,7 @@
 #include "datahelix/error.h"
 #include "core/internal.h"
 #include "remote/remote_internal.h"
+#include "remote/s3.h"
 
 /* ---- the client: settings, share, hooks, counters --------------------------------------- */
 
@@ -352,17 +353,20 @@ static CURL *easy_for(const dh__http_config_t *cfg, xfer_t *x, char *errbuf)
     return h;
 }
 
+/* The hooks of a scheme: those set, else for s3:// the S3 module's (s3_hooks.c). */
+static const dh__remote_scheme_t *hooks_of(dh__url_scheme_t scheme)
+{
+    if (hooks_set[scheme])
+        return &hooks[scheme];
+    return scheme == DH_URL_S3 ? dh__s3_default_hooks() : NULL;
+}
+
 /* Resolves url through its scheme's hook: *http_url is url itself or a dh_malloc'd one. */
 static int resolve(const char *url, dh__url_scheme_t scheme, char **http_url, char **owned)
 {
     *owned = NULL;
     *http_url = (char *)url;
-    const dh__remote_scheme_t *h = hooks_set[scheme] ? &hooks[scheme] : NULL;
-    if (scheme == DH_URL_S3 && (!h || !h->resolve)) {
-        char shown[512];
-        return dh__set_error(DH_EINVAL, "%s: no S3 support configured to read s3:// URLs",
-                             dh__url_redact(url, shown, sizeof shown));
-    }
+    const dh__remote_scheme_t *h = hooks_of(scheme);
     if (!h || !h->resolve)
         return 0;
     int rc = h->resolve(h->ctx, url, owned);
@@ -396,7 +400,7 @@ static int request(const char *url, int64_t offset, size_t len, void *buf, size_
         dh_free(owned);
         return rc;
     }
-    const dh__remote_scheme_t *h = hooks_set[scheme] ? &hooks[scheme] : NULL;
+    const dh__remote_scheme_t *h = hooks_of(scheme);
     bool size_only = buf == NULL;
     xfer_t x = {.buf = buf, .len = size_only ? 1 : len, .total = -1, .interrupt = interrupt};
     char scratch[1];

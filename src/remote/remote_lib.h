@@ -110,8 +110,8 @@ typedef struct dh__remote_scheme {
 } dh__remote_scheme_t;
 
 /* Installs the hooks of scheme (DH_URL_HTTP, DH_URL_HTTPS or DH_URL_S3), copied; NULL
- * removes them. Without hooks an s3:// URL fails with DH_EINVAL ("no S3 support
- * configured"). Call before reads start (not synchronised with requests in flight). */
+ * removes them. Without hooks of its own, s3:// takes the S3 module's (s3_hooks.c:
+ * dh__remote_s3_configure). Call before reads start (not synchronised with requests in flight). */
 void dh__remote_set_scheme(dh__url_scheme_t scheme, const dh__remote_scheme_t *hooks);
 
 /* What stops a request early: FFmpeg's AVIOInterruptCB shape (nonzero = stop). Polled while
@@ -194,6 +194,58 @@ int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t le
 
 /* Closes and frees; safe on NULL, sets *f = NULL. */
 void dh__remote_file_close(dh__remote_file_t **f);
+
+/* Reads a whole object at url (http, https, s3) into *data (dh_malloc'd, the caller's,
+ * NUL-terminated past *len): its size, then one range GET. Errors are dh__http_get_range's;
+ * DH_ERANGE (naming the URL) for an object larger than max_bytes. Thread-safe. (whole.c) */
+int dh__remote_read_whole(const char *url, size_t max_bytes, char **data, size_t *len);
+
+/* ---- S3 (s3_hooks.c, over the S3 half of s3.h) --------------------------------------------- */
+
+/* What a command says of S3 (--s3-endpoint, --s3-profile, --s3-anonymous); NULL or "" falls
+ * back on the environment and the AWS files as the AWS CLI does (docs/remote.md, "S3"). */
+typedef struct dh__remote_s3_settings {
+    const char *endpoint_url; /* NULL: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's */
+    const char *profile;      /* NULL: AWS_PROFILE, else "default" */
+    bool anonymous;           /* sign nothing (public buckets), whatever keys exist */
+} dh__remote_s3_settings_t;
+
+/* Resolves the process's S3 settings and credentials now (errors now, naming the variable,
+ * file or profile, never a secret) and replaces those every later s3:// request uses. Without
+ * a call, they are resolved from the environment and the AWS files at the first s3:// request
+ * (then an error fails that request). s3:// URLs are resolved (path style on a custom
+ * endpoint, virtual-hosted on AWS) and each try signed with SigV4 (UNSIGNED-PAYLOAD; nothing
+ * for anonymous access) unless other hooks were set with dh__remote_set_scheme. Thread-safe.
+ * 0, or dh__s3_config_load's codes. */
+int dh__remote_s3_configure(const dh__remote_s3_settings_t *settings);
+
+/* Forgets the settings resolved so far: the next s3:// request resolves them again from the
+ * environment and the AWS files (the Python binding, when a DataLoader is made). Thread-safe. */
+void dh__remote_s3_forget(void);
+
+/* An object of a listing: its s3:// URL (the caller's) and size. */
+typedef struct dh__remote_object {
+    char *url;
+    uint64_t size_B;
+} dh__remote_object_t;
+
+/* Lists every object under an s3://bucket/prefix URL (ListObjectsV2, page after page, signed
+ * with the process's settings), in S3's order (by key). *objects is the caller's
+ * (dh__remote_objects_free). Errors name the listing, the HTTP status and S3's code
+ * ("listing s3://b/p: HTTP 404 NoSuchBucket: ..."): DH_ENOENT, DH_EAUTH, DH_EIO, DH_EPARSE,
+ * DH_EINVAL (not an s3:// URL), DH_ENOMEM. */
+int dh__remote_s3_list(const char *url, dh__remote_object_t **objects, size_t *count);
+void dh__remote_objects_free(dh__remote_object_t *objects, size_t count);
+
+/* Expands WebDataset's (and bash's) braces: `{000..099}` (numeric range, zero padding kept
+ * from the wider bound, descending allowed, `{0..10..2}` a step), `{a,b,c}` (alternatives,
+ * which may hold braces), several braces (their product, leftmost varying slowest). Returns
+ * the count of strings in *out (the caller frees them with dh__brace_free), or DH_EPARSE for
+ * a malformed pattern naming its position (an unclosed '{', a stray '}', a brace with
+ * neither ',' nor '..', a bound that is not a number), DH_ERANGE past `max_count` strings,
+ * DH_ENOMEM. A pattern without braces gives itself. (s3_braces.c) */
+long dh__brace_expand(const char *pattern, size_t max_count, char ***out);
+void dh__brace_free(char **strings, size_t count);
 
 /* ---- the cache in use (cache_fetch.c) and read-ahead (readahead.c) ------------------------ */
 

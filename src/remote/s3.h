@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "remote/remote_lib.h"
+
 /* SHA-256 of the empty payload, and the payload hash S3 accepts without hashing (GETs). */
 #define DH__S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 #define DH__S3_UNSIGNED_PAYLOAD "UNSIGNED-PAYLOAD"
@@ -252,16 +254,13 @@ int dh__s3_list(const dh__s3_config_t *cfg, const char *bucket, const char *pref
                 dh__s3_fetch_fn fetch, void *fetch_ctx, dh__s3_object_t **objects, size_t *count);
 void dh__s3_objects_free(dh__s3_object_t *objects, size_t count);
 
-/* ---- Brace patterns (s3_braces.c) ----------------------------------------------------------- */
+/* ---- Brace patterns (s3_braces.c): dh__brace_expand, declared in remote_lib.h ---------- */
 
-/* Expands WebDataset's (and bash's) braces: `{000..099}` (numeric range, zero padding kept
- * from the wider bound, descending allowed, `{0..10..2}` a step), `{a,b,c}` (alternatives,
- * which may hold braces), several braces (their product, leftmost varying slowest). Returns
- * the count of strings in *out (the caller frees them with dh__brace_free), or DH_EPARSE for
- * a malformed pattern naming its position (an unclosed '{', a stray '}', a brace with
- * neither ',' nor '..', a bound that is not a number), DH_ERANGE past `max_count` strings,
- * DH_ENOMEM. A pattern without braces gives itself. */
-long dh__brace_expand(const char *pattern, size_t max_count, char ***out);
-void dh__brace_free(char **strings, size_t count);
+/* ---- Joined to the HTTP client (s3_hooks.c) ------------------------------------------------ */
+
+/* The hooks http.c uses for s3:// when none were set with dh__remote_set_scheme: resolution
+ * and SigV4 signing with the process's settings (dh__remote_s3_configure, else the
+ * environment's, loaded at the first use). */
+const dh__remote_scheme_t *dh__s3_default_hooks(void);
 
 #endif

@@ -1,12 +1,12 @@
 """Prepares a freshly started moto S3 server for tests/remote/test_s3_server.c.
 
-Usage: s3_server_setup.py ENDPOINT OUT_FILE
+Usage: s3_server_setup.py ENDPOINT OUT_FILE [KEY=PATH ...]
 
 While moto still accepts any request (its INITIAL_NO_AUTH_ACTION_COUNT is unset, so infinite),
 this makes an IAM user with an access key and a policy allowing s3:*, a bucket `dh-test` with
 the objects the test reads (`shards/000.tar` .. `shards/011.tar`, each 1,000 bytes: byte j of
 shard i is (i * 31 + j) % 251; `odd/a b+c%.tar`, 1,000 bytes of the same rule for i = 99;
-`odd/ctl\x01.tar`, one byte), and
+`odd/ctl\x01.tar`, one byte; and each KEY=PATH given: the file PATH as KEY), and
 then turns moto's IAM authentication on (POST /moto-api/reset-auth 0): from then on every
 request must carry a SigV4 signature made with that key, which moto recomputes and compares
 (SignatureDoesNotMatch otherwise). Writes "ACCESS_KEY_ID SECRET_ACCESS_KEY" to OUT_FILE.
@@ -46,6 +46,10 @@ def main() -> int:
     s3.put_object(Bucket="dh-test", Key="odd/a b+c%.tar", Body=shard_bytes(99))
     # a key XML 1.0 cannot carry as text: listed only URL-encoded (encoding-type=url)
     s3.put_object(Bucket="dh-test", Key="odd/ctl\x01.tar", Body=b"x")
+    for upload in sys.argv[3:]:
+        key_name, path = upload.split("=", 1)
+        with open(path, "rb") as f:
+            s3.put_object(Bucket="dh-test", Key=key_name, Body=f.read())
     # text/plain: with urllib's default form type, Flask takes the body as a form, not data.
     req = urllib.request.Request(
         endpoint + "/moto-api/reset-auth",

@@ -409,10 +409,11 @@ static void s3_urls_go_through_the_s3_hooks(void **state)
     configure(NULL);
     uint8_t buf[100];
     size_t got;
+    /* without hooks of its own, the S3 module's: a bucket name S3 refuses is named */
     assert_int_equal(
-        dh__http_get_range("s3://bucket/data.bin", 0, sizeof buf, buf, &got, NULL, NULL),
+        dh__http_get_range("s3://No_Bucket/data.bin", 0, sizeof buf, buf, &got, NULL, NULL),
         DH_EINVAL);
-    assert_non_null(strstr(dh_last_error(), "s3://bucket/data.bin: no S3 support"));
+    assert_non_null(strstr(dh_last_error(), "s3://No_Bucket/data.bin"));
     dh__remote_set_scheme(DH_URL_S3,
                           &(dh__remote_scheme_t){resolve_test, NULL, &servers.fault_port});
     read_ok("s3://bucket/data.bin", 7, 100, 100); /* through flaky/: resolved once, tried twice */
