@@ -85,6 +85,8 @@ void dh__s3_signed_clear(dh__s3_signed_t *s);
 /* URI-encodes `len` bytes of `s` by SigV4's rules ('/' kept when keep_slash). Returns a new
  * string (the caller's), or NULL when out of memory (error recorded). */
 char *dh__s3_uri_encode(const char *s, size_t len, bool keep_slash);
+/* The value of one hex digit (either case), -1 if `c` is none: for undoing %XX. */
+int dh__s3_hex_digit(char c);
 
 /* Lower-case hex SHA-256 of `len` bytes into hex[65]. Returns 0 or DH_ENOMEM. */
 int dh__s3_sha256_hex(const void *data, size_t len, char hex[65]);

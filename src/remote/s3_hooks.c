@@ -97,17 +97,6 @@ static int resolve(void *ctx, const char *url, char **http_url)
     return rc;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The decoded path of a URL (the signer encodes it again, by the same rules that encoded it:
  * resolve's URLs come back byte for byte). */
 static char *decode_path(const char *p, size_t len)
@@ -118,8 +107,8 @@ static char *decode_path(const char *p, size_t len)
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         int hi, lo;
-        if (p[i] == '%' && i + 2 < len && (hi = hex_digit(p[i + 1])) >= 0 &&
-            (lo = hex_digit(p[i + 2])) >= 0) {
+        if (p[i] == '%' && i + 2 < len && (hi = dh__s3_hex_digit(p[i + 1])) >= 0 &&
+            (lo = dh__s3_hex_digit(p[i + 2])) >= 0) {
             out[n++] = (char)(hi * 16 + lo);
             i += 2;
         } else {

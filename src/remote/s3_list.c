@@ -231,17 +231,6 @@ static int parse(parser_t *p, const char *body, size_t len)
     return p->rc;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes a key listed with encoding-type=url in place, as botocore does (unquote_plus:
  * '+' is a space, a '+' of the key is %2B). Returns false on a malformed %XX. */
 static bool url_decode(char *s)
@@ -251,7 +240,7 @@ static bool url_decode(char *s)
         if (*in == '+') {
             *out++ = ' ';
         } else if (*in == '%') {
-            int hi = hex_digit(in[1]), lo = hi < 0 ? -1 : hex_digit(in[2]);
+            int hi = dh__s3_hex_digit(in[1]), lo = hi < 0 ? -1 : dh__s3_hex_digit(in[2]);
             if (hi < 0 || lo < 0)
                 return false;
             *out++ = (char)(hi * 16 + lo);

@@ -89,6 +89,17 @@ static void encode_into(buf_t *b, const char *s, size_t len, bool keep_slash)
     }
 }
 
+int dh__s3_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 char *dh__s3_uri_encode(const char *s, size_t len, bool keep_slash)
 {
     buf_t b = {0};
