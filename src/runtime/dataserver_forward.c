@@ -426,7 +426,7 @@ bool dh__ds_place_forwarded(dh_dataserver_t *s, dh_wire_received_t *r, const cha
                 /* still full: the client gets a copy of the frame (see SPILL_AFTER_NS) */
                 memset(&t->handle, 0, sizeof t->handle);
                 t->tensor.data = w->tensor.data; /* read only: dh__ds_deliver_to_client copies it */
-                dh__ds_count_spill(s);
+                dh__ds_count_spill(s, size, since_ns);
                 bytes += size;
                 n++;
                 continue;

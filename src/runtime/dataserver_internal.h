@@ -200,8 +200,11 @@ void dh__ds_readahead(dh_dataserver_t *s, task_t *t);
 /* Frees a task: its message and its result's strings (not its output buffers). Safe on NULL. */
 void dh__ds_task_free(task_t *t);
 
-/* Counts one tensor sent by copy because the arena stayed full (arena_spills). */
-void dh__ds_count_spill(dh_dataserver_t *s);
+/* Counts one tensor of `bytes` sent by copy because the arena stayed full (arena_spills),
+ * since_ns after its first try. The first spill of the server is logged (warn) with the
+ * arena's refusal, dh_last_error() of the calling thread ("arena full: ... N of M used" or
+ * "cannot reserve memory ...": docs/shared-memory.md, "Full arena"). */
+void dh__ds_count_spill(dh_dataserver_t *s, size_t bytes, uint64_t since_ns);
 
 /* A worker thread (pthread_create's start routine): takes its worker_arg_t (and frees it),
  * runs tasks until the server stops. */

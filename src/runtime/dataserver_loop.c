@@ -334,15 +334,25 @@ int dh_dataserver_run(dh_dataserver_t *s)
                  s->pipeline.sample_timeout_s);
     else if (!s->pipeline.synthetic)
         snprintf(limit, sizeof limit, " (sample_timeout %g s)", s->pipeline.sample_timeout_s);
+    /* the arena's size: a default one follows the memory available at the start (§2a of
+     * docs/shared-memory.md), and a small one explains waits and spills */
+    char arena[96] = "";
+    if (s->arena) {
+        dh_shm_arena_stats_t as;
+        dh_shm_arena_stats(s->arena, &as);
+        snprintf(arena, sizeof arena, ", arena %.1f MiB (%llu slabs)",
+                 (double)as.slabs_total * (double)as.slab_size / 1048576.0,
+                 (unsigned long long)as.slabs_total);
+    }
     dh_log_info(
-        "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s, "
+        "DataServer '%s': %s on node '%s', %u workers, %s pipeline%s%s%s%s%s%s, "
         "coordinator %s",
         s->name, s->cfg.role == DH_DS_LOCAL ? "local" : "remote sidecar", s->node, s->cfg.workers,
         s->pipeline.python      ? "python"
         : s->pipeline.synthetic ? "synthetic"
                                 : "video",
         s->pipeline.python ? " (dataset " : "", s->pipeline.python ? s->pipeline.py_dataset : "",
-        limit, s->data_endpoint[0] ? ", data " : "", s->data_endpoint, s->coord_endpoint);
+        limit, s->data_endpoint[0] ? ", data " : "", s->data_endpoint, arena, s->coord_endpoint);
     send_hello(s);
     uint64_t last_hb = dh_clock_now_ns(), last_reclaim = last_hb;
     dh_wire_received_t r = {0};

@@ -120,9 +120,17 @@ static void wake_loop(dh_dataserver_t *s)
 
 /* ---- output allocation (workers and loop) ---- */
 
-void dh__ds_count_spill(dh_dataserver_t *s)
+void dh__ds_count_spill(dh_dataserver_t *s, size_t bytes, uint64_t since_ns)
 {
-    dh__count(&s->counters.arena_spills, 1);
+    if (atomic_fetch_add_explicit(&s->counters.arena_spills, 1, memory_order_relaxed) != 0)
+        return;
+    /* once: why a spill happened is what a stop line's count cannot say (a full arena, or
+     * memory the machine would not give for a new high-water mark) */
+    uint64_t now = dh_clock_now_ns();
+    dh_log_warn("DataServer '%s': first spill: a %zu-byte tensor goes to the client by copy "
+                "after %.0f ms without arena space (%s); later spills are only counted",
+                s->name, bytes, now > since_ns ? (double)(now - since_ns) / 1e6 : 0.0,
+                dh_last_error());
 }
 
 static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *handle)
@@ -144,10 +152,10 @@ static int arena_alloc(void *ctx, size_t nbytes, void **data, dh_shm_handle_t *h
         }
         if (dh_clock_now_ns() - since > SPILL_AFTER_NS) {
             memset(handle, 0, sizeof *handle);
-            *data = dh_malloc(nbytes);
+            *data = dh_malloc(nbytes); /* (dh_last_error() still says why the arena refused) */
             if (!*data)
                 return dh__set_error(DH_ENOMEM, "out of memory for %zu bytes of output", nbytes);
-            dh__ds_count_spill(s);
+            dh__ds_count_spill(s, nbytes, since);
             return 0;
         }
         struct timespec ts = {0, 1000000};

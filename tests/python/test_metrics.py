@@ -216,7 +216,23 @@ def run_cluster_and_check(datahelix, tmp_path):
     assert value(local, "datahelix_dataserver_tasks_total") == 0
     assert value(local, "datahelix_dataserver_arena_size_bytes") > 0
     assert value(local, "datahelix_dataserver_arena_slabs") > 0
-    assert value(local, "datahelix_dataserver_arena_spills_total") == 0
+    # Spills (docs/shared-memory.md, "Full arena"): none while the arena has a slab for every
+    # tensor the rank can hold and the machine gives the memory. Under memory pressure (other
+    # jobs on the machine) they are the designed fallback, not a fault: a default arena is at
+    # most half of MemAvailable at the start (5 slabs with 10 MiB left), and a high-water
+    # fallocate can fail later. Then each spilled tensor reaches the rank as a copy, and the
+    # DataServer's first spill says why: the test allows exactly those two reasons.
+    spills = value(local, "datahelix_dataserver_arena_spills_total")
+    assert spills == value(client, "datahelix_client_copied_tensors_total")
+    if spills:
+        log = (tmp_path / "local.log").read_text()
+        first = [line for line in log.splitlines() if "first spill" in line]
+        assert len(first) == 1, log
+        # the test keeps all 8 batches (held + rest) of 4 tensors, each in its own 1 MiB slab
+        small = value(local, "datahelix_dataserver_arena_slabs") < 8 * 4
+        assert "cannot reserve memory" in first[0] or (small and "arena full" in first[0]), \
+            f"{spills} spills through an arena of " \
+            f"{value(local, 'datahelix_dataserver_arena_slabs')} slabs: {first[0]}"
 
 
 def test_metrics_endpoint_answers_only_get_metrics(tmp_path):
