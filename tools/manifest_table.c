@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "manifest_build.h"
+#include "datahelix/error.h"
 #include "remote/remote_lib.h"
 
 typedef struct field {
@@ -70,7 +71,10 @@ static int take_row(table_t *t, const mb_where_t *where, const char *path, const
     url = url || dh__url_scheme(abs) != DH_URL_NONE;
     struct stat st = {.st_mode = S_IFREG};
     int rc = 0;
-    if (!url && stat(abs, &st) != 0) {
+    if (url && dh__url_check_host(abs) != 0) {
+        rc = mb_error("%s: %s", mb_where_text(w, sizeof w, where, t->opt->path_col),
+                      dh_last_error());
+    } else if (!url && stat(abs, &st) != 0) {
         int err = errno;
         if (err == ENOENT && t->opt->skip_missing) {
             if (t->report->skipped_missing++ < 10)

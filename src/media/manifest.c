@@ -132,8 +132,15 @@ static int append_entry(dh_manifest_t *m, const char *dir, json_t *root, const c
         m->entries = grown;
         m->cap = cap;
     }
-    /* an absolute path, or a URL (http, https, s3: read by range requests, docs/remote.md) */
-    bool absolute = rel[0] == '/' || dh__url_scheme(rel) != DH_URL_NONE;
+    /* an absolute path, or a URL (http, https, s3: read by range requests, docs/remote.md),
+     * which must name a host or bucket */
+    bool is_url = dh__url_scheme(rel) != DH_URL_NONE;
+    if (is_url) {
+        if (dh__url_check_host(rel))
+            return dh__set_error(DH_ESCHEMA, "%s:%zu: field 'path': %s", path, line,
+                                 dh_last_error());
+    }
+    bool absolute = rel[0] == '/' || is_url;
     size_t id_len = strlen(id), dir_len = absolute ? 0 : strlen(dir), rel_len = strlen(rel),
            cap_len = strlen(caption), range_len = strlen(range);
     char *block = dh_malloc(id_len + 1 + range_len + dir_len + 1 + rel_len + 1 + cap_len + 1);

@@ -47,6 +47,11 @@ typedef struct dh__url {
  * scheme's hook instead). Pure. */
 int dh__url_parse(const char *url, dh__url_t *out);
 
+/* 0 if `url` (a scheme dh__url_scheme knows) names a host or bucket after its "://", else
+ * DH_EINVAL with a message naming it. The rest is not checked: an s3:// key may hold any
+ * byte (the S3 hooks encode it), and a request says what is wrong with a path. Pure. */
+int dh__url_check_host(const char *url);
+
 /* The URL as errors and logs print it: the query string (which may carry a presigned
  * signature, X-Amz-Signature, a token) replaced by "?...". Writes into buf (truncated to
  * size) and returns it. Pure. */

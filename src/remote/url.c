@@ -47,6 +47,14 @@ static int refuse(const char *url, const char *why)
                          dh__url_redact(url, shown, sizeof shown), why);
 }
 
+int dh__url_check_host(const char *url)
+{
+    const char *sep = strstr(url, "://");
+    if (!sep || !sep[3] || sep[3] == '/' || sep[3] == '?' || sep[3] == '#')
+        return dh__set_error(DH_EINVAL, "%.200s: names no host or bucket", url);
+    return 0;
+}
+
 int dh__url_parse(const char *url, dh__url_t *out)
 {
     memset(out, 0, sizeof *out);

@@ -11,6 +11,7 @@
 #include "fuzz.h"
 #include "datahelix/error.h"
 #include "datahelix/manifest.h"
+#include "remote/remote_lib.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -30,6 +31,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             path = strstr(path, ",,:");
             FUZZ_CHECK(path);
             path += 3;
+        }
+        if (dh__url_scheme(path) != DH_URL_NONE) { /* a URL is kept as written, naming a host */
+            FUZZ_CHECK(dh__url_check_host(path) == 0);
+            continue;
         }
         FUZZ_CHECK(path[0] == '/' || strncmp(path, "data/set/", 9) == 0);
         FUZZ_CHECK(strlen(path) > (path[0] == '/' ? 0 : 9));

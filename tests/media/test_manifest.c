@@ -53,6 +53,9 @@ static void manifest_errors_name_line_and_field(void **state)
     dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\n");
     assert_int_equal(dh_manifest_load(path, &m), DH_EPARSE);
     assert_non_null(strstr(dh_last_error(), ":1: not JSON"));
+    dh_test_write_file(path, "{\"id\":\"v0\",\"path\":\"s3://\"}\n");
+    assert_int_equal(dh_manifest_load(path, &m), DH_ESCHEMA);
+    assert_non_null(strstr(dh_last_error(), ":1: field 'path': s3://: names no host"));
     dh_test_write_file(path, "[1]\n");
     assert_int_equal(dh_manifest_load(path, &m), DH_EPARSE);
     assert_int_equal(dh_manifest_load(dh_test_path("missing.jsonl"), &m), -ENOENT);

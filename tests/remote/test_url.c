@@ -74,6 +74,19 @@ static void bad_urls_are_refused_by_name(void **state)
     }
 }
 
+/* A manifest's URL path must name a host or bucket; what follows is the server's to judge. */
+static void a_url_without_host_is_told(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"s3://", "https://", "s3:///key", "http://?q", "http:/"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(dh__url_check_host(bad[i]), DH_EINVAL);
+        assert_non_null(strstr(dh_last_error(), "names no host or bucket"));
+    }
+    assert_int_equal(dh__url_check_host("s3://b/a key with spaces.mp4"), 0);
+    assert_int_equal(dh__url_check_host("https://mp4"), 0);
+}
+
 static void credentials_in_a_url_are_refused_unprinted(void **state)
 {
     (void)state;
@@ -100,6 +113,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(parses_http_https_and_s3),
     cmocka_unit_test(scheme_is_told_by_prefix),
     cmocka_unit_test(bad_urls_are_refused_by_name),
+    cmocka_unit_test(a_url_without_host_is_told),
     cmocka_unit_test(credentials_in_a_url_are_refused_unprinted),
     cmocka_unit_test(redaction_drops_the_query),
 };
