@@ -35,6 +35,8 @@ struct dh_wire_socket {
     int auth_error;        /* a handshake failure seen (its code), reported by every check */
     bool connected;        /* a TCP connection was once made (the monitor said so) */
     bool handshake_ok;     /* a ZMTP handshake once succeeded: a DataHelix peer answers there */
+    unsigned unexplained;  /* handshakes in a row that failed without ZeroMQ saying why while
+                            * a ZeroMQ peer answered the probe (dh__wire_auth_check) */
     const char *peer_role; /* what the endpoint should be ("coordinator"), for messages */
     char auth_msg[768];    /* and its message */
     char endpoint[256];    /* the last endpoint bound or connected, for messages */
@@ -247,6 +249,8 @@ int dh__wire_auth_check(dh_wire_socket_t *s)
         if (event == ZMQ_EVENT_CONNECTED || event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             s->connected = true;
             s->handshake_ok |= event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+            if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+                s->unexplained = 0;
             continue;
         }
         /* A mechanism mismatch or a refused key is ZeroMQ talking; a closed connection or a
@@ -262,6 +266,11 @@ int dh__wire_auth_check(dh_wire_socket_t *s)
             }
             if (found != DH__WIRE_PROBE_ZMTP)
                 continue; /* gone meanwhile: ZeroMQ connects again */
+            /* A ZeroMQ peer answers, but the handshake was cut without a reason: a peer that
+             * wants keys does that on every try; a peer killed mid-handshake and restarted at
+             * the same endpoint (a coordinator's restart) does it once. Three in a row. */
+            if (++s->unexplained < 3)
+                continue;
         }
         const char *dir = s->keys ? dh_wire_keys_dir(s->keys) : NULL;
         if (!s->keys)
