@@ -74,16 +74,17 @@ int dh_bench_write_json(FILE *f, const dh_bench_options_t *o, const dh_bench_rep
                 "\"input_wait_p99_s\":%.6g,\"batch_ready_p95_s\":%.6g,\"ddl_miss_rate\":%.6g,"
                 "\"barrier_wait_mean_s\":%.6g,"
                 "\"sched_us_per_decision\":%.6g,\"ideal_sps\":%.9g,\"efficiency\":%.9g,"
-                "\"balance\":%.9g,\"balance_bound\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,\"max_"
+                "\"balance\":%.9g,\"balance_bound\":%.9g,\"cores\":%u,\"cpu_work_s\":%.9g,"
+                "\"cpu_before_window_s\":%.9g,\"max_"
                 "compute_sum_s\":%.9g,"
                 "\"mean_compute_sum_s\":%.9g,\"samples\":%.0f,\"bound_cores\":%u,\"fanout\":%u,"
                 "\"prefetch\":%u,\"prefetch_reached\":%u,\"wall_s\":%.9g,\"peak_rss_mb\":%.1f",
                 s->throughput_sps, s->input_wait_p50_s, s->input_wait_p95_s, s->input_wait_p99_s,
                 s->batch_ready_p95_s, s->ddl_miss_rate, s->barrier_wait_mean_s,
                 s->sched_us_per_decision, s->ideal_sps, s->efficiency, s->balance, s->balance_bound,
-                s->cores, s->cpu_work_s, s->max_compute_sum_s, s->mean_compute_sum_s, s->samples,
-                s->bound_cores, s->fanout, s->prefetch, s->prefetch_reached, s->wall_s,
-                s->peak_rss_mb);
+                s->cores, s->cpu_work_s, s->cpu_before_window_s, s->max_compute_sum_s,
+                s->mean_compute_sum_s, s->samples, s->bound_cores, s->fanout, s->prefetch,
+                s->prefetch_reached, s->wall_s, s->peak_rss_mb);
         fprintf(f,
                 ",\"peak_pss_mb\":%.1f,\"pss_sampler_cpu_s\":%.3f,\"task_budget_mb\":%.1f,"
                 "\"task_heap_peak_mb\":%.1f",

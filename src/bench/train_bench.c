@@ -106,6 +106,7 @@ static void *rank_main(void *arg)
     const dh_bench_options_t *opt = run->opt;
     uint32_t total = opt->warmup + opt->steps;
     if (opt->warmup == 0) {
+        rc->window_in_ns = dh_clock_now_ns();
         pthread_barrier_wait(&run->barrier);
         if (rc->rank == 0) {
             run->t_begin = dh_clock_now_ns();
@@ -156,6 +157,10 @@ static void *rank_main(void *arg)
         pthread_barrier_wait(&run->barrier);
         uint64_t t3 = dh_clock_now_ns();
         st->barrier_s = dh_clock_elapsed_s(t2, t3);
+        if (s + 1 == opt->warmup)
+            rc->window_in_ns = t2;
+        if (s + 1 == total)
+            rc->window_out_ns = t3;
         if (rc->rank == 0) {
             if (s + 1 == opt->warmup) {
                 run->t_begin = t3;
@@ -176,6 +181,20 @@ static void *rank_main(void *arg)
         }
     }
     return NULL;
+}
+
+/* Of a measured step's CPU work in the run's seconds (cpu_s x scale), the most that could
+ * have run before the window opened at t_begin: all of it for a batch ready by then; for one
+ * requested before and ready after, each sample on one worker for the time since the request. */
+static double cpu_before(const step_rec_t *st, uint64_t t_begin, double scale)
+{
+    double work = st->cpu_s * scale;
+    if (!st->req_ns || st->req_ns >= t_begin)
+        return 0;
+    if (st->ready_ns && st->ready_ns <= t_begin)
+        return work;
+    double most = dh_clock_elapsed_s(st->req_ns, t_begin) * st->samples;
+    return work < most ? work : most;
 }
 
 /* Trace events of one system (Chrome / Perfetto JSON, microseconds). */
@@ -319,6 +338,12 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
         pthread_join(threads[r], NULL);
         dh_bench_prefetch_destroy(&ranks[r].stage);
     }
+    for (uint32_t r = 0; r < opt->ranks; r++) { /* the window (train_run.h) */
+        if (r == 0 || ranks[r].window_in_ns > run.t_begin)
+            run.t_begin = ranks[r].window_in_ns;
+        if (r == 0 || ranks[r].window_out_ns < run.t_end)
+            run.t_end = ranks[r].window_out_ns;
+    }
     for (uint32_t r = 0; r < opt->ranks; r++)
         if (ranks[r].rc) {
             rc = dh__set_error(ranks[r].rc, "bench: %s: %s", sp->name, ranks[r].error);
@@ -335,6 +360,7 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
         goto done;
     }
     double samples = 0, misses = 0, barrier_sum = 0, mean_sum = 0, max_sum = 0, cpu = 0;
+    double before = 0; /* CPU work that could have run before the window (train_bench.h) */
     for (uint32_t s = opt->warmup; s < total; s++) {
         double mx = 0, sum = 0;
         for (uint32_t r = 0; r < opt->ranks; r++) {
@@ -347,6 +373,7 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
             misses += st->wait_s > threshold;
             barrier_sum += st->barrier_s;
             cpu += st->cpu_s;
+            before += cpu_before(st, run.t_begin, opt->dataset ? 1 : opt->time_scale);
             sum += st->compute_s;
             if (st->compute_s > mx)
                 mx = st->compute_s;
@@ -377,6 +404,7 @@ static int run_system(const dh_bench_options_t *opt, const dh_bench_system_t *sp
     res->barrier_wait_mean_s = n ? barrier_sum / (double)n : 0;
     /* CPU work in the run's seconds (emulated costs are slept x time_scale) */
     res->cpu_work_s = cpu * (opt->dataset ? 1 : opt->time_scale);
+    res->cpu_before_window_s = before;
     res->max_compute_sum_s = max_sum;
     res->mean_compute_sum_s = mean_sum;
     res->samples = samples;

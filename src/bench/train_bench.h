@@ -62,26 +62,31 @@ typedef struct dh_bench_system_result {
                            * partitioned exactly by their actual tokens (see
                            * docs/benchmarks.md, "The balance bound") */
     double wall_s;
-    double peak_rss_mb;        /* the bench process's peak resident memory when this system's run
-                                * ended (getrusage: a running maximum over the systems so far) */
-    double peak_pss_mb;        /* the most memory the process held during this system's run
-                                * (proportional set size, sampled every 100 ms or less often,
-                                * at most 2% of a core: train_run.h; an arena page mapped
-                                * twice counts once) */
-    double pss_sampler_cpu_s;  /* CPU seconds the Pss sampler's readings took (train_run.h) */
-    double task_budget_mb;     /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
-    double task_heap_peak_mb;  /* the most of it reserved at once during this run: at most the
-                                * budget, or one task alone larger than it */
-    double client_start_s;     /* the mean time to create one client (dh_client_new), from the
-                                * first call to the training loop's start: the clients are
-                                * made one after another and each prefetches from its
-                                * creation, so rank r's loader starts (ranks - 1 - r) x this
-                                * ahead of the loop (simulate: the value it modelled) */
-    double cpu_work_s;         /* actual CPU seconds of the samples consumed in the measured steps
-                                * (emulated: their actual costs x time_scale) */
-    double max_compute_sum_s;  /* the largest rank's compute, summed per step */
-    double mean_compute_sum_s; /* the mean rank's compute, summed per step */
-    double samples;            /* consumed in the measured steps */
+    double peak_rss_mb;         /* the bench process's peak resident memory when this system's run
+                                 * ended (getrusage: a running maximum over the systems so far) */
+    double peak_pss_mb;         /* the most memory the process held during this system's run
+                                 * (proportional set size, sampled every 100 ms or less often,
+                                 * at most 2% of a core: train_run.h; an arena page mapped
+                                 * twice counts once) */
+    double pss_sampler_cpu_s;   /* CPU seconds the Pss sampler's readings took (train_run.h) */
+    double task_budget_mb;      /* the DataServers' task memory budget (DH_OUTPUT_BUDGET) */
+    double task_heap_peak_mb;   /* the most of it reserved at once during this run: at most the
+                                 * budget, or one task alone larger than it */
+    double client_start_s;      /* the mean time to create one client (dh_client_new), from the
+                                 * first call to the training loop's start: the clients are
+                                 * made one after another and each prefetches from its
+                                 * creation, so rank r's loader starts (ranks - 1 - r) x this
+                                 * ahead of the loop (simulate: the value it modelled) */
+    double cpu_work_s;          /* actual CPU seconds of the samples consumed in the measured steps
+                                 * (emulated: their actual costs x time_scale) */
+    double cpu_before_window_s; /* of cpu_work_s, at most this much could have run before the
+                                 * window opened: batches ready before its first barrier, and
+                                 * of those requested before it, the part the time since their
+                                 * request allows. A deep buffer filled in the warm-up lets a
+                                 * system run above ideal_sps by up to this much work */
+    double max_compute_sum_s;   /* the largest rank's compute, summed per step */
+    double mean_compute_sum_s;  /* the mean rank's compute, summed per step */
+    double samples;             /* consumed in the measured steps */
     /* The process's CPU seconds (user, system) and minor page faults over the measured window
      * (getrusage between its first and last barrier), per sample consumed in it: everything
      * the process ran (decode, copies, first touch of fresh pages, clients, ranks), so

@@ -46,6 +46,8 @@ typedef struct rank_ctx {
     dh_bench_prefetch_t *stage; /* pool: its copy stage, which alone calls next() */
     step_rec_t *steps;          /* warmup + steps */
     double copy_bytes;          /* emulated bytes of pool's copies */
+    uint64_t window_in_ns;      /* arrived at the barrier that opens the measured window */
+    uint64_t window_out_ns;     /* left the barrier that closes it */
     int rc;
     char error[512];
 } rank_ctx_t;
@@ -57,6 +59,10 @@ struct run {
     size_t n_refs;
     double a, b; /* seconds (already time-scaled) */
     pthread_barrier_t barrier;
+    /* The measured window: while running, rank 0's clock after the barriers (its progress
+     * lines); after the run, from the last rank's arrival at the opening barrier to the
+     * first rank's exit from the closing one, so it holds the barriers' releases whichever
+     * rank the scheduler wakes late */
     uint64_t t_begin, t_end;
     /* the process's CPU seconds (user, system) and minor page faults at t_begin and t_end
      * (getrusage, taken by rank 0 just after the barrier) */

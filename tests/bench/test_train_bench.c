@@ -1,11 +1,11 @@
 /* Tests of the training-loop benchmark harness (bench/train_bench.h): every system runs to
  * the end on a tiny emulated cluster, the metrics are within their definitions (efficiency
- * at most 1, the bound and balance as the JSON's own inputs give them, every system doing
- * the same CPU work under the default misprediction noise), the transfers counted per
- * system, the prediction error per system, tier 2's counts per system (ddlb, and off with
- * rebalance 0), the JSON report and the trace are well formed, the noise is seeded and
- * mean-one, and bad options name the option. Timings and ratios are not asserted (that is
- * the benchmark's job, not a test's), but for one with a wide margin: pool's copy overlaps
+ * at most 1 but for the work that could run before the window, the bound and balance as the JSON's
+ * own inputs give them, every system doing the same CPU work under the default misprediction
+ * noise), the transfers counted per system, the prediction error per system, tier 2's counts per
+ * system (ddlb, and off with rebalance 0), the JSON report and the trace are well formed, the noise
+ * is seeded and mean-one, and bad options name the option. Timings and ratios are not asserted
+ * (that is the benchmark's job, not a test's), but for one with a wide margin: pool's copy overlaps
  * the step. */
 #include <jansson.h>
 #include <math.h>
@@ -60,10 +60,21 @@ static void bench_runs_every_system_within_definitions(void **state)
         assert_int_equal(s->cores, cores[i]);
         assert_true(s->throughput_sps > 0);
         assert_true(s->ideal_sps > 0);
-        /* nothing beats its own bound (sleeps only overshoot; 2% for the clock) */
-        if (!(s->efficiency > 0 && s->efficiency <= 1.02))
-            print_error("%s: efficiency %.4f\n", s->name, s->efficiency);
-        assert_true(s->efficiency > 0 && s->efficiency <= 1.02);
+        /* nothing beats its own bound (sleeps only overshoot; 2% for the clock) but by the
+         * work its buffer could have done before the window opened: a loop held up in the
+         * warm-up (a loaded machine) starts the window on a full buffer */
+        assert_true(s->cpu_before_window_s >= 0 &&
+                    s->cpu_before_window_s <= s->cpu_work_s * (1 + 1e-9));
+        double credited = (s->cpu_work_s - s->cpu_before_window_s) / s->bound_cores;
+        if (credited < s->max_compute_sum_s)
+            credited = s->max_compute_sum_s;
+        double most = credited > 0 ? 1.02 * s->samples / credited : INFINITY;
+        if (!(s->efficiency > 0 && s->throughput_sps <= most))
+            print_error("%s: efficiency %.4f, %.2f samples/s, at most %.2f (%.4f s of %.4f s "
+                        "of CPU work could run before the window)\n",
+                        s->name, s->efficiency, s->throughput_sps, most, s->cpu_before_window_s,
+                        s->cpu_work_s);
+        assert_true(s->efficiency > 0 && s->throughput_sps <= most);
         assert_true(s->balance > 0 && s->balance <= 1.0 + 1e-9);
         /* no plan keeping the steps' samples beats the exact partition of each step */
         if (!(s->balance <= s->balance_bound + 1e-9 && s->balance_bound <= 1.0 + 1e-9))
@@ -135,6 +146,7 @@ static void bench_runs_every_system_within_definitions(void **state)
         double eff = json_number_value(json_object_get(sys, "efficiency"));
         double tput = json_number_value(json_object_get(sys, "throughput_sps"));
         assert_true(json_is_integer(json_object_get(sys, "cores")));
+        assert_true(json_is_number(json_object_get(sys, "cpu_before_window_s")));
         assert_true(samples == 2 * 2 * 6 && bcores > 0 && cpu > 0 && mx > 0);
         double bound = cpu / bcores > mx ? cpu / bcores : mx;
         if (fabs(ideal - samples / bound) > 1e-6 * ideal || fabs(bal - mean / mx) > 1e-6 ||
