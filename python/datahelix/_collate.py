@@ -228,3 +228,13 @@ def remember(known: Structure, sigs: Dict[str, Sig]) -> None:
         if sig[0] != "none":
             known.sigs.setdefault(key, sig)
 
+
+def row_keys(rows: List[Dict[str, Any]]) -> List[str]:
+    """The dataset keys of a batch's JSON rows, in first-seen order over all rows (a failed
+    sample's row is empty: the keys cannot be read from one row), less the worker's own."""
+    keys: Dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in RESERVED:
+                keys[k] = None
+    return list(keys)

@@ -1,5 +1,5 @@
-"""The DataLoader: its arguments, one client per pass, resume state, and each batch as a
-dict of torch tensors."""
+"""The DataLoader: its arguments, one client per pass, and its resume state (each batch's
+conversion is _convert.py's, the resume arithmetic resume.py's)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _C
 from ._C import DataHelixError, InvalidArgumentError
-from ._meta import join_meta, load_manifest_meta, warn_if_profiles_dropped
+from ._convert import BatchConverter
+from ._meta import load_manifest_meta, warn_if_profiles_dropped
 from ._torch_args import (_pin_memory_arg, _prefetch_of, _refuse_torch_only, _seed_arg,
                           _source_or_dataset, _workers_arg)
 from .cluster import (_DEFAULT_ARENA, Cluster, _env_int, _keys,
@@ -21,7 +22,6 @@ from . import resume as _resume
 from .rebalance import _rebalance_config
 from .sources import (_TOKEN_PLANS, _dataset_source, _load_costs, _pipeline_json,
                       _warn_if_probed_otherwise, _with_sample_timeout, blend, resolve_source)
-from .workers import _row_keys
 
 
 def _dist_group() -> Optional[Tuple[int, int]]:
@@ -384,8 +384,10 @@ class DataLoader:
             self._client_kwargs["rebalance"] = rebalance_spec
             _rebalance_loaders.add(self)
         self.rebalance = rebalance_spec is not None
-        self._captions, self._meta = load_manifest_meta(paths["manifest"])
-        warn_if_profiles_dropped(self.profiles, paths["manifest"], len(self._captions))
+        captions, meta = load_manifest_meta(paths["manifest"])
+        warn_if_profiles_dropped(self.profiles, paths["manifest"], len(captions))
+        self._to_torch = BatchConverter(dataset is not None, captions, meta,
+                                        self._learned if self._costs_path else None)
         self._epoch = 0
         self._pinned = True    # the next pass is self._epoch (set_epoch, load_state_dict, the
         #                        first pass); else it is the one after the last pass's
@@ -567,10 +569,6 @@ class DataLoader:
 
     # -- resume ---------------------------------------------------------------------------
 
-    _STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window",
-                   "epochs", "max_steps", "drop_last")
-    # the settings an elastic resume (another world size) may change
-    _ELASTIC_KEYS = ("batch_size", "world_size")
     KEEP = _resume.KEEP
 
     def state_dict(self) -> Dict[str, Any]:
@@ -590,7 +588,7 @@ class DataLoader:
         own = self._resume_step or self._yielded  # the pass's own steps
         state: Dict[str, Any] = {"version": 1, "rank": self.rank, "epoch": self._epoch,
                                  "step": own + self._pass_shift}
-        for key in self._STATE_KEYS:
+        for key in _resume.STATE_KEYS:
             state[key] = getattr(self, key)
         state["position"] = self._pass_sample + own * self.world_size * self.batch_size
         state["first_sample"] = self._pass_sample
@@ -635,17 +633,8 @@ class DataLoader:
             self._close_client()  # len()'s client, or a pass no batch was taken from
         if keep is None:
             keep = self.elastic_keep
-        elastic = "world_size" in state and state["world_size"] != self.world_size
-        if keep is not None and keep not in self.KEEP:
-            raise InvalidArgumentError(f"keep must be one of {list(self.KEEP)} or None, "
-                                       f"not {keep!r}")
-        for key in self._STATE_KEYS:
-            if elastic and key in self._ELASTIC_KEYS:
-                continue
-            if key in state and state[key] != getattr(self, key):
-                raise InvalidArgumentError(
-                    f"state_dict: {key} was {state[key]!r}, this loader has "
-                    f"{getattr(self, key)!r}: the order would differ")
+        settings = {key: getattr(self, key) for key in _resume.STATE_KEYS}
+        elastic = _resume.check_order(state, keep, settings)
         step, first = _resume.resume_point(state)
         if elastic:
             if "batch_size" not in state:
@@ -690,105 +679,3 @@ class DataLoader:
         if self._client is not None:
             return self._client.stats()
         return dict(self._last_stats)
-
-    # -- conversion -----------------------------------------------------------------------
-
-    def _to_torch(self, batch: "_C.Batch") -> Dict[str, Any]:
-        """The batch as a dict: the dataset's keys (tensors, lists), then the loader's own
-        metadata (sample_ids, errors, info, tokens; indices with a Python dataset, captions
-        without), always all of it at ``batch["__datahelix__"]`` and each also at its own
-        name unless a dataset key has that name (the dataset's wins there; a warning says so
-        once). With on_error="skip", keys a failed batch lacks (every sample of it failed,
-        or its collate_fn) are filled from the earlier batches: zeros, masks false, lists of
-        None (docs/python.md, "A batch's keys")."""
-        import torch
-        from ._collate import LOADER_KEYS, META_KEY
-
-        out: Dict[str, Any] = {}
-        info = batch.info
-        for name, tensor in batch.tensors().items():
-            t = torch.from_dlpack(tensor)
-            out[name] = t
-            if name == "frames" or (self.dataset is not None and "arena" not in info):
-                # (base, bytes) of the shared-memory arena holding the frames (a Python
-                # dataset's: its first array); None when they came by copy (a spilled batch)
-                info["arena"] = tensor.arena()
-        samples = batch.samples()
-        ids = [s[0] for s in samples]
-        loader: Dict[str, Any] = {}
-        meta = out.pop("__meta__", None)
-        if meta is not None:  # a Python dataset's other values, a JSON row per sample
-            rows = self._meta_rows(meta, samples)
-            for key in _row_keys(rows):
-                out[key] = [r.get(key) for r in rows]
-            loader["indices"] = [int(i) for i in ids]
-        loader["tokens"] = torch.tensor([s[1] for s in samples], dtype=torch.int64)
-        loader["sample_ids"] = ids
-        # drop_last=False: the pads of an epoch's last step (repeats of its first samples)
-        loader["padded"] = torch.tensor(batch.padded(), dtype=torch.bool)
-        if self.dataset is None:
-            loader["captions"] = [self._captions.get(i, "") for i in ids]
-            join_meta(out, ids, self._meta)  # labels by id: tensors or lists (_meta.py)
-        loader["errors"] = [s[3] for s in samples]
-        loader["info"] = info
-        out.pop(META_KEY, None)  # never a dataset's: the worker refuses the name
-        # the dataset keys seen in batches (name -> (dtype, shape, batch size) or None for a
-        # list), to give a batch whose samples all failed the same keys; and the loader's
-        # names a dataset key shadows (warned once each)
-        if "_keys_seen" not in self.__dict__:
-            self._keys_seen: Dict[str, Any] = {}
-            self._shadowed: set = set()
-        if any(s[2] for s in samples):
-            self._fill_missing(out, len(samples))
-        self._learn_keys(out, len(samples))
-        for name in LOADER_KEYS:
-            if name not in loader:
-                continue
-            if name in out:
-                if name not in self._shadowed:
-                    self._shadowed.add(name)
-                    import warnings
-                    warnings.warn(f"the dataset has a key '{name}', which the loader also "
-                                  f"gives: batch['{name}'] is the dataset's, the loader's is "
-                                  f"batch['{META_KEY}']['{name}']", stacklevel=3)
-            else:
-                out[name] = loader[name]
-        out[META_KEY] = loader
-        return out
-
-    def _learn_keys(self, out: Dict[str, Any], b: int) -> None:
-        """Remembers each dataset key of a batch (a tensor's dtype and shape, or a list), for
-        the batches whose samples all failed (_fill_missing)."""
-        import torch
-        for name, value in out.items():
-            if isinstance(value, torch.Tensor):
-                self._keys_seen[name] = (value.dtype, tuple(value.shape), b)
-            else:
-                self._keys_seen[name] = None
-
-    def _fill_missing(self, out: Dict[str, Any], b: int) -> None:
-        import torch
-        for name, seen in self._keys_seen.items():
-            if name in out:
-                continue
-            if seen is None:
-                out[name] = [None] * b
-                continue
-            dtype, shape, seen_b = seen
-            if shape and shape[0] == seen_b:  # a batch dimension: this batch's
-                shape = (b,) + shape[1:]
-            out[name] = torch.zeros(shape, dtype=dtype)
-
-    def _meta_rows(self, meta: Any, samples: List[Any]) -> List[Dict[str, Any]]:
-        raw = meta.numpy()
-        rows = []
-        for i in range(raw.shape[0]):
-            text = raw[i].tobytes().rstrip(b"\0")
-            rows.append(json.loads(text) if text else {})
-        if self._costs_path:
-            for row, s in zip(rows, samples):
-                if s[2] == 0 and "__cpu_s" in row:
-                    self._learned[s[0]] = {"cpu_s": float(row["__cpu_s"]),
-                                           "tokens": float(s[1]),
-                                           "out_bytes": float(row.get("__bytes", 0))}
-        return rows

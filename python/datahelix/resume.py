@@ -1,8 +1,7 @@
-"""Resume across world sizes (docs/python.md, "Elastic resume"): merging the ranks' states
-and the step (and sample) at which a loader of another world size or batch resumes a saved
-one. Pure
-functions of the states and the loader's settings; ``DataLoader.merge_states`` and
-``DataLoader.load_state_dict`` call them."""
+"""Resume (docs/python.md, "Resume" and "Elastic resume"): the settings a state must match,
+merging the ranks' states, and the step (and sample) at which a loader of another world size
+or batch resumes a saved one. Pure functions of the states and the loader's settings;
+``DataLoader.merge_states`` and ``DataLoader.load_state_dict`` call them."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -11,6 +10,28 @@ from ._C import InvalidArgumentError
 
 #: what an elastic resume may keep fixed: the global batch or the per-rank batch
 KEEP = ("global_batch", "rank_batch")
+#: the loader's settings a pass's order depends on (a state saves them, a resume checks them)
+STATE_KEYS = ("seed", "shuffle", "batch_size", "world_size", "plan", "plan_window", "epochs",
+              "max_steps", "drop_last")
+#: of those, the ones an elastic resume (another world size) may change
+ELASTIC_KEYS = ("batch_size", "world_size")
+
+
+def check_order(state: Dict[str, Any], keep: Optional[str], settings: Dict[str, Any]) -> bool:
+    """Whether a loader with these ``settings`` (STATE_KEYS) resumes ``state`` elastically
+    (another world size). Raises InvalidArgumentError for an unknown ``keep`` and naming a
+    setting that differs where the order would not be the same."""
+    elastic = "world_size" in state and state["world_size"] != settings["world_size"]
+    if keep is not None and keep not in KEEP:
+        raise InvalidArgumentError(f"keep must be one of {list(KEEP)} or None, not {keep!r}")
+    for key in STATE_KEYS:
+        if elastic and key in ELASTIC_KEYS:
+            continue
+        if key in state and state[key] != settings[key]:
+            raise InvalidArgumentError(
+                f"state_dict: {key} was {state[key]!r}, this loader has {settings[key]!r}: "
+                f"the order would differ")
+    return elastic
 
 
 def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """The DataServer's Python worker processes as the training process sees them, in torch's
 terms: ``get_worker_info`` (inside a worker), ``default_collate`` (what a worker makes of a
-list of samples), and the dataset keys of a batch's JSON rows."""
+list of samples)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def default_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
     the list, the key and both types (docs/datasets.md, "The default collate")."""
     import numpy as np
     from . import _worker
+    from ._collate import row_keys
     samples = list(samples)
     for k, s in enumerate(samples):
         if not isinstance(s, dict):
@@ -40,18 +41,7 @@ def default_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
         arr = np.empty(shape, dtype=dtype)
         fill(arr)
         out[name] = arr
-    for key in _row_keys(rows):
+    for key in row_keys(rows):
         out[key] = [r.get(key) for r in rows]
     return out
 
-
-def _row_keys(rows: List[Dict[str, Any]]) -> List[str]:
-    """The dataset keys of a batch's JSON rows, in first-seen order over all rows (a failed
-    sample's row is empty: the keys cannot be read from one row), less the worker's own."""
-    from ._collate import RESERVED
-    keys: Dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            if k not in RESERVED:
-                keys[k] = None
-    return list(keys)
