@@ -195,7 +195,49 @@ static __attribute__((unused)) void cl_wait_lines(const char *path, int lines, i
     cl_wait_log(path, "\n", lines, timeout_ms);
 }
 
-/* Asserts the process exits with `code` within timeout_ms (printing its log if not). */
+/* For a failed process: the lines of the test's other logs (coordinator, DataServers,
+ * other ranks) that name its pid (a client's name carries it), and each one's last lines,
+ * so a failure that happens once in a CI run shows what its peers saw. */
+static __attribute__((unused)) void cl_print_peer_logs(const cl_proc_t *p)
+{
+    char dir[512], pid[32];
+    snprintf(dir, sizeof dir, "%s", dh_test_path(""));
+    snprintf(pid, sizeof pid, "%d", (int)p->pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char path[1024];
+        snprintf(path, sizeof path, "%s%s", dir, e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".log") != 0 || strcmp(path, p->log) == 0)
+            continue;
+        char *text = cl_read(path);
+        int lines = 0;
+        for (const char *c = text; *c; c++)
+            lines += *c == '\n';
+        fprintf(stderr, "---- %s: lines naming pid %s, then its last 15 lines ----\n", e->d_name,
+                pid);
+        int at = 0;
+        for (char *line = text, *next; *line; line = next, at++) {
+            next = strchr(line, '\n');
+            next = next ? next + 1 : line + strlen(line);
+            bool tail = at >= lines - 15;
+            char saved = *next;
+            *next = '\0';
+            if (tail || strstr(line, pid))
+                fputs(line, stderr);
+            *next = saved;
+        }
+        free(text);
+    }
+    closedir(d);
+    fflush(stderr);
+}
+
+/* Asserts the process exits with `code` within timeout_ms (printing its log, and what its
+ * peers logged of it, if not). */
 static __attribute__((unused)) void cl_expect_exit(cl_proc_t *p, int code, int timeout_ms)
 {
     int st = cl_wait_exit(p, timeout_ms);
@@ -205,6 +247,7 @@ static __attribute__((unused)) void cl_expect_exit(cl_proc_t *p, int code, int t
                     code, st < 0 ? " (still running)" : "");
         cl_print_log(text);
         free(text);
+        cl_print_peer_logs(p);
         cl_signal(p, SIGKILL);
         cl_wait_exit(p, 5000);
         fail();
