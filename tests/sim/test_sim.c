@@ -259,7 +259,7 @@ static void bad_options_are_named(void **state)
  *   - The time model is not slower than the runtime: load only lengthens the runtime's
  *     sleeps and wake-ups, so its throughput is at most what an idle machine gives, which
  *     the model must reach within 10% (tier 2 can land a better balance in bench than in the
- *     model: measured up to +2%). A DataServer worker missing fails it (44.1 against 92.3
+ *     model: measured up to +2.1%). A DataServer worker missing fails it (44.1 against 92.3
  *     samples/s), the compute charged from estimated tokens fails the compute sum; the
  *     copies overlap the compute here, so dropping their charge changes nothing this test
  *     or the old one could see (docs/simulator.md). */
