@@ -1,8 +1,8 @@
 /* Tests of the simulator (sim/sim.c): every system runs to the end within the metrics'
  * definitions and does the same CPU work, a run is deterministic, the placement function
  * can be switched (one that delegates to dh_place decides the same), thousands of ranks
- * and servers run beyond the bench's limits, bad options are named, the validation
- * against `bench --emulate` on the same seed (docs/simulator.md, "Validation"), every
+ * and servers run beyond the bench's limits, bad options are named, what the simulator and
+ * `bench --emulate` agree on under any load (docs/simulator.md, "Validation"), every
  * system keeps one in-flight depth by default, and pool's copy overlaps the compute. */
 #include <math.h>
 #include <stdio.h>
@@ -239,27 +239,37 @@ static void bad_options_are_named(void **state)
     assert_non_null(strstr(dh_last_error(), "--client-start-ms"));
 }
 
-/* The validation (docs/simulator.md, "Validation"): the 8-rank emulated paper layout, 30
- * measured steps after 10, through the real runtime (bench --emulate) and through the
- * simulator on the same seed: helix, and native on 16 cores (2 a rank), loading-bound, so
- * that its wait p95 lies well inside its tail of misses (~18% of rank-steps): with the
- * default 32 cores native misses ~6%, and the p95 of 240 waits (the 12th largest) sits on
- * the edge where waits jump from 0 to tens of ms; one rank-step more or less then moves it
- * from 5 ms to 67 ms (measured: bench 0.067 s, simulate 0.005 s, misses 5.8% and 5.0%).
- * Tolerances for a run this short:
- *   - throughput within 10% (the full run agrees to 0.1-1%);
- *   - miss rate within 10% of bench's or 2.5 points: a rank-step is 0.42 points of 240,
- *     and a batch landing within a few ms of its step's start on the bench's loaded 2-core
- *     machine can count either way;
- *   - input-wait p95 within 10% of bench's or 1 ms: helix's waits are the cost of a next()
- *     call that finds its batch ready (tens of us in the runtime, 0 in the model), far
- *     below the 1 ms floor and the 6.6 ms miss threshold. */
+/* The simulator against the runtime it models, on the same seed: the 8-rank emulated paper
+ * layout, 30 measured steps after 10, through the real runtime (dh_bench_run, --emulate:
+ * its sample costs and compute are sleeps on the wall clock) and through dh_sim_run, each
+ * system with the clients' creation time bench measured for it; native on 16 cores (2 a
+ * rank, loading-bound) and helix (tier 2 on).
+ *
+ * Only what the two must agree on whatever the machine's load is asserted here. The
+ * wall-clock agreement (throughput, miss rate, wait p95 within 10%) is the benchmark's,
+ * `make sim-validate` (docs/simulator.md, "Validation"): on a loaded machine the runtime's
+ * sleeps and wake-ups run late by what the model cannot know (measured, 3 busy loops beside
+ * this test on 2 cores: native's wait p95 0.3552 s against the model's 0.4045, -12%, and
+ * helix's misses 1.7% against 0), and a test that fails on the machine's load is a defect.
+ *   - The same samples in every measured step, with the same actual CPU work (tier 1's
+ *     plan, the noise model): samples and cpu_work_s equal; the same compute, a x tokens +
+ *     b per rank-step (tier 2 keeps each rank's count in its step): mean_compute_sum_s
+ *     equal, and the balance bound of each step's tokens; native, without tier 2, the same
+ *     rank for every batch: max_compute_sum_s and balance equal.
+ *   - The time model is not slower than the runtime: load only lengthens the runtime's
+ *     sleeps and wake-ups, so its throughput is at most what an idle machine gives, which
+ *     the model must reach within 10% (tier 2 can land a better balance in bench than in the
+ *     model: measured up to +2.1%). A DataServer worker missing fails it (44.1 against 92.3
+ *     samples/s), the compute charged from estimated tokens fails the compute sum; the
+ *     copies overlap the compute here, so dropping their charge changes nothing this test
+ *     or the old one could see (docs/simulator.md). */
 static void sim_agrees_with_bench_emulate(void **state)
 {
     (void)state;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    /* bench's side runs the real runtime on the wall clock: under a sanitizer's slowdown it
-     * measures the sanitizer (CI saw helix's wait p95 at 3.5 ms against the model's 0) */
+    /* bench's half is 40 steps of 8 ranks on the wall clock (about 30 s unsanitized) and
+     * checks the model, not the runtime: the sanitizers' runs check the runtime through
+     * bench's own tests */
     skip();
 #endif
     dh_bench_options_t b;
@@ -285,16 +295,22 @@ static void sim_agrees_with_bench_emulate(void **state)
         assert_true(o.client_start_s > 0);
         assert_int_equal(dh_sim_run(&o, &sim[i]), 0);
         const dh_bench_system_result_t *x = &real.systems[i], *y = &sim[i].systems[0];
-        fprintf(stderr,
-                "%s: bench %.1f samples/s, miss %.3f, wait p95 %.4f s; simulate %.1f, %.3f, "
-                "%.4f s\n",
-                x->name, x->throughput_sps, x->ddl_miss_rate, x->input_wait_p95_s,
-                y->throughput_sps, y->ddl_miss_rate, y->input_wait_p95_s);
-        assert_close(y->throughput_sps, x->throughput_sps, 0.10 * x->throughput_sps);
-        assert_close(y->ddl_miss_rate, x->ddl_miss_rate, fmax(0.10 * x->ddl_miss_rate, 0.025));
-        /* a wait below the miss threshold is the machine's jitter, which the model has not */
-        assert_close(y->input_wait_p95_s, x->input_wait_p95_s,
-                     fmax(0.10 * x->input_wait_p95_s, fmax(real.deadline_threshold_s, 0.001)));
+        print_message("%s: bench %.1f samples/s, miss %.3f, wait p95 %.4f s, cpu %.6f s, "
+                      "compute mean %.6f max %.6f s; simulate %.1f, %.3f, %.4f s, %.6f, %.6f, "
+                      "%.6f s\n",
+                      x->name, x->throughput_sps, x->ddl_miss_rate, x->input_wait_p95_s,
+                      x->cpu_work_s, x->mean_compute_sum_s, x->max_compute_sum_s, y->throughput_sps,
+                      y->ddl_miss_rate, y->input_wait_p95_s, y->cpu_work_s, y->mean_compute_sum_s,
+                      y->max_compute_sum_s);
+        assert_close(y->samples, x->samples, 0);
+        assert_close(y->cpu_work_s, x->cpu_work_s, 1e-9 * x->cpu_work_s);
+        assert_close(y->mean_compute_sum_s, x->mean_compute_sum_s, 1e-9 * x->mean_compute_sum_s);
+        assert_close(y->balance_bound, x->balance_bound, 1e-9);
+        if (!x->rebalance) {
+            assert_close(y->max_compute_sum_s, x->max_compute_sum_s, 1e-9 * x->max_compute_sum_s);
+            assert_close(y->balance, x->balance, 1e-9);
+        }
+        assert_true(y->throughput_sps >= 0.9 * x->throughput_sps);
         dh_bench_report_clear(&sim[i]);
     }
     dh_bench_report_clear(&real);
