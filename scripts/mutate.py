@@ -187,7 +187,7 @@ MUTANTS = [
     ("coordinator-never-declares-dead", "src/runtime/coordinator_liveness.c",
      "if (now - s->last_seen_ns <= (uint64_t)limit * 1000000ull)",
      "if (now - s->last_seen_ns <= (uint64_t)limit * 1000000000ull)",
-     r"^runtime\.(test_client\.client_asks_again_when_named_server_is_gone|test_coordinator_liveness\.limit_follows)"),
+     r"^runtime\.(test_client_cluster\.client_asks_again_when_named_server_is_gone|test_coordinator_liveness\.limit_follows)"),
     ("budget-never-waits", "src/runtime/dataserver_output_budget.c",
      "while (g_reserved > 0 && g_reserved + bytes > budget && !atomic_load(stop)) {",
      "while (g_reserved > 0 && g_reserved > budget && !atomic_load(stop)) {",
