@@ -1,5 +1,6 @@
-/* fuzz_profiles.c: the profiles JSONL reader (src/model/profile.c) on untrusted text,
- * including its own scanner of the raw line that keeps unknown fields verbatim ("extra").
+/* fuzz_profiles.c: the profiles JSONL reader (src/model/profile_read.c) on untrusted text,
+ * including its own scanner of the raw line that keeps unknown fields verbatim ("extra",
+ * profile_extra.c).
  *
  * The input is a whole profiles file (dh_profile_set_load_buffer). Checked on an accepted
  * one: each row written back (dh_profile_row_write) reads back as the same row, every field

@@ -1,4 +1,5 @@
-/* fuzz_wire.c: the wire codec's validating decoder (src/wire/codec.c) on untrusted frames.
+/* fuzz_wire.c: the wire codec's validating decoder (src/wire/codec.c, its reader in
+ * codec_values.c) on untrusted frames.
  *
  * Input layout (tests/fuzz/gen_wire_corpus.c writes the seeds this way):
  *

@@ -1,4 +1,4 @@
-/* Tests of the profile set and its JSONL reader/writer (src/model/profile.c,
+/* Tests of the profile set and its JSONL reader/writer (src/model/profile*.c,
  * docs/profiles.md): round trips, every schema error with its file:line and field, odd
  * files (CRLF, blank lines, truncation, empty, huge, very long lines), key interning and
  * allocation failure. */

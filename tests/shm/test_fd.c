@@ -4,7 +4,9 @@
  * error naming the call and the socket, with no fd or allocation left behind, nothing half
  * sent (a failed send leaves the socket empty) and nothing lost (a failed receive leaves the
  * message queued: the next receive gets it); the same socket pair carries the next hand-over.
- * The arena side (memfd_create, ftruncate, mmap) is swept in test_arena.c. */
+ * The arena side (memfd_create, ftruncate, mmap) is swept in test_arena.c. In any build: a
+ * message without exactly one fd is refused, and a peer that hangs up is DH_EEOF. */
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -129,9 +131,76 @@ static void shm_recv_fd_fails_cleanly_at_every_hit(void **state)
     channel_close(&c);
 }
 
+static long open_fd_count(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    long n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static void expect_error(int rc, int want, const char *text)
+{
+    if (rc != want || !strstr(dh_last_error(), text))
+        print_error("got %s (%s), want %s with '%s'\n", dh_err_name(rc), dh_last_error(),
+                    dh_err_name(want), text);
+    assert_int_equal(rc, want);
+    assert_non_null(strstr(dh_last_error(), text));
+}
+
+/* Any build: a message must carry exactly one fd (two are both closed, none kept), and a
+ * peer that hangs up is DH_EEOF. */
+static void shm_recv_fd_rejects_messages_without_one_fd(void **state)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    long fds = open_fd_count();
+    int fd = 12345;
+    /* data without an fd */
+    assert_int_equal(write(sv[0], "x", 1), 1);
+    expect_error(dh_shm_recv_fd(sv[1], &fd), DH_EPARSE, "expected one fd, got 0");
+    assert_int_equal(fd, -1);
+    /* two fds in one message: both are closed, none returned */
+    int two[2] = {sv[0], sv[0]};
+    char byte = 'F';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof two)];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof two);
+    memcpy(CMSG_DATA(c), two, sizeof two);
+    assert_int_equal(sendmsg(sv[0], &msg, 0), 1);
+    expect_error(dh_shm_recv_fd(sv[1], &fd), DH_EPARSE, "expected one fd, got 2");
+    assert_int_equal(open_fd_count(), fds);
+    /* one good fd */
+    assert_int_equal(dh_shm_send_fd(sv[0], sv[0]), 0);
+    assert_int_equal(dh_shm_recv_fd(sv[1], &fd), 0);
+    assert_true(fd >= 0);
+    assert_int_equal(open_fd_count(), fds + 1);
+    close(fd);
+    /* the peer hangs up */
+    close(sv[0]);
+    expect_error(dh_shm_recv_fd(sv[1], &fd), DH_EEOF, "peer closed");
+    assert_int_equal(dh_shm_send_fd(sv[1], sv[1]), -EPIPE);
+    close(sv[1]);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(shm_send_fd_fails_cleanly_at_every_hit),
     cmocka_unit_test(shm_recv_fd_fails_cleanly_at_every_hit),
+    cmocka_unit_test(shm_recv_fd_rejects_messages_without_one_fd),
 };
 
 DH_TEST_MAIN(tests)
