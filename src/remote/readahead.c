@@ -9,6 +9,7 @@
  * (dh__remote_cache_use) nothing is queued: the bytes would have nowhere to go. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,8 @@ typedef struct item {
     struct item *next;
     char *url;
     int64_t start, end; /* object offsets [start, end) */
+    int64_t align;      /* fetched from start and to end rounded to this: a cache block, or
+                         * a reader block for a head cut short by what was learned */
     uint64_t tag;
     atomic_bool cancel;
 } item_t;
@@ -44,6 +47,85 @@ static struct {
 } ra = {.mu = PTHREAD_MUTEX_INITIALIZER,
         .work = PTHREAD_COND_INITIALIZER,
         .idle = PTHREAD_COND_INITIALIZER};
+
+/* What the last reads of a source needed: per source (dh__fetch_source_key: scheme and
+ * host or bucket) and kind (a tar member, a whole clip), the prefix the last LEARN_LAST
+ * readers read from their range's start, contiguously (dh__remote_readahead_learn, at a
+ * remote file's close). A range of a taught source is read ahead only as far as the largest
+ * of them: a long clip of which a few frames are sampled gets its head (an MP4's index and
+ * what follows it), a short clip read whole gets all of it. */
+#define LEARN_SOURCES 32
+#define LEARN_LAST 8
+static struct {
+    pthread_mutex_t mu;
+    struct {
+        char source[DH__FETCH_SOURCE_MAX];
+        bool member;
+        unsigned n, next;
+        uint64_t prefix[LEARN_LAST];
+        uint64_t used;
+    } e[LEARN_SOURCES];
+    uint64_t tick;
+} learn = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The slot of (source, member); a new one (the least recently used) when `make`; -1. */
+static int learn_slot(const char *source, bool member, bool make)
+{
+    int lru = 0;
+    for (int i = 0; i < LEARN_SOURCES; i++) {
+        if (learn.e[i].n && learn.e[i].member == member && strcmp(learn.e[i].source, source) == 0)
+            return i;
+        if (learn.e[i].used < learn.e[lru].used)
+            lru = i;
+    }
+    if (!make)
+        return -1;
+    memset(&learn.e[lru], 0, sizeof learn.e[lru]);
+    snprintf(learn.e[lru].source, sizeof learn.e[lru].source, "%s", source);
+    learn.e[lru].member = member;
+    return lru;
+}
+
+void dh__remote_readahead_learn(const char *url, bool member, uint64_t prefix)
+{
+    char source[DH__FETCH_SOURCE_MAX];
+    dh__fetch_source_key(url, source);
+    pthread_mutex_lock(&learn.mu);
+    int i = learn_slot(source, member, true);
+    learn.e[i].prefix[learn.e[i].next] = prefix;
+    learn.e[i].next = (learn.e[i].next + 1) % LEARN_LAST;
+    if (learn.e[i].n < LEARN_LAST)
+        learn.e[i].n++;
+    learn.e[i].used = ++learn.tick;
+    pthread_mutex_unlock(&learn.mu);
+}
+
+void dh__remote_readahead_forget(void)
+{
+    pthread_mutex_lock(&learn.mu);
+    memset(learn.e, 0, sizeof learn.e);
+    pthread_mutex_unlock(&learn.mu);
+}
+
+/* The bytes from a range's start that the last reads of url's source needed, rounded up
+ * to a reader block; -1 when none was learned. */
+static int64_t learned_head(const char *url, bool member)
+{
+    char source[DH__FETCH_SOURCE_MAX];
+    dh__fetch_source_key(url, source);
+    int64_t head = -1;
+    pthread_mutex_lock(&learn.mu);
+    int i = learn_slot(source, member, false);
+    if (i >= 0) {
+        uint64_t m = 0;
+        for (unsigned k = 0; k < learn.e[i].n; k++)
+            m = learn.e[i].prefix[k] > m ? learn.e[i].prefix[k] : m;
+        head = (int64_t)((m + DH_REMOTE_BLOCK - 1) / DH_REMOTE_BLOCK * DH_REMOTE_BLOCK);
+        learn.e[i].used = ++learn.tick;
+    }
+    pthread_mutex_unlock(&learn.mu);
+    return head;
+}
 
 static void configure(void)
 {
@@ -86,7 +168,7 @@ static int interrupted(void *opaque)
 
 static void fetch_item(item_t *it, uint8_t *buf)
 {
-    const int64_t B = (int64_t)dh__remote_cache_block();
+    const int64_t B = it->align;
     dh__remote_interrupt_t intr = {interrupted, it};
     int64_t at = it->start / B * B;
     uint64_t got_all = 0;
@@ -152,8 +234,15 @@ int dh__remote_readahead(const char *url, int64_t start, int64_t end, uint64_t t
         return 0;
     if (start < 0)
         start = 0;
+    bool member = end >= 0;
     if (end < 0 || end - start > (int64_t)DH_READAHEAD_RANGE_MAX)
         end = start + (int64_t)(end < 0 ? DH_READAHEAD_HEAD : DH_READAHEAD_RANGE_MAX);
+    int64_t align = (int64_t)dh__remote_cache_block();
+    int64_t head = learned_head(url, member);
+    if (head >= 0 && 2 * head < end - start) { /* (a range read mostly whole: all of it) */
+        end = start + (head > 0 ? head : (int64_t)DH_REMOTE_BLOCK);
+        align = (int64_t)DH_REMOTE_BLOCK; /* fragments at the edges: only what is needed */
+    }
     if (end <= start)
         return 0;
     pthread_mutex_lock(&ra.mu);
@@ -176,6 +265,7 @@ int dh__remote_readahead(const char *url, int64_t start, int64_t end, uint64_t t
     it->url = copy;
     it->start = start;
     it->end = end;
+    it->align = align;
     it->tag = tag;
     while (ra.n_threads < ra.threads_max) {
         if (pthread_create(&ra.threads[ra.n_threads], NULL, thread_main,

@@ -45,6 +45,8 @@ struct dh__remote_file {
     int64_t next_pos; /* object offset right after the window last read: sequential reads */
     size_t readahead; /* bytes of the next fetch, a multiple of DH_REMOTE_BLOCK */
     uint64_t bytes_read, bytes_fetched;
+    uint64_t
+        prefix; /* bytes of the range read contiguously from its start (read-ahead learns it) */
 };
 
 static int http_fetch(void *ctx, const char *url, int64_t offset, size_t len, void *buf,
@@ -234,6 +236,8 @@ int dh__remote_file_read(dh__remote_file_t *f, int64_t pos, void *buf, size_t le
         w->used = ++f->tick;
         f->next_pos = w->off + (int64_t)w->len; /* a fetch from here runs on */
     }
+    if (pos <= (int64_t)f->prefix && (uint64_t)pos + *got > f->prefix)
+        f->prefix = (uint64_t)pos + *got;
     f->bytes_read += *got;
     dh__remote_count_read(*got);
     return 0;
@@ -272,6 +276,8 @@ void dh__remote_file_close(dh__remote_file_t **pf)
 {
     if (!pf || !*pf)
         return;
+    if ((*pf)->bytes_read) /* what the read-ahead of this source's next ranges fetches */
+        dh__remote_readahead_learn((*pf)->url, (*pf)->end >= 0, (*pf)->prefix);
     for (int i = 0; i < WINDOWS; i++)
         dh_free((*pf)->windows[i].data);
     dh_free((*pf)->url);

@@ -254,11 +254,14 @@ void dh__brace_free(char **strings, size_t count);
 
 /* ---- the cache in use (cache_fetch.c) and read-ahead (readahead.c) ------------------------ */
 
-/* The cache's blocks by default: a miss of one 8 KiB reader block fetches its whole 64 KiB
- * cache block (docs/remote.md, "The cache in use": the bytes-fetched trade). DH_CACHE_BLOCK
- * (bytes, a multiple of 8 KiB up to 1 MiB) sets another size at dh__remote_cache_use. */
+/* The cache's blocks by default: a fetch that covers a missing 64 KiB block whole fetches and
+ * stores it whole; one that needs part of it fetches and stores the 8 KiB fragments it needs
+ * (docs/remote.md, "The cache in use": the bytes-fetched trade; DH_CACHE_FRAGMENTS=0: whole
+ * blocks only). DH_CACHE_BLOCK (bytes, a multiple of 8 KiB up to 1 MiB) sets another size at
+ * dh__remote_cache_use. */
 #define DH_REMOTE_CACHE_BLOCK ((size_t)64 << 10)
-/* Read-ahead of a whole object (a clip at a URL, size unknown): its first bytes. */
+/* Read-ahead of a whole object (a clip at a URL, size unknown): its first bytes, until the
+ * source's last reads teach less (dh__remote_readahead_learn). */
 #define DH_READAHEAD_HEAD ((size_t)1 << 20)
 /* Read-ahead of a byte range (a tar member): at most its first bytes. */
 #define DH_READAHEAD_RANGE_MAX ((size_t)8 << 20)
@@ -289,6 +292,9 @@ typedef struct dh__remote_cache_stats {
     uint64_t bytes_network; /* bytes their range GETs received */
     uint64_t put_errors;    /* blocks that could not be stored (no room, I/O): fetched only */
     uint64_t waited_hits;   /* blocks found after waiting for another thread's fetch of them */
+    uint64_t requests;      /* range GETs the cache made (tries not counted: http's) */
+    uint64_t puts;          /* entries stored (whole blocks and fragments; files made) */
+    uint64_t fragment_puts; /* of which 8 KiB fragments of partly needed blocks */
     uint64_t bytes_held, bytes_max, evictions; /* the directory's, and this process's */
     /* read-ahead: ranges queued, fetched, cancelled (by their task, or a stop), dropped
      * (over the byte bound), failed (their fetch's error; the decode meets it again), and
@@ -305,6 +311,12 @@ void dh__remote_cache_stats(dh__remote_cache_stats_t *out);
  * the queue's bytes would pass DH_READAHEAD_BYTES (64 MiB; counted as dropped). Threads:
  * DH_READAHEAD_THREADS (2), started at the first range. 0 or DH_ENOMEM. Thread-safe. */
 int dh__remote_readahead(const char *url, int64_t start, int64_t end, uint64_t tag);
+/* Notes that a reader of url (a byte range of it when member, else the whole object) read
+ * its first `prefix` bytes contiguously: the read-ahead of the source's next ranges fetches
+ * as far as the largest of the last 8 (docs/remote.md, "Read-ahead"). Thread-safe. */
+void dh__remote_readahead_learn(const char *url, bool member, uint64_t prefix);
+/* Forgets what was learned (tests: a source read for the first time). */
+void dh__remote_readahead_forget(void);
 /* Drops the queued ranges tagged tag and stops its running ones at their next request. */
 void dh__remote_readahead_cancel(uint64_t tag);
 /* Waits until no range is queued or running (tests). */

@@ -137,9 +137,10 @@ static void a_few_frames_of_a_long_clip_fetch_a_fraction_of_it(void **state)
     assert_true(fetched < (uint64_t)sb.st_size / 2);
 }
 
-/* Through the local cache (remote/cache_fetch.c): the first decode fetches the 64 KiB cache
- * blocks its reads touch, a second decode of the same clip makes no request. Prints what
- * the cache's blocks cost over the demuxer's sparse reads of a long clip (docs/remote.md). */
+/* Through the local cache (remote/cache_fetch.c): the first decode fetches the cache blocks
+ * its reads cover whole and the 8 KiB fragments of the others, a second decode of the same
+ * clip makes no request (64 KiB and 16 KiB blocks). Prints what the first decode fetched
+ * (docs/remote.md; tests/media/test_remote_cache_bytes.c compares the schemes). */
 static void a_second_decode_through_the_cache_makes_no_request(void **state)
 {
     (void)state;
