@@ -2,9 +2,11 @@
  * passes of dh_pipeline_decode over a manifest's clips on one thread (THWC uint8, the
  * decode-bench spec), nothing else (docs/pipeline.md, "The bound, and the overhead outside
  * the decoder"). With "recycle", each sample's buffer is handed back to the pipeline
- * (dh__pipeline_recycle, as the data server does) instead of freed. Not built by CMake:
+ * (dh__pipeline_recycle, as the data server does) instead of freed. Decoder reuse across
+ * samples is on unless DH_DECODER_REUSE=0; the decoders opened and reused go to stderr. Not
+ * built by CMake:
  *
- *   cc -O2 -Iinclude bench/decode/dh_passes.c -o dh_passes build/libdatahelix.a -ljansson \
+ *   cc -O2 -Iinclude -Isrc bench/decode/dh_passes.c -o dh_passes build/libdatahelix.a -ljansson \
  *      -lzmq -lmicrohttpd -lavformat -lavcodec -lswscale -lavutil -lcurl -lcrypto -lexpat \
  *      -pthread -lm
  *   perf stat -e task-clock,page-faults taskset -c 1 ./dh_passes DIR/manifest.jsonl 3 [recycle]
@@ -16,8 +18,7 @@
 #include "datahelix/error.h"
 #include "datahelix/manifest.h"
 #include "datahelix/pipeline.h"
-
-void dh__pipeline_recycle(dh_pipeline_t *pipeline, dh_sample_t *sample); /* media_lib.h */
+#include "media/pipeline_internal.h" /* dh__pipeline_recycle, dh__pipeline_decoders */
 
 int main(int argc, char **argv)
 {
@@ -52,6 +53,9 @@ int main(int argc, char **argv)
             else
                 dh_sample_clear(&s);
         }
+    fprintf(stderr, "decoders opened %lld, reused %lld\n",
+            (long long)dh__pipeline_decoders(p)->opened,
+            (long long)dh__pipeline_decoders(p)->reused);
     dh_pipeline_destroy(&p);
     dh_manifest_destroy(&m);
     return rc ? 4 : 0;

@@ -9,7 +9,8 @@
  * not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
  *
  * One decoder thread (thread_count = 1): the data server runs many samples in parallel,
- * which scales better. Frame index <-> pts: the time base and average frame rate (constant
+ * which scales better; the last sample's decoder, flushed, when the stream's parameters
+ * match (decoder_reuse.c). Frame index <-> pts: the time base and average frame rate (constant
  * rate), or a table of every frame's pts (variable rate). dh__pipeline_decode_batch decodes
  * a request list and hands the samples to dh_collate (collate.c).
  */
@@ -40,6 +41,7 @@ struct dh_pipeline {
     dh_pipeline_spec_t spec;
     dh__converter_t converter; /* its scaler and scratch are reused across samples */
     dh__spares_t spares;       /* output buffers handed back (dh__pipeline_recycle) */
+    dh__decoders_t decoders;   /* the decoder of the last sample, for the next (decoder_reuse.c) */
     int64_t redecoded;         /* of the last sample: dh__pipeline_redecoded */
 };
 
@@ -78,6 +80,7 @@ int dh_pipeline_new(dh_pipeline_t **out, const dh_pipeline_spec_t *spec)
         return dh__set_error(DH_ENOMEM, "pipeline: out of memory");
     p->spec = *spec;
     dh__converter_init(&p->converter, spec);
+    dh__decoders_init(&p->decoders);
     *out = p;
     return 0;
 }
@@ -88,6 +91,7 @@ void dh_pipeline_destroy(dh_pipeline_t **pp)
         return;
     dh__converter_clear(&(*pp)->converter);
     dh__spares_clear(&(*pp)->spares);
+    dh__decoders_clear(&(*pp)->decoders);
     dh_free(*pp);
     *pp = NULL;
 }
@@ -95,6 +99,18 @@ void dh_pipeline_destroy(dh_pipeline_t **pp)
 int64_t dh__pipeline_redecoded(const dh_pipeline_t *pipeline)
 {
     return pipeline->redecoded;
+}
+
+const dh__decoders_t *dh__pipeline_decoders(const dh_pipeline_t *pipeline)
+{
+    return &pipeline->decoders;
+}
+
+void dh__pipeline_set_decoder_reuse(dh_pipeline_t *pipeline, bool on)
+{
+    pipeline->decoders.off = !on;
+    if (!on)
+        dh__decoders_clear(&pipeline->decoders);
 }
 
 const dh_pipeline_spec_t *dh_pipeline_spec(const dh_pipeline_t *pipeline)
@@ -459,7 +475,7 @@ static void decoder_clip_info(const decoder_t *d, dh_clip_info_t *clip)
         clip->duration_s = 1.0 / clip->fps;
 }
 
-static int decoder_open_codec(decoder_t *d)
+static int decoder_open_codec(dh_pipeline_t *p, decoder_t *d)
 {
     char msg[AV_ERROR_MAX_STRING_SIZE];
     const AVCodecParameters *par = d->st->codecpar;
@@ -472,17 +488,10 @@ static int decoder_open_codec(decoder_t *d)
                              d->path, avcodec_get_name(par->codec_id),
                              av_fourcc_make_string(tag, par->codec_tag));
     }
-    if (!(d->codec = avcodec_alloc_context3(codec)) || !(d->pkt = av_packet_alloc()) ||
-        !(d->frame = av_frame_alloc()))
+    if (!(d->pkt = av_packet_alloc()) || !(d->frame = av_frame_alloc()))
         return dh__set_error(DH_ENOMEM, "%s: out of memory", d->path);
-    int averr = avcodec_parameters_to_context(d->codec, par);
-    if (averr >= 0) {
-        /* One thread per decoder: the data server decodes many samples in parallel. */
-        d->codec->thread_count = 1;
-        d->codec->thread_type = 0;
-        d->codec->pkt_timebase = d->st->time_base;
-        averr = avcodec_open2(d->codec, codec, NULL);
-    }
+    /* the last sample's decoder when the stream's parameters match (decoder_reuse.c) */
+    int averr = dh__decoders_take(&p->decoders, d->st, codec, &d->codec);
     if (averr < 0)
         return dh__set_error(code_of(averr), "%s: cannot open the %s decoder: %s", d->path,
                              codec->name, av_message(averr, msg, sizeof msg));
@@ -766,11 +775,13 @@ static int decode_sample(dh_pipeline_t *p, const char *path, const dh_sample_ove
         }
     }
     if (rc == 0)
-        rc = decoder_open_codec(&d);
+        rc = decoder_open_codec(p, &d);
     if (rc == 0)
         rc = alloc_output(p, out, path, d.rotation);
     if (rc == 0)
         rc = decode_planned(p, &d, out);
+    if (rc == 0) /* a decoder that failed is not trusted with the next sample */
+        dh__decoders_give(&p->decoders, &d.codec, d.st);
     decoder_close(&d);
     return rc;
 }

@@ -17,6 +17,9 @@
 #include "datahelix/pipeline.h"
 #include "media/media_lib.h"
 
+struct AVCodec;
+struct AVCodecContext;
+struct AVCodecParameters;
 struct AVStream;
 struct AVFormatContext;
 
@@ -113,5 +116,41 @@ void *dh__spares_take(dh__spares_t *spares, size_t need);
  * is full it frees its oldest buffers, or `data` itself when that alone is over the byte cap.
  * NULL: nothing. */
 void dh__spares_give(dh__spares_t *spares, void *data, size_t cap);
+
+/* The open decoder a pipeline keeps for its next sample (decoder_reuse.c). One thread at a
+ * time (the pipeline's). */
+typedef struct dh__decoders {
+    struct AVCodecContext *codec;  /* kept, not yet flushed; NULL: none */
+    struct AVCodecParameters *par; /* the stream parameters it was opened with */
+    struct {
+        int num, den;
+    } time_base;    /* the stream's, which the decoder's pkt_timebase is */
+    bool off;       /* DH_DECODER_REUSE=0: every sample opens its own */
+    int64_t opened; /* decoders opened (avcodec_open2) */
+    int64_t reused; /* samples given the kept decoder */
+} dh__decoders_t;
+
+/* Empty; reads DH_DECODER_REUSE. */
+void dh__decoders_init(dh__decoders_t *decoders);
+
+/* Frees the kept decoder; `decoders` is empty (and may be used again). */
+void dh__decoders_clear(dh__decoders_t *decoders);
+
+/* An open decoder (`codec`, one thread) for stream `st`: the kept one, flushed, when `st`'s
+ * parameters equal those it was opened with, else a new one. Returns 0 or an FFmpeg error
+ * (nothing kept is lost). */
+int dh__decoders_take(dh__decoders_t *decoders, const struct AVStream *st,
+                      const struct AVCodec *codec, struct AVCodecContext **out);
+
+/* Keeps *codec (taken for stream `st`, which it decoded without error) for a later take,
+ * in place of the one kept; frees it when reuse is off. *codec is NULL after. */
+void dh__decoders_give(dh__decoders_t *decoders, struct AVCodecContext **codec,
+                       const struct AVStream *st);
+
+/* The pipeline's decoder counts (for tests). */
+const dh__decoders_t *dh__pipeline_decoders(const dh_pipeline_t *pipeline);
+
+/* Turns reuse on or off for this pipeline (off frees the kept decoder). For tests. */
+void dh__pipeline_set_decoder_reuse(dh_pipeline_t *pipeline, bool on);
 
 #endif
