@@ -16,7 +16,6 @@
  */
 #include <assert.h>
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +23,6 @@
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
-#include <libavutil/display.h>
 #include <libavutil/log.h>
 
 #include "datahelix/alloc.h"
@@ -140,8 +138,7 @@ static int code_of(int averr)
     return DH_EIO;
 }
 
-/* av_read_frame behind its fault site (fault.h): a read error, as a failing disk gives. */
-static int read_packet(AVFormatContext *fmt, AVPacket *pkt)
+int dh__read_packet(AVFormatContext *fmt, AVPacket *pkt)
 {
     return DH_FAULT(DH_FAULT_MEDIA_READ) ? AVERROR(EIO) : av_read_frame(fmt, pkt);
 }
@@ -225,7 +222,7 @@ static int build_pts_table(decoder_t *d)
     int64_t cap = 0;
     int averr;
     d->n_pts = 0;
-    while ((averr = read_packet(d->fmt, pkt)) >= 0) {
+    while ((averr = dh__read_packet(d->fmt, pkt)) >= 0) {
         int64_t ts = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
         bool ours = pkt->stream_index == d->stream && ts != AV_NOPTS_VALUE;
         av_packet_unref(pkt);
@@ -258,77 +255,6 @@ static int build_pts_table(decoder_t *d)
         d->n_pts = n;
     }
     return 0;
-}
-
-/* Degrees clockwise a display matrix turns the picture (0, 90, 180, 270), or -1 (mirrored,
- * or another angle). */
-static int rotation_of_matrix(const int32_t *matrix)
-{
-    /* mirrored: the 2x2 part's determinant is negative */
-    if ((double)matrix[0] * matrix[4] - (double)matrix[1] * matrix[3] < 0)
-        return -1;
-    double ccw = av_display_rotation_get(matrix); /* counter-clockwise, (-180, 180] */
-    if (isnan(ccw) || fabs(ccw - (double)lrint(ccw)) > 0.5)
-        return -1;
-    long cw = ((-lrint(ccw) % 360) + 360) % 360;
-    return cw % 90 == 0 ? (int)cw : -1;
-}
-
-int dh__display_rotation(const AVStream *st)
-{
-    size_t size = 0;
-    const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, &size);
-    return m && size >= 9 * sizeof(int32_t) ? rotation_of_matrix((const int32_t *)m) : 0;
-}
-
-bool dh__still_image(const AVFormatContext *fmt)
-{
-    const char *name = fmt->iformat->name;
-    size_t n = strlen(name);
-    return strcmp(name, "image2") == 0 || (n > 5 && strcmp(name + n - 5, "_pipe") == 0);
-}
-
-int dh__image_rotation(AVFormatContext *fmt, int stream, int *rotation)
-{
-    *rotation = 0;
-    const AVCodecParameters *par = fmt->streams[stream]->codecpar;
-    if (par->codec_id != AV_CODEC_ID_MJPEG)
-        return 0; /* only JPEG's EXIF orientation reaches FFmpeg's frames */
-    const AVCodec *codec = avcodec_find_decoder(par->codec_id);
-    AVCodecContext *ctx = codec ? avcodec_alloc_context3(codec) : NULL;
-    AVPacket *pkt = av_packet_alloc();
-    AVFrame *frame = av_frame_alloc();
-    int averr = !codec ? AVERROR_DECODER_NOT_FOUND : (!ctx || !pkt || !frame) ? AVERROR(ENOMEM) : 0;
-    if (averr == 0 && (averr = avcodec_parameters_to_context(ctx, par)) >= 0) {
-        ctx->thread_count = 1;
-        averr = avcodec_open2(ctx, codec, NULL);
-    }
-    bool sent_eof = false;
-    while (averr >= 0) {
-        averr = avcodec_receive_frame(ctx, frame);
-        if (averr == 0)
-            break;
-        if (averr != AVERROR(EAGAIN) || sent_eof)
-            break;
-        averr = read_packet(fmt, pkt);
-        if (averr == AVERROR_EOF) {
-            sent_eof = true;
-            averr = avcodec_send_packet(ctx, NULL);
-        } else if (averr >= 0) {
-            if (pkt->stream_index == stream)
-                averr = avcodec_send_packet(ctx, pkt);
-            av_packet_unref(pkt);
-        }
-    }
-    if (averr == 0) {
-        const AVFrameSideData *sd = av_frame_get_side_data(frame, AV_FRAME_DATA_DISPLAYMATRIX);
-        if (sd && sd->size >= 9 * sizeof(int32_t))
-            *rotation = rotation_of_matrix((const int32_t *)sd->data);
-    }
-    av_frame_free(&frame);
-    av_packet_free(&pkt);
-    avcodec_free_context(&ctx);
-    return averr;
 }
 
 const char *dh__subfile_range(const char *path, long long *start, long long *end)
@@ -594,7 +520,7 @@ static int next_frame(decoder_t *d, int64_t *index, int64_t *last_index)
         if (d->draining)
             return AVERROR_EOF;
         for (;;) {
-            averr = read_packet(d->fmt, d->pkt);
+            averr = dh__read_packet(d->fmt, d->pkt);
             if (averr == AVERROR_EOF) {
                 d->draining = true;
                 averr = avcodec_send_packet(d->codec, NULL);

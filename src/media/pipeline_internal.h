@@ -22,10 +22,15 @@ struct AVCodecContext;
 struct AVCodecParameters;
 struct AVStream;
 struct AVFormatContext;
+struct AVPacket;
+
+/* av_read_frame behind its fault site (fault.h, DH_FAULT_MEDIA_READ): a read error, as a
+ * failing disk gives. decode.c. */
+int dh__read_packet(struct AVFormatContext *fmt, struct AVPacket *pkt);
 
 /* How many degrees clockwise a player turns the stream's picture for display, from its
  * display matrix (phone videos): 0 (none), 90, 180 or 270; -1 when the matrix mirrors the
- * picture or turns it by another angle (which the pipeline does not apply). decode.c;
+ * picture or turns it by another angle (which the pipeline does not apply). orientation.c;
  * probe.c refuses -1. */
 int dh__display_rotation(const struct AVStream *st);
 
