@@ -166,8 +166,9 @@ class Link:
                     f"  client_body_temp_path {nd}/t1; proxy_temp_path {nd}/t2;\n"
                     f"  fastcgi_temp_path {nd}/t3; uwsgi_temp_path {nd}/t4; scgi_temp_path {nd}/t5;\n"
                     f"  server {{ listen {self.ns_ip}:8080; root {www}; }} }}\n")
-        self.nginx = subprocess.Popen(["ip", "netns", "exec", self.ns, "nginx", "-p", nd, "-c",
-                                       conf, "-e", f"{nd}/error.log"], start_new_session=True)
+        self.nginx = subprocess.Popen(STORAGE_CPU + ["ip", "netns", "exec", self.ns, "nginx", "-p",
+                                                     nd, "-c", conf, "-e", f"{nd}/error.log"],
+                                      start_new_session=True)
         wait_port(self.ns_ip, 8080, "nginx")
 
     def close(self):
@@ -178,9 +179,22 @@ class Link:
 
 
 STATS = re.compile(r"remote reads: (.*)$", re.M)
+#: --pin: the data plane (coordinator, DataServer, consume) on CPU 0, the storage side (nginx,
+#: the delay proxy) on CPU 1, so the storage's CPU, which a real object store spends on its own
+#: machines, is not taken from the decoders; [] unpinned
+DATA_CPU, STORAGE_CPU = [], []
 
 
-def epoch(work, profiles, n, workers, cache_dir, readahead, tag):
+def cpu_seconds(pid):
+    """user + system CPU seconds of a live process so far (/proc/PID/stat), 0 if gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def epoch(work, profiles, n, workers, cache_dir, readahead, tag, storage_pids=()):
     logs = os.path.join(work, "logs", tag)
     os.makedirs(logs, exist_ok=True)
     port = free_port()
@@ -190,11 +204,11 @@ def epoch(work, profiles, n, workers, cache_dir, readahead, tag):
     procs = []
     try:
         clog = open(os.path.join(logs, "coordinator.log"), "w")
-        coord = subprocess.Popen([CLI, "coordinator", "--listen", ep], stderr=subprocess.STDOUT,
+        coord = subprocess.Popen(DATA_CPU + [CLI, "coordinator", "--listen", ep], stderr=subprocess.STDOUT,
                                  stdout=clog, start_new_session=True)
         procs.append(coord)
         wait_port("127.0.0.1", port, "coordinator")
-        sargs = [CLI, "server", "--coordinator", ep, "--role", "local", "--node", "n0",
+        sargs = DATA_CPU + [CLI, "server", "--coordinator", ep, "--role", "local", "--node", "n0",
                  "--workers", str(workers), "--arena-mb", "512", "--name", "ds0"]
         if cache_dir:
             sargs += ["--cache-dir", cache_dir, "--cache-bytes", "4G"]
@@ -203,11 +217,13 @@ def epoch(work, profiles, n, workers, cache_dir, readahead, tag):
         server = subprocess.Popen(sargs, stderr=subprocess.STDOUT, stdout=slog, env=env,
                                   start_new_session=True)
         procs.append(server)
+        storage0 = sum(cpu_seconds(p) for p in storage_pids)
         t0 = time.monotonic()
-        r = subprocess.run([CLI, "consume", "--coordinator", ep, "--profiles", profiles,
+        r = subprocess.run(DATA_CPU + [CLI, "consume", "--coordinator", ep, "--profiles", profiles,
                             "--rank", "0", "--ranks", "1", "--batch", "4", "--node", "n0",
                             "--prefetch", "8", "--no-shuffle"], capture_output=True, text=True)
         wall = time.monotonic() - t0
+        storage_s = sum(cpu_seconds(p) for p in storage_pids) - storage0
         if r.returncode != 0:
             raise RuntimeError(f"consume failed ({tag}): {r.stderr[-2000:]}")
         server.send_signal(signal.SIGTERM)
@@ -216,7 +232,7 @@ def epoch(work, profiles, n, workers, cache_dir, readahead, tag):
         text = open(slog_path).read()
         m = STATS.findall(text)
         stats = dict(kv.split("=") for kv in m[-1].split()) if m else {}
-        return {"wall_s": wall, "samples_per_s": n / wall,
+        return {"wall_s": wall, "samples_per_s": n / wall, "storage_cpu_s": storage_s,
                 **{k: int(v) for k, v in stats.items()}}
     finally:
         for p in procs:
@@ -238,9 +254,18 @@ def main():
     ap.add_argument("--delay-ms", type=float, default=25.0, help="each way (RTT = 2x)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated epochs to run (default: all; 'local' always runs)")
+    ap.add_argument("--pin", action="store_true",
+                    help="data plane on CPU 0, nginx and the delay proxy on CPU 1 (local too)")
+    ap.add_argument("--ra-threads", type=int, default=None,
+                    help="read-ahead threads (DH_READAHEAD_THREADS; default: the DataServer's)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (a network namespace)")
+    if args.pin:
+        global DATA_CPU, STORAGE_CPU
+        DATA_CPU, STORAGE_CPU = ["taskset", "-c", "0"], ["taskset", "-c", "1"]
     work = tempfile.mkdtemp(prefix="datahelix-remote-bench-")
     link = proxy = None
     try:
@@ -248,7 +273,7 @@ def main():
         n = sum(1 for _ in open(prof_local))
         link = Link(work, www, args.mbit)
         pport = free_port()
-        proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--proxy", str(pport),
+        proxy = subprocess.Popen(STORAGE_CPU + [sys.executable, os.path.abspath(__file__), "--proxy", str(pport),
                                   link.ns_ip, "8080", str(args.delay_ms)], start_new_session=True)
         wait_port("127.0.0.1", pport, "delay proxy")
         prof_remote = os.path.join(work, "profiles-remote.jsonl")
@@ -259,6 +284,15 @@ def main():
                    ("remote-cold-ra-on", prof_remote, "cold", True),
                    ("remote-warm-ra-off", prof_remote, "warm", False),
                    ("remote-warm-ra-on", prof_remote, "warm", True)]
+        if args.configs:
+            keep = set(args.configs.split(",")) | {"local"}
+            unknown = keep - {c[0] for c in configs}
+            if unknown:
+                sys.exit(f"--configs: no epoch named {sorted(unknown)}; the epochs are "
+                         f"{[c[0] for c in configs]}")
+            configs = [c for c in configs if c[0] in keep]
+        if args.ra_threads is not None:
+            os.environ["DH_READAHEAD_THREADS"] = str(args.ra_threads)
         results = {c[0]: [] for c in configs}
         for run_i in range(args.runs):
             warm_dir = os.path.join(work, f"cache-warm-{run_i}")
@@ -271,16 +305,19 @@ def main():
                     cdir = warm_dir
                     if not os.path.exists(cdir):  # filled by a first epoch, not counted
                         epoch(work, prof, n, args.workers, cdir, True, f"fill-{run_i}")
-                res = epoch(work, prof, n, args.workers, cdir, ra, f"{name}-{run_i}")
+                res = epoch(work, prof, n, args.workers, cdir, ra, f"{name}-{run_i}",
+                            (link.nginx.pid, proxy.pid))
                 results[name].append(res)
-                print(f"run {run_i} {name}: {res['samples_per_s']:.2f} samples/s", flush=True)
+                print(f"run {run_i} {name}: {res['samples_per_s']:.2f} samples/s, storage "
+                      f"{res['storage_cpu_s']:.2f} CPU s", flush=True)
         local = statistics.median(r["samples_per_s"] for r in results["local"])
         summary = {"clips": n, "mbit": args.mbit, "rtt_ms": 2 * args.delay_ms,
-                   "workers": args.workers, "loadavg": os.getloadavg(), "configs": {}}
+                   "workers": args.workers, "ra_threads": args.ra_threads, "pin": args.pin, "loadavg": os.getloadavg(), "configs": {}}
         for name, rs in results.items():
             sps = statistics.median(r["samples_per_s"] for r in rs)
             row = {"samples_per_s": sps, "ratio_to_local": sps / local,
-                   "runs": [round(r["samples_per_s"], 3) for r in rs]}
+                   "runs": [round(r["samples_per_s"], 3) for r in rs],
+                   "storage_cpu_s": statistics.median(r["storage_cpu_s"] for r in rs)}
             fetched = [r.get("bytes_fetched", 0) for r in rs]
             read = [r.get("bytes_read", 0) for r in rs]
             if any(read):

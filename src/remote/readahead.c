@@ -1,7 +1,7 @@
 /* remote/readahead.c: the next requests' byte ranges fetched into the local cache in the
  * background (remote_lib.h, "Read-ahead"; docs/remote.md). A DataServer hands over each
  * queued task's remote samples (a URL and a byte range: a tar member, or a clip's head) with
- * the task as a tag; a few threads (DH_READAHEAD_THREADS, 2) fetch them through the cache,
+ * the task as a tag; a few threads (DH_READAHEAD_THREADS, 8) fetch them through the cache,
  * oldest first, while the workers decode. The queue is bounded in bytes
  * (DH_READAHEAD_BYTES, 64 MiB; 0 turns read-ahead off): a range that does not fit is
  * dropped, not waited for. dh__remote_readahead_cancel(tag) drops a task's queued ranges and
@@ -20,6 +20,9 @@
 #include "remote/remote_internal.h"
 
 #define THREADS_MAX 16
+/* Fetches wait on the network, not the CPU: on a 50 ms link 2 threads kept a cold epoch
+ * at 0.55x local disk, 8 at 0.77x (docs/benchmarks.md, "Remote shards") */
+#define THREADS_DEFAULT 8
 #define CHUNK ((size_t)1 << 20) /* one fetch of a range: 16 cache blocks */
 
 typedef struct item {
@@ -133,7 +136,7 @@ static void configure(void)
         return;
     ra.configured = true;
     ra.bytes_max = (uint64_t)64 << 20;
-    ra.threads_max = 2;
+    ra.threads_max = THREADS_DEFAULT;
     const char *v = getenv("DH_READAHEAD_BYTES");
     if (v && *v) {
         char *e;
@@ -150,8 +153,8 @@ static void configure(void)
         if (n >= 1 && n <= THREADS_MAX)
             ra.threads_max = n;
         else
-            dh_log_warn("DH_READAHEAD_THREADS=%s is not in [1, %d]: read-ahead keeps 2 threads", v,
-                        THREADS_MAX);
+            dh_log_warn("DH_READAHEAD_THREADS=%s is not in [1, %d]: read-ahead keeps %d threads", v,
+                        THREADS_MAX, THREADS_DEFAULT);
     }
 }
 
