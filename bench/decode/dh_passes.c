@@ -3,7 +3,7 @@
  * decode-bench spec), nothing else (docs/pipeline.md, "The bound, and the overhead outside
  * the decoder"). With "recycle", each sample's buffer is handed back to the pipeline
  * (dh__pipeline_recycle, as the data server does) instead of freed. Decoder reuse across
- * samples is on unless DH_DECODER_REUSE=0; the decoders opened and reused go to stderr. Not
+ * samples is on with DH_DECODER_REUSE=1; the decoders opened and reused go to stderr. Not
  * built by CMake:
  *
  *   cc -O2 -Iinclude -Isrc bench/decode/dh_passes.c -o dh_passes build/libdatahelix.a -ljansson \

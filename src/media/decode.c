@@ -9,10 +9,10 @@
  * not even decoded (skip_frame = AVDISCARD_NONREF for their packets).
  *
  * One decoder thread (thread_count = 1): the data server runs many samples in parallel,
- * which scales better; the last sample's decoder, flushed, when the stream's parameters
- * match (decoder_reuse.c). Frame index <-> pts: the time base and average frame rate (constant
- * rate), or a table of every frame's pts (variable rate). dh__pipeline_decode_batch decodes
- * a request list and hands the samples to dh_collate (collate.c).
+ * which scales better; with DH_DECODER_REUSE=1 the last sample's decoder, flushed, when the
+ * stream's parameters match (decoder_reuse.c). Frame index <-> pts: the time base and average frame
+ * rate (constant rate), or a table of every frame's pts (variable rate). dh__pipeline_decode_batch
+ * decodes a request list and hands the samples to dh_collate (collate.c).
  */
 #include <assert.h>
 #include <errno.h>

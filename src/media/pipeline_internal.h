@@ -130,7 +130,7 @@ typedef struct dh__decoders {
     struct {
         int num, den;
     } time_base;    /* the stream's, which the decoder's pkt_timebase is */
-    bool off;       /* DH_DECODER_REUSE=0: every sample opens its own */
+    bool off;       /* every sample opens its own (the default; DH_DECODER_REUSE=1: reuse) */
     int64_t opened; /* decoders opened (avcodec_open2) */
     int64_t reused; /* samples given the kept decoder */
 } dh__decoders_t;

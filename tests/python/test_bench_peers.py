@@ -28,11 +28,22 @@ def _ray_skip_reason():
     return None
 
 
+def _torch_skip_reason():
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        # torch's DataLoader forks its workers from a rank that already runs gloo's threads;
+        # with the ASan runtime preloaded into the uninstrumented interpreter that fork hung
+        # once in CI (torch: no result in 120 s; 9 s here). torch is not DataHelix's code,
+        # and this test runs it in the plain suite.
+        return "under the ASan preload (a fork from a threaded rank can hang in the runtime)"
+    return None
+
+
 def test_smoke_two_steps_every_system_reports_its_own_cpu_and_equal_conditions(dataset,
                                                                                 tmp_path):
     src, _ = dataset
-    ray_skip = _ray_skip_reason()
-    systems = "torch,datahelix" if ray_skip else "torch,ray,datahelix"
+    ray_skip, torch_skip = _ray_skip_reason(), _torch_skip_reason()
+    systems = ",".join(name for name, skip in (("torch", torch_skip), ("ray", ray_skip),
+                                               ("datahelix", None)) if not skip)
     out = tmp_path / "peers.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     path = os.environ.get("DH_PYTHON_PATH", os.path.join(ROOT, "build", "python"))
@@ -52,8 +63,9 @@ def test_smoke_two_steps_every_system_reports_its_own_cpu_and_equal_conditions(d
     assert config["pyav"] == "skip" and config["regime"] == "custom"
     assert config["steps"] == 2 and config["warmup"] >= max(config["inflight_per_system"].values())
     expected = systems.split(",")
-    if ray_skip:
-        print(f"ray skipped: {ray_skip}")
+    for name, skip in (("torch", torch_skip), ("ray", ray_skip)):
+        if skip:
+            print(f"{name} skipped: {skip}")
     assert sorted(report["systems"]) == sorted(expected), (report["config"]["skipped"],
                                                            report["config"]["failed"])
     for name, s in report["systems"].items():
@@ -69,7 +81,8 @@ def test_smoke_two_steps_every_system_reports_its_own_cpu_and_equal_conditions(d
     for name in ("torch", "ray"):
         if name in report["systems"]:
             assert report["systems"][name]["samples"] == 2 * 2 * 1
-    assert "datahelix/torch: throughput" in r.stdout
+    if not torch_skip:
+        assert "datahelix/torch: throughput" in r.stdout
 
 
 def test_every_system_counts_visual_plus_caption_tokens(dataset):
